@@ -1,0 +1,138 @@
+// Graph: the static SSA dataflow graph everything in meshflow transforms.
+//
+// A Graph holds Values (each produced by exactly one Node, with a named Shape
+// and a DType) and Nodes (an OpKind, input and output ValueIds, Attrs). Nodes
+// are stored in a valid execution order: every input of node i is produced by
+// a node before i. Source nodes (Parameter, Input, State) have no inputs.
+//
+// A training graph is forward + backward + optimizer in one graph; each node
+// carries its Phase so passes and the executor can select parts of it.
+// Optimizer update nodes mutate their state inputs in place (OpDef::mutates);
+// the verifier checks nothing reads a mutated value after the mutation.
+//
+//   Graph g;  Builder b(g);                        // see builder.h
+//   ValueId x = b.input("x", Shape{{"batch",8},{"hidden",4}});
+//   ValueId w = b.parameter("w", Shape{{"hidden",4},{"out",2}}, Init::normal(0.02f));
+//   ValueId y = b.matmul(x, w);
+//   verify(g).is_ok();  print(g) -> text
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/dtype.h"
+#include "meshflow/core/shape.h"
+#include "meshflow/core/status.h"
+#include "meshflow/ir/op_kind.h"
+
+namespace meshflow {
+
+using ValueId = int32_t;
+using NodeId = int32_t;
+constexpr ValueId kNoValue = -1;
+
+enum class Phase : uint8_t { kForward, kBackward, kOptimizer, kMetric };
+std::string_view phase_name(Phase p);
+
+// How a parameter is initialized (seeded per parameter name, so the same model
+// config and seed give the same weights on every rank and every backend).
+struct Init {
+  enum class Kind : uint8_t { kZeros, kOnes, kNormal, kUniform } kind = Kind::kZeros;
+  float scale = 0.f;  // std for kNormal, bound for kUniform (-scale, scale)
+  static Init zeros() { return {Kind::kZeros, 0.f}; }
+  static Init ones() { return {Kind::kOnes, 0.f}; }
+  static Init normal(float std) { return {Kind::kNormal, std}; }
+  static Init uniform(float bound) { return {Kind::kUniform, bound}; }
+};
+
+// Per-node attributes. One flat struct: each op reads the few fields it needs;
+// ops/*.cc documents which beside each OpDef.
+struct Attrs {
+  // matmul: a is [batch.., M.., K..] (or [batch.., K.., M..] if trans_a),
+  //         b is [batch.., K.., N..] (or [batch.., N.., K..] if trans_b).
+  bool trans_a = false;
+  bool trans_b = false;
+  int contract = 1;    // number of K dims
+  int batch_dims = 0;  // number of leading batch dims shared by a and b
+  std::vector<int64_t> axes;  // transpose perm, reduce axes, slice/concat axis (axes[0])
+  std::vector<int64_t> ints;  // slice [start, end)
+  Shape shape;                // reshape / broadcast_to / sum_to / slice_grad target shape
+  float alpha = 1.f;          // scale factor; attention softmax scale (0 = 1/sqrt(head_dim))
+  float eps = 1e-5f;          // norm epsilon; optimizer epsilon
+  float p = 0.f;              // dropout probability
+  float beta1 = 0.9f, beta2 = 0.999f, weight_decay = 0.f, momentum = 0.f;  // optimizers
+  float max_norm = 0.f;       // clip_coef
+  float theta = 10000.f;      // rope base
+  uint64_t seed = 0;          // dropout stream
+  bool causal = true;         // attention
+  bool keepdims = false;      // reductions
+  bool inverse = false;       // rope: rotate by -angle (its own gradient)
+  bool nesterov = false;      // sgd
+  Init init;                  // parameter
+};
+
+struct Value {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::F32;
+  NodeId producer = -1;
+  int output_index = 0;
+};
+
+struct Node {
+  OpKind kind = OpKind::kInput;
+  std::string name;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  Attrs attrs;
+  Phase phase = Phase::kForward;
+  int layer = -1;  // transformer block index, -1 outside blocks (pipeline split, recompute)
+};
+
+class Graph {
+ public:
+  // Appends a node whose outputs have the given (already inferred) types.
+  // Returns the node id. Used by Builder; passes use it to emit new nodes.
+  NodeId add_node(Node node, const std::vector<Value>& output_types);
+
+  const Node& node(NodeId id) const { return nodes_[id]; }
+  Node& mutable_node(NodeId id) { return nodes_[id]; }
+  const Value& value(ValueId id) const { return values_[id]; }
+  Value& mutable_value(ValueId id) { return values_[id]; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Value>& values() const { return values_; }
+  int num_nodes() const { return static_cast<int>(nodes_.size()); }
+  int num_values() const { return static_cast<int>(values_.size()); }
+  const Node& producer(ValueId v) const { return nodes_[values_[v].producer]; }
+  const Shape& shape(ValueId v) const { return values_[v].shape; }
+
+  // Value ids of all Parameter / Input / State nodes' outputs, in graph order.
+  std::vector<ValueId> parameters() const;
+  std::vector<ValueId> inputs() const;
+  std::vector<ValueId> states() const;
+  // Finds the output of a source node by value name; kNoValue if absent.
+  ValueId find(const std::string& value_name) const;
+
+  // Named roles set by model builders and autodiff.
+  ValueId loss = kNoValue;                    // scalar training loss
+  std::map<ValueId, ValueId> grad_of_param;   // parameter -> its gradient
+  std::map<std::string, ValueId> outputs;     // extra named outputs (metrics, logits)
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Value> values_;
+};
+
+// Checks the invariants above: inputs defined before use, output types match
+// the op's shape rule, no read of a value after an op mutated it, names unique
+// for sources. Returns the first violation, naming the node.
+Status verify(const Graph& g);
+
+// Human-readable text, one node a line:
+//   %5:[batch=8,out=2] = matmul(%1, %3) "fc1" {fwd}
+std::string print(const Graph& g);
+std::string print_node(const Graph& g, const Node& n);
+
+}  // namespace meshflow

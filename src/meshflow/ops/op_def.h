@@ -1,0 +1,71 @@
+// OpDef: one table entry per OpKind. Everything meshflow knows about an op is
+// here, as data: its shape rule, its gradient rule, its cost, which inputs it
+// updates in place, and (next issue) its sharding rules. The CPU kernel lives
+// in kernels/cpu/ under the same OpKind.
+//
+// Each op family registers its entries in its own file (ops/matmul.cc,
+// ops/elementwise.cc, ...), next to the comment that documents its attrs.
+//
+//   const OpDef& d = op_def(OpKind::kMatMul);
+//   std::vector<Value> outs;  MF_RETURN_IF_ERROR(d.infer(graph, node, &outs));
+#pragma once
+
+#include <vector>
+
+#include "meshflow/core/status.h"
+#include "meshflow/ir/graph.h"
+
+namespace meshflow {
+
+class GradContext;  // autodiff/grad_context.h
+
+struct OpCost {
+  double flops = 0;  // floating-point operations (multiply-add = 2)
+  double bytes = 0;  // bytes read + written by the kernel
+};
+
+// Fills *outs with the output types of `n` (whose inputs and attrs are set).
+// A user-facing error names the node, the dims and what would be valid.
+using InferFn = Status (*)(const Graph& g, const Node& n, std::vector<Value>* outs);
+// Emits the gradient nodes of `n` through ctx (see autodiff/grad_context.h).
+using GradFn = void (*)(GradContext& ctx, const Node& n);
+using CostFn = OpCost (*)(const Graph& g, const Node& n);
+
+struct OpDef {
+  OpKind kind = OpKind::kCount;
+  int num_inputs = -1;   // -1: variadic
+  InferFn infer = nullptr;
+  GradFn grad = nullptr;  // nullptr: no gradient flows to the inputs
+  CostFn cost = nullptr;  // nullptr: element-wise default (bytes of all inputs+outputs)
+  uint32_t mutates = 0;   // bit i set: input i is updated in place (optimizer ops)
+  bool stateful_rng = false;  // reads the graph's rng offset (dropout)
+};
+
+const OpDef& op_def(OpKind kind);
+bool op_registered(OpKind kind);
+OpCost op_cost(const Graph& g, const Node& n);
+
+// Registration, one function per family (ops/*.cc). Called once by op_def().
+using OpTable = std::vector<OpDef>;
+void register_source_ops(OpTable& t);
+void register_matmul_ops(OpTable& t);
+void register_elementwise_ops(OpTable& t);
+void register_activation_ops(OpTable& t);
+void register_softmax_ops(OpTable& t);
+void register_norm_ops(OpTable& t);
+void register_embedding_ops(OpTable& t);
+void register_shape_ops(OpTable& t);
+void register_reduce_ops(OpTable& t);
+void register_attention_ops(OpTable& t);
+void register_optimizer_ops(OpTable& t);
+
+// Helpers shared by the shape rules.
+std::string node_label(const Node& n);  // "matmul 'h.0.mlp.fc1'"
+Status expect_inputs(const Graph& g, const Node& n, int count);
+Status expect_dtype(const Graph& g, const Node& n, int input, DType dtype);
+Value out_value(Shape shape, DType dtype = DType::F32);
+// numpy-style broadcast of two named shapes (right-aligned); names from the
+// longer (or from a where equal rank and a's size > 1).
+Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const Node& n);
+
+}  // namespace meshflow

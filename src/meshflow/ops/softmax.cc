@@ -1,0 +1,5 @@
+// PLACEHOLDER: being written. Registers nothing yet.
+#include "meshflow/ops/op_def.h"
+namespace meshflow {
+void register_softmax_ops(OpTable& t) { (void)t; }
+}  // namespace meshflow

@@ -1,0 +1,29 @@
+// Source ops: no inputs, persistent storage owned by the executor.
+//   parameter  attrs.shape, attrs.init      a trainable weight (f32)
+//   input      attrs.shape                  fed before each run (tokens, targets, lr, ...)
+//   state      attrs.shape                  optimizer state (momentum, Adam moments), zero-init
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow {
+
+namespace {
+Status infer_source(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  DType dt = n.outputs.empty() ? DType::F32 : g.value(n.outputs[0]).dtype;
+  outs->push_back(out_value(n.attrs.shape, dt));
+  return Status::ok();
+}
+OpCost no_cost(const Graph&, const Node&) { return {}; }
+}  // namespace
+
+void register_source_ops(OpTable& t) {
+  for (OpKind k : {OpKind::kParameter, OpKind::kInput, OpKind::kState}) {
+    OpDef d;
+    d.kind = k;
+    d.num_inputs = 0;
+    d.infer = infer_source;
+    d.cost = no_cost;
+    t[static_cast<int>(k)] = d;
+  }
+}
+
+}  // namespace meshflow

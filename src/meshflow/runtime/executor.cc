@@ -1,0 +1,148 @@
+#include "meshflow/runtime/executor.h"
+
+#include <cstring>
+
+#include "meshflow/core/random.h"
+#include "meshflow/kernels/kernel.h"
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow {
+
+void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed) {
+  float* p = t.data<float>();
+  const int64_t n = t.numel();
+  const uint64_t s = stream_seed(name, seed);
+  switch (init.kind) {
+    case Init::Kind::kZeros: std::memset(p, 0, t.nbytes()); break;
+    case Init::Kind::kOnes:
+      for (int64_t i = 0; i < n; ++i) p[i] = 1.f;
+      break;
+    case Init::Kind::kNormal:
+      for (int64_t i = 0; i < n; ++i) p[i] = init.scale * normal01(s, i);
+      break;
+    case Init::Kind::kUniform:
+      for (int64_t i = 0; i < n; ++i) p[i] = init.scale * (2.f * uniform01(s, i) - 1.f);
+      break;
+  }
+}
+
+Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
+  const int nv = g.num_values();
+  persistent_.resize(nv);
+  override_.assign(nv, nullptr);
+  std::vector<char> is_persistent(nv, 0), keep(nv, 0);
+  for (const Node& n : g.nodes()) {
+    switch (n.kind) {
+      case OpKind::kParameter: {
+        ValueId v = n.outputs[0];
+        persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
+        initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed);
+        stats_.params += persistent_[v].nbytes();
+        is_persistent[v] = 1;
+        break;
+      }
+      case OpKind::kState:
+      case OpKind::kInput: {
+        ValueId v = n.outputs[0];
+        persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
+        (n.kind == OpKind::kState ? stats_.optimizer : stats_.inputs) += persistent_[v].nbytes();
+        is_persistent[v] = 1;
+        break;
+      }
+      default: break;
+    }
+    if (n.kind == OpKind::kParameter || n.kind == OpKind::kInput || n.kind == OpKind::kState)
+      continue;
+    (n.phase == Phase::kOptimizer ? opt_ : fwd_bwd_).push_back(&n - g.nodes().data());
+  }
+  // fwd_bwd_ holds forward, backward and metric nodes in graph order; split out
+  // metrics (eval only) and build the eval order (forward + metric).
+  std::vector<NodeId> fb;
+  for (NodeId id : fwd_bwd_) {
+    Phase p = g.node(id).phase;
+    if (p != Phase::kMetric) fb.push_back(id);
+    if (p == Phase::kForward || p == Phase::kMetric) eval_.push_back(id);
+  }
+  fwd_bwd_ = std::move(fb);
+
+  if (g.loss != kNoValue) keep[g.loss] = 1;
+  for (auto& [name, v] : g.outputs) keep[v] = 1;
+  for (auto& [p, grad] : g.grad_of_param) keep[grad] = is_persistent[grad] ? 0 : 1;
+  for (ValueId v : options.fetch) keep[v] = 1;
+  // One plan over everything: forward, backward, optimizer, metrics in graph
+  // order. Every sub-order is a subsequence of it, so the plan is valid for each.
+  std::vector<NodeId> all;
+  for (NodeId id = 0; id < g.num_nodes(); ++id) all.push_back(id);
+  plan_ = plan_memory(g, all, is_persistent, keep);
+  arena_ = aligned_buffer(static_cast<size_t>(plan_.arena_bytes));
+  stats_.arena = plan_.arena_bytes;
+}
+
+std::vector<NodeId> Executor::training_order() const {
+  std::vector<NodeId> o = fwd_bwd_;
+  o.insert(o.end(), opt_.begin(), opt_.end());
+  return o;
+}
+
+void* Executor::data(ValueId v) {
+  if (override_[v]) return override_[v];
+  if (persistent_[v].defined()) return persistent_[v].raw();
+  MF_CHECK_GE(plan_.offset[v], 0) << "value '" << g_.value(v).name << "' has no storage";
+  return static_cast<char*>(arena_.get()) + plan_.offset[v];
+}
+
+Tensor& Executor::storage(ValueId v) {
+  MF_CHECK(persistent_[v].defined()) << "value '" << g_.value(v).name << "' is not persistent";
+  return persistent_[v];
+}
+
+void Executor::unbind_all() { std::fill(override_.begin(), override_.end(), nullptr); }
+
+void Executor::run(const std::vector<NodeId>& nodes) {
+  for (NodeId id : nodes) {
+    const Node& n = g_.node(id);
+    KernelCall call{g_, n, {}, {}};
+    call.in.reserve(n.inputs.size());
+    call.out.reserve(n.outputs.size());
+    for (ValueId v : n.inputs) call.in.push_back(data(v));
+    for (ValueId v : n.outputs) call.out.push_back(data(v));
+    cpu_kernel(n.kind)(call);
+  }
+}
+
+Status Executor::feed(const std::string& name, const Tensor& t) {
+  ValueId v = g_.find(name);
+  if (v == kNoValue || g_.producer(v).kind != OpKind::kInput)
+    return Status::not_found("graph has no input named '" + name + "'");
+  Tensor& dst = persistent_[v];
+  if (!dst.shape().same_sizes(t.shape()) || dst.dtype() != t.dtype())
+    return Status::invalid("input '" + name + "' expects " + std::string(dtype_name(dst.dtype())) +
+                           dst.shape().to_string() + ", got " +
+                           std::string(dtype_name(t.dtype())) + t.shape().to_string());
+  dst.copy_from(t.raw());
+  return Status::ok();
+}
+
+Status Executor::feed_data(const std::string& name, const void* src, size_t bytes) {
+  ValueId v = g_.find(name);
+  if (v == kNoValue || g_.producer(v).kind != OpKind::kInput)
+    return Status::not_found("graph has no input named '" + name + "'");
+  Tensor& dst = persistent_[v];
+  if (dst.nbytes() != bytes)
+    return Status::invalid("input '" + name + "' expects " + std::to_string(dst.nbytes()) +
+                           " bytes, got " + std::to_string(bytes));
+  dst.copy_from(src);
+  return Status::ok();
+}
+
+void Executor::feed_scalar(const std::string& name, float v) {
+  ValueId id = g_.find(name);
+  if (id != kNoValue) *persistent_[id].data<float>() = v;
+}
+
+void Executor::feed_scalar_i32(const std::string& name, int32_t v) {
+  ValueId id = g_.find(name);
+  if (id != kNoValue) *persistent_[id].data<int32_t>() = v;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,93 @@
+// Executor: runs a Graph (or a part of it) on the CPU.
+//
+// Sources own persistent storage: parameters and optimizer state (initialized
+// from their Init, seeded by name), and inputs (fed before each run). Every
+// other value lives in one arena laid out by the static memory plan
+// (memory_plan.h); nothing is allocated per step.
+//
+//   Executor ex(g, {.seed = 1});
+//   ex.feed("tokens", batch);  ex.feed_scalar("loss_scale", 1.f);
+//   ex.run(ex.training_order());
+//   float loss = ex.scalar(g.loss);
+//
+// Memory accounting splits persistent bytes into parameters, gradients
+// (accumulation buffers), optimizer state and inputs, and the arena into
+// activations + temporaries (its high-water mark is arena_bytes()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/tensor.h"
+#include "meshflow/ir/graph.h"
+#include "meshflow/runtime/memory_plan.h"
+
+namespace meshflow {
+
+struct ExecutorOptions {
+  uint64_t seed = 0;  // parameter init
+  // Values that must stay readable after run() (besides loss and g.outputs).
+  std::vector<ValueId> fetch;
+};
+
+struct MemoryStats {
+  int64_t params = 0;
+  int64_t grads = 0;       // persistent gradient accumulators (micro-batching)
+  int64_t optimizer = 0;   // optimizer state
+  int64_t inputs = 0;
+  int64_t arena = 0;       // activations, gradients in flight, temporaries
+  int64_t total() const { return params + grads + optimizer + inputs + arena; }
+};
+
+class Executor {
+ public:
+  explicit Executor(const Graph& g, ExecutorOptions options = {});
+
+  const Graph& graph() const { return g_; }
+
+  // Node orders: forward + backward (one micro-batch), optimizer, and eval
+  // (forward + metrics, no backward).
+  const std::vector<NodeId>& forward_backward_order() const { return fwd_bwd_; }
+  const std::vector<NodeId>& optimizer_order() const { return opt_; }
+  const std::vector<NodeId>& eval_order() const { return eval_; }
+  std::vector<NodeId> training_order() const;
+
+  void run(const std::vector<NodeId>& nodes);
+
+  // Inputs: copy into the input's own buffer. Shapes must match exactly.
+  Status feed(const std::string& name, const Tensor& t);
+  Status feed_data(const std::string& name, const void* data, size_t bytes);
+  void feed_scalar(const std::string& name, float v);  // no-op if the graph has no such input
+  void feed_scalar_i32(const std::string& name, int32_t v);
+
+  // Any persistent value (parameter, state, input) by id.
+  Tensor& storage(ValueId v);
+  // Pointer to any value's current data (persistent or in the arena).
+  void* data(ValueId v);
+  const float* data_f(ValueId v) { return static_cast<const float*>(data(v)); }
+  float scalar(ValueId v) { return *data_f(v); }
+
+  // Rebinds a transient value to external storage for later reads (used by
+  // gradient accumulation: the optimizer reads the accumulators).
+  void bind(ValueId v, void* ptr) { override_[v] = ptr; }
+  void unbind_all();
+
+  const MemoryPlan& memory_plan() const { return plan_; }
+  MemoryStats memory() const { return stats_; }
+  void add_grad_accumulator_bytes(int64_t b) { stats_.grads += b; }
+
+ private:
+  const Graph& g_;
+  std::vector<NodeId> fwd_bwd_, opt_, eval_;
+  std::vector<Tensor> persistent_;  // indexed by value id; undefined for transients
+  std::vector<void*> override_;
+  std::shared_ptr<void> arena_;
+  MemoryPlan plan_;
+  MemoryStats stats_;
+};
+
+// Fills a tensor from its Init, seeded by (name, seed).
+void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed);
+
+}  // namespace meshflow
