@@ -1,1 +1,50 @@
-int main() { return 0; }
+// meshflow command line.
+//
+//   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE]
+//   meshflow graph CONFIG.json [--phase all|forward|backward|optimizer]
+//
+// Exit codes: 0 success, 2 a user error (bad config, missing file, invalid
+// option) with a one-line message naming the thing and what is valid, 1 a
+// failure while running.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "meshflow/cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshflow: train neural networks across devices, choosing how to split the work.\n"
+               "Run 'meshflow COMMAND --help' for a command's options."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "meshflow 0.1");
+
+  meshflow::cli::TrainOptions train;
+  CLI::App* t = app.add_subcommand("train", "Train a model from a run config (JSON)");
+  t->add_option("config", train.config, "Run config JSON (see configs/ and docs/config.md)")->required();
+  t->add_option("--steps", train.steps, "Override train.steps");
+  t->add_option("--set", train.overrides, "Override any config key: --set optimizer.lr=3e-4 (repeatable)");
+  t->add_option("--metrics", train.metrics, "Write JSON-lines metrics to FILE");
+  t->add_option("--threads", train.threads, "Compute threads (default: train.threads, else all cores)");
+  t->add_option("--checkpoint", train.checkpoint, "Write a safetensors checkpoint of the weights at the end");
+  t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
+  t->add_flag("--quiet", train.quiet, "Only errors and the final result");
+  t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
+
+  meshflow::cli::GraphOptions graph;
+  CLI::App* gcmd = app.add_subcommand("graph", "Print the training graph of a run config");
+  gcmd->add_option("config", graph.config, "Run config JSON")->required();
+  gcmd->add_option("--set", graph.overrides, "Override any config key (repeatable)");
+  gcmd->add_option("--phase", graph.phase, "Which nodes: all, forward, backward, optimizer")
+      ->check(CLI::IsMember({"all", "forward", "backward", "optimizer"}));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (t->parsed()) return meshflow::cli::run_train(train);
+  if (gcmd->parsed()) return meshflow::cli::run_graph(graph);
+  return 2;
+}

@@ -1,5 +1,217 @@
-// PLACEHOLDER: being written. Registers nothing yet.
+// Attention and the ops that sit beside it in a transformer block.
+//
+//   attention       (q [B,H,T,D], k [B,Hkv,S,D], v [B,Hkv,S,D]) -> out [B,H,T,D] (dims named
+//                   like q), lse [B,H,T] (log-sum-exp of each query row's scaled scores, saved
+//                   for the backward). attrs.causal, attrs.alpha (softmax scale; 0 = 1/sqrt(D)).
+//                   Grouped-query attention: Hkv divides H, query head h reads kv head
+//                   h / (H / Hkv). Causal: query i sees key j iff j <= i + (S - T), i.e. the
+//                   last query is aligned with the last key (a row that sees no key gives
+//                   out = 0, lse = -inf). The lse output is not differentiable.
+//   attention_grad  (dout, q, k, v, out, lse) -> dq, dk, dv; same attrs (flash-attention backward).
+//   dropout         (x, rng_offset) -> x * keep / (1 - p), keep[i] = uniform01(stream, i) >= p,
+//                   stream = dropout_stream(attrs.seed, rng_offset) (kernels/cpu/attention.cc).
+//                   rng_offset is the graph's i32 scalar input (Builder::rng_offset()): one
+//                   offset per step gives a fresh mask per step, and a recomputed forward (or
+//                   dropout_grad) with the same offset reproduces the mask exactly.
+//                   attrs.p in [0, 1), attrs.seed.
+//   dropout_grad    (dy, rng_offset) -> dy * keep / (1 - p); same attrs, same mask.
+//   rope            x [B,T,H,D] -> rotary position embedding, Hugging Face LLaMA "rotate_half"
+//                   convention: y = x*cos + rotate_half(x)*sin with angle(t, i) =
+//                   t * theta^(-2(i mod D/2)/D), t the index along dim 1, rotate_half(x) =
+//                   concat(-x[D/2:], x[:D/2]). attrs.theta, attrs.inverse (rotate by -angle: the
+//                   op's own gradient). D must be even.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+
 namespace meshflow {
-void register_attention_ops(OpTable& t) { (void)t; }
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Validates q, k, v of an attention (inputs qi, qi+1, qi+2 of n).
+Status check_qkv(const Graph& g, const Node& n, int qi) {
+  const Shape& q = g.shape(n.inputs[qi]);
+  const Shape& k = g.shape(n.inputs[qi + 1]);
+  const Shape& v = g.shape(n.inputs[qi + 2]);
+  for (int i = 0; i < 3; ++i) MF_RETURN_IF_ERROR(expect_dtype(g, n, qi + i, DType::F32));
+  const char* names[3] = {"q", "k", "v"};
+  const Shape* shapes[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i)
+    if (shapes[i]->rank() != 4)
+      return Status::invalid(node_label(n) + ": " + names[i] + shapes[i]->to_string() +
+                             " must be 4-D [batch, heads, seq, head_dim]");
+  if (!k.same_sizes(v))
+    return Status::invalid(node_label(n) + ": k" + k.to_string() + " and v" + v.to_string() +
+                           " must have the same sizes [batch, kv_heads, seq, head_dim]");
+  if (q.size(0) != k.size(0))
+    return Status::invalid(node_label(n) + ": batch differs: q" + q.to_string() + " has " +
+                           str(q.size(0)) + ", k" + k.to_string() + " has " + str(k.size(0)));
+  if (q.size(3) != k.size(3))
+    return Status::invalid(node_label(n) + ": head_dim differs: q" + q.to_string() + " has " +
+                           str(q.size(3)) + ", k" + k.to_string() + " has " + str(k.size(3)));
+  if (q.size(1) % k.size(1) != 0)
+    return Status::invalid(node_label(n) + ": kv heads (" + str(k.size(1)) + " in k" +
+                           k.to_string() + ") must divide query heads (" + str(q.size(1)) +
+                           " in q" + q.to_string() + ") for grouped-query attention");
+  if (!std::isfinite(n.attrs.alpha))
+    return Status::invalid(node_label(n) + ": softmax scale alpha must be finite (0 means " +
+                           "1/sqrt(head_dim)), got " + std::to_string(n.attrs.alpha));
+  return Status::ok();
+}
+
+Status infer_attention(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 3));
+  MF_RETURN_IF_ERROR(check_qkv(g, n, 0));
+  const Shape& q = g.shape(n.inputs[0]);
+  outs->push_back(out_value(q));
+  outs->push_back(out_value(q.slice(0, 3)));
+  return Status::ok();
+}
+
+Status infer_attention_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 6));
+  MF_RETURN_IF_ERROR(check_qkv(g, n, 1));
+  const Shape& q = g.shape(n.inputs[1]);
+  const char* names[2] = {"dout", "out"};
+  const int idx[2] = {0, 4};
+  for (int i = 0; i < 2; ++i)
+    if (!g.shape(n.inputs[idx[i]]).same_sizes(q))
+      return Status::invalid(node_label(n) + ": " + names[i] +
+                             g.shape(n.inputs[idx[i]]).to_string() + " must have the sizes of q" +
+                             q.to_string());
+  if (!g.shape(n.inputs[5]).same_sizes(q.slice(0, 3)))
+    return Status::invalid(node_label(n) + ": lse" + g.shape(n.inputs[5]).to_string() +
+                           " must be [batch, heads, seq] of q" + q.to_string());
+  for (int i = 1; i <= 3; ++i) outs->push_back(out_value(g.shape(n.inputs[i])));
+  return Status::ok();
+}
+
+void grad_attention(GradContext& c, const Node& n) {
+  if (c.dout(1) != kNoValue)
+    throw StatusError(Status::invalid(node_label(n) +
+                                      ": the lse output (1) is not differentiable; use out (0)"));
+  ValueId dout = c.dout(0);
+  if (dout == kNoValue) return;
+  std::vector<ValueId> d =
+      c.b().op(OpKind::kAttentionGrad,
+               {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1]},
+               n.attrs, "attention_grad");
+  for (int i = 0; i < 3; ++i)
+    if (c.needs(i)) c.accumulate(i, d[i]);
+}
+
+// Number of (query, key) pairs that attend: T*S, or fewer under the causal mask.
+double attended_pairs(const Shape& q, const Shape& k, bool causal) {
+  const int64_t T = q.size(2), S = k.size(2);
+  if (!causal) return double(T) * double(S);
+  double pairs = 0;
+  for (int64_t i = 0; i < T; ++i) pairs += double(std::clamp<int64_t>(i + S - T + 1, 0, S));
+  return pairs;
+}
+
+OpCost cost_attention(const Graph& g, const Node& n) {
+  const Shape& q = g.shape(n.inputs[0]);
+  const Shape& k = g.shape(n.inputs[1]);
+  const double rows = double(q.size(0)) * double(q.size(1));
+  const double pairs = rows * attended_pairs(q, k, n.attrs.causal);
+  OpCost c;
+  c.flops = 4.0 * pairs * double(q.size(3)) + 5.0 * pairs;  // Q K^T, P V, softmax
+  c.bytes = 4.0 * (2.0 * q.numel() + 2.0 * k.numel() + rows * q.size(2));
+  return c;
+}
+
+OpCost cost_attention_grad(const Graph& g, const Node& n) {
+  const Shape& q = g.shape(n.inputs[1]);
+  const Shape& k = g.shape(n.inputs[2]);
+  const double rows = double(q.size(0)) * double(q.size(1));
+  const double pairs = rows * attended_pairs(q, k, n.attrs.causal);
+  OpCost c;
+  // Recomputed Q K^T, then dV, dP, dQ, dK: five GEMMs of 2*pairs*D each.
+  c.flops = 10.0 * pairs * double(q.size(3)) + 8.0 * pairs;
+  c.bytes = 4.0 * (5.0 * q.numel() + 4.0 * k.numel() + rows * q.size(2));
+  return c;
+}
+
+Status check_dropout(const Graph& g, const Node& n) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::I32));
+  if (g.shape(n.inputs[1]).rank() != 0)
+    return Status::invalid(node_label(n) + ": rng_offset" + g.shape(n.inputs[1]).to_string() +
+                           " must be an i32 scalar (Builder::rng_offset())");
+  const float p = n.attrs.p;
+  if (!(p >= 0.f && p < 1.f))
+    return Status::invalid(node_label(n) + ": dropout probability p must be in [0, 1), got " +
+                           std::to_string(p));
+  return Status::ok();
+}
+
+Status infer_dropout(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_dropout(g, n));
+  outs->push_back(out_value(g.shape(n.inputs[0])));
+  return Status::ok();
+}
+
+// Also the rule of dropout_grad, which is the same linear map.
+void grad_dropout(GradContext& c, const Node& n) {
+  if (!c.needs(0)) return;
+  c.accumulate(0, c.b().op1(OpKind::kDropoutGrad, {c.dout(0), n.inputs[1]}, n.attrs, "dx"));
+}
+
+Status infer_rope(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  const Shape& x = g.shape(n.inputs[0]);
+  if (x.rank() != 4)
+    return Status::invalid(node_label(n) + ": x" + x.to_string() +
+                           " must be 4-D [batch, seq, heads, head_dim]");
+  if (x.size(3) % 2 != 0)
+    return Status::invalid(node_label(n) + ": head_dim (dim 3 of x" + x.to_string() + ") is " +
+                           str(x.size(3)) + "; rotary embedding needs an even head_dim");
+  if (!(n.attrs.theta > 0.f) || !std::isfinite(n.attrs.theta))
+    return Status::invalid(node_label(n) + ": theta must be a positive finite base, got " +
+                           std::to_string(n.attrs.theta));
+  outs->push_back(out_value(x));
+  return Status::ok();
+}
+
+void grad_rope(GradContext& c, const Node& n) {
+  if (!c.needs(0)) return;
+  Attrs at = n.attrs;
+  at.inverse = !at.inverse;
+  c.accumulate(0, c.b().op1(OpKind::kRope, {c.dout(0)}, at, "dx"));
+}
+
+OpCost cost_rope(const Graph& g, const Node& n) {
+  const double e = double(g.shape(n.inputs[0]).numel());
+  return OpCost{3.0 * e, 8.0 * e};
+}
+
+void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost,
+         bool stateful_rng = false) {
+  OpDef d;
+  d.kind = k;
+  d.num_inputs = num_inputs;
+  d.infer = infer;
+  d.grad = grad;
+  d.cost = cost;
+  d.stateful_rng = stateful_rng;
+  t[static_cast<int>(k)] = d;
+}
+
+}  // namespace
+
+void register_attention_ops(OpTable& t) {
+  put(t, OpKind::kAttention, 3, infer_attention, grad_attention, cost_attention);
+  put(t, OpKind::kAttentionGrad, 6, infer_attention_grad, nullptr, cost_attention_grad);
+  put(t, OpKind::kDropout, 2, infer_dropout, grad_dropout, nullptr, true);
+  put(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, true);  // linear: same rule
+  put(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
+}
+
 }  // namespace meshflow

@@ -1,5 +1,97 @@
-// PLACEHOLDER: being written. Registers nothing yet.
+// Embedding lookup: a row of the table per id.
+//   embedding      (table [V, C], ids [..] i32) -> y [.., C]   (the ids' dims, then the table's last dim)
+//   embedding_grad (dy [.., C], ids [..] i32) -> dtable attrs.shape (= the table's shape [V, C])
+//                  dtable[v] = sum of dy at the positions whose id is v (deterministic order).
+// An id outside [0, V) at run time stops with a check naming the id and V.
+#include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+
 namespace meshflow {
-void register_embedding_ops(OpTable& t) { (void)t; }
+
+namespace {
+
+Status expect_table(const Node& n, const Shape& table, const char* what) {
+  if (table.rank() != 2)
+    return Status::invalid(node_label(n) + ": " + what + table.to_string() +
+                           " must be 2-D [vocab, channels]");
+  return Status::ok();
+}
+
+Status infer_embedding(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  const Shape& table = g.shape(n.inputs[0]);
+  MF_RETURN_IF_ERROR(expect_table(n, table, "table"));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::I32));
+  outs->push_back(out_value(g.shape(n.inputs[1]).concat(table.slice(1, 2))));
+  return Status::ok();
+}
+
+// inputs: dy, ids; attrs.shape: the table's shape
+Status infer_embedding_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  const Shape& table = n.attrs.shape;
+  MF_RETURN_IF_ERROR(expect_table(n, table, "attrs.shape"));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::I32));
+  const Shape& dy = g.shape(n.inputs[0]);
+  const Shape want = g.shape(n.inputs[1]).concat(table.slice(1, 2));
+  if (!dy.same_sizes(want))
+    return Status::invalid(node_label(n) + ": dy" + dy.to_string() + " must have the sizes " +
+                           want.to_string() + " (the ids' dims, then the table's channels)");
+  outs->push_back(out_value(table));
+  return Status::ok();
+}
+
+void grad_embedding(GradContext& c, const Node& n) {
+  if (!c.needs(0)) return;
+  Attrs at;
+  at.shape = c.graph().shape(n.inputs[0]);
+  c.accumulate(0, c.b().op1(OpKind::kEmbeddingGrad, {c.dout(0), n.inputs[1]}, at,
+                            "embedding_grad"));
+}
+
+// embedding_grad is linear in dy; its adjoint is the lookup itself.
+void grad_embedding_grad(GradContext& c, const Node& n) {
+  if (c.needs(0)) c.accumulate(0, c.b().embedding(c.dout(0), n.inputs[1], "embedding"));
+}
+
+OpCost cost_embedding(const Graph& g, const Node& n) {
+  const double ids = static_cast<double>(g.shape(n.inputs[1]).numel());
+  const double out = static_cast<double>(g.shape(n.outputs[0]).numel());
+  OpCost c;
+  c.bytes = 4.0 * (ids + 2 * out);  // read ids, read the rows, write them
+  return c;
+}
+
+OpCost cost_embedding_grad(const Graph& g, const Node& n) {
+  const double dy = static_cast<double>(g.shape(n.inputs[0]).numel());
+  const double ids = static_cast<double>(g.shape(n.inputs[1]).numel());
+  const double table = static_cast<double>(n.attrs.shape.numel());
+  OpCost c;
+  c.flops = dy;                                  // one add per dy element
+  c.bytes = 4.0 * (table + ids + dy + 2 * dy);  // zero the table, read dy, read-modify-write rows
+  return c;
+}
+
+}  // namespace
+
+void register_embedding_ops(OpTable& t) {
+  OpDef d;
+  d.kind = OpKind::kEmbedding;
+  d.num_inputs = 2;
+  d.infer = infer_embedding;
+  d.grad = grad_embedding;
+  d.cost = cost_embedding;
+  t[static_cast<int>(OpKind::kEmbedding)] = d;
+
+  OpDef gd;
+  gd.kind = OpKind::kEmbeddingGrad;
+  gd.num_inputs = 2;
+  gd.infer = infer_embedding_grad;
+  gd.grad = grad_embedding_grad;
+  gd.cost = cost_embedding_grad;
+  t[static_cast<int>(OpKind::kEmbeddingGrad)] = gd;
+}
+
 }  // namespace meshflow

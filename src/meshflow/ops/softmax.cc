@@ -1,5 +1,164 @@
-// PLACEHOLDER: being written. Registers nothing yet.
+// Softmax family and the classification loss, all over the last dim (V):
+//   softmax(x)                         y = exp(x - logsumexp(x))
+//   softmax_grad(y, dy)                dx = y * (dy - sum(dy * y))
+//   log_softmax(x)                     y = x - logsumexp(x)
+//   log_softmax_grad(y, dy)            dx = dy - exp(y) * sum(dy)
+//   cross_entropy(logits[.., V] f32, targets[..] i32)
+//       -> (0) loss [] = mean over valid positions (target >= 0) of lse - logits[target]
+//          (1) lse [..] = per-position logsumexp, saved for the backward
+//       Negative targets are ignored (PyTorch ignore_index); with no valid
+//       position the loss is 0 (PyTorch gives nan). A target >= V is a run-time
+//       MF_CHECK failure in the kernel.
+//   cross_entropy_grad(logits, targets, lse, dloss[])
+//       -> dlogits = (softmax(logits) - onehot(target)) * dloss / count_valid, 0 on ignored rows
+//   correct_count(logits[.., V], targets[..] i32) -> [] number of valid positions whose
+//       argmax (first maximum) equals the target; a metric, no gradient.
+// No attrs.
+#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+
 namespace meshflow {
-void register_softmax_ops(OpTable& t) { (void)t; }
+
+namespace {
+
+Status expect_rank_at_least_1(const Graph& g, const Node& n, int input, const char* what) {
+  const Shape& s = g.shape(n.inputs[input]);
+  if (s.rank() < 1)
+    return Status::invalid(node_label(n) + ": " + what + s.to_string() +
+                           " must have at least 1 dim (the op runs over the last dim)");
+  return Status::ok();
+}
+
+Status infer_softmax(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_rank_at_least_1(g, n, 0, "x"));
+  outs->push_back(out_value(g.shape(n.inputs[0])));
+  return Status::ok();
+}
+
+// (y, dy) -> dx with y's shape.
+Status infer_softmax_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::F32));
+  MF_RETURN_IF_ERROR(expect_rank_at_least_1(g, n, 0, "y"));
+  const Shape& y = g.shape(n.inputs[0]);
+  const Shape& dy = g.shape(n.inputs[1]);
+  if (!y.same_sizes(dy))
+    return Status::invalid(node_label(n) + ": dy" + dy.to_string() + " must have the sizes of y" +
+                           y.to_string());
+  outs->push_back(out_value(y));
+  return Status::ok();
+}
+
+// Checks logits [.., V] f32 and targets [..] i32 (inputs 0 and 1).
+Status check_logits_targets(const Graph& g, const Node& n) {
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::I32));
+  MF_RETURN_IF_ERROR(expect_rank_at_least_1(g, n, 0, "logits"));
+  const Shape& logits = g.shape(n.inputs[0]);
+  const Shape& targets = g.shape(n.inputs[1]);
+  const Shape rows = logits.slice(0, logits.rank() - 1);
+  if (!targets.same_sizes(rows))
+    return Status::invalid(node_label(n) + ": targets" + targets.to_string() +
+                           " must have the dims of logits" + logits.to_string() +
+                           " without the last, i.e. " + rows.to_string());
+  return Status::ok();
+}
+
+Status infer_cross_entropy(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  MF_RETURN_IF_ERROR(check_logits_targets(g, n));
+  const Shape& logits = g.shape(n.inputs[0]);
+  outs->push_back(out_value(Shape{}));
+  outs->push_back(out_value(logits.slice(0, logits.rank() - 1)));
+  return Status::ok();
+}
+
+Status infer_cross_entropy_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 4));
+  MF_RETURN_IF_ERROR(check_logits_targets(g, n));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 2, DType::F32));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 3, DType::F32));
+  const Shape& targets = g.shape(n.inputs[1]);
+  const Shape& lse = g.shape(n.inputs[2]);
+  const Shape& dloss = g.shape(n.inputs[3]);
+  if (!lse.same_sizes(targets))
+    return Status::invalid(node_label(n) + ": lse" + lse.to_string() +
+                           " must have the sizes of targets" + targets.to_string());
+  if (dloss.numel() != 1 || dloss.rank() != 0)
+    return Status::invalid(node_label(n) + ": dloss" + dloss.to_string() + " must be a scalar []");
+  outs->push_back(out_value(g.shape(n.inputs[0])));
+  return Status::ok();
+}
+
+Status infer_correct_count(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  MF_RETURN_IF_ERROR(check_logits_targets(g, n));
+  outs->push_back(out_value(Shape{}));
+  return Status::ok();
+}
+
+void grad_softmax(GradContext& c, const Node& n) {
+  if (c.needs(0))
+    c.accumulate(0, c.b().op1(OpKind::kSoftmaxGrad, {n.outputs[0], c.dout(0)}, {}, "dx"));
+}
+
+void grad_log_softmax(GradContext& c, const Node& n) {
+  if (c.needs(0))
+    c.accumulate(0, c.b().op1(OpKind::kLogSoftmaxGrad, {n.outputs[0], c.dout(0)}, {}, "dx"));
+}
+
+void grad_cross_entropy(GradContext& c, const Node& n) {
+  MF_CHECK(c.dout(1) == kNoValue) << node_label(n)
+                                  << ": a gradient through the saved lse output is not supported";
+  if (!c.needs(0) || c.dout(0) == kNoValue) return;
+  c.accumulate(0, c.b().op1(OpKind::kCrossEntropyGrad,
+                            {n.inputs[0], n.inputs[1], n.outputs[1], c.dout(0)}, {}, "dlogits"));
+}
+
+// Per logit: max, subtract, exp (~a few flops), sum.
+OpCost cost_rows(const Graph& g, const Node& n, double flops_per_logit, double logit_passes) {
+  const double e = static_cast<double>(g.shape(n.inputs[0]).numel());
+  const double rows = e / static_cast<double>(g.shape(n.inputs[0]).size(-1));
+  OpCost c;
+  c.flops = flops_per_logit * e;
+  c.bytes = 4.0 * (logit_passes * e + 2.0 * rows + 1.0);
+  return c;
+}
+
+OpCost cost_softmax(const Graph& g, const Node& n) {
+  // softmax / log_softmax read x, write y; their grads read y, dy and write dx.
+  const bool grad = n.kind == OpKind::kSoftmaxGrad || n.kind == OpKind::kLogSoftmaxGrad;
+  return cost_rows(g, n, grad ? 4 : 6, grad ? 3 : 2);
+}
+OpCost cost_cross_entropy(const Graph& g, const Node& n) { return cost_rows(g, n, 6, 1); }
+OpCost cost_cross_entropy_grad(const Graph& g, const Node& n) { return cost_rows(g, n, 6, 2); }
+OpCost cost_correct_count(const Graph& g, const Node& n) { return cost_rows(g, n, 2, 1); }
+
+void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
+  OpDef d;
+  d.kind = k;
+  d.num_inputs = num_inputs;
+  d.infer = infer;
+  d.grad = grad;
+  d.cost = cost;
+  t[static_cast<int>(k)] = d;
+}
+
+}  // namespace
+
+void register_softmax_ops(OpTable& t) {
+  put(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
+  put(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
+  put(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
+  put(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
+  put(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
+  put(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr,
+      cost_cross_entropy_grad);
+  put(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
+}
+
 }  // namespace meshflow

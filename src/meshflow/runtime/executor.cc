@@ -1,5 +1,7 @@
 #include "meshflow/runtime/executor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "meshflow/core/random.h"
@@ -29,6 +31,7 @@ void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t s
 Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
   const int nv = g.num_values();
   persistent_.resize(nv);
+  seconds_by_kind_.assign(kNumOpKinds, 0.0);
   override_.assign(nv, nullptr);
   std::vector<char> is_persistent(nv, 0), keep(nv, 0);
   for (const Node& n : g.nodes()) {
@@ -106,8 +109,34 @@ void Executor::run(const std::vector<NodeId>& nodes) {
     call.out.reserve(n.outputs.size());
     for (ValueId v : n.inputs) call.in.push_back(data(v));
     for (ValueId v : n.outputs) call.out.push_back(data(v));
+    if (!profiling_) {
+      cpu_kernel(n.kind)(call);
+      continue;
+    }
+    auto t0 = std::chrono::steady_clock::now();
     cpu_kernel(n.kind)(call);
+    seconds_by_kind_[static_cast<int>(n.kind)] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+}
+
+std::string Executor::profile_report() const {
+  std::vector<std::pair<double, int>> rows;
+  double total = 0;
+  for (int k = 0; k < kNumOpKinds; ++k)
+    if (seconds_by_kind_[k] > 0) {
+      rows.push_back({seconds_by_kind_[k], k});
+      total += seconds_by_kind_[k];
+    }
+  std::sort(rows.rbegin(), rows.rend());
+  std::string out;
+  char line[128];
+  for (auto& [s, k] : rows) {
+    std::snprintf(line, sizeof line, "  %-20s %9.3f s  %5.1f%%\n", std::string(op_name(static_cast<OpKind>(k))).c_str(),
+                  s, 100 * s / total);
+    out += line;
+  }
+  return out;
 }
 
 Status Executor::feed(const std::string& name, const Tensor& t) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string>
 #include <vector>
 
 #include "meshflow/core/tensor.h"
@@ -73,6 +74,11 @@ class Executor {
   void bind(ValueId v, void* ptr) { override_[v] = ptr; }
   void unbind_all();
 
+  // Per-op-kind wall time of the kernels run so far (when profiling is on).
+  void set_profiling(bool on) { profiling_ = on; }
+  const std::vector<double>& seconds_by_kind() const { return seconds_by_kind_; }
+  std::string profile_report() const;
+
   const MemoryPlan& memory_plan() const { return plan_; }
   MemoryStats memory() const { return stats_; }
   void add_grad_accumulator_bytes(int64_t b) { stats_.grads += b; }
@@ -85,6 +91,8 @@ class Executor {
   std::shared_ptr<void> arena_;
   MemoryPlan plan_;
   MemoryStats stats_;
+  bool profiling_ = false;
+  std::vector<double> seconds_by_kind_;
 };
 
 // Fills a tensor from its Init, seeded by (name, seed).

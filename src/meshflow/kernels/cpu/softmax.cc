@@ -1,5 +1,253 @@
-// PLACEHOLDER: being written. Registers nothing yet.
+// Softmax-family kernels over the last dim. x is viewed as [rows, V]; rows are
+// split across threads, each row is done by one thread (deterministic).
+//
+// The row logsumexp is "online" over chunks of kChunk logits: per chunk, its
+// max (one vectorized sweep), a rescale of the running sum if the max grew,
+// then the sum of exp(x - max) (a second sweep over the same chunk, still in
+// L1). So a [2048, 50257] logits tensor is read from memory once.
+//
+//   cross_entropy        x[rows, V], t[rows] -> loss[], lse[rows]
+//   cross_entropy_grad   dx = (exp(x - lse) - onehot(t)) * dloss / count_valid
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "meshflow/core/check.h"
+#include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
+#include "meshflow/ops/op_def.h"
+
 namespace meshflow {
-void register_softmax_kernels(KernelTable& t) { (void)t; }
+
+namespace {
+
+// e^x to ~1 ulp for x in [-87.3, 88.3] (Cephes expf polynomial); 0 below that
+// range (and for -inf), e^88.3 above it. Vectorizes inside `#pragma omp simd`.
+// (Same function as in kernels/cpu/activation.cc.)
+inline float exp_approx(float x) {
+  constexpr float kLo = -87.33654f, kHi = 88.37626f;
+  float xc = x < kLo ? kLo : x;
+  xc = xc > kHi ? kHi : xc;
+  const float n = (xc * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(x / ln 2)
+  float r = n * -0.693359375f + xc;  // x - n ln2, ln2 split in two parts
+  r = n * 2.12194440e-4f + r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.f);
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < kLo ? 0.f : p * two_n;
+}
+
+constexpr int64_t kChunk = 1024;  // logits per online-logsumexp chunk (4 KB)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct RowMaxSum {
+  float max;
+  double sum;  // sum of exp(x - max)
+  float lse() const { return max + static_cast<float>(std::log(sum)); }
+};
+
+// x: [n]. One pass over memory (each chunk is swept twice while in L1).
+RowMaxSum row_max_sum(const float* x, int64_t n) {
+  float m = kNegInf;
+  double s = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const float* xc = x + c0;
+    const int64_t len = std::min(kChunk, n - c0);
+    float cm = kNegInf;
+#pragma omp simd reduction(max : cm)
+    for (int64_t j = 0; j < len; ++j) cm = xc[j] > cm ? xc[j] : cm;
+    if (cm > m) {
+      s *= std::exp(static_cast<double>(m) - static_cast<double>(cm));
+      m = cm;
+    }
+    float cs = 0;
+#pragma omp simd simdlen(16) reduction(+ : cs)
+    for (int64_t j = 0; j < len; ++j) cs += exp_approx(xc[j] - m);
+    s += cs;
+  }
+  return {m, s};
+}
+
+// Cost per row for parallel_for, in rough per-element units.
+int64_t row_cost(int64_t v, int64_t per_element) { return v * per_element; }
+
+void softmax_kernel(const KernelCall& c) {
+  const float* x = c.in_f(0);
+  float* y = c.out_f(0);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * v;
+      float* yr = y + r * v;
+      const RowMaxSum ms = row_max_sum(xr, v);
+      const float m = ms.max, inv = static_cast<float>(1.0 / ms.sum);
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < v; ++j) yr[j] = exp_approx(xr[j] - m) * inv;
+    }
+  });
+}
+
+void log_softmax_kernel(const KernelCall& c) {
+  const float* x = c.in_f(0);
+  float* y = c.out_f(0);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = x + r * v;
+      float* yr = y + r * v;
+      const float lse = row_max_sum(xr, v).lse();
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) yr[j] = xr[j] - lse;
+    }
+  });
+}
+
+// dx = y * (dy - sum(dy * y))
+void softmax_grad_kernel(const KernelCall& c) {
+  const float* y = c.in_f(0);
+  const float* dy = c.in_f(1);
+  float* dx = c.out_f(0);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  cpu::parallel_for(rows, row_cost(v, 4), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* yr = y + r * v;
+      const float* dyr = dy + r * v;
+      float* dxr = dx + r * v;
+      double dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < v; ++j) dot += static_cast<double>(dyr[j] * yr[j]);
+      const float d = static_cast<float>(dot);
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) dxr[j] = yr[j] * (dyr[j] - d);
+    }
+  });
+}
+
+// dx = dy - exp(y) * sum(dy)
+void log_softmax_grad_kernel(const KernelCall& c) {
+  const float* y = c.in_f(0);
+  const float* dy = c.in_f(1);
+  float* dx = c.out_f(0);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* yr = y + r * v;
+      const float* dyr = dy + r * v;
+      float* dxr = dx + r * v;
+      double sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < v; ++j) sum += static_cast<double>(dyr[j]);
+      const float s = static_cast<float>(sum);
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < v; ++j) dxr[j] = dyr[j] - exp_approx(yr[j]) * s;
+    }
+  });
+}
+
+// Stops with a message naming the node, the value and the class count when a
+// target is >= V (negative targets are ignored positions).
+void check_target(const KernelCall& c, int32_t t, int64_t row, int64_t v) {
+  MF_CHECK(t < v) << node_label(c.n) << ": target " << t << " at position " << row
+                  << " is out of range for " << v << " classes (valid: 0.." << v - 1
+                  << ", or negative to ignore the position)";
+}
+
+// Number of valid (target >= 0) positions; checks every target < V.
+int64_t count_valid(const KernelCall& c, const int32_t* t, int64_t rows, int64_t v) {
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    check_target(c, t[r], r, v);
+    count += t[r] >= 0 ? 1 : 0;
+  }
+  return count;
+}
+
+// outputs: loss [] = mean over valid rows of lse - x[t]; lse [rows].
+void cross_entropy_kernel(const KernelCall& c) {
+  const float* x = c.in_f(0);
+  const int32_t* t = c.in_i(1);
+  float* loss = c.out_f(0);
+  float* lse = c.out_f(1);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  const int64_t count = count_valid(c, t, rows, v);
+  cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) lse[r] = row_max_sum(x + r * v, v).lse();
+  });
+  // Serial sum in row order: the same bits for any thread count.
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    if (t[r] >= 0) total += static_cast<double>(lse[r]) - static_cast<double>(x[r * v + t[r]]);
+  *loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+}
+
+// inputs: logits [rows, V], targets [rows], lse [rows], dloss []; output dlogits.
+void cross_entropy_grad_kernel(const KernelCall& c) {
+  const float* x = c.in_f(0);
+  const int32_t* t = c.in_i(1);
+  const float* lse = c.in_f(2);
+  const float dloss = *c.in_f(3);
+  float* dx = c.out_f(0);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  const int64_t count = count_valid(c, t, rows, v);
+  const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.f;
+  cpu::parallel_for(rows, row_cost(v, 5), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      float* dxr = dx + r * v;
+      if (t[r] < 0) {
+        std::memset(dxr, 0, static_cast<size_t>(v) * sizeof(float));
+        continue;
+      }
+      const float* xr = x + r * v;
+      const float l = lse[r];
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < v; ++j) dxr[j] = exp_approx(xr[j] - l) * scale;
+      dxr[t[r]] -= scale;
+    }
+  });
+}
+
+// output: [] number of valid rows whose first maximum is at the target.
+void correct_count_kernel(const KernelCall& c) {
+  const float* x = c.in_f(0);
+  const int32_t* t = c.in_i(1);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  for (int64_t r = 0; r < rows; ++r) check_target(c, t[r], r, v);
+  std::atomic<int64_t> hits{0};  // integer sum: the same for any order
+  cpu::parallel_for(rows, row_cost(v, 2), [&](int64_t lo, int64_t hi) {
+    int64_t local = 0;
+    for (int64_t r = lo; r < hi; ++r) {
+      if (t[r] < 0) continue;
+      const float* xr = x + r * v;
+      float m = kNegInf;
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j < v; ++j) m = xr[j] > m ? xr[j] : m;
+      int64_t arg = 0;
+      while (arg < v && xr[arg] != m) ++arg;
+      local += arg == t[r] ? 1 : 0;
+    }
+    hits += local;
+  });
+  *c.out_f(0) = static_cast<float>(hits.load());
+}
+
+}  // namespace
+
+void register_softmax_kernels(KernelTable& t) {
+  t[static_cast<int>(OpKind::kSoftmax)] = softmax_kernel;
+  t[static_cast<int>(OpKind::kSoftmaxGrad)] = softmax_grad_kernel;
+  t[static_cast<int>(OpKind::kLogSoftmax)] = log_softmax_kernel;
+  t[static_cast<int>(OpKind::kLogSoftmaxGrad)] = log_softmax_grad_kernel;
+  t[static_cast<int>(OpKind::kCrossEntropy)] = cross_entropy_kernel;
+  t[static_cast<int>(OpKind::kCrossEntropyGrad)] = cross_entropy_grad_kernel;
+  t[static_cast<int>(OpKind::kCorrectCount)] = correct_count_kernel;
+}
+
 }  // namespace meshflow

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# meshflow vs PyTorch on the same GPT training step (4 layers, d=256, 4 heads,
+# seq 128, batch 16, byte vocabulary, AdamW), same machine, same thread count,
+# measured side by side in one run (alternating, best of ROUNDS for each).
+#   bash bench/gpt_vs_torch.sh            (STEPS=20 ROUNDS=3 BUILD=build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+STEPS=${STEPS:-20}
+ROUNDS=${ROUNDS:-3}
+cmake --build "$BUILD" --target gpt_step -j2 >/dev/null
+/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: run scripts/install-deps.sh"; exit 2; }
+printf "%-8s %14s %14s %8s %14s %12s\n" threads meshflow_tok/s pytorch_tok/s ratio "GFLOP/s(mf)" "of GEMM peak"
+for t in 1 2; do
+  best_m=0; best_p=0; line_m=""
+  for r in $(seq "$ROUNDS"); do
+    m=$(OMP_NUM_THREADS=$t "$BUILD/bench/gpt_step" --threads "$t" --steps "$STEPS")
+    p=$(OMP_NUM_THREADS=$t /usr/bin/python3 bench/torch_gpt.py --threads "$t" --steps "$STEPS")
+    tm=$(echo "$m" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['tokens_per_s'])")
+    tp=$(echo "$p" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['tokens_per_s'])")
+    if /usr/bin/python3 -c "import sys; sys.exit(0 if $tm > $best_m else 1)"; then best_m=$tm; line_m=$m; fi
+    if /usr/bin/python3 -c "import sys; sys.exit(0 if $tp > $best_p else 1)"; then best_p=$tp; fi
+  done
+  /usr/bin/python3 - "$t" "$best_m" "$best_p" "$line_m" <<'PY'
+import json, sys
+t, m, p, line = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
+print(f"{t:<8} {m:14.0f} {p:14.0f} {m/p:7.2f}x {line['gflops']:14.1f} {line['fraction_of_gemm_peak']:11.0%}")
+PY
+done

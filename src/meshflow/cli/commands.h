@@ -1,0 +1,30 @@
+// The CLI's commands, one function each, callable from tests. Each returns the
+// process exit code: 0 ok, 2 user error (message printed), 1 runtime failure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshflow::cli {
+
+struct TrainOptions {
+  std::string config;
+  int steps = 0;  // 0: from the config
+  std::vector<std::string> overrides;
+  std::string metrics;
+  int threads = -1;  // -1: from the config
+  std::string checkpoint;
+  std::string init;
+  bool quiet = false;
+  bool profile = false;
+};
+int run_train(const TrainOptions& o);
+
+struct GraphOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string phase = "all";
+};
+int run_graph(const GraphOptions& o);
+
+}  // namespace meshflow::cli

@@ -1,0 +1,49 @@
+// The common part of every model builder (mlp.h, gpt.h, llama.h): what a
+// build function returns, and the conventions all of them follow.
+//
+//   MF_ASSIGN_OR_RETURN(GptConfig cfg, parse_gpt_config(json));
+//   MF_ASSIGN_OR_RETURN(ModelGraph m, build_gpt(cfg, /*batch=*/8, /*seq=*/128));
+//   append_backward(m.graph);               // m.graph.loss is the scalar mean cross-entropy
+//   for (const std::string& name : m.inputs) executor.feed(name, batch.get(name));
+//
+// Conventions shared by the builders:
+//   - Weight layout is [in.., out..] and a layer computes x @ W. This is the
+//     transpose of PyTorch's nn.Linear weight [out, in] (Hugging Face GPT-2's
+//     Conv1D weights are already [in, out]). Attention projections keep the
+//     heads as dims: q_proj.weight is [hidden, heads, head_dim] and the output
+//     projection [heads, head_dim, hidden], so a tensor-parallel rule can shard
+//     `heads` directly. Loading HF weights = transpose, then reshape.
+//   - Values carry named dims: batch, seq, hidden, heads, kv_heads, head_dim,
+//     ffn, vocab (LMs); batch, features, hidden, classes (MLP).
+//   - Transformer block i is built under b.scope("h.i", i) (GPT) or
+//     b.scope("model.layers.i", i) (LLaMA), so its nodes carry node.layer = i
+//     (pipeline split and recompute read it); nodes outside blocks have -1.
+//   - g.loss is the mean cross-entropy (a scalar); g.outputs["logits"] the
+//     logits; g.outputs["correct"] the number of argmax hits (Phase::kMetric).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/status.h"
+#include "meshflow/ir/graph.h"
+
+namespace meshflow {
+
+struct ModelGraph {
+  Graph graph;
+  // Data inputs fed every step, in this order: {"tokens", "targets"} for
+  // language models, {"x", "labels"} for the MLP. (Dropout adds the scalar
+  // "rng_offset" and autodiff "loss_scale"; those are not data.)
+  std::vector<std::string> inputs;
+};
+
+// Sum of the element counts of all Parameter values of g.
+int64_t count_parameters(const Graph& g);
+
+// FLOPs of the forward-phase nodes of g by their OpDef cost (what this graph's
+// kernels do, causal attention included as the kernel prices it).
+double graph_forward_flops(const Graph& g);
+
+}  // namespace meshflow

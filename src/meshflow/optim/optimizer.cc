@@ -1,0 +1,61 @@
+#include "meshflow/optim/optimizer.h"
+
+#include <cmath>
+
+#include "meshflow/core/check.h"
+#include "meshflow/ir/builder.h"
+
+namespace meshflow {
+
+void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
+  Builder b(g);
+  b.set_phase(Phase::kOptimizer);
+  auto scope = b.scope("optim");
+  ValueId lr = b.input("lr", Shape{});
+  ValueId step = b.input("step", Shape{});
+
+  // Global gradient norm over every parameter's gradient.
+  std::vector<ValueId> squares;
+  for (const auto& [param, grad] : g.grad_of_param)
+    squares.push_back(b.op1(OpKind::kSumSquares, {grad}, {}, "sumsq." + g.value(param).name));
+  MF_CHECK(!squares.empty()) << "append_optimizer: no parameter has a gradient";
+  Attrs clip;
+  clip.max_norm = cfg.grad_clip;
+  std::vector<ValueId> cc = b.op(OpKind::kClipCoef, squares, clip, "clip");
+  ValueId coef = cc[0];
+  g.outputs["grad_norm"] = cc[1];
+
+  // Copy: the loop adds values (and so may grow the map's source, not the map).
+  const std::map<ValueId, ValueId> grads = g.grad_of_param;
+  for (const auto& [param, grad] : grads) {
+    const std::string name = g.value(param).name;
+    const Shape shape = g.shape(param);
+    Attrs a;
+    a.weight_decay = shape.rank() >= cfg.decay_min_rank ? cfg.weight_decay : 0.f;
+    if (cfg.kind == OptimizerKind::kSgd) {
+      a.momentum = cfg.momentum;
+      a.nesterov = cfg.nesterov;
+      ValueId buf = b.state(name + ".momentum", shape);
+      b.op(OpKind::kSgdUpdate, {param, grad, buf, lr, coef}, a, "sgd." + name);
+    } else {
+      a.beta1 = cfg.beta1;
+      a.beta2 = cfg.beta2;
+      a.eps = cfg.eps;
+      ValueId m = b.state(name + ".exp_avg", shape);
+      ValueId v = b.state(name + ".exp_avg_sq", shape);
+      b.op(OpKind::kAdamWUpdate, {param, grad, m, v, lr, step, coef}, a, "adamw." + name);
+    }
+  }
+}
+
+float LrSchedule::at(int step) const {
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  if (kind == Kind::kConstant) return lr;
+  const int decay_steps = std::max(1, total_steps - warmup_steps);
+  const float t = std::min(1.f, static_cast<float>(step - warmup_steps) / decay_steps);
+  if (kind == Kind::kLinear) return min_lr + (lr - min_lr) * (1.f - t);
+  return min_lr + 0.5f * (lr - min_lr) * (1.f + std::cos(3.14159265358979f * t));
+}
+
+}  // namespace meshflow

@@ -1,0 +1,133 @@
+#include "meshflow/runtime/run_config.h"
+
+#include <filesystem>
+
+namespace meshflow {
+
+namespace fs = std::filesystem;
+
+std::string resolve_path(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  fs::path candidate = fs::path(base_dir) / path;
+  if (!base_dir.empty() && fs::exists(candidate)) return candidate.string();
+  return path;
+}
+
+namespace {
+
+Status parse_data(const json& j, DataConfig* d, const std::string& base_dir) {
+  JsonObjectReader r(j, "data");
+  r.required("dataset");
+  r.choice("dataset", &d->dataset, {"fashion_mnist", "fortunes"});
+  r.string("path", &d->path);
+  r.number("eval_fraction", &d->eval_fraction, 0.0, 0.5);
+  MF_RETURN_IF_ERROR(r.finish());
+  d->path = resolve_path(d->path, base_dir);
+  return Status::ok();
+}
+
+Status parse_train(const json& j, TrainConfig* t) {
+  JsonObjectReader r(j, "train");
+  r.integer("steps", &t->steps, 1);
+  r.integer("batch_size", &t->batch_size, 1);
+  r.integer("micro_batches", &t->micro_batches, 1);
+  r.integer("seq_len", &t->seq_len, 1);
+  int64_t seed = static_cast<int64_t>(t->seed);
+  r.integer("seed", &seed, 0);
+  t->seed = static_cast<uint64_t>(seed);
+  r.integer("log_every", &t->log_every, 1);
+  r.integer("eval_every", &t->eval_every, 0);
+  r.integer("eval_batches", &t->eval_batches, 1);
+  r.integer("threads", &t->threads, 0, 1024);
+  r.string("checkpoint", &t->checkpoint);
+  r.integer("save_every", &t->save_every, 0);
+  MF_RETURN_IF_ERROR(r.finish());
+  if (t->batch_size % t->micro_batches != 0)
+    return Status::invalid("train.batch_size=" + std::to_string(t->batch_size) +
+                           " is not divisible by train.micro_batches=" + std::to_string(t->micro_batches) +
+                           "; use a micro_batches that divides the batch");
+  return Status::ok();
+}
+
+Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int steps) {
+  JsonObjectReader r(j, "optimizer");
+  std::string type = "adamw", schedule = "cosine";
+  r.choice("type", &type, {"adamw", "sgd"});
+  r.number("lr", &o->lr, 0.0, 10.0);
+  float min_lr = 0.f;
+  r.number("min_lr", &min_lr, 0.0, 10.0);
+  int warmup = 0;
+  r.integer("warmup_steps", &warmup, 0);
+  r.choice("schedule", &schedule, {"cosine", "constant", "linear"});
+  r.number("weight_decay", &o->weight_decay, 0.0, 10.0);
+  r.number("eps", &o->eps, 0.0, 1.0);
+  r.number("momentum", &o->momentum, 0.0, 1.0);
+  r.boolean("nesterov", &o->nesterov);
+  r.number("grad_clip", &o->grad_clip, 0.0, 1e9);
+  if (r.has("betas")) {
+    const json& b = j.at("betas");
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number() ||
+        b[0].get<double>() < 0 || b[0].get<double>() >= 1 || b[1].get<double>() < 0 || b[1].get<double>() >= 1)
+      r.fail("optimizer.betas must be an array of two numbers in [0, 1), e.g. [0.9, 0.999], got " + b.dump());
+    else {
+      o->beta1 = b[0].get<float>();
+      o->beta2 = b[1].get<float>();
+    }
+  }
+  r.ignore({"betas"});
+  MF_RETURN_IF_ERROR(r.finish());
+  if (type == "sgd" && r.has("betas"))
+    return Status::invalid("optimizer.betas applies to adamw only (optimizer.type is \"sgd\")");
+  o->kind = type == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  s->lr = o->lr;
+  s->min_lr = min_lr;
+  s->warmup_steps = warmup;
+  s->total_steps = steps;
+  s->kind = schedule == "constant" ? LrSchedule::Kind::kConstant
+            : schedule == "linear" ? LrSchedule::Kind::kLinear
+                                   : LrSchedule::Kind::kCosine;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir) {
+  RunConfig rc;
+  JsonObjectReader r(doc, "config");
+  r.required("model");
+  r.required("data");
+  json data = json::object(), train = json::object(), optim = json::object();
+  r.object("data", &data);
+  r.object("train", &train);
+  r.object("optimizer", &optim);
+  r.ignore({"model", "description"});
+  MF_RETURN_IF_ERROR(r.finish());
+
+  const json& m = doc.at("model");
+  if (m.is_string()) {
+    std::string p = resolve_path(m.get<std::string>(), base_dir);
+    MF_ASSIGN_OR_RETURN(rc.model, read_json_file(p));
+    rc.model_source = p;
+  } else if (m.is_object()) {
+    rc.model = m;
+    rc.model_source = "config.model";
+  } else {
+    return Status::invalid("config.model must be a model object or the path of a model JSON file, got " +
+                           json_type_name(m));
+  }
+  MF_RETURN_IF_ERROR(parse_data(data, &rc.data, base_dir));
+  MF_RETURN_IF_ERROR(parse_train(train, &rc.train));
+  MF_RETURN_IF_ERROR(parse_optimizer(optim, &rc.optimizer, &rc.schedule, rc.train.steps));
+  return rc;
+}
+
+Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  MF_ASSIGN_OR_RETURN(json doc, read_json_file(path));
+  for (const std::string& o : overrides) MF_RETURN_IF_ERROR(apply_override(doc, o));
+  std::string base = fs::path(path).parent_path().string();
+  Result<RunConfig> rc = parse_run_config(doc, base);
+  if (!rc.is_ok()) return rc.status().with_context(path);
+  return rc;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,62 @@
+// RunConfig: everything `meshflow train CONFIG.json` reads, parsed strictly
+// (config/json_reader.h): an unknown key, a wrong type or an out-of-range value
+// is a one-line error naming the key and what is valid.
+//
+//   {
+//     "model": "configs/models/gpt_tiny.json"  (or the model object inline),
+//     "data": {"dataset": "fortunes", "eval_fraction": 0.05},
+//     "train": {"steps": 2000, "batch_size": 16, "seq_len": 128, "micro_batches": 1,
+//               "seed": 1, "log_every": 10, "eval_every": 500, "eval_batches": 20, "threads": 2},
+//     "optimizer": {"type": "adamw", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100,
+//                   "schedule": "cosine", "weight_decay": 0.1, "betas": [0.9, 0.95],
+//                   "eps": 1e-8, "grad_clip": 1.0}
+//   }
+// Relative paths are resolved against the config file's directory, then the
+// current directory.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/optim/optimizer.h"
+
+namespace meshflow {
+
+struct DataConfig {
+  std::string dataset;       // "fashion_mnist" | "fortunes"
+  std::string path;          // optional override of the Debian package's location
+  float eval_fraction = 0.05f;
+};
+
+struct TrainConfig {
+  int steps = 100;
+  int batch_size = 32;       // global batch (all micro-batches)
+  int micro_batches = 1;     // gradient accumulation steps
+  int seq_len = 128;         // language models
+  uint64_t seed = 1;
+  int log_every = 10;
+  int eval_every = 0;        // 0: only at the end
+  int eval_batches = 20;
+  int threads = 0;           // 0: all cores
+  std::string checkpoint;    // safetensors path written at the end (and every save_every)
+  int save_every = 0;
+};
+
+struct RunConfig {
+  json model;                // the model object (HF-style keys)
+  std::string model_source;  // where it came from, for messages
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  LrSchedule schedule;
+};
+
+// Parses a whole run config. base_dir resolves relative paths.
+Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir);
+// Reads CONFIG.json, applies --set overrides, parses.
+Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// Resolves a path relative to base_dir if it exists there, else as given.
+std::string resolve_path(const std::string& path, const std::string& base_dir);
+
+}  // namespace meshflow

@@ -1,0 +1,172 @@
+#include "meshflow/runtime/trainer.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "meshflow/autodiff/autodiff.h"
+#include "meshflow/data/fashion_mnist.h"
+#include "meshflow/data/text.h"
+#include "meshflow/io/safetensors.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/optim/optimizer.h"
+
+namespace meshflow {
+
+void set_compute_threads(int threads) {
+  int n = threads > 0 ? threads : omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64_t seq) {
+  MF_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(model));
+  return build_model(cfg, batch, seq);
+}
+
+Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,
+                                              uint64_t seed) {
+  if (d.dataset == "fashion_mnist") {
+    if (language_model)
+      return Status::invalid("data.dataset \"fashion_mnist\" feeds images and labels, but the model is a "
+                             "language model; use \"fortunes\"");
+    FashionMnistOptions o;
+    if (!d.path.empty()) o.dir = d.path;
+    MF_ASSIGN_OR_RETURN(FashionMnist ds, FashionMnist::load(o));
+    return std::unique_ptr<Dataset>(new FashionMnist(std::move(ds)));
+  }
+  if (!language_model)
+    return Status::invalid("data.dataset \"fortunes\" feeds byte tokens, but the model is a classifier; use "
+                           "\"fashion_mnist\"");
+  TextOptions o;
+  if (!d.path.empty()) o.dir = d.path;
+  o.seq_len = seq_len;
+  o.eval_fraction = d.eval_fraction;
+  o.split_seed = seed;
+  MF_ASSIGN_OR_RETURN(TextDataset ds, TextDataset::from_fortunes(o));
+  return std::unique_ptr<Dataset>(new TextDataset(std::move(ds)));
+}
+
+namespace {
+double flops_of(const Graph& g, const std::vector<NodeId>& order) {
+  double f = 0;
+  for (NodeId id : order) f += op_cost(g, g.node(id)).flops;
+  return f;
+}
+}  // namespace
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc) {
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->rc_ = rc;
+  const TrainConfig& tc = rc.train;
+  set_compute_threads(tc.threads);
+  t->micro_batch_ = tc.batch_size / tc.micro_batches;
+
+  Result<ModelGraph> m = build_model_from_json(rc.model, t->micro_batch_, tc.seq_len);
+  if (!m.is_ok()) return m.status().with_context(rc.model_source);
+  t->model_ = std::move(m).value();
+  Graph& g = t->model_.graph;
+  t->language_model_ = g.find("tokens") != kNoValue;
+  t->num_params_ = count_parameters(g);
+  append_backward(g);
+  append_optimizer(g, rc.optimizer);
+  Status v = verify(g);
+  if (!v.is_ok()) return Status::internal("training graph failed verification: " + v.message());
+
+  MF_ASSIGN_OR_RETURN(t->data_, make_dataset(rc.data, t->language_model_, tc.seq_len, tc.seed));
+  for (const std::string& name : t->data_->input_names())
+    if (g.find(name) == kNoValue)
+      return Status::invalid("data.dataset \"" + rc.data.dataset + "\" provides '" + name +
+                             "', which model " + rc.model_source + " does not take; use " +
+                             (t->language_model_ ? "\"fortunes\" for a language model"
+                                                 : "\"fashion_mnist\" for a classifier"));
+  ExecutorOptions eo;
+  eo.seed = tc.seed;
+  t->executor_ = std::make_unique<Executor>(g, eo);
+  if (tc.micro_batches > 1) {
+    for (const auto& [param, grad] : g.grad_of_param) {
+      t->accum_.emplace_back(grad, std::vector<float>(g.shape(grad).numel()));
+      t->executor_->add_grad_accumulator_bytes(g.shape(grad).numel() * 4);
+    }
+  }
+  t->flops_per_micro_ = flops_of(g, t->executor_->forward_backward_order());
+  t->flops_optimizer_ = flops_of(g, t->executor_->optimizer_order());
+  return t;
+}
+
+void Trainer::feed_batch(const Batch& b) {
+  for (const auto& [name, tensor] : b.tensors) throw_if_error(executor_->feed(name, tensor));
+}
+
+StepResult Trainer::step() {
+  const TrainConfig& tc = rc_.train;
+  const Graph& g = model_.graph;
+  Executor& ex = *executor_;
+  const int m = tc.micro_batches;
+  auto t0 = std::chrono::steady_clock::now();
+  StepResult r;
+  r.lr = rc_.schedule.at(step_);
+  double loss_sum = 0;
+  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m));
+  for (int micro = 0; micro < m; ++micro) {
+    BatchIndex at;
+    at.seed = tc.seed;
+    at.step = step_;
+    at.micro = micro;
+    at.micro_batches = m;
+    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_)));
+    ex.feed_scalar_i32("rng_offset", static_cast<int32_t>(step_ * m + micro));
+    ex.run(ex.forward_backward_order());
+    loss_sum += ex.scalar(g.loss);
+    for (auto& [grad, acc] : accum_) {
+      const float* src = ex.data_f(grad);
+      const int64_t n = static_cast<int64_t>(acc.size());
+      if (micro == 0) std::memcpy(acc.data(), src, n * sizeof(float));
+      else
+        for (int64_t i = 0; i < n; ++i) acc[i] += src[i];
+    }
+  }
+  for (auto& [grad, acc] : accum_) ex.bind(grad, acc.data());
+  ex.feed_scalar("lr", r.lr);
+  ex.feed_scalar("step", static_cast<float>(step_ + 1));
+  ex.run(ex.optimizer_order());
+  r.grad_norm = ex.scalar(g.outputs.at("grad_norm"));
+  ex.unbind_all();
+  ++step_;
+  r.step = step_;
+  r.loss = static_cast<float>(loss_sum / m);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.items = static_cast<int64_t>(tc.batch_size) * (language_model_ ? tc.seq_len : 1);
+  r.flops = flops_per_micro_ * m + flops_optimizer_;
+  return r;
+}
+
+EvalResult Trainer::evaluate() {
+  const Graph& g = model_.graph;
+  Executor& ex = *executor_;
+  EvalResult e;
+  double loss_sum = 0, correct = 0;
+  int64_t batches = 0;
+  const bool has_correct = g.outputs.count("correct") > 0;
+  const int64_t per_batch = static_cast<int64_t>(micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
+  ex.feed_scalar_i32("rng_offset", 0);
+  for (EvalIterator it = data_->eval(micro_batch_, {}, rc_.train.eval_batches); !it.done();) {
+    feed_batch(it.next());
+    ex.run(ex.eval_order());
+    loss_sum += ex.scalar(g.loss);
+    if (has_correct) correct += ex.scalar(g.outputs.at("correct"));
+    ++batches;
+  }
+  e.items = batches * per_batch;
+  e.loss = batches ? static_cast<float>(loss_sum / batches) : 0.f;
+  if (has_correct && !language_model_ && e.items > 0) e.accuracy = static_cast<float>(correct / e.items);
+  return e;
+}
+
+Status Trainer::save_checkpoint(const std::string& path) { return save_parameters(*executor_, path); }
+Status Trainer::load_checkpoint(const std::string& path) { return load_parameters(*executor_, path).status(); }
+
+}  // namespace meshflow
