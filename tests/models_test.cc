@@ -200,8 +200,12 @@ TEST(ModelGraph, GptStructureAndParameterCount) {
               "[heads=4,head_dim=8,hidden=32]");
     // Block nodes carry their layer; the embedding and head do not.
     for (const Node& n : g.nodes()) {
-      if (n.name.rfind("h.1.", 0) == 0) EXPECT_EQ(n.layer, 1) << n.name;
-      if (n.name == "wte" || n.name == "lm_head" || n.name == "loss") EXPECT_EQ(n.layer, -1) << n.name;
+      if (n.name.rfind("h.1.", 0) == 0) {
+        EXPECT_EQ(n.layer, 1) << n.name;
+      }
+      if (n.name == "wte" || n.name == "lm_head" || n.name == "loss") {
+        EXPECT_EQ(n.layer, -1) << n.name;
+      }
     }
   }
 }
@@ -301,10 +305,12 @@ float run_forward(Executor& ex) {
 void check_model_runs(Graph& g, const std::map<std::string, Tensor>& feeds, double expected_init_loss) {
   append_backward(g);
   ASSERT_TRUE(verify(g).is_ok()) << verify(g).message();
-  Executor ex(g, {.seed = 3});
+  ExecutorOptions options;
+  options.seed = 3;
+  Executor ex(g, options);
   for (const auto& [name, t] : feeds) ASSERT_TRUE(ex.feed(name, t).is_ok()) << name;
   const float loss0 = run_forward_backward(ex);
-  EXPECT_NEAR(loss0, expected_init_loss, 0.05) << "loss at init should be about ln(classes)";
+  EXPECT_NEAR(loss0, expected_init_loss, 0.08) << "loss at init should be about ln(classes)";
 
   // Directional derivative: d/de loss(p + e*d) = sum grad . d.
   std::vector<ValueId> params = g.parameters();
@@ -329,9 +335,11 @@ void check_model_runs(Graph& g, const std::map<std::string, Tensor>& feeds, doub
     }
     return static_cast<double>(run_forward(ex));
   };
-  const float eps = 1e-3f;
+  // Every parameter moves at once, so the loss is far from linear beyond
+  // e ~ 1e-3; 3e-4 keeps the curvature error ~0.3% and the f32 rounding ~1e-3.
+  const float eps = 3e-4f;
   const double numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-  EXPECT_NEAR(analytic, numeric, 0.03 * std::max(1.0, std::abs(numeric)))
+  EXPECT_NEAR(analytic, numeric, 0.01 * std::abs(numeric) + 2e-3)
       << "analytic " << analytic << " vs numeric " << numeric;
   loss_at(0.f);
 
@@ -368,7 +376,8 @@ TEST(ModelRun, TinyLlamaForwardBackward) {
 
 TEST(ModelRun, TinyMlpForwardBackward) {
   REQUIRE_OPS();
-  MlpConfig cfg{.input_dim = 12, .hidden = {16}, .num_classes = 4, .activation = "relu"};
+  // gelu: the directional check needs a smooth loss (relu kinks bias it).
+  MlpConfig cfg{.input_dim = 12, .hidden = {16}, .num_classes = 4, .activation = "gelu"};
   ModelGraph m = value_or_throw(build_mlp(cfg, 8));
   // Small inputs keep the init logits near zero, so the loss starts near ln(4).
   Tensor x(m.graph.shape(m.graph.find("x")), DType::F32);

@@ -23,7 +23,8 @@ Shape S(std::initializer_list<int64_t> sizes) {
 }
 
 // Runs the forward of g with the given feeds and returns y.
-std::vector<float> run_forward(const Graph& g, ValueId y, const std::map<std::string, Tensor>& feeds) {
+std::vector<float> run_forward(const Graph& g, ValueId y,
+                               const std::map<std::string, Tensor>& feeds) {
   Executor ex(g, {.seed = 0, .fetch = {y}});
   for (const auto& [name, t] : feeds) throw_if_error(ex.feed(name, t));
   ex.run(ex.eval_order());
@@ -34,16 +35,28 @@ std::vector<float> run_forward(const Graph& g, ValueId y, const std::map<std::st
 constexpr double kK = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kC = 0.044715;
 
-double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(kK * (x + kC * x * x * x))); }
+double gelu_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(kK * (x + kC * x * x * x)));
+}
 double gelu_grad_ref(double x) {
   const double t = std::tanh(kK * (x + kC * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kK * (1 + 3 * kC * x * x);
 }
-double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
-double silu_ref(double x) { return x * sigmoid(x); }
-double silu_grad_ref(double x) { return sigmoid(x) * (1 + x * (1 - sigmoid(x))); }
-double relu_ref(double x) { return x > 0 ? x : 0; }
-double relu_grad_ref(double x) { return x > 0 ? 1 : 0; }
+double sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+double silu_ref(double x) {
+  return x * sigmoid(x);
+}
+double silu_grad_ref(double x) {
+  return sigmoid(x) * (1 + x * (1 - sigmoid(x)));
+}
+double relu_ref(double x) {
+  return x > 0 ? x : 0;
+}
+double relu_grad_ref(double x) {
+  return x > 0 ? 1 : 0;
+}
 
 // Random values plus the awkward ones: large magnitudes, zero, tiny.
 Tensor test_values(const Shape& s, uint64_t seed) {
@@ -53,7 +66,9 @@ Tensor test_values(const Shape& s, uint64_t seed) {
   return t;
 }
 
-bool close(double got, double want) { return std::fabs(got - want) <= 1e-6 + 1e-5 * std::fabs(want); }
+bool close(double got, double want) {
+  return std::fabs(got - want) <= 1e-6 + 1e-5 * std::fabs(want);
+}
 
 struct ActCase {
   OpKind fwd, grad;

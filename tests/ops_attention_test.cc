@@ -108,7 +108,9 @@ double rel_err(const float* x, const std::vector<double>& ref) {
   return num / den;
 }
 
-void PrintTo(const AttnCase& a, std::ostream* os) { *os << case_name(a); }
+void PrintTo(const AttnCase& a, std::ostream* os) {
+  *os << case_name(a);
+}
 
 Attrs attn_attrs(const AttnCase& a) {
   Attrs at;
@@ -144,8 +146,8 @@ TEST_P(AttentionCases, MatchesNaiveForwardAndBackward) {
   ASSERT_TRUE(ex.feed("dout", tdo).is_ok());
   ex.run(ex.forward_backward_order());
 
-  NaiveAttention ref = naive_attention(a, tq.data<float>(), tk.data<float>(), tv.data<float>(),
-                                       tdo.data<float>());
+  NaiveAttention ref =
+      naive_attention(a, tq.data<float>(), tk.data<float>(), tv.data<float>(), tdo.data<float>());
   EXPECT_LT(rel_err(ex.data_f(o[0]), ref.out), 1e-5);
   const float* lse = ex.data_f(o[1]);
   for (size_t i = 0; i < ref.lse.size(); ++i) {
@@ -188,8 +190,8 @@ TEST_P(AttentionGrad, MatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionGrad,
     ::testing::Values(AttnCase{2, 2, 2, 4, 4, 4, false, 0.f}, AttnCase{2, 2, 2, 4, 4, 4, true, 0.f},
-                      AttnCase{1, 4, 2, 3, 5, 4, true, 0.f},   // GQA, T < S
-                      AttnCase{1, 4, 1, 3, 5, 4, false, 0.f},  // MQA
+                      AttnCase{1, 4, 2, 3, 5, 4, true, 0.f},    // GQA, T < S
+                      AttnCase{1, 4, 1, 3, 5, 4, false, 0.f},   // MQA
                       AttnCase{1, 2, 1, 5, 3, 4, true, 0.7f}),  // T > S, explicit scale
     [](const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); });
 
@@ -206,7 +208,8 @@ std::string attention_error(const Shape& q, const Shape& k, const Shape& v) {
 }
 
 TEST(Attention, ShapeErrorsNameTheNodeDimsAndSizes) {
-  std::string e = attention_error(q_shape(2, 6, 8, 16), kv_shape(2, 4, 8, 16), kv_shape(2, 4, 8, 16));
+  std::string e =
+      attention_error(q_shape(2, 6, 8, 16), kv_shape(2, 4, 8, 16), kv_shape(2, 4, 8, 16));
   EXPECT_NE(e.find("attention 'attn'"), std::string::npos) << e;
   EXPECT_NE(e.find("kv heads (4"), std::string::npos) << e;
   EXPECT_NE(e.find("must divide query heads (6"), std::string::npos) << e;

@@ -41,7 +41,7 @@ std::vector<float> run(const Graph& g, const std::map<std::string, Tensor>& feed
 
 // Expects `f` to throw a StatusError whose message contains every one of `parts`.
 template <class Fn>
-void expect_error(Fn f, std::initializer_list<std::string> parts) {
+void expect_error(std::initializer_list<std::string> parts, Fn f) {
   try {
     f();
     ADD_FAILURE() << "expected an error";
@@ -117,8 +117,10 @@ TEST(Transpose, ForwardMatchesNaiveIndexing) {
 }
 
 TEST(Transpose, GradientsMatchFiniteDifferences) {
-  const std::vector<PermCase> cases = {
-      {{3, 4}, {1, 0}}, {{2, 3, 4}, {2, 0, 1}}, {{2, 3, 2, 4}, {0, 2, 1, 3}}, {{2, 3, 4}, {-1, -3, -2}}};
+  const std::vector<PermCase> cases = {{{3, 4}, {1, 0}},
+                                       {{2, 3, 4}, {2, 0, 1}},
+                                       {{2, 3, 2, 4}, {0, 2, 1, 3}},
+                                       {{2, 3, 4}, {-1, -3, -2}}};
   for (const PermCase& pc : cases) {
     GradCase c;
     c.params = {S(pc.sizes)};
@@ -132,11 +134,12 @@ TEST(Transpose, BadPermutationIsAClearError) {
   Graph g;
   Builder b(g);
   ValueId x = b.input("x", S({2, 3, 4}));
-  expect_error([&] { b.transpose(x, {0, 0, 1}, "tr"); },
-               {"transpose 'tr'", "{0,0,1}", "not a permutation", "[d0=2,d1=3,d2=4]"});
-  expect_error([&] { b.transpose(x, {0, 1}, "tr"); }, {"{0,1}", "not a permutation"});
-  expect_error([&] { b.transpose(x, {0, 1, 3}, "tr"); }, {"{0,1,3}", "each of 0..2 exactly once"});
-  expect_error([&] { b.transpose(x, {0, 2, -1}, "tr"); }, {"{0,2,-1}", "not a permutation"});
+  expect_error({"transpose 'tr'", "{0,0,1}", "not a permutation", "[d0=2,d1=3,d2=4]"}, [&] {
+    b.transpose(x, {0, 0, 1}, "tr");
+  });
+  expect_error({"{0,1}", "not a permutation"}, [&] { b.transpose(x, {0, 1}, "tr"); });
+  expect_error({"{0,1,3}", "each of 0..2 exactly once"}, [&] { b.transpose(x, {0, 1, 3}, "tr"); });
+  expect_error({"{0,2,-1}", "not a permutation"}, [&] { b.transpose(x, {0, 2, -1}, "tr"); });
 }
 
 // ---- reshape ----
@@ -173,8 +176,10 @@ TEST(Reshape, ElementCountMismatchNamesBothShapes) {
   Graph g;
   Builder b(g);
   ValueId x = b.input("x", Shape{{"batch", 2}, {"seq", 3}});
-  expect_error([&] { b.reshape(x, Shape{{"tokens", 4}}, "flat"); },
-               {"reshape 'flat'", "[batch=2,seq=3]", "(6 elements)", "[tokens=4]", "(4 elements)"});
+  expect_error({"reshape 'flat'", "[batch=2,seq=3]", "(6 elements)", "[tokens=4]", "(4 elements)"},
+               [&] {
+                 b.reshape(x, Shape{{"tokens", 4}}, "flat");
+               });
 }
 
 // ---- slice / slice_grad ----
@@ -186,10 +191,10 @@ struct SliceCase {
 };
 
 TEST(Slice, ForwardMatchesNaiveIndexing) {
-  const std::vector<SliceCase> cases = {{{5, 3}, 0, 1, 4},     {{2, 6, 4}, 1, 2, 5},
-                                        {{2, 3, 7}, 2, 0, 3},  {{2, 3, 7}, -1, 4, 7},
-                                        {{8, 96, 768}, 2, 256, 512}, {{3, 200, 64}, -2, 50, 51},
-                                        {{4}, 0, 0, 4}};
+  const std::vector<SliceCase> cases = {
+      {{5, 3}, 0, 1, 4},     {{2, 6, 4}, 1, 2, 5},        {{2, 3, 7}, 2, 0, 3},
+      {{2, 3, 7}, -1, 4, 7}, {{8, 96, 768}, 2, 256, 512}, {{3, 200, 64}, -2, 50, 51},
+      {{4}, 0, 0, 4}};
   for (const SliceCase& sc : cases) {
     Graph g;
     Builder b(g);
@@ -210,7 +215,8 @@ TEST(Slice, ForwardMatchesNaiveIndexing) {
 }
 
 TEST(Slice, SliceGradPlacesDyInRangeAndZerosElsewhere) {
-  for (const SliceCase& sc : std::vector<SliceCase>{{{4, 5, 6}, 1, 1, 3}, {{300, 130}, -1, 7, 100}}) {
+  for (const SliceCase& sc :
+       std::vector<SliceCase>{{{4, 5, 6}, 1, 1, 3}, {{300, 130}, -1, 7, 100}}) {
     Graph g;
     Builder b(g);
     const Shape full = S(sc.sizes);
@@ -265,12 +271,12 @@ TEST(Slice, OutOfRangeIsAClearError) {
   Graph g;
   Builder b(g);
   ValueId x = b.input("x", Shape{{"batch", 2}, {"seq", 4}});
-  expect_error([&] { b.slice(x, 1, 2, 9, "sl"); },
-               {"slice 'sl'", "[2, 9)", "dim 1 'seq' of size 4", "0 <= start < end <= 4"});
-  expect_error([&] { b.slice(x, -1, 3, 3, "sl"); }, {"[3, 3)", "0 <= start < end <= 4"});
-  expect_error([&] { b.slice(x, 0, -1, 1, "sl"); }, {"[-1, 1)", "dim 0 'batch' of size 2"});
-  expect_error([&] { b.slice(x, 2, 0, 1, "sl"); },
-               {"slice 'sl'", "axis 2 is out of range for rank 2", "-2..1"});
+  expect_error({"slice 'sl'", "[2, 9)", "dim 1 'seq' of size 4", "0 <= start < end <= 4"},
+               [&] { b.slice(x, 1, 2, 9, "sl"); });
+  expect_error({"[3, 3)", "0 <= start < end <= 4"}, [&] { b.slice(x, -1, 3, 3, "sl"); });
+  expect_error({"[-1, 1)", "dim 0 'batch' of size 2"}, [&] { b.slice(x, 0, -1, 1, "sl"); });
+  expect_error({"slice 'sl'", "axis 2 is out of range for rank 2", "-2..1"},
+               [&] { b.slice(x, 2, 0, 1, "sl"); });
 }
 
 // ---- concat ----
@@ -341,13 +347,15 @@ TEST(Concat, MismatchIsAClearError) {
   ValueId c = b.input("c", Shape{{"batch", 4}, {"seq", 5}});
   ValueId r3 = b.input("r3", S({2, 3, 1}));
   ValueId ids = b.input("ids", S({2, 3}), DType::I32);
-  expect_error([&] { b.concat({a, c}, 1, "cat"); },
-               {"concat 'cat'", "input 1[batch=4,seq=5]", "size 4 in dim 0", "has 2",
-                "except the concat axis 1"});
-  expect_error([&] { b.concat({a, r3}, 0, "cat"); }, {"has rank 3", "has rank 2"});
-  expect_error([&] { b.concat({a, ids}, 0, "cat"); }, {"is i32", "input 0 is f32"});
-  expect_error([&] { b.concat({a, a}, -3, "cat"); }, {"axis -3 is out of range for rank 2"});
-  expect_error([&] { b.concat({}, 0, "cat"); }, {"needs at least one input"});
+  expect_error({"concat 'cat'", "input 1[batch=4,seq=5]", "size 4 in dim 0", "has 2",
+                "except the concat axis 1"},
+               [&] {
+                 b.concat({a, c}, 1, "cat");
+               });
+  expect_error({"has rank 3", "has rank 2"}, [&] { b.concat({a, r3}, 0, "cat"); });
+  expect_error({"is i32", "input 0 is f32"}, [&] { b.concat({a, ids}, 0, "cat"); });
+  expect_error({"axis -3 is out of range for rank 2"}, [&] { b.concat({a, a}, -3, "cat"); });
+  expect_error({"needs at least one input"}, [&] { b.concat({}, 0, "cat"); });
 }
 
 }  // namespace

@@ -102,10 +102,15 @@ Status run(const std::string& model, const std::string& out_dir) {
   append_backward(g);
   OptimizerConfig oc;
   oc.kind = OptimizerKind::kAdamW;
-  oc.lr = 1e-2f;
+  oc.lr = 5e-3f;
   oc.beta1 = 0.9f;
   oc.beta2 = 0.95f;
-  oc.eps = 1e-8f;
+  // eps 1e-5, not 1e-8: Adam's first step is lr * g / (|g| + eps), so with eps
+  // below the f32 rounding noise of a gradient, an element whose exact gradient
+  // is ~0 (a key bias's is exactly 0: softmax ignores a shift shared by all
+  // keys) takes a full +-lr step in a direction set by noise, and the check
+  // would compare noise. With 1e-5 the update still divides by sqrt(v).
+  oc.eps = 1e-5f;
   oc.weight_decay = 0.1f;
   oc.grad_clip = 1.0f;
   append_optimizer(g, oc);

@@ -76,6 +76,7 @@ void append_backward(Graph& g) {
   }
   for (ValueId p : g.parameters())
     if (grads[p] != kNoValue) g.grad_of_param[p] = grads[p];
+  debug_verify(g, "autodiff");
 }
 
 }  // namespace meshflow

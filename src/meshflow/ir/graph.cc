@@ -3,6 +3,7 @@
 #include <set>
 #include <sstream>
 
+#include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
 
 namespace meshflow {
@@ -103,6 +104,16 @@ Status verify(const Graph& g) {
   if (g.loss != kNoValue && g.shape(g.loss).numel() != 1)
     return Status::internal("loss value must be a scalar, got " + g.shape(g.loss).to_string());
   return Status::ok();
+}
+
+void debug_verify(const Graph& g, const char* pass) {
+#ifndef NDEBUG
+  Status s = verify(g);
+  MF_CHECK(s.is_ok()) << "graph invalid after pass '" << pass << "': " << s.message();
+#else
+  (void)g;
+  (void)pass;
+#endif
 }
 
 std::string print_node(const Graph& g, const Node& n) {

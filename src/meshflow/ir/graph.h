@@ -130,6 +130,11 @@ class Graph {
 // for sources. Returns the first violation, naming the node.
 Status verify(const Graph& g);
 
+// Run at the end of every pass: in debug builds, verify(g) and stop with the
+// pass's name on a violation; in release builds, nothing (callers that take a
+// graph from outside verify it explicitly).
+void debug_verify(const Graph& g, const char* pass);
+
 // Human-readable text, one node a line:
 //   %5:[batch=8,out=2] = matmul(%1, %3) "fc1" {fwd}
 std::string print(const Graph& g);

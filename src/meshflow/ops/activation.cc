@@ -1,6 +1,7 @@
 // Activations: element-wise, f32, output shape (and dim names) = x's.
 //   relu(x)               max(x, 0)
-//   gelu(x)               0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (PyTorch approximate='tanh')
+//   gelu(x)               0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//                         (PyTorch gelu(x, approximate='tanh'))
 //   silu(x)               x * sigmoid(x)
 // and their gradients, emitted by the rules below (they have no gradient of their own):
 //   relu_grad(x, dy)      dy * (x > 0)
@@ -43,11 +44,16 @@ void grad_activation(GradContext& c, const Node& n) {
 // Flops per element, counting exp/tanh and a division as a few flops each.
 double flops_per_element(OpKind k) {
   switch (k) {
-    case OpKind::kGelu: return 16;
-    case OpKind::kGeluGrad: return 24;
-    case OpKind::kSilu: return 8;
-    case OpKind::kSiluGrad: return 12;
-    default: return 1;
+    case OpKind::kGelu:
+      return 16;
+    case OpKind::kGeluGrad:
+      return 24;
+    case OpKind::kSilu:
+      return 8;
+    case OpKind::kSiluGrad:
+      return 12;
+    default:
+      return 1;
   }
 }
 

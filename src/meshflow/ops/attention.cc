@@ -31,7 +31,9 @@ namespace meshflow {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
 
 // Validates q, k, v of an attention (inputs qi, qi+1, qi+2 of n).
 Status check_qkv(const Graph& g, const Node& n, int qi) {
@@ -93,14 +95,14 @@ Status infer_attention_grad(const Graph& g, const Node& n, std::vector<Value>* o
 
 void grad_attention(GradContext& c, const Node& n) {
   if (c.dout(1) != kNoValue)
-    throw StatusError(Status::invalid(node_label(n) +
-                                      ": the lse output (1) is not differentiable; use out (0)"));
+    throw StatusError(
+        Status::invalid(node_label(n) + ": the lse output (1) is not differentiable; use out (0)"));
   ValueId dout = c.dout(0);
   if (dout == kNoValue) return;
   std::vector<ValueId> d =
       c.b().op(OpKind::kAttentionGrad,
-               {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1]},
-               n.attrs, "attention_grad");
+               {dout, n.inputs[0], n.inputs[1], n.inputs[2], n.outputs[0], n.outputs[1]}, n.attrs,
+               "attention_grad");
   for (int i = 0; i < 3; ++i)
     if (c.needs(i)) c.accumulate(i, d[i]);
 }

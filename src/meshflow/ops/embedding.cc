@@ -1,6 +1,7 @@
 // Embedding lookup: a row of the table per id.
-//   embedding      (table [V, C], ids [..] i32) -> y [.., C]   (the ids' dims, then the table's last dim)
-//   embedding_grad (dy [.., C], ids [..] i32) -> dtable attrs.shape (= the table's shape [V, C])
+//   embedding      (table [V, C], ids [..] i32) -> y [.., C]
+//                  (the ids' dims, then the table's last dim)
+//   embedding_grad (dy [.., C], ids [..] i32) -> dtable [V, C] (attrs.shape = the table's shape)
 //                  dtable[v] = sum of dy at the positions whose id is v (deterministic order).
 // An id outside [0, V) at run time stops with a check naming the id and V.
 #include "meshflow/autodiff/grad_context.h"
@@ -47,8 +48,8 @@ void grad_embedding(GradContext& c, const Node& n) {
   if (!c.needs(0)) return;
   Attrs at;
   at.shape = c.graph().shape(n.inputs[0]);
-  c.accumulate(0, c.b().op1(OpKind::kEmbeddingGrad, {c.dout(0), n.inputs[1]}, at,
-                            "embedding_grad"));
+  c.accumulate(0,
+               c.b().op1(OpKind::kEmbeddingGrad, {c.dout(0), n.inputs[1]}, at, "embedding_grad"));
 }
 
 // embedding_grad is linear in dy; its adjoint is the lookup itself.
@@ -69,7 +70,7 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
   const double ids = static_cast<double>(g.shape(n.inputs[1]).numel());
   const double table = static_cast<double>(n.attrs.shape.numel());
   OpCost c;
-  c.flops = dy;                                  // one add per dy element
+  c.flops = dy;                                 // one add per dy element
   c.bytes = 4.0 * (table + ids + dy + 2 * dy);  // zero the table, read dy, read-modify-write rows
   return c;
 }

@@ -37,7 +37,8 @@ Status expect_row_stat(const Graph& g, const Node& n, int i, const char* what, c
 Status expect_normalized_input(const Graph& g, const Node& n, int i) {
   const Shape& x = g.shape(n.inputs[i]);
   if (x.rank() < 1)
-    return Status::invalid(node_label(n) + ": x must have at least one dim (the normalized one), got " +
+    return Status::invalid(node_label(n) +
+                           ": x must have at least one dim (the normalized one), got " +
                            x.to_string());
   return expect_dtype(g, n, i, DType::F32);
 }
@@ -116,8 +117,8 @@ void grad_layer_norm(GradContext& c, const Node& n) {
   Attrs at;
   at.eps = n.attrs.eps;
   std::vector<ValueId> g =
-      c.b().op(OpKind::kLayerNormGrad,
-               {dy, n.inputs[0], n.inputs[1], n.outputs[1], n.outputs[2]}, at, "layer_norm_grad");
+      c.b().op(OpKind::kLayerNormGrad, {dy, n.inputs[0], n.inputs[1], n.outputs[1], n.outputs[2]},
+               at, "layer_norm_grad");
   for (int i = 0; i < 3; ++i)
     if (c.needs(i)) c.accumulate(i, g[i]);
 }
@@ -128,17 +129,16 @@ void grad_rms_norm(GradContext& c, const Node& n) {
   if (dy == kNoValue) return;
   Attrs at;
   at.eps = n.attrs.eps;
-  std::vector<ValueId> g = c.b().op(OpKind::kRmsNormGrad,
-                                    {dy, n.inputs[0], n.inputs[1], n.outputs[1]}, at,
-                                    "rms_norm_grad");
+  std::vector<ValueId> g = c.b().op(
+      OpKind::kRmsNormGrad, {dy, n.inputs[0], n.inputs[1], n.outputs[1]}, at, "rms_norm_grad");
   for (int i = 0; i < 2; ++i)
     if (c.needs(i)) c.accumulate(i, g[i]);
 }
 
 // Costs: forward reads x (plus the [C] vectors), writes y and two row stats;
 // ~8 flops per element (mean, centre, square, sum, normalize, scale, shift).
-OpCost norm_cost(const Graph& g, const Node& n, int x_input, double flops_per_elem,
-                 int big_reads, int big_writes) {
+OpCost norm_cost(const Graph& g, const Node& n, int x_input, double flops_per_elem, int big_reads,
+                 int big_writes) {
   const Shape& x = g.shape(n.inputs[x_input]);
   const double e = static_cast<double>(x.numel());
   const double rows = static_cast<double>(x.prod(0, x.rank() - 1));
@@ -149,10 +149,18 @@ OpCost norm_cost(const Graph& g, const Node& n, int x_input, double flops_per_el
   return c;
 }
 
-OpCost cost_layer_norm(const Graph& g, const Node& n) { return norm_cost(g, n, 0, 8, 1, 1); }
-OpCost cost_layer_norm_grad(const Graph& g, const Node& n) { return norm_cost(g, n, 1, 14, 2, 1); }
-OpCost cost_rms_norm(const Graph& g, const Node& n) { return norm_cost(g, n, 0, 5, 1, 1); }
-OpCost cost_rms_norm_grad(const Graph& g, const Node& n) { return norm_cost(g, n, 1, 10, 2, 1); }
+OpCost cost_layer_norm(const Graph& g, const Node& n) {
+  return norm_cost(g, n, 0, 8, 1, 1);
+}
+OpCost cost_layer_norm_grad(const Graph& g, const Node& n) {
+  return norm_cost(g, n, 1, 14, 2, 1);
+}
+OpCost cost_rms_norm(const Graph& g, const Node& n) {
+  return norm_cost(g, n, 0, 5, 1, 1);
+}
+OpCost cost_rms_norm_grad(const Graph& g, const Node& n) {
+  return norm_cost(g, n, 1, 10, 2, 1);
+}
 
 void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
   OpDef d;

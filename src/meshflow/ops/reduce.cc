@@ -32,16 +32,18 @@ Result<std::vector<int>> reduced_axes(const Shape& x, const Node& n) {
     return axes;
   }
   for (int64_t a : n.attrs.axes) {
-    if (a < -x.rank() || a >= x.rank())
+    if (a < -x.rank() || a >= x.rank()) {
+      const std::string valid =
+          x.rank() == 0 ? "x is a scalar: pass no axes"
+                        : std::to_string(-x.rank()) + ".." + std::to_string(x.rank() - 1);
       return Status::invalid(node_label(n) + ": axis " + std::to_string(a) +
                              " is out of range for x" + x.to_string() + " of rank " +
-                             std::to_string(x.rank()) + " (valid: " + std::to_string(-x.rank()) +
-                             ".." + std::to_string(x.rank() - 1) + ")");
+                             std::to_string(x.rank()) + " (valid: " + valid + ")");
+    }
     int na = static_cast<int>(a < 0 ? a + x.rank() : a);
     if (std::find(axes.begin(), axes.end(), na) != axes.end())
       return Status::invalid(node_label(n) + ": axis " + std::to_string(na) + " of x" +
-                             x.to_string() + " appears twice in axes " +
-                             axes_string(n.attrs.axes));
+                             x.to_string() + " appears twice in axes " + axes_string(n.attrs.axes));
     axes.push_back(na);
   }
   std::sort(axes.begin(), axes.end());
@@ -56,8 +58,10 @@ bool contains(const std::vector<int>& axes, int i) {
 Shape reduced_shape(const Shape& x, const std::vector<int>& axes, bool keepdims) {
   std::vector<Dim> dims;
   for (int i = 0; i < x.rank(); ++i) {
-    if (!contains(axes, i)) dims.push_back(x.dim(i));
-    else if (keepdims) dims.push_back(Dim{x.name(i), 1});
+    if (!contains(axes, i))
+      dims.push_back(x.dim(i));
+    else if (keepdims)
+      dims.push_back(Dim{x.name(i), 1});
   }
   return Shape(std::move(dims));
 }
@@ -112,8 +116,8 @@ void grad_reduce_mean(GradContext& c, const Node& n) {
 
 void grad_reduce_max(GradContext& c, const Node& n) {
   if (!c.needs(0)) return;
-  c.accumulate(0, c.b().op1(OpKind::kReduceMaxGrad, {n.inputs[0], n.outputs[0], c.dout(0)},
-                            n.attrs, "dx"));
+  c.accumulate(
+      0, c.b().op1(OpKind::kReduceMaxGrad, {n.inputs[0], n.outputs[0], c.dout(0)}, n.attrs, "dx"));
 }
 
 // One add/compare per input element.

@@ -1,8 +1,10 @@
 // Ops that move data without arithmetic. Each keeps its input's dtype (f32 or i32).
-//   transpose  x -> dims permuted by attrs.axes (out dim i = x dim axes[i]; names move with the dims)
+//   transpose  x -> dims permuted by attrs.axes: out dim i = x dim axes[i]; names move with
+//              the dims
 //   reshape    x -> attrs.shape (same element count; names come from the target)
-//   slice      x -> the range [ints[0], ints[1]) of dim axes[0] (negative axis counts from the end)
-//   slice_grad dy -> zeros of attrs.shape with dy placed at that range (same axes, ints as the slice)
+//   slice      x -> the range [ints[0], ints[1]) of dim axes[0] (a negative axis counts from
+//              the end)
+//   slice_grad dy -> zeros of attrs.shape with dy placed at that range (axes, ints as the slice)
 //   concat     (x0, x1, ..) -> joined along dim axes[0]; other dims must match; the joined dim
 //              keeps x0's name
 // Gradients: transpose by the inverse permutation, reshape back, slice <-> slice_grad,
@@ -96,7 +98,8 @@ Status infer_reshape(const Graph& g, const Node& n, std::vector<Value>* outs) {
 }
 
 void grad_reshape(GradContext& c, const Node& n) {
-  if (c.needs(0)) c.accumulate(0, c.b().reshape(c.dout(0), c.graph().shape(n.inputs[0]), "reshape"));
+  if (c.needs(0))
+    c.accumulate(0, c.b().reshape(c.dout(0), c.graph().shape(n.inputs[0]), "reshape"));
 }
 
 // ---- slice / slice_grad ----
@@ -121,8 +124,8 @@ Status infer_slice(const Graph& g, const Node& n, std::vector<Value>* outs) {
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
   const Shape& x = g.shape(n.inputs[0]);
   MF_ASSIGN_OR_RETURN(int axis, slice_axis(n, x));
-  outs->push_back(out_value(x.with_size(axis, n.attrs.ints[1] - n.attrs.ints[0]),
-                            g.value(n.inputs[0]).dtype));
+  outs->push_back(
+      out_value(x.with_size(axis, n.attrs.ints[1] - n.attrs.ints[0]), g.value(n.inputs[0]).dtype));
   return Status::ok();
 }
 

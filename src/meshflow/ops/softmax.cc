@@ -134,9 +134,15 @@ OpCost cost_softmax(const Graph& g, const Node& n) {
   const bool grad = n.kind == OpKind::kSoftmaxGrad || n.kind == OpKind::kLogSoftmaxGrad;
   return cost_rows(g, n, grad ? 4 : 6, grad ? 3 : 2);
 }
-OpCost cost_cross_entropy(const Graph& g, const Node& n) { return cost_rows(g, n, 6, 1); }
-OpCost cost_cross_entropy_grad(const Graph& g, const Node& n) { return cost_rows(g, n, 6, 2); }
-OpCost cost_correct_count(const Graph& g, const Node& n) { return cost_rows(g, n, 2, 1); }
+OpCost cost_cross_entropy(const Graph& g, const Node& n) {
+  return cost_rows(g, n, 6, 1);
+}
+OpCost cost_cross_entropy_grad(const Graph& g, const Node& n) {
+  return cost_rows(g, n, 6, 2);
+}
+OpCost cost_correct_count(const Graph& g, const Node& n) {
+  return cost_rows(g, n, 2, 1);
+}
 
 void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
   OpDef d;
@@ -156,8 +162,7 @@ void register_softmax_ops(OpTable& t) {
   put(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
   put(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
   put(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
-  put(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr,
-      cost_cross_entropy_grad);
+  put(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
   put(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
 }
 

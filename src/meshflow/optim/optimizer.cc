@@ -46,6 +46,7 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
       b.op(OpKind::kAdamWUpdate, {param, grad, m, v, lr, step, coef}, a, "adamw." + name);
     }
   }
+  debug_verify(g, "optimizer");
 }
 
 float LrSchedule::at(int step) const {

@@ -20,6 +20,8 @@ inline uint64_t dropout_stream(uint64_t seed, int32_t offset) {
   return mix64(mix64(seed) ^ mix64(off ^ 0xd1b54a32d192ed03ULL));
 }
 
-inline bool dropout_keep(uint64_t stream, uint64_t i, float p) { return uniform01(stream, i) >= p; }
+inline bool dropout_keep(uint64_t stream, uint64_t i, float p) {
+  return uniform01(stream, i) >= p;
+}
 
 }  // namespace meshflow

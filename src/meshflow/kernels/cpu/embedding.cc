@@ -20,8 +20,8 @@ namespace {
 constexpr int64_t kColumnBlock = 16;
 
 inline void check_id(const Node& n, int32_t id, int64_t pos, int64_t V) {
-  MF_CHECK(id >= 0 && id < V) << "embedding '" << n.name << "': id " << id << " at position "
-                              << pos << " is outside [0, V) with V = " << V;
+  MF_CHECK(id >= 0 && id < V) << "embedding '" << n.name << "': id " << id << " at position " << pos
+                              << " is outside [0, V) with V = " << V;
 }
 
 // embedding: table (V, C), ids (N) -> y (N, C)

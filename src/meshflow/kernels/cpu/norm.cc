@@ -3,8 +3,10 @@
 // Legend: R = rows (product of the leading dims), C = channels (the last dim).
 //   x, y, dy, dx are (R, C); gamma, beta, dgamma, dbeta are (C); mean, rstd are (R).
 //
-// Forward: one row per iteration, threads over rows; row statistics are summed
-// in double (two passes for the variance: no cancellation).
+// Forward: one row per iteration, threads over rows. Row sums run in 32 float
+// lanes (8 independent vector chains, so the add latency is hidden; each lane
+// adds only C/32 terms) and the lanes are combined in double. The variance
+// takes a second pass over (x - mean)^2: no cancellation.
 // Backward: dx is per row; dgamma/dbeta are sums over all rows. Rows are cut
 // into fixed blocks of kRowsPerBlock, each block writes its own partial sums,
 // and the partials are added in block order. The block size does not depend on
@@ -20,12 +22,59 @@ namespace meshflow {
 namespace {
 
 constexpr int64_t kRowsPerBlock = 32;
+constexpr int kLanes = 32;
+constexpr int64_t kPad = 16;  // floats between partial-sum rows (one cache line)
+
+// Sum of f(j) over j in [0, n): kLanes float partial sums, combined in double.
+template <class F>
+inline double lane_sum(int64_t n, F f) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(j + k);
+  }
+  double s = 0;
+  for (; j < n; ++j) s += f(j);
+  for (int k = 0; k < kLanes; ++k) s += acc[k];
+  return s;
+}
+
+// Both sums of (g, g * xhat) over a row, g = dy * gamma, xhat = (x - m) * rs
+// (m = 0 for rms norm), in kLanes float partial sums each.
+inline void grad_row_sums(const float* dy, const float* x, const float* gamma, float m, float rs,
+                          int64_t n, double* sum_g, double* sum_gx) {
+  float ag[kLanes] = {}, agx[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma omp simd
+    for (int k = 0; k < kLanes; ++k) {
+      const float g = dy[j + k] * gamma[j + k];
+      ag[k] += g;
+      agx[k] += g * ((x[j + k] - m) * rs);
+    }
+  }
+  double sg = 0, sgx = 0;
+  for (; j < n; ++j) {
+    const float g = dy[j] * gamma[j];
+    sg += g;
+    sgx += g * ((x[j] - m) * rs);
+  }
+  for (int k = 0; k < kLanes; ++k) {
+    sg += ag[k];
+    sgx += agx[k];
+  }
+  *sum_g = sg;
+  *sum_gx = sgx;
+}
 
 struct RowsByChannels {
   int64_t rows, ch;
 };
 
-RowsByChannels rows_by_channels(const Shape& x) { return {x.prod(0, x.rank() - 1), x.size(-1)}; }
+RowsByChannels rows_by_channels(const Shape& x) {
+  return {x.prod(0, x.rank() - 1), x.size(-1)};
+}
 
 // Scratch for the per-block partial sums, reused across calls on this thread
 // (grows, never shrinks): a training step allocates nothing after the first.
@@ -62,17 +111,11 @@ void layer_norm_kernel(const KernelCall& c) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * C;
       float* yr = y + r * C;
-      double sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < C; ++j) sum += xr[j];
-      const double m = sum / C;
-      double sq = 0;
-#pragma omp simd reduction(+ : sq)
-      for (int64_t j = 0; j < C; ++j) {
-        const double d = xr[j] - m;
-        sq += d * d;
-      }
-      const float mf = static_cast<float>(m);
+      const float mf = static_cast<float>(lane_sum(C, [&](int64_t j) { return xr[j]; }) / C);
+      const double sq = lane_sum(C, [&](int64_t j) {
+        const float d = xr[j] - mf;
+        return d * d;
+      });
       const float rs = static_cast<float>(1.0 / std::sqrt(sq / C + eps));
       mean[r] = mf;
       rstd[r] = rs;
@@ -98,12 +141,14 @@ void layer_norm_grad_kernel(const KernelCall& c) {
   float* dbeta = c.out_f(2);
   const auto [R, C] = rows_by_channels(c.in_shape(1));
   const int64_t blocks = (R + kRowsPerBlock - 1) / kRowsPerBlock;
-  // Block b's partials: dgamma at part[b*2C], dbeta at part[b*2C + C].
-  float* part = partial_scratch(std::max<int64_t>(blocks, 1) * 2 * C);
+  // Block b's partials: dgamma at part[b*stride], dbeta kPad floats after the
+  // dgamma row (the pad keeps the two rows off the same 4 KiB offsets).
+  const int64_t beta_off = C + kPad, stride = 2 * beta_off;
+  float* part = partial_scratch(std::max<int64_t>(blocks, 1) * stride);
   cpu::parallel_for(blocks, kRowsPerBlock * 12 * C, [&](int64_t blo, int64_t bhi) {
     for (int64_t b = blo; b < bhi; ++b) {
-      float* pg = part + b * 2 * C;
-      float* pb = pg + C;
+      float* pg = part + b * stride;
+      float* pb = pg + beta_off;
 #pragma omp simd
       for (int64_t j = 0; j < C; ++j) pg[j] = pb[j] = 0.f;
       const int64_t r_end = std::min(R, (b + 1) * kRowsPerBlock);
@@ -112,28 +157,22 @@ void layer_norm_grad_kernel(const KernelCall& c) {
         const float* xr = x + r * C;
         float* dxr = dx + r * C;
         const float m = mean[r], rs = rstd[r];
-        double sum_g = 0, sum_gx = 0;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t j = 0; j < C; ++j) {
-          const float xhat = (xr[j] - m) * rs;
-          const float g = dyr[j] * gamma[j];
-          sum_g += g;
-          sum_gx += g * xhat;
-          pg[j] += dyr[j] * xhat;
-          pb[j] += dyr[j];
-        }
+        double sum_g, sum_gx;
+        grad_row_sums(dyr, xr, gamma, m, rs, C, &sum_g, &sum_gx);
         const float a = static_cast<float>(sum_g / C);
         const float bb = static_cast<float>(sum_gx / C);
 #pragma omp simd
         for (int64_t j = 0; j < C; ++j) {
           const float xhat = (xr[j] - m) * rs;
           dxr[j] = rs * (dyr[j] * gamma[j] - a - xhat * bb);
+          pg[j] += dyr[j] * xhat;
+          pb[j] += dyr[j];
         }
       }
     }
   });
-  sum_partials(part, blocks, 2 * C, C, dgamma);
-  sum_partials(part + C, blocks, 2 * C, C, dbeta);
+  sum_partials(part, blocks, stride, C, dgamma);
+  sum_partials(part + beta_off, blocks, stride, C, dbeta);
 }
 
 // rms_norm: x (R,C), gamma (C) -> y (R,C), rstd (R);  y = (x * rstd) * gamma
@@ -148,9 +187,7 @@ void rms_norm_kernel(const KernelCall& c) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * C;
       float* yr = y + r * C;
-      double sq = 0;
-#pragma omp simd reduction(+ : sq)
-      for (int64_t j = 0; j < C; ++j) sq += static_cast<double>(xr[j]) * xr[j];
+      const double sq = lane_sum(C, [&](int64_t j) { return xr[j] * xr[j]; });
       const float rs = static_cast<float>(1.0 / std::sqrt(sq / C + eps));
       rstd[r] = rs;
 #pragma omp simd
@@ -171,10 +208,11 @@ void rms_norm_grad_kernel(const KernelCall& c) {
   float* dgamma = c.out_f(1);
   const auto [R, C] = rows_by_channels(c.in_shape(1));
   const int64_t blocks = (R + kRowsPerBlock - 1) / kRowsPerBlock;
-  float* part = partial_scratch(std::max<int64_t>(blocks, 1) * C);
+  const int64_t stride = C + kPad;
+  float* part = partial_scratch(std::max<int64_t>(blocks, 1) * stride);
   cpu::parallel_for(blocks, kRowsPerBlock * 9 * C, [&](int64_t blo, int64_t bhi) {
     for (int64_t b = blo; b < bhi; ++b) {
-      float* pg = part + b * C;
+      float* pg = part + b * stride;
 #pragma omp simd
       for (int64_t j = 0; j < C; ++j) pg[j] = 0.f;
       const int64_t r_end = std::min(R, (b + 1) * kRowsPerBlock);
@@ -183,20 +221,19 @@ void rms_norm_grad_kernel(const KernelCall& c) {
         const float* xr = x + r * C;
         float* dxr = dx + r * C;
         const float rs = rstd[r];
-        double sum_gx = 0;
-#pragma omp simd reduction(+ : sum_gx)
-        for (int64_t j = 0; j < C; ++j) {
-          const float xhat = xr[j] * rs;
-          sum_gx += dyr[j] * gamma[j] * xhat;
-          pg[j] += dyr[j] * xhat;
-        }
+        const double sum_gx =
+            lane_sum(C, [&](int64_t j) { return dyr[j] * gamma[j] * (xr[j] * rs); });
         const float bb = static_cast<float>(sum_gx / C);
 #pragma omp simd
-        for (int64_t j = 0; j < C; ++j) dxr[j] = rs * (dyr[j] * gamma[j] - xr[j] * rs * bb);
+        for (int64_t j = 0; j < C; ++j) {
+          const float xhat = xr[j] * rs;
+          dxr[j] = rs * (dyr[j] * gamma[j] - xhat * bb);
+          pg[j] += dyr[j] * xhat;
+        }
       }
     }
   });
-  sum_partials(part, blocks, C, C, dgamma);
+  sum_partials(part, blocks, stride, C, dgamma);
 }
 
 }  // namespace

@@ -160,8 +160,8 @@ void reduce(const KernelCall& c, float scale) {
   }
   const int64_t blocks = (geo.inner + kBlock - 1) / kBlock;
   const int64_t items = geo.outer_kept.count() * blocks;
-  cpu::parallel_for(items, geo.per_output * std::min(kBlock, geo.inner), [&](int64_t lo,
-                                                                           int64_t hi) {
+  const int64_t cost = geo.per_output * std::min(kBlock, geo.inner);
+  cpu::parallel_for(items, cost, [&](int64_t lo, int64_t hi) {
     Odometer red(geo.outer_reduced);
     Acc acc[kBlock];
     for (int64_t item = lo; item < hi; ++item) {
@@ -178,7 +178,9 @@ void reduce(const KernelCall& c, float scale) {
   });
 }
 
-void reduce_sum_kernel(const KernelCall& c) { reduce<SumOp>(c, 1.f); }
+void reduce_sum_kernel(const KernelCall& c) {
+  reduce<SumOp>(c, 1.f);
+}
 
 void reduce_mean_kernel(const KernelCall& c) {
   const double count =
@@ -186,7 +188,9 @@ void reduce_mean_kernel(const KernelCall& c) {
   reduce<SumOp>(c, static_cast<float>(1.0 / count));
 }
 
-void reduce_max_kernel(const KernelCall& c) { reduce<MaxOp>(c, 1.f); }
+void reduce_max_kernel(const KernelCall& c) {
+  reduce<MaxOp>(c, 1.f);
+}
 
 // inputs x, y (the max), dy; output dx: dy / (number of ties) where x == y, else 0.
 void reduce_max_grad_kernel(const KernelCall& c) {
@@ -223,8 +227,8 @@ void reduce_max_grad_kernel(const KernelCall& c) {
   }
   const int64_t blocks = (geo.inner + kBlock - 1) / kBlock;
   const int64_t items = geo.outer_kept.count() * blocks;
-  cpu::parallel_for(items, 2 * geo.per_output * std::min(kBlock, geo.inner), [&](int64_t lo,
-                                                                               int64_t hi) {
+  const int64_t cost = 2 * geo.per_output * std::min(kBlock, geo.inner);
+  cpu::parallel_for(items, cost, [&](int64_t lo, int64_t hi) {
     Odometer red(geo.outer_reduced);
     float ties[kBlock];
     for (int64_t item = lo; item < hi; ++item) {

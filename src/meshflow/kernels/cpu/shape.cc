@@ -21,16 +21,24 @@ using Elem = uint32_t;  // f32 or i32, moved as bits
 constexpr int kMaxRank = 16;
 constexpr int64_t kTile = 32;
 
-const Elem* in_e(const KernelCall& c, int i) { return static_cast<const Elem*>(c.in[i]); }
-Elem* out_e(const KernelCall& c, int i) { return static_cast<Elem*>(c.out[i]); }
+const Elem* in_e(const KernelCall& c, int i) {
+  return static_cast<const Elem*>(c.in[i]);
+}
+Elem* out_e(const KernelCall& c, int i) {
+  return static_cast<Elem*>(c.out[i]);
+}
 
 void check_elem_size(const KernelCall& c) {
   for (ValueId v : c.n.inputs) MF_CHECK_EQ(dtype_size(c.g.value(v).dtype), sizeof(Elem));
   for (ValueId v : c.n.outputs) MF_CHECK_EQ(dtype_size(c.g.value(v).dtype), sizeof(Elem));
 }
 
-void copy_elems(Elem* dst, const Elem* src, int64_t n) { std::memcpy(dst, src, n * sizeof(Elem)); }
-void zero_elems(Elem* dst, int64_t n) { std::memset(dst, 0, n * sizeof(Elem)); }
+void copy_elems(Elem* dst, const Elem* src, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(Elem));
+}
+void zero_elems(Elem* dst, int64_t n) {
+  std::memset(dst, 0, n * sizeof(Elem));
+}
 
 void parallel_copy(Elem* dst, const Elem* src, int64_t n) {
   cpu::parallel_for(n, 1, [&](int64_t lo, int64_t hi) { copy_elems(dst + lo, src + lo, hi - lo); });

@@ -77,7 +77,9 @@ RowMaxSum row_max_sum(const float* x, int64_t n) {
 }
 
 // Cost per row for parallel_for, in rough per-element units.
-int64_t row_cost(int64_t v, int64_t per_element) { return v * per_element; }
+int64_t row_cost(int64_t v, int64_t per_element) {
+  return v * per_element;
+}
 
 void softmax_kernel(const KernelCall& c) {
   const float* x = c.in_f(0);
