@@ -79,7 +79,9 @@ int main(int argc, char** argv) {
   oc.grad_clip = 1.0f;
   append_optimizer(g, oc);
   throw_if_error(verify(g));
-  Executor ex(g, {.seed = 1});
+  ExecutorOptions eo;
+  eo.seed = 1;
+  Executor ex(g, eo);
   Tensor tokens(g.shape(g.find("tokens")), DType::I32), targets(g.shape(g.find("targets")), DType::I32);
   Rng rng(3);
   for (int64_t i = 0; i < tokens.numel(); ++i) {

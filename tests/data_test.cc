@@ -30,7 +30,8 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 bool same_batch(const Batch& a, const Batch& b) {
   if (a.tensors.size() != b.tensors.size()) return false;
   for (size_t i = 0; i < a.tensors.size(); ++i)
-    if (a.tensors[i].first != b.tensors[i].first || !same_bytes(a.tensors[i].second, b.tensors[i].second))
+    if (a.tensors[i].first != b.tensors[i].first ||
+        !same_bytes(a.tensors[i].second, b.tensors[i].second))
       return false;
   return true;
 }
@@ -68,7 +69,8 @@ TEST(DataShuffle, IsABijection) {
   }
   // Different keys give different orders.
   int same = 0;
-  for (int64_t i = 0; i < 1000; ++i) same += shuffled_index(i, 1000, 1) == shuffled_index(i, 1000, 2);
+  for (int64_t i = 0; i < 1000; ++i)
+    same += shuffled_index(i, 1000, 1) == shuffled_index(i, 1000, 2);
   EXPECT_LT(same, 20);
 }
 
@@ -123,9 +125,12 @@ TEST(DataText, DeterministicByIndexAndShardsTileTheBatch) {
   const BatchIndex at{.seed = 3, .step = 5, .micro = 1, .micro_batches = 2};
   Batch a = value_or_throw(ds.train_batch(at, 12));
   EXPECT_TRUE(same_batch(a, value_or_throw(ds.train_batch(at, 12))));
-  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch({.seed = 3, .step = 6, .micro = 1, .micro_batches = 2}, 12))));
-  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch({.seed = 4, .step = 5, .micro = 1, .micro_batches = 2}, 12))));
-  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch({.seed = 3, .step = 5, .micro = 0, .micro_batches = 2}, 12))));
+  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch(
+                                 {.seed = 3, .step = 6, .micro = 1, .micro_batches = 2}, 12))));
+  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch(
+                                 {.seed = 4, .step = 5, .micro = 1, .micro_batches = 2}, 12))));
+  EXPECT_FALSE(same_batch(a, value_or_throw(ds.train_batch(
+                                 {.seed = 3, .step = 5, .micro = 0, .micro_batches = 2}, 12))));
   std::vector<Batch> shards;
   for (int r = 0; r < 3; ++r) shards.push_back(value_or_throw(ds.train_batch(at, 12, Shard{r, 3})));
   EXPECT_EQ(shards[0].get("tokens").shape().to_string(), "[batch=4,seq=8]");
@@ -133,7 +138,8 @@ TEST(DataText, DeterministicByIndexAndShardsTileTheBatch) {
 
   auto bad = ds.train_batch(at, 12, Shard{0, 5});
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_TRUE(HasSubstr(bad.status().message(), "global batch 12 is not divisible by world size 5"));
+  EXPECT_TRUE(
+      HasSubstr(bad.status().message(), "global batch 12 is not divisible by world size 5"));
   EXPECT_FALSE(ds.train_batch({.step = 0, .micro = 2, .micro_batches = 2}, 12).is_ok());
 }
 
@@ -149,7 +155,8 @@ TEST(DataText, EvalBatchesAreFixedWindows) {
   Batch e1 = value_or_throw(ds.eval_batch(1, 4));
   // Window 4 (first row of batch 1) starts at byte 32 of the eval text.
   for (int64_t t = 0; t < 8; ++t)
-    EXPECT_EQ(e1.get("tokens").data<int32_t>()[t], static_cast<unsigned char>(ds.eval_text()[32 + t]));
+    EXPECT_EQ(e1.get("tokens").data<int32_t>()[t],
+              static_cast<unsigned char>(ds.eval_text()[32 + t]));
   std::vector<Batch> shards = {value_or_throw(ds.eval_batch(1, 4, Shard{0, 2})),
                                value_or_throw(ds.eval_batch(1, 4, Shard{1, 2}))};
   expect_shards_tile_the_batch(e1, shards);
@@ -175,18 +182,20 @@ TEST(DataText, SplitIsStableAndSeeded) {
   o.split_seed = 9;
   TextDataset c = value_or_throw(TextDataset::from_documents(toy_documents(), o));
   EXPECT_NE(a.eval_text(), c.eval_text());
-  EXPECT_EQ(a.train_text().size() + a.eval_text().size(), c.train_text().size() + c.eval_text().size());
+  EXPECT_EQ(a.train_text().size() + a.eval_text().size(),
+            c.train_text().size() + c.eval_text().size());
 }
 
 TEST(DataText, Fortunes) {
   TextOptions o;
-  if (!std::filesystem::exists(o.dir)) GTEST_SKIP() << o.dir << " not installed (Debian package fortunes)";
+  if (!std::filesystem::exists(o.dir))
+    GTEST_SKIP() << o.dir << " not installed (Debian package fortunes)";
   o.seq_len = 64;
   TextDataset ds = value_or_throw(TextDataset::from_fortunes(o));
   EXPECT_GT(ds.documents(), 1000);
   EXPECT_EQ(ds.train_text().find('\0'), std::string::npos);
-  const double eval_share = static_cast<double>(ds.eval_text().size()) /
-                            (ds.train_text().size() + ds.eval_text().size());
+  const double eval_share =
+      static_cast<double>(ds.eval_text().size()) / (ds.train_text().size() + ds.eval_text().size());
   EXPECT_GT(eval_share, 0.02);
   EXPECT_LT(eval_share, 0.10);
   EXPECT_GT(ds.num_eval_batches(16), 10);
@@ -223,7 +232,7 @@ const FashionMnist* fashion_mnist() {  // loaded once for the suite (~0.5 s)
   }();
   return ds->is_ok() ? &ds->value() : nullptr;
 }
-#define REQUIRE_FASHION_MNIST()                                                            \
+#define REQUIRE_FASHION_MNIST()                                                           \
   if (!std::filesystem::exists(FashionMnistOptions{}.dir))                                \
     GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"; \
   ASSERT_NE(fashion_mnist(), nullptr)
@@ -290,7 +299,8 @@ TEST(DataFashionMnist, ShardsAndEval) {
   for (int r = 0; r < 4; ++r) shards.push_back(value_or_throw(ds.train_batch(at, 64, Shard{r, 4})));
   expect_shards_tile_the_batch(g, shards);
   EXPECT_EQ(ds.num_eval_batches(1000), 10);
-  EXPECT_TRUE(same_batch(value_or_throw(ds.eval_batch(2, 1000)), value_or_throw(ds.eval_batch(2, 1000))));
+  EXPECT_TRUE(
+      same_batch(value_or_throw(ds.eval_batch(2, 1000)), value_or_throw(ds.eval_batch(2, 1000))));
 }
 
 TEST(DataFashionMnist, NormalizeAndValidationSplit) {
@@ -321,12 +331,14 @@ TEST(DataFashionMnist, MissingFileNamesPathAndPackage) {
   auto r = FashionMnist::load(o);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-  EXPECT_TRUE(HasSubstr(r.status().message(), "/nonexistent/fashion-mnist/train-images-idx3-ubyte.gz"));
+  EXPECT_TRUE(
+      HasSubstr(r.status().message(), "/nonexistent/fashion-mnist/train-images-idx3-ubyte.gz"));
   EXPECT_TRUE(HasSubstr(r.status().message(), "dataset-fashion-mnist"));
 }
 
 TEST(DataFashionMnist, CorruptIdxFiles) {
-  const std::string path = ::testing::TempDir() + "meshflow_idx_" + std::to_string(getpid()) + ".gz";
+  const std::string path =
+      ::testing::TempDir() + "meshflow_idx_" + std::to_string(getpid()) + ".gz";
   auto write_gz = [&](const std::vector<unsigned char>& bytes) {
     gzFile f = gzopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);
@@ -338,14 +350,16 @@ TEST(DataFashionMnist, CorruptIdxFiles) {
   ASSERT_TRUE(ok.is_ok()) << ok.status().message();
   EXPECT_EQ(ok.value(), (std::vector<uint8_t>{7, 8, 9}));
   write_gz({0, 0, 9, 1, 0, 0, 0, 3, 7, 8, 9});  // wrong type byte
-  EXPECT_TRUE(HasSubstr(read_idx_gz(path, {3}).status().message(), "not an unsigned-byte IDX file"));
+  EXPECT_TRUE(
+      HasSubstr(read_idx_gz(path, {3}).status().message(), "not an unsigned-byte IDX file"));
   write_gz({0, 0, 8, 1, 0, 0, 0, 4, 7, 8, 9});  // declares 4 bytes, has 3
   EXPECT_TRUE(HasSubstr(read_idx_gz(path, {0}).status().message(), "is truncated"));
   write_gz({0, 0, 8, 1, 0, 0, 0, 2, 7, 8, 9});  // trailing byte
   EXPECT_TRUE(HasSubstr(read_idx_gz(path, {0}).status().message(), "has data after"));
   write_gz({0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9});
   EXPECT_TRUE(HasSubstr(read_idx_gz(path, {5}).status().message(), "expected 5"));
-  EXPECT_TRUE(HasSubstr(read_idx_gz(path, {0, 28, 28}).status().message(), "has 1 dims, expected 3"));
+  EXPECT_TRUE(
+      HasSubstr(read_idx_gz(path, {0, 28, 28}).status().message(), "has 1 dims, expected 3"));
   std::remove(path.c_str());
 }
 

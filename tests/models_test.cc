@@ -34,13 +34,15 @@ std::string error_of(const Result<T>& r) {
 // Graph tests need every op the models use; while another op family is still
 // being written they skip instead of stopping at the op table's MF_CHECK.
 bool ops_ready() {
-  for (OpKind k :
-       {OpKind::kMatMul, OpKind::kAdd, OpKind::kMul, OpKind::kBiasAdd, OpKind::kRelu, OpKind::kGelu,
-        OpKind::kSilu, OpKind::kCrossEntropy, OpKind::kCrossEntropyGrad, OpKind::kCorrectCount,
-        OpKind::kLayerNorm, OpKind::kLayerNormGrad, OpKind::kRmsNorm, OpKind::kRmsNormGrad,
-        OpKind::kEmbedding, OpKind::kEmbeddingGrad, OpKind::kTranspose, OpKind::kSlice,
-        OpKind::kSliceGrad, OpKind::kAttention, OpKind::kAttentionGrad, OpKind::kRope,
-        OpKind::kDropout, OpKind::kDropoutGrad, OpKind::kSumTo})
+  for (OpKind k : {OpKind::kMatMul,        OpKind::kAdd,          OpKind::kMul,
+                   OpKind::kBiasAdd,       OpKind::kRelu,         OpKind::kGelu,
+                   OpKind::kSilu,          OpKind::kCrossEntropy, OpKind::kCrossEntropyGrad,
+                   OpKind::kCorrectCount,  OpKind::kLayerNorm,    OpKind::kLayerNormGrad,
+                   OpKind::kRmsNorm,       OpKind::kRmsNormGrad,  OpKind::kEmbedding,
+                   OpKind::kEmbeddingGrad, OpKind::kTranspose,    OpKind::kSlice,
+                   OpKind::kSliceGrad,     OpKind::kAttention,    OpKind::kAttentionGrad,
+                   OpKind::kRope,          OpKind::kDropout,      OpKind::kDropoutGrad,
+                   OpKind::kSumTo})
     if (!op_registered(k) || !has_cpu_kernel(k)) return false;
   return true;
 }
@@ -53,14 +55,9 @@ json tiny_gpt_json() {
 }
 
 json tiny_llama_json() {
-  return json{{"model_type", "llama"},
-              {"num_hidden_layers", 2},
-              {"hidden_size", 32},
-              {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},
-              {"intermediate_size", 48},
-              {"vocab_size", 64},
-              {"max_position_embeddings", 16}};
+  return json{{"model_type", "llama"},    {"num_hidden_layers", 2},       {"hidden_size", 32},
+              {"num_attention_heads", 4}, {"num_key_value_heads", 2},     {"intermediate_size", 48},
+              {"vocab_size", 64},         {"max_position_embeddings", 16}};
 }
 
 // ---------------------------------------------------------------- parsing
@@ -97,10 +94,12 @@ TEST(ModelConfig, UnknownKeyListsValidKeys) {
 TEST(ModelConfig, WrongTypeNamesKeyAndType) {
   json j = tiny_gpt_json();
   j["n_layer"] = "12";
-  EXPECT_TRUE(HasSubstr(error_of(parse_gpt_config(j)), "model.n_layer must be an integer, got string"));
+  EXPECT_TRUE(
+      HasSubstr(error_of(parse_gpt_config(j)), "model.n_layer must be an integer, got string"));
   j = tiny_llama_json();
   j["tie_word_embeddings"] = 1;
-  EXPECT_TRUE(HasSubstr(error_of(parse_llama_config(j)), "model.tie_word_embeddings must be true or false"));
+  EXPECT_TRUE(HasSubstr(error_of(parse_llama_config(j)),
+                        "model.tie_word_embeddings must be true or false"));
 }
 
 TEST(ModelConfig, MissingRequiredKey) {
@@ -113,7 +112,8 @@ TEST(ModelConfig, HeadsMustDivideHidden) {
   json j = tiny_gpt_json();
   j["n_embd"] = 100;
   j["n_head"] = 3;
-  EXPECT_TRUE(HasSubstr(error_of(parse_gpt_config(j)), "model: n_embd=100 is not divisible by n_head=3"));
+  EXPECT_TRUE(
+      HasSubstr(error_of(parse_gpt_config(j)), "model: n_embd=100 is not divisible by n_head=3"));
   j = tiny_llama_json();
   j["hidden_size"] = 30;
   EXPECT_TRUE(HasSubstr(error_of(parse_llama_config(j)),
@@ -171,7 +171,8 @@ TEST(ModelConfig, MlpAndDispatch) {
   EXPECT_TRUE(HasSubstr(error_of(parse_model_config(json{{"model_type", "bert"}})),
                         "model.model_type must be one of \"gpt2\", \"llama\""));
   EXPECT_TRUE(HasSubstr(error_of(parse_model_config(json{{"n_layer", 2}})), "model: says neither"));
-  EXPECT_TRUE(HasSubstr(error_of(parse_model_config(json::array())), "model must be a JSON object"));
+  EXPECT_TRUE(
+      HasSubstr(error_of(parse_model_config(json::array())), "model must be a JSON object"));
 }
 
 // ---------------------------------------------------------------- graphs
@@ -223,10 +224,11 @@ TEST(ModelGraph, LlamaStructureAndParameterCount) {
     EXPECT_EQ(g.shape(g.loss).rank(), 0);
     EXPECT_EQ(g.shape(g.find("model.layers.1.self_attn.k_proj.weight")).to_string(),
               "[hidden=32,kv_heads=2,head_dim=8]");
-    for (const char* name : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-                             "model.layers.1.post_attention_layernorm.weight",
-                             "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight",
-                             "model.layers.1.self_attn.o_proj.weight", "model.norm.weight"})
+    for (const char* name :
+         {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+          "model.layers.1.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+          "model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+          "model.norm.weight"})
       EXPECT_NE(g.find(name), kNoValue) << name;
     EXPECT_EQ(g.find("lm_head.weight") != kNoValue, !tied);
     int attention_nodes = 0;
@@ -269,7 +271,8 @@ TEST(ModelGraph, SummaryAndFlops) {
   EXPECT_TRUE(HasSubstr(s.text, "gpt: 2 layers")) << s.text;
   // Closed form: 2 * (L (4C^2 + 2CF) + CV) + 4 L T C.
   const double C = 32, F = 128, V = 64, L = 2, T = 16;
-  EXPECT_DOUBLE_EQ(s.forward_flops_per_token, 2 * (L * (4 * C * C + 2 * C * F) + C * V) + 4 * L * T * C);
+  EXPECT_DOUBLE_EQ(s.forward_flops_per_token,
+                   2 * (L * (4 * C * C + 2 * C * F) + C * V) + 4 * L * T * C);
   // The graph's own count (element-wise ops and causal attention as priced)
   // lands near the closed form.
   ModelGraph m = value_or_throw(build_model(cfg, 2, 16));
@@ -302,7 +305,8 @@ float run_forward(Executor& ex) {
 // Checks that the model's gradient agrees with a central difference of the
 // loss along a random direction over all parameters, then takes a few plain
 // SGD steps on the same batch and checks the loss goes down.
-void check_model_runs(Graph& g, const std::map<std::string, Tensor>& feeds, double expected_init_loss) {
+void check_model_runs(Graph& g, const std::map<std::string, Tensor>& feeds,
+                      double expected_init_loss) {
   append_backward(g);
   ASSERT_TRUE(verify(g).is_ok()) << verify(g).message();
   ExecutorOptions options;
@@ -353,7 +357,8 @@ void check_model_runs(Graph& g, const std::map<std::string, Tensor>& feeds, doub
       for (int64_t k = 0; k < g.shape(p).numel(); ++k) w[k] -= 0.5f * grad[k];
     }
   }
-  EXPECT_LT(run_forward(ex), loss0 - 0.1f) << "loss did not fall under SGD: " << loss0 << " -> " << loss;
+  EXPECT_LT(run_forward(ex), loss0 - 0.1f)
+      << "loss did not fall under SGD: " << loss0 << " -> " << loss;
 }
 
 TEST(ModelRun, TinyGptForwardBackward) {

@@ -3,6 +3,7 @@
 // here; gradients with finite differences (and, for shapes that span several
 // query blocks, with a naive double-precision backward).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -171,8 +172,37 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{2, 2, 1, 6, 3, 4, true, 0.f},    // T > S: rows 0..2 see no key
                       AttnCase{1, 2, 1, 100, 130, 16, true, 0.f},
                       AttnCase{2, 3, 3, 130, 70, 8, false, 0.f},
+                      AttnCase{1, 2, 1, 130, 70, 8, true, 0.f},  // rows 0..59 see no key
                       AttnCase{1, 2, 2, 128, 128, 64, true, 0.f}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); });
+
+// Every task owns its outputs (dk, dv per kv head included), so results do not
+// depend on the thread count, bit for bit.
+TEST(Attention, SameBitsForAnyThreadCount) {
+  const AttnCase a{2, 4, 2, 150, 150, 16, true, 0.f};
+  Graph g;
+  Builder b(g);
+  ValueId q = b.input("q", q_shape(a.B, a.H, a.T, a.D));
+  ValueId k = b.input("k", kv_shape(a.B, a.Hkv, a.S, a.D));
+  ValueId v = b.input("v", kv_shape(a.B, a.Hkv, a.S, a.D));
+  ValueId dout = b.input("dout", q_shape(a.B, a.H, a.T, a.D));
+  std::vector<ValueId> o = b.op(OpKind::kAttention, {q, k, v}, attn_attrs(a), "attn");
+  std::vector<ValueId> d =
+      b.op(OpKind::kAttentionGrad, {dout, q, k, v, o[0], o[1]}, attn_attrs(a), "attn_grad");
+  const std::vector<ValueId> results = {o[0], o[1], d[0], d[1], d[2]};
+  Executor ex(g, {.seed = 0, .fetch = results});
+  for (ValueId x : {q, k, v, dout})
+    ASSERT_TRUE(ex.feed(g.value(x).name, random_tensor(g.shape(x), x)).is_ok());
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<float>> runs[2];
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(t == 0 ? 1 : 3);
+    ex.run(ex.forward_backward_order());
+    for (ValueId r : results) runs[t].emplace_back(ex.data_f(r), ex.data_f(r) + g.shape(r).numel());
+  }
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < results.size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "output " << i;
+}
 
 class AttentionGrad : public ::testing::TestWithParam<AttnCase> {};
 
@@ -229,6 +259,22 @@ TEST(Attention, ShapeErrorsNameTheNodeDimsAndSizes) {
                       kv_shape(2, 2, 8, 16));
   EXPECT_NE(e.find("must be 4-D"), std::string::npos) << e;
   EXPECT_NE(e.find("[batch=2,seq=8,hidden=16]"), std::string::npos) << e;
+}
+
+TEST(Attention, LseIsNotDifferentiable) {
+  GradCase c;
+  c.params = {q_shape(1, 2, 3, 4), kv_shape(1, 2, 3, 4), kv_shape(1, 2, 3, 4)};
+  c.build = [](Builder& b, const std::vector<ValueId>& p) {
+    return b.op(OpKind::kAttention, {p[0], p[1], p[2]}, {}, "attn")[1];
+  };
+  try {
+    (void)check_gradients(c);
+    FAIL() << "expected an error";
+  } catch (const StatusError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention 'attn'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lse output (1) is not differentiable"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- dropout ----

@@ -39,15 +39,24 @@ constexpr float kInitRange = 0.2f;
 
 nlohmann::json model_config(const std::string& model) {
   if (model == "gpt" || model == "gpt_untied")
-    return {{"model_type", "gpt2"},       {"n_layer", 2},
-            {"n_embd", 64},               {"n_head", 4},
-            {"n_positions", 32},          {"vocab_size", kVocab},
-            {"initializer_range", kInitRange}, {"tie_word_embeddings", model == "gpt"}};
-  return {{"model_type", "llama"},         {"num_hidden_layers", 2},
-          {"hidden_size", 64},             {"num_attention_heads", 4},
-          {"num_key_value_heads", 2},      {"intermediate_size", 128},
-          {"vocab_size", kVocab},          {"max_position_embeddings", 32},
-          {"initializer_range", kInitRange}, {"tie_word_embeddings", model == "llama_tied"}};
+    return {{"model_type", "gpt2"},
+            {"n_layer", 2},
+            {"n_embd", 64},
+            {"n_head", 4},
+            {"n_positions", 32},
+            {"vocab_size", kVocab},
+            {"initializer_range", kInitRange},
+            {"tie_word_embeddings", model == "gpt"}};
+  return {{"model_type", "llama"},
+          {"num_hidden_layers", 2},
+          {"hidden_size", 64},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"intermediate_size", 128},
+          {"vocab_size", kVocab},
+          {"max_position_embeddings", 32},
+          {"initializer_range", kInitRange},
+          {"tie_word_embeddings", model == "llama_tied"}};
 }
 
 Result<ModelGraph> build(const std::string& model, const nlohmann::json& cfg) {
@@ -65,8 +74,8 @@ void perturb_gains_and_biases(Executor& ex) {
   const Graph& g = ex.graph();
   for (ValueId v : g.parameters()) {
     const std::string& name = g.value(v).name;
-    const bool gain = name.find("ln_") != std::string::npos ||
-                      name.find("norm") != std::string::npos;
+    const bool gain =
+        name.find("ln_") != std::string::npos || name.find("norm") != std::string::npos;
     const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     if (!gain && !bias) continue;
     Tensor& t = ex.storage(v);

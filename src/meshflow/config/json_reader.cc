@@ -83,6 +83,10 @@ void JsonObjectReader::string(const std::string& key, std::string* out) {
 void JsonObjectReader::choice(const std::string& key, std::string* out,
                               const std::vector<std::string>& valid) {
   std::string s = *out;
+  if (!has(key)) {
+    known_.insert(key);
+    return;  // absent: keep the default
+  }
   string(key, &s);
   if (!error_.is_ok()) return;
   for (const std::string& ok : valid)
@@ -126,14 +130,15 @@ void JsonObjectReader::ignore(std::initializer_list<const char*> keys) {
 }
 
 Status JsonObjectReader::finish() const {
-  if (!error_.is_ok()) return error_;
+  // Unknown keys first: a misspelt key also makes its correct spelling "required".
+  if (!j_.is_object()) return error_;
   for (const auto& [key, value] : j_.items()) {
     if (known_.count(key)) continue;
     std::string list;
     for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
     return Status::invalid(where_ + ": unknown key '" + key + "'; valid keys: " + list);
   }
-  return Status::ok();
+  return error_;
 }
 
 Status apply_override(json& doc, const std::string& assignment) {

@@ -5,7 +5,7 @@
 //   JsonObjectReader r(j, "train");
 //   int steps = 100;  r.integer("steps", &steps, /*min=*/1);
 //   std::string kind = "cosine";  r.choice("schedule", &kind, {"cosine", "constant", "linear"});
-//   MF_RETURN_IF_ERROR(r.finish());   // first error, or unknown keys
+//   MF_RETURN_IF_ERROR(r.finish());   // unknown keys first, then the first error
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -41,7 +41,7 @@ class JsonObjectReader {
   // Marks keys as known without reading them (accepted and ignored).
   void ignore(std::initializer_list<const char*> keys);
   void fail(const std::string& message);
-  // First error; else an error for unknown keys listing the valid ones.
+  // An unknown key (listing the valid ones) first; else the first error.
   Status finish() const;
 
  private:

@@ -28,9 +28,9 @@ Status Dataset::check_shard(int64_t global_batch, Shard shard) const {
 Result<Batch> Dataset::train_batch(const BatchIndex& at, int64_t global_batch, Shard shard) const {
   MF_RETURN_IF_ERROR(check_shard(global_batch, shard));
   if (at.step < 0 || at.micro_batches < 1 || at.micro < 0 || at.micro >= at.micro_batches)
-    return Status::invalid("data: batch index step=" + std::to_string(at.step) + " micro=" +
-                           std::to_string(at.micro) + " of micro_batches=" +
-                           std::to_string(at.micro_batches) +
+    return Status::invalid("data: batch index step=" + std::to_string(at.step) +
+                           " micro=" + std::to_string(at.micro) +
+                           " of micro_batches=" + std::to_string(at.micro_batches) +
                            " (need step >= 0 and 0 <= micro < micro_batches)");
   const int64_t rows = global_batch / shard.world, first = shard.rank * rows;
   const int64_t base = (at.step * at.micro_batches + at.micro) * global_batch;

@@ -90,7 +90,11 @@ class Dataset {
 class EvalIterator {
  public:
   EvalIterator(const Dataset* ds, int64_t global_batch, Shard shard, int64_t count, Status status)
-      : ds_(ds), global_batch_(global_batch), shard_(shard), count_(count), status_(std::move(status)) {}
+      : ds_(ds),
+        global_batch_(global_batch),
+        shard_(shard),
+        count_(count),
+        status_(std::move(status)) {}
   bool done() const { return next_ >= count_; }
   int64_t index() const { return next_; }
   int64_t count() const { return count_; }

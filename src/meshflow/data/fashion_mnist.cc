@@ -36,8 +36,8 @@ Result<std::vector<uint8_t>> read_idx_gz(const std::string& path,
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
   if (!f) {
     const int err = errno;
-    return Status::not_found("cannot open '" + path + "': " +
-                             (err ? std::strerror(err) : "not a readable file") + "; " +
+    return Status::not_found("cannot open '" + path +
+                             "': " + (err ? std::strerror(err) : "not a readable file") + "; " +
                              kPackageHint);
   }
   auto read_exact = [&](void* dst, size_t n) -> bool {
@@ -99,11 +99,10 @@ Result<FashionMnist> FashionMnist::load(const FashionMnistOptions& o) {
   MF_ASSIGN_OR_RETURN(ds.test_labels_,
                       read_idx_gz(dir + "t10k-labels-idx1-ubyte.gz", {0}, &test_label_dims));
   if (train_dims[0] != train_label_dims[0] || test_dims[0] != test_label_dims[0])
-    return Status::invalid("fashion-mnist in '" + o.dir + "': image and label counts differ (train " +
-                           std::to_string(train_dims[0]) + " vs " +
-                           std::to_string(train_label_dims[0]) + ", test " +
-                           std::to_string(test_dims[0]) + " vs " +
-                           std::to_string(test_label_dims[0]) + ")");
+    return Status::invalid(
+        "fashion-mnist in '" + o.dir + "': image and label counts differ (train " +
+        std::to_string(train_dims[0]) + " vs " + std::to_string(train_label_dims[0]) + ", test " +
+        std::to_string(test_dims[0]) + " vs " + std::to_string(test_label_dims[0]) + ")");
   for (const auto* labels : {&ds.train_labels_, &ds.test_labels_})
     for (size_t i = 0; i < labels->size(); ++i)
       if ((*labels)[i] >= kClasses)
@@ -111,8 +110,8 @@ Result<FashionMnist> FashionMnist::load(const FashionMnistOptions& o) {
                                " at index " + std::to_string(i) + " is not in [0, 10)");
   const int64_t n_train = train_dims[0];
   if (o.validation < 0 || o.validation >= n_train)
-    return Status::invalid("data.validation must be in [0, " + std::to_string(n_train) +
-                           "), got " + std::to_string(o.validation));
+    return Status::invalid("data.validation must be in [0, " + std::to_string(n_train) + "), got " +
+                           std::to_string(o.validation));
   if (o.eval_on_validation && o.validation == 0)
     return Status::invalid("data: eval on the validation split needs data.validation > 0");
   ds.train_count_ = n_train - o.validation;
@@ -163,7 +162,8 @@ void FashionMnist::fill_row(Batch& b, int64_t row, const std::vector<uint8_t>& i
 void FashionMnist::fill_train_row(Batch& b, int64_t row, uint64_t seed, int64_t pos) const {
   const int64_t epoch = pos / train_count_;
   const uint64_t key = mix64(stream_seed("fashion-mnist.epoch", seed) ^ mix64(epoch));
-  fill_row(b, row, train_images_, train_labels_, shuffled_index(pos % train_count_, train_count_, key));
+  fill_row(b, row, train_images_, train_labels_,
+           shuffled_index(pos % train_count_, train_count_, key));
 }
 
 void FashionMnist::fill_eval_row(Batch& b, int64_t row, int64_t index) const {

@@ -36,7 +36,8 @@ std::vector<std::string> split_fortunes(const std::string& text) {
 }
 
 Result<TextDataset> TextDataset::from_fortunes(const TextOptions& options) {
-  const std::string hint = "fortunes come from the Debian package 'fortunes' (apt-get install fortunes)";
+  const std::string hint =
+      "fortunes come from the Debian package 'fortunes' (apt-get install fortunes)";
   std::error_code ec;
   if (!fs::is_directory(options.dir, ec))
     return Status::not_found("no fortune directory '" + options.dir + "'; " + hint);
@@ -60,8 +61,7 @@ Result<TextDataset> TextDataset::from_fortunes(const TextOptions& options) {
     if (text.find('\0') != std::string::npos) continue;  // not text
     for (std::string& f : split_fortunes(text)) docs.push_back(std::move(f));
   }
-  if (docs.empty())
-    return Status::not_found("no fortunes found in '" + options.dir + "'; " + hint);
+  if (docs.empty()) return Status::not_found("no fortunes found in '" + options.dir + "'; " + hint);
   MF_ASSIGN_OR_RETURN(TextDataset ds, from_documents(docs, options));
   ds.source_ = options.dir + " (" + std::to_string(files.size()) + " files)";
   return ds;
@@ -69,9 +69,11 @@ Result<TextDataset> TextDataset::from_fortunes(const TextOptions& options) {
 
 Result<TextDataset> TextDataset::from_documents(const std::vector<std::string>& docs,
                                                 const TextOptions& o) {
-  if (o.seq_len < 1) return Status::invalid("data: seq_len must be >= 1, got " + std::to_string(o.seq_len));
+  if (o.seq_len < 1)
+    return Status::invalid("data: seq_len must be >= 1, got " + std::to_string(o.seq_len));
   if (!(o.eval_fraction >= 0.0 && o.eval_fraction < 1.0))
-    return Status::invalid("data.eval_fraction must be in [0, 1), got " + std::to_string(o.eval_fraction));
+    return Status::invalid("data.eval_fraction must be in [0, 1), got " +
+                           std::to_string(o.eval_fraction));
   TextDataset ds;
   ds.options_ = o;
   ds.source_ = std::to_string(docs.size()) + " documents";
@@ -86,9 +88,9 @@ Result<TextDataset> TextDataset::from_documents(const std::vector<std::string>& 
     ds.eval_documents_ += eval;
   }
   if (static_cast<int64_t>(ds.train_.size()) < o.seq_len + 1)
-    return Status::invalid("data: the training text has " + std::to_string(ds.train_.size()) +
-                           " bytes, fewer than one window of seq_len + 1 = " +
-                           std::to_string(o.seq_len + 1));
+    return Status::invalid(
+        "data: the training text has " + std::to_string(ds.train_.size()) +
+        " bytes, fewer than one window of seq_len + 1 = " + std::to_string(o.seq_len + 1));
   return ds;
 }
 

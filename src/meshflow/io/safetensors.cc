@@ -35,10 +35,10 @@ struct FileDType {
   bool supported;
 };
 constexpr FileDType kFileDTypes[] = {
-    {"F32", 4, true},      {"I32", 4, true},     {"BF16", 2, true},    {"F16", 2, true},
-    {"F64", 8, false},     {"I64", 8, false},    {"U64", 8, false},    {"U32", 4, false},
-    {"I16", 2, false},     {"U16", 2, false},    {"I8", 1, false},     {"U8", 1, false},
-    {"BOOL", 1, false},    {"F8_E4M3", 1, false}, {"F8_E5M2", 1, false},
+    {"F32", 4, true},   {"I32", 4, true},      {"BF16", 2, true},     {"F16", 2, true},
+    {"F64", 8, false},  {"I64", 8, false},     {"U64", 8, false},     {"U32", 4, false},
+    {"I16", 2, false},  {"U16", 2, false},     {"I8", 1, false},      {"U8", 1, false},
+    {"BOOL", 1, false}, {"F8_E4M3", 1, false}, {"F8_E5M2", 1, false},
 };
 
 const FileDType* find_file_dtype(const std::string& name) {
@@ -153,8 +153,7 @@ Result<Entry> parse_entry(const std::string& path, const std::string& name, cons
   return out;
 }
 
-Result<Header> parse_header(const std::string& path, const std::string& text,
-                            uint64_t data_bytes) {
+Result<Header> parse_header(const std::string& path, const std::string& text, uint64_t data_bytes) {
   MF_ASSIGN_OR_RETURN(json h, parse_header_json(path, text));
   Header out;
   for (auto it = h.begin(); it != h.end(); ++it) {
@@ -163,8 +162,8 @@ Result<Header> parse_header(const std::string& path, const std::string& text,
         return file_error(path, "__metadata__ must be an object of strings, got " + it->dump());
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string())
-          return file_error(path, "__metadata__ value of '" + m.key() +
-                                      "' must be a string, got " + m->dump());
+          return file_error(
+              path, "__metadata__ value of '" + m.key() + "' must be a string, got " + m->dump());
         out.metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -188,7 +187,9 @@ Result<Header> parse_header(const std::string& path, const std::string& text,
   return out;
 }
 
-float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+float bf16_to_f32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -259,7 +260,8 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
     auto bad = [&](const std::string& what) {
       return Status::invalid("writing safetensors '" + path + "': tensor '" + name + "' " + what);
     };
-    if (name.empty()) return Status::invalid("writing safetensors '" + path + "': empty tensor name");
+    if (name.empty())
+      return Status::invalid("writing safetensors '" + path + "': empty tensor name");
     if (name == "__metadata__") return bad("uses the reserved name");
     if (header.contains(name)) return bad("appears twice");
     if (!t.defined()) return bad("has no data");
@@ -297,7 +299,12 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
   int rc = ::close(fd);
   fd = -1;
   if (rc != 0) return fail("close failed on");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename to '" + path + "':");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::unavailable("writing safetensors: cannot rename '" + tmp + "' to '" + path +
+                                   "': " + std::strerror(errno));
+    ::unlink(tmp.c_str());
+    return s;
+  }
   // Make the rename itself durable (best effort: some filesystems refuse).
   std::string dir = std::filesystem::path(path).parent_path().string();
   int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -313,8 +320,7 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
   auto st = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(st))
     return Status::not_found("safetensors '" + path + "': no such file");
-  if (std::filesystem::is_directory(st))
-    return file_error(path, "is a directory, not a file");
+  if (std::filesystem::is_directory(st)) return file_error(path, "is a directory, not a file");
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) return errno_error("safetensors: cannot open", path);
   const uint64_t file_bytes = std::filesystem::file_size(path, ec);
@@ -394,7 +400,8 @@ Status save_parameters(Executor& ex, const std::string& path,
                        CheckpointOptions options) {
   const Graph& g = ex.graph();
   NamedTensors tensors;
-  for (ValueId v : checkpoint_values(g, options)) tensors.emplace_back(g.value(v).name, ex.storage(v));
+  for (ValueId v : checkpoint_values(g, options))
+    tensors.emplace_back(g.value(v).name, ex.storage(v));
   return write_safetensors(path, tensors, metadata);
 }
 

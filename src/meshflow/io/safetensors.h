@@ -35,8 +35,8 @@ namespace meshflow {
 class Executor;
 
 struct SafetensorsFile {
-  std::map<std::string, Tensor> tensors;          // F32 or I32; dims have empty names
-  std::map<std::string, std::string> metadata;    // the "__metadata__" object
+  std::map<std::string, Tensor> tensors;        // F32 or I32; dims have empty names
+  std::map<std::string, std::string> metadata;  // the "__metadata__" object
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

@@ -9,13 +9,16 @@ namespace meshflow {
 namespace {
 
 Result<std::string> model_kind(const nlohmann::json& j) {
-  if (!j.is_object()) return Status::invalid("model must be a JSON object, got " + json_type_name(j));
+  if (!j.is_object())
+    return Status::invalid("model must be a JSON object, got " + json_type_name(j));
   if (j.contains("type")) {
     const json& t = j.at("type");
-    if (!t.is_string()) return Status::invalid("model.type must be a string, got " + json_type_name(t));
+    if (!t.is_string())
+      return Status::invalid("model.type must be a string, got " + json_type_name(t));
     const std::string s = t.get<std::string>();
     if (s == "mlp" || s == "gpt" || s == "llama") return s;
-    return Status::invalid("model.type must be one of \"mlp\", \"gpt\", \"llama\", got \"" + s + "\"");
+    return Status::invalid("model.type must be one of \"mlp\", \"gpt\", \"llama\", got \"" + s +
+                           "\"");
   }
   if (j.contains("model_type")) {
     const json& t = j.at("model_type");
@@ -24,8 +27,10 @@ Result<std::string> model_kind(const nlohmann::json& j) {
     const std::string s = t.get<std::string>();
     if (s == "gpt2") return std::string("gpt");
     if (s == "llama") return s;
-    return Status::invalid("model.model_type must be one of \"gpt2\", \"llama\" (Hugging Face "
-                           "names), got \"" + s + "\"");
+    return Status::invalid(
+        "model.model_type must be one of \"gpt2\", \"llama\" (Hugging Face "
+        "names), got \"" +
+        s + "\"");
   }
   return Status::invalid(
       "model: says neither \"type\" (one of \"mlp\", \"gpt\", \"llama\") nor Hugging Face's "
@@ -60,7 +65,9 @@ Result<ModelGraph> build_model(const ModelConfig& cfg, int64_t batch, int64_t se
   return build_llama(std::get<LlamaConfig>(cfg), batch, seq);
 }
 
-bool is_language_model(const ModelConfig& cfg) { return !std::holds_alternative<MlpConfig>(cfg); }
+bool is_language_model(const ModelConfig& cfg) {
+  return !std::holds_alternative<MlpConfig>(cfg);
+}
 
 ModelSummary summarize(const ModelConfig& cfg, int64_t seq) {
   ModelSummary s;

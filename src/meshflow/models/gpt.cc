@@ -36,9 +36,9 @@ Result<GptConfig> parse_gpt_config(const nlohmann::json& j) {
   r.boolean("scale_attn_weights", &scale_attn_weights);
   r.boolean("scale_attn_by_inverse_layer_idx", &scale_by_layer);
   if (!scale_attn_weights)
-    r.fail("model.scale_attn_weights must be true (attention scores are scaled by 1/sqrt(head_dim))");
-  if (scale_by_layer)
-    r.fail("model.scale_attn_by_inverse_layer_idx must be false (not supported)");
+    r.fail(
+        "model.scale_attn_weights must be true (attention scores are scaled by 1/sqrt(head_dim))");
+  if (scale_by_layer) r.fail("model.scale_attn_by_inverse_layer_idx must be false (not supported)");
   ignore_harmless_hf_keys(r);
   r.ignore({"n_ctx", "reorder_and_upcast_attn", "summary_activation", "summary_first_dropout",
             "summary_proj_to_labels", "summary_type", "summary_use_proj"});
@@ -97,9 +97,9 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
 
     ValueId wte = param("wte.weight", Shape{vocab, hidden}, w_init);
     ValueId wpe = param("wpe.weight", Shape{{"positions", P}, hidden}, w_init);
-    ValueId x = b.embedding(wte, tokens, "wte");  // [B,T,C]
+    ValueId x = b.embedding(wte, tokens, "wte");                      // [B,T,C]
     ValueId pos = T == P ? wpe : b.slice(wpe, 0, 0, T, "wpe.slice");  // [T,C]
-    x = b.add(x, pos, "embed");  // [B,T,C] + [T,C]
+    x = b.add(x, pos, "embed");                                       // [B,T,C] + [T,C]
     x = dropout(x, cfg.embd_pdrop, "embd_drop");
 
     for (int64_t i = 0; i < L; ++i) {
@@ -114,11 +114,11 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
           ValueId w = param(name + ".weight", Shape{hidden, heads, head_dim}, w_init);
           ValueId bias = param(name + ".bias", Shape{heads, head_dim}, Init::zeros());
           ValueId y = b.add(b.matmul(a, w, {}, name), bias, name + ".bias_add");  // [B,T,H,D]
-          return b.transpose(y, {0, 2, 1, 3}, name + ".to_heads");               // [B,H,T,D]
+          return b.transpose(y, {0, 2, 1, 3}, name + ".to_heads");                // [B,H,T,D]
         };
         ValueId q = project("q_proj"), k = project("k_proj"), v = project("v_proj");
-        ValueId y = b.attention(q, k, v, /*causal=*/true, 0.f, "core");   // [B,H,T,D]
-        y = b.transpose(y, {0, 2, 1, 3}, "from_heads");                   // [B,T,H,D]
+        ValueId y = b.attention(q, k, v, /*causal=*/true, 0.f, "core");  // [B,H,T,D]
+        y = b.transpose(y, {0, 2, 1, 3}, "from_heads");                  // [B,T,H,D]
         ValueId wo = param("c_proj.weight", Shape{heads, head_dim, hidden}, proj_init);
         ValueId bo = param("c_proj.bias", Shape{hidden}, Init::zeros());
         o = b.bias_add(b.matmul(y, wo, {.contract = 2}, "c_proj"), bo, "c_proj.bias_add");
@@ -132,7 +132,8 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
         auto mlp = b.scope("mlp");
         ValueId w1 = param("c_fc.weight", Shape{hidden, ffn}, w_init);
         ValueId b1 = param("c_fc.bias", Shape{ffn}, Init::zeros());
-        h = b.gelu(b.bias_add(b.matmul(h, w1, {}, "c_fc"), b1, "c_fc.bias_add"), "gelu");  // [B,T,F]
+        h = b.gelu(b.bias_add(b.matmul(h, w1, {}, "c_fc"), b1, "c_fc.bias_add"),
+                   "gelu");  // [B,T,F]
         ValueId w2 = param("c_proj.weight", Shape{ffn, hidden}, proj_init);
         ValueId b2 = param("c_proj.bias", Shape{hidden}, Init::zeros());
         h = b.bias_add(b.matmul(h, w2, {}, "c_proj"), b2, "c_proj.bias_add");  // [B,T,C]

@@ -35,7 +35,8 @@ Result<LlamaConfig> parse_llama_config(const nlohmann::json& j) {
   r.boolean("mlp_bias", &mlp_bias);
   r.number("attention_dropout", &attention_dropout, 0.0, 1.0);
   r.integer("head_dim", &head_dim, 1);
-  if (attention_bias) r.fail("model.attention_bias must be false (LLaMA projections have no biases)");
+  if (attention_bias)
+    r.fail("model.attention_bias must be false (LLaMA projections have no biases)");
   if (attention_dropout != 0.f)
     r.fail("model.attention_dropout must be 0 (the fused attention has no probability dropout)");
   if (mlp_bias) r.fail("model.mlp_bias must be false (LLaMA projections have no biases)");
@@ -44,14 +45,14 @@ Result<LlamaConfig> parse_llama_config(const nlohmann::json& j) {
   r.ignore({"rope_scaling", "pretraining_tp"});
   ignore_harmless_hf_keys(r);
   MF_RETURN_IF_ERROR(r.finish());
-  MF_RETURN_IF_ERROR(require_keys(j, {"num_hidden_layers", "hidden_size", "num_attention_heads",
-                                      "intermediate_size", "vocab_size",
-                                      "max_position_embeddings"}));
+  MF_RETURN_IF_ERROR(
+      require_keys(j, {"num_hidden_layers", "hidden_size", "num_attention_heads",
+                       "intermediate_size", "vocab_size", "max_position_embeddings"}));
   MF_RETURN_IF_ERROR(validate_llama_config(c));
   if (head_dim != 0 && head_dim != c.head_dim())
-    return Status::invalid("model.head_dim=" + std::to_string(head_dim) +
-                           " must equal hidden_size / num_attention_heads = " +
-                           std::to_string(c.head_dim()));
+    return Status::invalid(
+        "model.head_dim=" + std::to_string(head_dim) +
+        " must equal hidden_size / num_attention_heads = " + std::to_string(c.head_dim()));
   return c;
 }
 
@@ -64,9 +65,10 @@ Status validate_llama_config(const LlamaConfig& c) {
                                      {"max_position_embeddings", c.max_position_embeddings}}));
   const int64_t H = c.num_attention_heads, K = c.kv_heads();
   if (c.hidden_size % H != 0)
-    return Status::invalid("model: hidden_size=" + std::to_string(c.hidden_size) +
-                           " is not divisible by num_attention_heads=" + std::to_string(H) +
-                           " (head_dim = hidden_size / num_attention_heads must be a whole number)");
+    return Status::invalid(
+        "model: hidden_size=" + std::to_string(c.hidden_size) +
+        " is not divisible by num_attention_heads=" + std::to_string(H) +
+        " (head_dim = hidden_size / num_attention_heads must be a whole number)");
   if (H % K != 0)
     return Status::invalid("model: num_key_value_heads=" + std::to_string(K) +
                            " does not divide num_attention_heads=" + std::to_string(H) +
@@ -127,12 +129,15 @@ Result<ModelGraph> build_llama(const LlamaConfig& cfg, int64_t batch, int64_t se
         o = b.matmul(y, wo, {.contract = 2}, "o_proj");  // [B,T,C]
       }
       x = b.add(x, o, "residual_attn");
-      ValueId h = b.rms_norm(x, param("post_attention_layernorm.weight", Shape{hidden}, Init::ones()),
-                             eps, "post_attention_layernorm");
+      ValueId h =
+          b.rms_norm(x, param("post_attention_layernorm.weight", Shape{hidden}, Init::ones()), eps,
+                     "post_attention_layernorm");
       {
         auto mlp = b.scope("mlp");
-        ValueId gate = b.matmul(h, param("gate_proj.weight", Shape{hidden, ffn}, w_init), {}, "gate_proj");
-        ValueId up = b.matmul(h, param("up_proj.weight", Shape{hidden, ffn}, w_init), {}, "up_proj");
+        ValueId gate =
+            b.matmul(h, param("gate_proj.weight", Shape{hidden, ffn}, w_init), {}, "gate_proj");
+        ValueId up =
+            b.matmul(h, param("up_proj.weight", Shape{hidden, ffn}, w_init), {}, "up_proj");
         ValueId act = b.mul(b.silu(gate, "silu"), up, "swiglu");  // [B,T,F]
         h = b.matmul(act, param("down_proj.weight", Shape{ffn, hidden}, w_init), {}, "down_proj");
       }
@@ -165,8 +170,8 @@ int64_t llama_num_parameters(const LlamaConfig& cfg) {
 }
 
 double llama_forward_flops_per_token(const LlamaConfig& cfg, int64_t seq) {
-  const double C = cfg.hidden_size, KD = cfg.kv_heads() * cfg.head_dim(),
-               F = cfg.intermediate_size, V = cfg.vocab_size, L = cfg.num_hidden_layers;
+  const double C = cfg.hidden_size, KD = cfg.kv_heads() * cfg.head_dim(), F = cfg.intermediate_size,
+               V = cfg.vocab_size, L = cfg.num_hidden_layers;
   const double matmul_weights = L * (2 * C * C + 2 * C * KD + 3 * C * F) + C * V;
   return 2 * matmul_weights + 4 * L * static_cast<double>(seq) * C;
 }

@@ -50,7 +50,9 @@ struct LlamaConfig {
   std::string hidden_act = "silu";
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
 };
 
 // Accepts "type": "llama" or "model_type": "llama", the keys of LlamaConfig,

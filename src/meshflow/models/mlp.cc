@@ -26,7 +26,8 @@ Result<MlpConfig> parse_mlp_config(const nlohmann::json& j) {
 }
 
 Status validate_mlp_config(const MlpConfig& c) {
-  if (c.input_dim < 1) return Status::invalid("model.input_dim must be >= 1, got " + std::to_string(c.input_dim));
+  if (c.input_dim < 1)
+    return Status::invalid("model.input_dim must be >= 1, got " + std::to_string(c.input_dim));
   if (c.num_classes < 2)
     return Status::invalid("model.num_classes must be >= 2, got " + std::to_string(c.num_classes));
   for (size_t i = 0; i < c.hidden.size(); ++i)
@@ -34,13 +35,16 @@ Status validate_mlp_config(const MlpConfig& c) {
       return Status::invalid("model.hidden[" + std::to_string(i) + "] must be >= 1, got " +
                              std::to_string(c.hidden[i]));
   if (c.activation != "relu" && c.activation != "gelu")
-    return Status::invalid("model.activation must be one of \"relu\", \"gelu\", got \"" + c.activation + "\"");
+    return Status::invalid("model.activation must be one of \"relu\", \"gelu\", got \"" +
+                           c.activation + "\"");
   return Status::ok();
 }
 
 namespace {
 
-std::string hidden_dim_name(size_t i) { return i == 0 ? "hidden" : "hidden" + std::to_string(i); }
+std::string hidden_dim_name(size_t i) {
+  return i == 0 ? "hidden" : "hidden" + std::to_string(i);
+}
 
 }  // namespace
 

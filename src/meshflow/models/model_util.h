@@ -34,14 +34,18 @@ inline Status require_keys(const json& j, std::initializer_list<const char*> key
 inline Status check_positive(std::initializer_list<std::pair<const char*, int64_t>> fields) {
   for (const auto& [key, v] : fields)
     if (v < 1)
-      return Status::invalid(std::string("model.") + key + " must be >= 1, got " + std::to_string(v));
+      return Status::invalid(std::string("model.") + key + " must be >= 1, got " +
+                             std::to_string(v));
   return Status::ok();
 }
 
 inline Status check_batch_seq(const char* model, int64_t batch, int64_t seq, int64_t max_seq,
                               const char* max_key) {
-  if (batch < 1) return Status::invalid(std::string(model) + ": batch must be >= 1, got " + std::to_string(batch));
-  if (seq < 1) return Status::invalid(std::string(model) + ": seq must be >= 1, got " + std::to_string(seq));
+  if (batch < 1)
+    return Status::invalid(std::string(model) + ": batch must be >= 1, got " +
+                           std::to_string(batch));
+  if (seq < 1)
+    return Status::invalid(std::string(model) + ": seq must be >= 1, got " + std::to_string(seq));
   if (seq > max_seq)
     return Status::invalid(std::string(model) + ": seq=" + std::to_string(seq) + " exceeds " +
                            max_key + "=" + std::to_string(max_seq) +

@@ -135,7 +135,8 @@ OpCost cost_attention_grad(const Graph& g, const Node& n) {
   OpCost c;
   // Recomputed Q K^T, then dV, dP, dQ, dK: five GEMMs of 2*pairs*D each.
   c.flops = 10.0 * pairs * double(q.size(3)) + 8.0 * pairs;
-  c.bytes = 4.0 * (5.0 * q.numel() + 4.0 * k.numel() + rows * q.size(2));
+  // Reads dO, Q, O, K, V, lse; writes dQ, dK, dV.
+  c.bytes = 4.0 * (4.0 * q.numel() + 4.0 * k.numel() + rows * q.size(2));
   return c;
 }
 

@@ -3,10 +3,11 @@
 // Legend: R = rows (product of the leading dims), C = channels (the last dim).
 //   x, y, dy, dx are (R, C); gamma, beta, dgamma, dbeta are (C); mean, rstd are (R).
 //
-// Forward: one row per iteration, threads over rows. Row sums run in 32 float
-// lanes (8 independent vector chains, so the add latency is hidden; each lane
-// adds only C/32 terms) and the lanes are combined in double. The variance
-// takes a second pass over (x - mean)^2: no cancellation.
+// Row sums (forward and backward) run in 32 float lanes (8 independent vector
+// chains, so the add latency is hidden; each lane adds only C/32 terms) and the
+// lanes are combined in double.
+// Forward: one row per iteration, threads over rows. The variance takes a
+// second pass over (x - mean)^2: no cancellation.
 // Backward: dx is per row; dgamma/dbeta are sums over all rows. Rows are cut
 // into fixed blocks of kRowsPerBlock, each block writes its own partial sums,
 // and the partials are added in block order. The block size does not depend on
