@@ -8,6 +8,12 @@
 
 namespace meshflow::testing {
 
+Shape S(const std::vector<int64_t>& sizes) {
+  std::vector<Dim> d;
+  for (size_t i = 0; i < sizes.size(); ++i) d.push_back({"d" + std::to_string(i), sizes[i]});
+  return Shape(d);
+}
+
 Tensor random_tensor(const Shape& s, uint64_t seed, float scale) {
   Tensor t(s, DType::F32);
   uint64_t st = mix64(seed);

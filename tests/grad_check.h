@@ -36,6 +36,9 @@ struct GradCase {
 
 ::testing::AssertionResult check_gradients(const GradCase& c);
 
+// A shape with dims named d0, d1, ...: S({2, 3}) is [d0=2,d1=3].
+Shape S(const std::vector<int64_t>& sizes);
+
 // A tensor filled from a seeded normal (for test inputs).
 Tensor random_tensor(const Shape& s, uint64_t seed, float scale = 1.f);
 // Max |a - b| / max(1e-6, max|b|) over all elements.

@@ -16,12 +16,7 @@ using testing::check_gradients;
 using testing::GradCase;
 using testing::random_tensor;
 
-Shape S(std::initializer_list<int64_t> sizes) {
-  std::vector<Dim> d;
-  int i = 0;
-  for (int64_t s : sizes) d.push_back({"d" + std::to_string(i++), s});
-  return Shape(d);
-}
+using testing::S;
 
 // Ids 0..V-1 in a scrambled order, with repeats.
 Tensor make_ids(const Shape& s, int64_t V, uint64_t seed) {

@@ -19,12 +19,7 @@ using testing::check_gradients;
 using testing::GradCase;
 using testing::random_tensor;
 
-Shape S(std::initializer_list<int64_t> sizes) {
-  std::vector<Dim> d;
-  int i = 0;
-  for (int64_t s : sizes) d.push_back({"d" + std::to_string(i++), s});
-  return Shape(d);
-}
+using testing::S;
 
 // Runs the graph's forward nodes with the given inputs; returns copies of `outs`.
 std::vector<std::vector<float>> run(const Graph& g, const std::map<std::string, Tensor>& feeds,

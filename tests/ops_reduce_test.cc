@@ -17,12 +17,7 @@ namespace {
 using testing::check_gradients;
 using testing::GradCase;
 
-Shape S(std::initializer_list<int64_t> sizes) {
-  std::vector<Dim> d;
-  int i = 0;
-  for (int64_t s : sizes) d.push_back({"d" + std::to_string(i++), s});
-  return Shape(d);
-}
+using testing::S;
 
 std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,
                                             const std::map<std::string, Tensor>& feeds) {

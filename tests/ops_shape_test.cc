@@ -16,18 +16,8 @@ using testing::check_gradients;
 using testing::GradCase;
 using testing::random_tensor;
 
-Shape S(std::initializer_list<int64_t> sizes) {
-  std::vector<Dim> d;
-  int i = 0;
-  for (int64_t s : sizes) d.push_back({"d" + std::to_string(i++), s});
-  return Shape(d);
-}
+using testing::S;
 
-Shape S(const std::vector<int64_t>& sizes) {
-  std::vector<Dim> d;
-  for (size_t i = 0; i < sizes.size(); ++i) d.push_back({"d" + std::to_string(i), sizes[i]});
-  return Shape(d);
-}
 
 std::vector<float> run(const Graph& g, const std::map<std::string, Tensor>& feeds, ValueId out) {
   Executor ex(g, {.seed = 0, .fetch = {out}});

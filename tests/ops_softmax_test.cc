@@ -16,12 +16,7 @@ namespace {
 using testing::check_gradients;
 using testing::GradCase;
 
-Shape S(std::initializer_list<int64_t> sizes) {
-  std::vector<Dim> d;
-  int i = 0;
-  for (int64_t s : sizes) d.push_back({"d" + std::to_string(i++), s});
-  return Shape(d);
-}
+using testing::S;
 
 // Runs the forward (and metric) nodes of g with the given feeds; returns each of ys.
 std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,

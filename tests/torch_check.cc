@@ -141,7 +141,6 @@ Status run(const std::string& model, const std::string& out_dir) {
       {"beta2", fmt(oc.beta2)},
       {"eps", fmt(oc.eps)},
       {"weight_decay", fmt(oc.weight_decay)},
-      {"decay_min_rank", std::to_string(oc.decay_min_rank)},
       {"grad_clip", fmt(oc.grad_clip)},
   };
   const std::filesystem::path dir(out_dir);

@@ -83,7 +83,7 @@ TEST(Optimizer, AdamWMatchesTheFormula) {
   OptimizerConfig oc;
   oc.kind = OptimizerKind::kAdamW;
   oc.weight_decay = 0.1f;
-  oc.decay_min_rank = 1;
+  oc.decay_all = true;
   OneParam m(oc);
   ASSERT_TRUE(verify(m.g).is_ok());
   Executor ex(m.g);
@@ -182,6 +182,26 @@ TEST(MemoryPlan, LiveValuesNeverOverlap) {
         EXPECT_FALSE(alive_together && bytes_overlap) << "values " << u << " and " << v << " seed " << seed;
       }
   }
+}
+
+}  // namespace
+}  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+TEST(Optimizer, WeightDecaySkipsBiasesAndNormGains) {
+  RunConfig rc = tiny_run(1, "sgd");
+  ModelGraph m = value_or_throw(build_model_from_json(rc.model, 2, 8));
+  OptimizerConfig oc;
+  std::set<std::string> decayed;
+  for (ValueId p : decayed_parameters(m.graph, oc)) decayed.insert(m.graph.value(p).name);
+  for (const char* w : {"wte.weight", "wpe.weight", "h.0.attn.q_proj.weight", "h.1.mlp.c_proj.weight"})
+    EXPECT_TRUE(decayed.count(w)) << w;
+  for (const char* b : {"h.0.attn.q_proj.bias", "h.0.mlp.c_fc.bias", "h.0.ln_1.weight", "h.0.ln_1.bias", "ln_f.weight"})
+    EXPECT_FALSE(decayed.count(b)) << b;
+  oc.decay_all = true;
+  EXPECT_EQ(decayed_parameters(m.graph, oc).size(), m.graph.parameters().size());
 }
 
 }  // namespace

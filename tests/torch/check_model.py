@@ -235,7 +235,6 @@ def main():
     steps = int(meta["steps"])
     lr, b1, b2 = float(meta["lr"]), float(meta["beta1"]), float(meta["beta2"])
     eps, wd, clip = float(meta["eps"]), float(meta["weight_decay"]), float(meta["grad_clip"])
-    decay_min_rank = int(meta["decay_min_rank"])
 
     P = Params({n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()})
     tokens = torch.tensor(batch["tokens"], dtype=torch.long)
@@ -262,9 +261,12 @@ def main():
         table.add("grad", name, p.shape, grads[name], ref_grads[name], floor)
 
     # AdamW steps on the same batch, as meshflow's optimizer: global-norm clip,
-    # decoupled decay on parameters of rank >= decay_min_rank (meshflow layout).
-    decay = [p for p in P.values() if p.dim() >= decay_min_rank]
-    no_decay = [p for p in P.values() if p.dim() < decay_min_rank]
+    # decoupled decay on the weights of linear layers and embeddings, the
+    # PyTorch convention (not biases, not norm gains), chosen here by name.
+    def decays(name):
+        return name.endswith(".weight") and not any(k in name for k in ("ln_", "norm"))
+    decay = [p for n, p in P.items() if decays(n)]
+    no_decay = [p for n, p in P.items() if not decays(n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(b1, b2), eps=eps)

@@ -65,25 +65,16 @@ OpCost cost_activation(const Graph& g, const Node& n) {
   return c;
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost_activation;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_activation_ops(OpTable& t) {
-  put(t, OpKind::kRelu, 1, infer_activation, grad_activation<OpKind::kReluGrad>);
-  put(t, OpKind::kGelu, 1, infer_activation, grad_activation<OpKind::kGeluGrad>);
-  put(t, OpKind::kSilu, 1, infer_activation, grad_activation<OpKind::kSiluGrad>);
-  put(t, OpKind::kReluGrad, 2, infer_activation_grad, nullptr);
-  put(t, OpKind::kGeluGrad, 2, infer_activation_grad, nullptr);
-  put(t, OpKind::kSiluGrad, 2, infer_activation_grad, nullptr);
+  add_op(t, OpKind::kRelu, 1, infer_activation, grad_activation<OpKind::kReluGrad>, cost_activation);
+  add_op(t, OpKind::kGelu, 1, infer_activation, grad_activation<OpKind::kGeluGrad>, cost_activation);
+  add_op(t, OpKind::kSilu, 1, infer_activation, grad_activation<OpKind::kSiluGrad>, cost_activation);
+  add_op(t, OpKind::kReluGrad, 2, infer_activation_grad, nullptr, cost_activation);
+  add_op(t, OpKind::kGeluGrad, 2, infer_activation_grad, nullptr, cost_activation);
+  add_op(t, OpKind::kSiluGrad, 2, infer_activation_grad, nullptr, cost_activation);
 }
 
 }  // namespace meshflow

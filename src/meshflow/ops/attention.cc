@@ -195,26 +195,15 @@ OpCost cost_rope(const Graph& g, const Node& n) {
   return OpCost{3.0 * e, 8.0 * e};
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost,
-         bool stateful_rng = false) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost;
-  d.stateful_rng = stateful_rng;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_attention_ops(OpTable& t) {
-  put(t, OpKind::kAttention, 3, infer_attention, grad_attention, cost_attention);
-  put(t, OpKind::kAttentionGrad, 6, infer_attention_grad, nullptr, cost_attention_grad);
-  put(t, OpKind::kDropout, 2, infer_dropout, grad_dropout, nullptr, true);
-  put(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, true);  // linear: same rule
-  put(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
+  add_op(t, OpKind::kAttention, 3, infer_attention, grad_attention, cost_attention);
+  add_op(t, OpKind::kAttentionGrad, 6, infer_attention_grad, nullptr, cost_attention_grad);
+  add_op(t, OpKind::kDropout, 2, infer_dropout, grad_dropout, nullptr, 0, true);
+  add_op(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, 0, true);  // linear: same rule
+  add_op(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
 }
 
 }  // namespace meshflow

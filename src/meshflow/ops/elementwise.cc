@@ -116,26 +116,18 @@ void grad_broadcast_to(GradContext& c, const Node& n) {
   if (c.needs(0)) c.accumulate(0, c.b().sum_to(c.dout(0), c.graph().shape(n.inputs[0])));
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_elementwise_ops(OpTable& t) {
-  put(t, OpKind::kAdd, 2, infer_binary, grad_add);
-  put(t, OpKind::kSub, 2, infer_binary, grad_sub);
-  put(t, OpKind::kMul, 2, infer_binary, grad_mul);
-  put(t, OpKind::kDiv, 2, infer_binary, grad_div);
-  put(t, OpKind::kScale, 1, infer_unary_same, grad_scale);
-  put(t, OpKind::kBiasAdd, 2, infer_bias_add, grad_bias_add);
-  put(t, OpKind::kSumTo, 1, infer_sum_to, grad_sum_to);
-  put(t, OpKind::kBroadcastTo, 1, infer_broadcast_to, grad_broadcast_to);
+  add_op(t, OpKind::kAdd, 2, infer_binary, grad_add);
+  add_op(t, OpKind::kSub, 2, infer_binary, grad_sub);
+  add_op(t, OpKind::kMul, 2, infer_binary, grad_mul);
+  add_op(t, OpKind::kDiv, 2, infer_binary, grad_div);
+  add_op(t, OpKind::kScale, 1, infer_unary_same, grad_scale);
+  add_op(t, OpKind::kBiasAdd, 2, infer_bias_add, grad_bias_add);
+  add_op(t, OpKind::kSumTo, 1, infer_sum_to, grad_sum_to);
+  add_op(t, OpKind::kBroadcastTo, 1, infer_broadcast_to, grad_broadcast_to);
 }
 
 }  // namespace meshflow

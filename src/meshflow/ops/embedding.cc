@@ -78,21 +78,8 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
 }  // namespace
 
 void register_embedding_ops(OpTable& t) {
-  OpDef d;
-  d.kind = OpKind::kEmbedding;
-  d.num_inputs = 2;
-  d.infer = infer_embedding;
-  d.grad = grad_embedding;
-  d.cost = cost_embedding;
-  t[static_cast<int>(OpKind::kEmbedding)] = d;
-
-  OpDef gd;
-  gd.kind = OpKind::kEmbeddingGrad;
-  gd.num_inputs = 2;
-  gd.infer = infer_embedding_grad;
-  gd.grad = grad_embedding_grad;
-  gd.cost = cost_embedding_grad;
-  t[static_cast<int>(OpKind::kEmbeddingGrad)] = gd;
+  add_op(t, OpKind::kEmbedding, 2, infer_embedding, grad_embedding, cost_embedding);
+  add_op(t, OpKind::kEmbeddingGrad, 2, infer_embedding_grad, grad_embedding_grad, cost_embedding_grad);
 }
 
 }  // namespace meshflow

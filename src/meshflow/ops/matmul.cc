@@ -95,13 +95,7 @@ OpCost cost_matmul(const Graph& g, const Node& n) {
 }  // namespace
 
 void register_matmul_ops(OpTable& t) {
-  OpDef d;
-  d.kind = OpKind::kMatMul;
-  d.num_inputs = 2;
-  d.infer = infer_matmul;
-  d.grad = grad_matmul;
-  d.cost = cost_matmul;
-  t[static_cast<int>(OpKind::kMatMul)] = d;
+  add_op(t, OpKind::kMatMul, 2, infer_matmul, grad_matmul, cost_matmul);
 }
 
 }  // namespace meshflow

@@ -162,23 +162,14 @@ OpCost cost_rms_norm_grad(const Graph& g, const Node& n) {
   return norm_cost(g, n, 1, 10, 2, 1);
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_norm_ops(OpTable& t) {
-  put(t, OpKind::kLayerNorm, 3, infer_layer_norm, grad_layer_norm, cost_layer_norm);
-  put(t, OpKind::kLayerNormGrad, 5, infer_layer_norm_grad, nullptr, cost_layer_norm_grad);
-  put(t, OpKind::kRmsNorm, 2, infer_rms_norm, grad_rms_norm, cost_rms_norm);
-  put(t, OpKind::kRmsNormGrad, 4, infer_rms_norm_grad, nullptr, cost_rms_norm_grad);
+  add_op(t, OpKind::kLayerNorm, 3, infer_layer_norm, grad_layer_norm, cost_layer_norm);
+  add_op(t, OpKind::kLayerNormGrad, 5, infer_layer_norm_grad, nullptr, cost_layer_norm_grad);
+  add_op(t, OpKind::kRmsNorm, 2, infer_rms_norm, grad_rms_norm, cost_rms_norm);
+  add_op(t, OpKind::kRmsNormGrad, 4, infer_rms_norm_grad, nullptr, cost_rms_norm_grad);
 }
 
 }  // namespace meshflow

@@ -59,6 +59,10 @@ void register_reduce_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optimizer_ops(OpTable& t);
 
+// One table entry: the form every family file registers its ops with.
+void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad, CostFn cost = nullptr,
+            uint32_t mutates = 0, bool stateful_rng = false);
+
 // Helpers shared by the shape rules.
 std::string node_label(const Node& n);  // "matmul 'h.0.mlp.fc1'"
 Status expect_inputs(const Graph& g, const Node& n, int count);

@@ -69,19 +69,10 @@ OpCost cost_update(const Graph& g, const Node& n) {
 }  // namespace
 
 void register_optimizer_ops(OpTable& t) {
-  auto put = [&](OpKind k, int num_inputs, InferFn infer, uint32_t mutates, CostFn cost) {
-    OpDef d;
-    d.kind = k;
-    d.num_inputs = num_inputs;
-    d.infer = infer;
-    d.mutates = mutates;
-    d.cost = cost;
-    t[static_cast<int>(k)] = d;
-  };
-  put(OpKind::kSumSquares, 1, infer_sum_squares, 0, nullptr);
-  put(OpKind::kClipCoef, -1, infer_clip_coef, 0, nullptr);
-  put(OpKind::kSgdUpdate, 5, infer_sgd, 0b101, cost_update);
-  put(OpKind::kAdamWUpdate, 7, infer_adamw, 0b1101, cost_update);
+  add_op(t, OpKind::kSumSquares, 1, infer_sum_squares, nullptr);
+  add_op(t, OpKind::kClipCoef, -1, infer_clip_coef, nullptr);
+  add_op(t, OpKind::kSgdUpdate, 5, infer_sgd, nullptr, cost_update, /*mutates=*/0b101);
+  add_op(t, OpKind::kAdamWUpdate, 7, infer_adamw, nullptr, cost_update, /*mutates=*/0b1101);
 }
 
 }  // namespace meshflow

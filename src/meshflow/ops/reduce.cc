@@ -130,23 +130,14 @@ OpCost cost_reduce(const Graph& g, const Node& n) {
   return c;
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost_reduce;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_reduce_ops(OpTable& t) {
-  put(t, OpKind::kReduceSum, 1, infer_reduce, grad_reduce_sum);
-  put(t, OpKind::kReduceMean, 1, infer_reduce, grad_reduce_mean);
-  put(t, OpKind::kReduceMax, 1, infer_reduce, grad_reduce_max);
-  put(t, OpKind::kReduceMaxGrad, 3, infer_reduce_max_grad, nullptr);
+  add_op(t, OpKind::kReduceSum, 1, infer_reduce, grad_reduce_sum, cost_reduce);
+  add_op(t, OpKind::kReduceMean, 1, infer_reduce, grad_reduce_mean, cost_reduce);
+  add_op(t, OpKind::kReduceMax, 1, infer_reduce, grad_reduce_max, cost_reduce);
+  add_op(t, OpKind::kReduceMaxGrad, 3, infer_reduce_max_grad, nullptr, cost_reduce);
 }
 
 }  // namespace meshflow

@@ -51,6 +51,18 @@ OpCost op_cost(const Graph& g, const Node& n) {
   return c;
 }
 
+void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad, CostFn cost,
+            uint32_t mutates, bool stateful_rng) {
+  OpDef& d = t[static_cast<int>(kind)];
+  d.kind = kind;
+  d.num_inputs = num_inputs;
+  d.infer = infer;
+  d.grad = grad;
+  d.cost = cost;
+  d.mutates = mutates;
+  d.stateful_rng = stateful_rng;
+}
+
 std::string node_label(const Node& n) {
   return std::string(op_name(n.kind)) + " '" + n.name + "'";
 }

@@ -218,24 +218,15 @@ OpCost cost_slice(const Graph& g, const Node& n) {
   return c;
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_shape_ops(OpTable& t) {
-  put(t, OpKind::kTranspose, 1, infer_transpose, grad_transpose, cost_move);
-  put(t, OpKind::kReshape, 1, infer_reshape, grad_reshape, cost_move);
-  put(t, OpKind::kSlice, 1, infer_slice, grad_slice, cost_slice);
-  put(t, OpKind::kSliceGrad, 1, infer_slice_grad, grad_slice_grad, cost_move);
-  put(t, OpKind::kConcat, -1, infer_concat, grad_concat, cost_move);
+  add_op(t, OpKind::kTranspose, 1, infer_transpose, grad_transpose, cost_move);
+  add_op(t, OpKind::kReshape, 1, infer_reshape, grad_reshape, cost_move);
+  add_op(t, OpKind::kSlice, 1, infer_slice, grad_slice, cost_slice);
+  add_op(t, OpKind::kSliceGrad, 1, infer_slice_grad, grad_slice_grad, cost_move);
+  add_op(t, OpKind::kConcat, -1, infer_concat, grad_concat, cost_move);
 }
 
 }  // namespace meshflow

@@ -144,26 +144,17 @@ OpCost cost_correct_count(const Graph& g, const Node& n) {
   return cost_rows(g, n, 2, 1);
 }
 
-void put(OpTable& t, OpKind k, int num_inputs, InferFn infer, GradFn grad, CostFn cost) {
-  OpDef d;
-  d.kind = k;
-  d.num_inputs = num_inputs;
-  d.infer = infer;
-  d.grad = grad;
-  d.cost = cost;
-  t[static_cast<int>(k)] = d;
-}
 
 }  // namespace
 
 void register_softmax_ops(OpTable& t) {
-  put(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
-  put(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
-  put(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
-  put(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
-  put(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
-  put(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
-  put(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
+  add_op(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
+  add_op(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
+  add_op(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
+  add_op(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
+  add_op(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
+  add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
+  add_op(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
 }
 
 }  // namespace meshflow

@@ -16,14 +16,8 @@ OpCost no_cost(const Graph&, const Node&) { return {}; }
 }  // namespace
 
 void register_source_ops(OpTable& t) {
-  for (OpKind k : {OpKind::kParameter, OpKind::kInput, OpKind::kState}) {
-    OpDef d;
-    d.kind = k;
-    d.num_inputs = 0;
-    d.infer = infer_source;
-    d.cost = no_cost;
-    t[static_cast<int>(k)] = d;
-  }
+  for (OpKind k : {OpKind::kParameter, OpKind::kInput, OpKind::kState})
+    add_op(t, k, 0, infer_source, nullptr, no_cost);
 }
 
 }  // namespace meshflow

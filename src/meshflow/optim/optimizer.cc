@@ -7,7 +7,45 @@
 
 namespace meshflow {
 
+namespace {
+// True when node n reads parameter p as a bias or a norm gain: input 1 of
+// bias_add, the broadcast (smaller) operand of add, or gamma/beta of a norm.
+bool reads_as_bias_or_gain(const Graph& g, const Node& n, ValueId p) {
+  switch (n.kind) {
+    case OpKind::kBiasAdd: return n.inputs[1] == p;
+    case OpKind::kAdd: {
+      ValueId other = n.inputs[0] == p ? n.inputs[1] : n.inputs[0];
+      return g.shape(p).numel() < g.shape(other).numel();
+    }
+    case OpKind::kLayerNorm: return n.inputs[1] == p || n.inputs[2] == p;
+    case OpKind::kRmsNorm: return n.inputs[1] == p;
+    default: return false;
+  }
+}
+}  // namespace
+
+std::set<ValueId> decayed_parameters(const Graph& g, const OptimizerConfig& cfg) {
+  std::set<ValueId> decayed;
+  for (ValueId p : g.parameters()) decayed.insert(p);
+  if (cfg.decay_all) return decayed;
+  // A parameter is exempt when every forward use reads it as a bias or a gain.
+  std::map<ValueId, bool> all_bias_uses;
+  for (const Node& n : g.nodes()) {
+    if (n.phase != Phase::kForward) continue;
+    for (ValueId v : n.inputs) {
+      if (!decayed.count(v)) continue;
+      bool bias = reads_as_bias_or_gain(g, n, v);
+      auto it = all_bias_uses.find(v);
+      all_bias_uses[v] = it == all_bias_uses.end() ? bias : it->second && bias;
+    }
+  }
+  for (const auto& [p, bias] : all_bias_uses)
+    if (bias) decayed.erase(p);
+  return decayed;
+}
+
 void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
+  const std::set<ValueId> decayed = decayed_parameters(g, cfg);
   Builder b(g);
   b.set_phase(Phase::kOptimizer);
   auto scope = b.scope("optim");
@@ -31,7 +69,7 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
     const std::string name = g.value(param).name;
     const Shape shape = g.shape(param);
     Attrs a;
-    a.weight_decay = shape.rank() >= cfg.decay_min_rank ? cfg.weight_decay : 0.f;
+    a.weight_decay = decayed.count(param) ? cfg.weight_decay : 0.f;
     if (cfg.kind == OptimizerKind::kSgd) {
       a.momentum = cfg.momentum;
       a.nesterov = cfg.nesterov;

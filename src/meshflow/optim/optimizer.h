@@ -8,10 +8,13 @@
 //   append_backward(g);  append_optimizer(g, oc);
 //   // per step: feed "lr" (LrSchedule::at(step)) and "step" (1-based)
 //
-// Weight decay applies to parameters of rank >= decay_min_rank (2 by default:
-// matrices and embeddings, not biases or norm gains), the usual GPT recipe.
+// Weight decay applies to weights, not to biases or norm gains (the usual GPT
+// recipe), decided from the graph rather than from names or ranks: a parameter
+// is exempt when every use reads it as a bias (bias_add, the broadcast operand
+// of add) or as a norm's gain/shift.
 #pragma once
 
+#include <set>
 #include <string>
 
 #include "meshflow/core/status.h"
@@ -28,13 +31,16 @@ struct OptimizerConfig {
   bool nesterov = false;  // sgd
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
   float weight_decay = 0.f;
-  int decay_min_rank = 2;
+  bool decay_all = false;  // also decay biases and norm gains
   float grad_clip = 0.f;  // global-norm clipping threshold; 0 = none (norm still computed)
 };
 
 // Adds inputs "lr" and "step" (f32 scalars), g.outputs["grad_norm"], and the
 // update nodes. Requires g.grad_of_param (append_backward first).
 void append_optimizer(Graph& g, const OptimizerConfig& cfg);
+
+// The parameters append_optimizer applies weight decay to.
+std::set<ValueId> decayed_parameters(const Graph& g, const OptimizerConfig& cfg);
 
 // Learning rate by step: linear warmup from 0 over warmup_steps, then cosine
 // (or constant, or linear) decay to min_lr at total_steps.

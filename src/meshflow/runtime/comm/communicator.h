@@ -1,0 +1,125 @@
+// Communicator: collectives over a group of ranks, written once on a Transport
+// (transport.h) so every backend gives bit-identical results.
+//
+//   auto comm = Communicator::world(transport);          // all ranks
+//   comm->all_reduce(grad, n, ReduceOp::kSum);           // in place
+//   auto tp = comm->split({0, 1});                       // sub-group (e.g. a mesh axis)
+//   Work w = comm->all_reduce_async(bucket, n, ReduceOp::kSum);  ... w.wait();
+//
+// Algorithms (fixed order, so results do not depend on timing or backend):
+//   all_reduce      ring: reduce_scatter then all_gather (2(n-1)/n of the bytes per rank);
+//                   up to 64 KiB: binomial-tree reduce to group rank 0, then tree broadcast
+//   reduce_scatter  ring; chunk c ends on group rank c, folded in ring order
+//                   x[c+1] + x[c+2] + ... + x[c] (indices mod n, left to right);
+//                   large chunks go in 1 MiB segments so the received data is
+//                   reduced while it is in cache
+//   all_gather      ring; each chunk is copied once per hop, straight into `out`
+//   all_to_all      pairwise exchange, n-1 steps
+//   broadcast       up to 64 KiB: binomial tree; larger: segmented ring pipeline from the root
+//   barrier         dissemination, ceil(log2 n) rounds of empty messages
+// Sizes need not divide by the group size: chunks are split as evenly as
+// possible (the first count % n chunks one element larger); the *_v forms
+// take explicit per-rank counts.
+//
+// Matching: every message carries a tag made of the group id (the same on
+// every member: a hash of the parent's id, the member list and how many
+// times the parent made that list) and the group's collective sequence
+// number, so collectives of different groups, or successive ones of one
+// group, never match each other. Every member must issue the same
+// collectives of a group in the same order (the SPMD rule).
+//
+// Threads: a communicator is driven by one thread at a time. Async forms run
+// on the communicator's own progress thread, in issue order, and return a Work
+// to wait on; the caller keeps the buffers alive and untouched until then. A
+// blocking call first waits for the async work issued before it, so a group's
+// collectives always run in issue order.
+// Errors (a failed rank, a timeout, a size mismatch) come back as Status,
+// never a hang; after one, the communicator (and usually the job) is done.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshflow/runtime/comm/transport.h"
+
+namespace meshflow {
+
+enum class ReduceOp { kSum, kMax };
+
+// A pending asynchronous collective.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_future<Status> f) : f_(std::move(f)) {}
+  Status wait() const { return f_.valid() ? f_.get() : Status::ok(); }
+  bool ready() const {
+    return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<Status> f_;
+};
+
+class Communicator {
+ public:
+  // The group of all ranks of a transport.
+  static std::shared_ptr<Communicator> world(std::shared_ptr<Transport> t);
+  ~Communicator();  // finishes the queued async work first
+
+  int rank() const { return rank_; }  // in this group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& world_ranks() const { return ranks_; }  // group rank -> world rank
+  const Transport& transport() const { return *t_; }
+  uint32_t group_id() const { return group_id_; }
+
+  // A sub-group of this group's ranks (given as ranks of this group, in the
+  // order that defines the new group's ranks). Only members call it, every
+  // member with the same list; a non-member or a bad list gets an error.
+  Result<std::shared_ptr<Communicator>> split(const std::vector<int>& group_ranks);
+
+  Status all_reduce(float* data, int64_t count, ReduceOp op);
+  // out has count * size() elements, rank r's input at [r*count, (r+1)*count).
+  // `in` may be `out + rank() * count` (in place).
+  Status all_gather(const float* in, int64_t count, float* out);
+  // out has sum(counts) elements, rank r's counts[r] inputs after those of ranks < r.
+  Status all_gather_v(const float* in, const std::vector<int64_t>& counts, float* out);
+  // in has count_per_rank * size() elements; rank r receives the reduction of block r.
+  Status reduce_scatter(const float* in, int64_t count_per_rank, float* out, ReduceOp op);
+  // in has sum(counts) elements; rank r receives the reduction of its counts[r] block.
+  Status reduce_scatter_v(const float* in, const std::vector<int64_t>& counts, float* out,
+                          ReduceOp op);
+  // in and out have count_per_rank * size() elements; block r goes to rank r.
+  // REQUIRES: in and out do not overlap.
+  Status all_to_all(const float* in, int64_t count_per_rank, float* out);
+  Status broadcast(float* data, int64_t count, int root);
+  // Point to point within the group; messages between two ranks arrive in order.
+  Status send(const float* data, int64_t count, int peer);
+  Status recv(float* data, int64_t count, int peer);
+  Status barrier();
+
+  Work all_reduce_async(float* data, int64_t count, ReduceOp op);
+  Work all_gather_async(const float* in, int64_t count, float* out);
+  Work reduce_scatter_async(const float* in, int64_t count_per_rank, float* out, ReduceOp op);
+
+ private:
+  struct Impl;
+  Communicator(std::shared_ptr<Transport> t, std::vector<int> ranks, uint32_t group_id);
+  uint64_t next_tag();
+  // Runs `op` on the calling thread after the pending async work.
+  Status run_now(const std::string& what, const std::function<Status(uint64_t tag)>& op);
+  // Queues `op` for the progress thread.
+  Work run_async(const std::string& what, std::function<Status(uint64_t tag)> op);
+
+  std::shared_ptr<Transport> t_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  uint32_t group_id_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace meshflow

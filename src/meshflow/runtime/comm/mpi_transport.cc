@@ -1,0 +1,388 @@
+// The mpi Transport: blocking point-to-point over a duplicate of
+// MPI_COMM_WORLD, every MPI call checked by MF_MPI_CALL (rank, call,
+// file:line and MPI_Error_string). See mpi_transport.h for the wire format.
+#include "meshflow/runtime/comm/mpi_transport.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace meshflow {
+
+bool launched_by_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
+}  // namespace meshflow
+
+#ifndef MESHFLOW_HAVE_MPI
+
+namespace meshflow {
+
+bool mpi_compiled() { return false; }
+
+Result<std::shared_ptr<Transport>> make_mpi_transport() {
+  return Status::failed_precondition(
+      "the mpi backend is not available: meshflow was built without MPI (CMake did not find "
+      "it); install libopenmpi-dev (scripts/install-deps.sh) and rebuild, or use the local "
+      "backend (--ranks N)");
+}
+
+}  // namespace meshflow
+
+#else  // MESHFLOW_HAVE_MPI
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace meshflow {
+namespace {
+
+// World rank of this process once MPI is up, for error messages; -1 before.
+std::atomic<int> g_world_rank{-1};
+
+std::string rank_name() {
+  int r = g_world_rank.load();
+  return r < 0 ? std::string("rank ?") : "rank " + std::to_string(r);
+}
+
+// The Status of one MPI call: ok, or "rank R: MPI_Send(...) failed at file:line: <MPI message>".
+Status mpi_status(int rc, const char* call, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return Status::ok();
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  msg[len] = '\0';
+  const char* base = std::strrchr(file, '/');
+  return Status::unavailable(rank_name() + ": " + call + " failed at " + (base ? base + 1 : file) +
+                             ":" + std::to_string(line) + ": " +
+                             (len > 0 ? msg : "unknown MPI error " + std::to_string(rc)));
+}
+
+}  // namespace
+}  // namespace meshflow
+
+// Every MPI call goes through this: it evaluates to a Status.
+#define MF_MPI_CALL(call) ::meshflow::mpi_status((call), #call, __FILE__, __LINE__)
+
+namespace meshflow {
+namespace {
+
+// Prefix of every message; the payload follows it (inline) or comes as
+// separate messages with the same MPI tag (large payloads).
+struct WireHeader {
+  uint64_t tag;
+  uint64_t bytes;
+};
+constexpr size_t kHeader = sizeof(WireHeader);
+// Payloads up to this size travel in the header's message (one copy each
+// side, one message); larger ones go from/to the user's buffer directly.
+constexpr size_t kInlineBytes = 32 << 10;
+// The largest single MPI message payload (MPI counts are int);
+// MESHFLOW_MPI_CHUNK_BYTES lowers it so tests cover the split path cheaply.
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+
+// Per-thread staging buffers for headers and inline payloads: a send and a
+// receive may be in flight at once (send_recv).
+std::vector<char>& staging(int which) {
+  thread_local std::vector<char> buf[2];
+  if (buf[which].empty()) buf[which].resize(kHeader + kInlineBytes);
+  return buf[which];
+}
+
+// splitmix64's finalizer: spreads (group id, sequence number) tags over the
+// low bits that MPI's tag range keeps.
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+  return b;
+}
+
+// A payload of `bytes` is sent as num_chunks() messages of up to `chunk` bytes.
+int num_chunks(size_t bytes, size_t chunk) { return static_cast<int>((bytes + chunk - 1) / chunk); }
+int chunk_len(size_t bytes, size_t chunk, int i) {
+  return static_cast<int>(std::min(chunk, bytes - static_cast<size_t>(i) * chunk));
+}
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport(MPI_Comm comm, int rank, int size, int tag_bits, size_t chunk_bytes)
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        tag_mask_((uint64_t{1} << tag_bits) - 1),
+        chunk_(chunk_bytes) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  Status send(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    MF_RETURN_IF_ERROR(check_peer(peer, "send"));
+    const int mtag = mpi_tag(tag);
+    std::vector<char>& buf = staging(0);
+    const int head = pack(buf.data(), tag, data, bytes);
+    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Send(buf.data(), head, MPI_BYTE, peer, mtag, comm_))));
+    if (bytes <= kInlineBytes) return Status::ok();
+    const char* p = static_cast<const char*>(data);
+    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
+      MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(
+          MPI_Send(p + i * chunk_, chunk_len(bytes, chunk_, i), MPI_BYTE, peer, mtag, comm_))));
+    }
+    return Status::ok();
+  }
+
+  Status recv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    MF_RETURN_IF_ERROR(check_peer(peer, "recv"));
+    const int mtag = mpi_tag(tag);
+    std::vector<char>& buf = staging(1);
+    MPI_Status st;
+    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(
+        MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, peer, mtag, comm_, &st))));
+    MF_RETURN_IF_ERROR(unpack(buf.data(), st, peer, tag, data, bytes));
+    if (bytes <= kInlineBytes) return Status::ok();
+    char* p = static_cast<char*>(data);
+    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
+      MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Recv(p + i * chunk_, chunk_len(bytes, chunk_, i),
+                                                   MPI_BYTE, peer, mtag, comm_, MPI_STATUS_IGNORE))));
+    }
+    return Status::ok();
+  }
+
+  // Non-blocking sends and receives completed together, so a ring where every
+  // rank calls this at once cannot deadlock whether MPI buffers or not.
+  Status send_recv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                   void* recv_data, size_t recv_bytes, uint64_t tag) override {
+    MF_RETURN_IF_ERROR(check_peer(send_peer, "send_recv (send)"));
+    MF_RETURN_IF_ERROR(check_peer(recv_peer, "send_recv (recv)"));
+    const int mtag = mpi_tag(tag);
+    std::vector<char>& sbuf = staging(0);
+    std::vector<char>& rbuf = staging(1);
+    std::vector<MPI_Request> reqs;  // sends first, then the payload receives
+    MPI_Request head_req;
+    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Irecv(rbuf.data(), static_cast<int>(rbuf.size()),
+                                                  MPI_BYTE, recv_peer, mtag, comm_, &head_req))));
+    const int head = pack(sbuf.data(), tag, send_data, send_bytes);
+    reqs.emplace_back();
+    MF_RETURN_IF_ERROR(fail(
+        MF_MPI_CALL(MPI_Isend(sbuf.data(), head, MPI_BYTE, send_peer, mtag, comm_, &reqs.back()))));
+    if (send_bytes > kInlineBytes) {
+      const char* p = static_cast<const char*>(send_data);
+      for (int i = 0; i < num_chunks(send_bytes, chunk_); ++i) {
+        reqs.emplace_back();
+        MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Isend(p + i * chunk_, chunk_len(send_bytes, chunk_, i),
+                                                      MPI_BYTE, send_peer, mtag, comm_,
+                                                      &reqs.back()))));
+      }
+    }
+    MPI_Status st;
+    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Wait(&head_req, &st))));
+    Status s = unpack(rbuf.data(), st, recv_peer, tag, recv_data, recv_bytes);
+    if (!s.is_ok()) {
+      // The sends may never be received; let them finish in the background.
+      for (MPI_Request& r : reqs) MPI_Request_free(&r);
+      return s;
+    }
+    if (recv_bytes > kInlineBytes) {
+      char* p = static_cast<char*>(recv_data);
+      for (int i = 0; i < num_chunks(recv_bytes, chunk_); ++i) {
+        reqs.emplace_back();
+        MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Irecv(p + i * chunk_, chunk_len(recv_bytes, chunk_, i),
+                                                      MPI_BYTE, recv_peer, mtag, comm_,
+                                                      &reqs.back()))));
+      }
+    }
+    return fail(MF_MPI_CALL(
+        MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE)));
+  }
+
+  void abort(const std::string& reason) override {
+    std::fprintf(stderr, "meshflow: rank %d failed: %s\n", rank_, reason.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this is in case an MPI does
+  }
+
+  Status health() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  int mpi_tag(uint64_t tag) const { return static_cast<int>(mix64(tag) & tag_mask_); }
+
+  Status check_peer(int peer, const char* what) const {
+    if (peer >= 0 && peer < size_) return Status::ok();
+    return Status::invalid(rank_name() + ": " + what + " to/from rank " + std::to_string(peer) +
+                           ", but the MPI job has ranks 0.." + std::to_string(size_ - 1));
+  }
+
+  // Writes the header, and the payload when it goes inline; returns the
+  // message length.
+  static int pack(char* buf, uint64_t tag, const void* data, size_t bytes) {
+    WireHeader h{tag, bytes};
+    std::memcpy(buf, &h, kHeader);
+    if (bytes > kInlineBytes) return static_cast<int>(kHeader);
+    if (bytes > 0) std::memcpy(buf + kHeader, data, bytes);
+    return static_cast<int>(kHeader + bytes);
+  }
+
+  // Checks a received header against what this rank expected; copies an
+  // inline payload out.
+  Status unpack(const char* buf, const MPI_Status& st, int peer, uint64_t tag, void* data,
+                size_t bytes) {
+    int got = 0;
+    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Get_count(&st, MPI_BYTE, &got))));
+    WireHeader h{};
+    if (got >= static_cast<int>(kHeader)) std::memcpy(&h, buf, kHeader);
+    const size_t want_len = kHeader + (bytes > kInlineBytes ? 0 : bytes);
+    if (got < static_cast<int>(kHeader) || h.tag != tag || h.bytes != bytes ||
+        static_cast<size_t>(got) != want_len) {
+      return fail(Status::internal(
+          rank_name() + ": message from rank " + std::to_string(peer) +
+          " does not match the receive: expected tag " + hex(tag) + " with " +
+          std::to_string(bytes) + " bytes, got tag " + hex(h.tag) + " with " +
+          std::to_string(h.bytes) + " bytes (" + std::to_string(got) +
+          " bytes on the wire); the ranks issued collectives in different orders or sizes"));
+    }
+    if (bytes <= kInlineBytes && bytes > 0) std::memcpy(data, buf + kHeader, bytes);
+    return Status::ok();
+  }
+
+  // Remembers the first failure for health(); passes the status through.
+  Status fail(Status s) {
+    if (!s.is_ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure_.is_ok()) failure_ = s;
+    }
+    return s;
+  }
+
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+  uint64_t tag_mask_;
+  size_t chunk_;  // largest payload per MPI message
+  mutable std::mutex mu_;
+  Status failure_;
+};
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+// At exit: MPI_Finalize when the process succeeded; MPI_Abort when it failed,
+// because MPI_Finalize would wait for ranks that are still inside
+// collectives with this one (a hang, not an error).
+void finalize_at_exit(int status, void*) {
+  int finalized = 0;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  if (status != 0) {
+    std::fprintf(stderr, "meshflow: rank %d failed: exiting with status %d\n", g_world_rank.load(),
+                 status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+  Status s = MF_MPI_CALL(MPI_Finalize());
+  if (!s.is_ok()) std::fprintf(stderr, "meshflow: %s\n", s.message().c_str());
+}
+
+// How many tag bits to use: the largest 2^k - 1 <= MPI_TAG_UB.
+// MESHFLOW_MPI_TAG_BITS lowers it (tests use 15, the standard's minimum).
+Result<int> tag_bits(MPI_Comm comm) {
+  void* attr = nullptr;
+  int flag = 0;
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Comm_get_attr(comm, MPI_TAG_UB, &attr, &flag)));
+  int ub = flag ? *static_cast<int*>(attr) : 32767;
+  int bits = 0;
+  while (bits < 31 && (int64_t{1} << (bits + 1)) - 1 <= ub) ++bits;
+  if (const char* env = std::getenv("MESHFLOW_MPI_TAG_BITS")) {
+    int want = std::atoi(env);
+    if (want < 1 || want > bits) {
+      return Status::invalid("MESHFLOW_MPI_TAG_BITS=" + std::string(env) + ": must be in 1.." +
+                             std::to_string(bits) + " (MPI_TAG_UB is " + std::to_string(ub) + ")");
+    }
+    bits = want;
+  }
+  return bits;
+}
+
+Result<std::shared_ptr<Transport>> create() {
+  int initialized = 0;
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Initialized(&initialized)));
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Query_thread(&provided)));
+  } else {
+    MF_RETURN_IF_ERROR(
+        MF_MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided)));
+    on_exit(finalize_at_exit, nullptr);
+  }
+  int rank = 0, size = 0;
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Comm_rank(MPI_COMM_WORLD, &rank)));
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Comm_size(MPI_COMM_WORLD, &size)));
+  g_world_rank = rank;
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return Status::failed_precondition(
+        rank_name() + ": MPI provides only " + thread_level_name(provided) +
+        "; meshflow needs MPI_THREAD_MULTIPLE (communicators run collectives on their own "
+        "progress threads). Use an MPI built with thread support (Debian's Open MPI is)" +
+        (initialized ? ", or initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE)" : ""));
+  }
+  MPI_Comm comm;
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &comm)));
+  // Errors come back as codes (then Status), not as MPI's default abort.
+  MF_RETURN_IF_ERROR(MF_MPI_CALL(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN)));
+  MF_ASSIGN_OR_RETURN(int bits, tag_bits(comm));
+  size_t chunk = kMaxChunkBytes;
+  if (const char* env = std::getenv("MESHFLOW_MPI_CHUNK_BYTES")) {
+    long long want = std::atoll(env);
+    if (want < 1 || static_cast<size_t>(want) > kMaxChunkBytes) {
+      return Status::invalid("MESHFLOW_MPI_CHUNK_BYTES=" + std::string(env) + ": must be in 1.." +
+                             std::to_string(kMaxChunkBytes));
+    }
+    chunk = static_cast<size_t>(want);
+  }
+  return std::shared_ptr<Transport>(std::make_shared<MpiTransport>(comm, rank, size, bits, chunk));
+}
+
+}  // namespace
+
+bool mpi_compiled() { return true; }
+
+Result<std::shared_ptr<Transport>> make_mpi_transport() {
+  static std::mutex mu;
+  static std::shared_ptr<Transport> transport;
+  std::lock_guard<std::mutex> lock(mu);
+  if (transport) return transport;
+  MF_ASSIGN_OR_RETURN(transport, create());
+  return transport;
+}
+
+}  // namespace meshflow
+
+#endif  // MESHFLOW_HAVE_MPI
