@@ -44,7 +44,9 @@ void expect_equal(Checker& c, const std::string& what, const float* got,
   c.pass();
 }
 
-const char* name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+const char* name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "max";
+}
 
 struct Group {
   std::string name;
@@ -173,12 +175,13 @@ void check_all_to_all(Checker& c, const std::string& g, Communicator& comm) {
 }
 
 void check_broadcast(Checker& c, const std::string& g, Communicator& comm) {
-  for (int64_t count : {int64_t{1}, int64_t{1000}, int64_t{16384}, int64_t{16385}, int64_t{300007}}) {
+  for (int64_t count :
+       {int64_t{1}, int64_t{1000}, int64_t{16384}, int64_t{16385}, int64_t{300007}}) {
     for (int root = 0; root < comm.size(); ++root) {
       std::vector<float> want = inputs(root, count, 90 + root);
       std::vector<float> buf = comm.rank() == root ? want : std::vector<float>(count, -99.f);
-      std::string what = g + ": broadcast of " + std::to_string(count) + " from " +
-                         std::to_string(root);
+      std::string what =
+          g + ": broadcast of " + std::to_string(count) + " from " + std::to_string(root);
       if (c.ok(what, comm.broadcast(buf.data(), count, root)))
         expect_equal(c, what, buf.data(), want);
     }
@@ -200,7 +203,8 @@ void check_send_recv(Checker& c, const std::string& g, Communicator& comm) {
       s1 = comm.recv(in.data(), count, peer);
       s2 = comm.send(out.data(), count, peer);
     }
-    if (c.ok(what, s1) && c.ok(what, s2)) expect_equal(c, what, in.data(), inputs(peer, count, 100));
+    if (c.ok(what, s1) && c.ok(what, s2))
+      expect_equal(c, what, in.data(), inputs(peer, count, 100));
   }
 }
 
@@ -211,7 +215,8 @@ void check_async(Checker& c, const std::string& g, Communicator& comm) {
   std::vector<std::vector<float>> bufs;
   std::vector<Work> works;
   for (int k = 0; k < 3; ++k) bufs.push_back(inputs(me, counts[k], 110 + k));
-  for (int k = 0; k < 3; ++k) works.push_back(comm.all_reduce_async(bufs[k].data(), counts[k], ReduceOp::kSum));
+  for (int k = 0; k < 3; ++k)
+    works.push_back(comm.all_reduce_async(bufs[k].data(), counts[k], ReduceOp::kSum));
   const int64_t gc = 5003;
   std::vector<float> gin = inputs(me, gc, 120), gout(gc * n, -99.f);
   works.push_back(comm.all_gather_async(gin.data(), gc, gout.data()));
@@ -260,7 +265,8 @@ Result<std::vector<std::vector<float>>> reductions(const std::shared_ptr<Transpo
   std::vector<std::vector<float>> results;
   for (int64_t count : {int64_t{1000}, int64_t{300007}}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-      std::vector<float> buf = random_floats(me, static_cast<int>(count) + (op == ReduceOp::kMax), count);
+      std::vector<float> buf =
+          random_floats(me, static_cast<int>(count) + (op == ReduceOp::kMax), count);
       MF_RETURN_IF_ERROR(world->all_reduce(buf.data(), count, op));
       results.push_back(std::move(buf));
     }
@@ -338,8 +344,11 @@ void check_bits_match_local(Checker& c, const std::shared_ptr<Transport>& t) {
     return Status::ok();
   });
   if (!c.ok("reductions over local", s)) return;
-  const char* names[] = {"all_reduce sum 1000", "all_reduce max 1000", "all_reduce sum 300007",
-                         "all_reduce max 300007", "reduce_scatter sum 100003/rank",
+  const char* names[] = {"all_reduce sum 1000",
+                         "all_reduce max 1000",
+                         "all_reduce sum 300007",
+                         "all_reduce max 300007",
+                         "reduce_scatter sum 100003/rank",
                          "reversed all_reduce_async sum 262147"};
   for (size_t k = 0; k < mpi1->size(); ++k) {
     compare_bits(c, std::string("mpi vs local: ") + names[k], (*mpi1)[k], local[k]);

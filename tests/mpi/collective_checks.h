@@ -35,8 +35,8 @@ class Checker {
   }
   // Prints the summary line; the process exit status.
   int report(const std::string& name) const {
-    std::fprintf(stderr, "%s: rank %d: %d checks passed, %d failed\n", name.c_str(), rank_,
-                 passed_, failed_);
+    std::fprintf(stderr, "%s: rank %d: %d checks passed, %d failed\n", name.c_str(), rank_, passed_,
+                 failed_);
     return failed_ == 0 ? 0 : 1;
   }
 

@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string init;
   bool quiet = false;
   bool profile = false;
+  int ranks = 1;  // in-process ranks (local backend); under mpirun the job's processes
 };
 int run_train(const TrainOptions& o);
 

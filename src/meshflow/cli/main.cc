@@ -1,6 +1,7 @@
 // meshflow command line.
 //
-//   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE]
+//   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE] [--ranks N]
+//   mpirun -np N meshflow train CONFIG.json        (one rank per process, Open MPI)
 //   meshflow graph CONFIG.json [--phase all|forward|backward|optimizer]
 //
 // Exit codes: 0 success, 2 a user error (bad config, missing file, invalid
@@ -30,6 +31,9 @@ int main(int argc, char** argv) {
   t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
+  t->add_option("--ranks", train.ranks,
+                "Data-parallel ranks as threads of this process (under mpirun, ranks are its processes)")
+      ->check(CLI::Range(1, 1024));
 
   meshflow::cli::GraphOptions graph;
   CLI::App* gcmd = app.add_subcommand("graph", "Print the training graph of a run config");

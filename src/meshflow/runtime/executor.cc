@@ -101,7 +101,7 @@ Tensor& Executor::storage(ValueId v) {
 
 void Executor::unbind_all() { std::fill(override_.begin(), override_.end(), nullptr); }
 
-void Executor::run(const std::vector<NodeId>& nodes) {
+void Executor::run(const std::vector<NodeId>& nodes, const std::function<void(NodeId)>& after_node) {
   for (NodeId id : nodes) {
     const Node& n = g_.node(id);
     KernelCall call{g_, n, {}, {}};
@@ -111,12 +111,13 @@ void Executor::run(const std::vector<NodeId>& nodes) {
     for (ValueId v : n.outputs) call.out.push_back(data(v));
     if (!profiling_) {
       cpu_kernel(n.kind)(call);
-      continue;
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      cpu_kernel(n.kind)(call);
+      seconds_by_kind_[static_cast<int>(n.kind)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    auto t0 = std::chrono::steady_clock::now();
-    cpu_kernel(n.kind)(call);
-    seconds_by_kind_[static_cast<int>(n.kind)] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (after_node) after_node(id);
   }
 }
 

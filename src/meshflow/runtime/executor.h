@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string>
 #include <vector>
@@ -54,7 +55,10 @@ class Executor {
   const std::vector<NodeId>& eval_order() const { return eval_; }
   std::vector<NodeId> training_order() const;
 
-  void run(const std::vector<NodeId>& nodes);
+  // Runs the nodes in order; after_node (optional) is called after each one
+  // (the data-parallel trainer uses it to launch gradient all-reduces as soon
+  // as a gradient is final, overlapping them with the rest of the backward).
+  void run(const std::vector<NodeId>& nodes, const std::function<void(NodeId)>& after_node = {});
 
   // Inputs: copy into the input's own buffer. Shapes must match exactly.
   Status feed(const std::string& name, const Tensor& t);

@@ -38,6 +38,7 @@ void ProgressReporter::step(const StepReport& r) {
     j["gflops"] = r.gflops;
     j["peak_bytes"] = r.peak_bytes;
     j["grad_norm"] = r.grad_norm;
+    if (r.comm_wait_fraction >= 0) j["comm_wait_fraction"] = r.comm_wait_fraction;
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

@@ -3,6 +3,7 @@
 //
 // Metrics file keys (other tools read them; keep them stable):
 //   {"step", "loss", "lr", "tokens_per_s" | "samples_per_s", "gflops", "peak_bytes", "grad_norm"}
+//   (+ "comm_wait_fraction" under data parallel)
 //   {"eval": {"step", "loss", "accuracy"}}            (accuracy for classifiers)
 #pragma once
 
@@ -26,6 +27,7 @@ struct StepReport {
   bool items_are_tokens = true;
   double gflops = 0;       // achieved GFLOP/s
   int64_t peak_bytes = 0;
+  double comm_wait_fraction = -1;  // data parallel: share of step time blocked on all-reduce; < 0: n/a
 };
 
 struct EvalReport {

@@ -41,6 +41,8 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.integer("threads", &t->threads, 0, 1024);
   r.string("checkpoint", &t->checkpoint);
   r.integer("save_every", &t->save_every, 0);
+  r.number("bucket_mib", &t->bucket_mib, 1.0 / 1024, 4096);
+  r.boolean("overlap_comm", &t->overlap_comm);
   MF_RETURN_IF_ERROR(r.finish());
   if (t->batch_size % t->micro_batches != 0)
     return Status::invalid("train.batch_size=" + std::to_string(t->batch_size) +

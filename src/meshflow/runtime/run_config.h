@@ -41,6 +41,8 @@ struct TrainConfig {
   int threads = 0;           // 0: all cores
   std::string checkpoint;    // safetensors path written at the end (and every save_every)
   int save_every = 0;
+  float bucket_mib = 4.f;    // data parallel: gradient all-reduce bucket size
+  bool overlap_comm = true;  // data parallel: start all-reduces during the backward
 };
 
 struct RunConfig {

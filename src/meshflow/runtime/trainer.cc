@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "meshflow/autodiff/autodiff.h"
@@ -20,6 +21,13 @@ void set_compute_threads(int threads) {
   int n = threads > 0 ? threads : omp_get_num_procs();
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
+}
+
+int ranks_on_this_machine(const Communicator* comm) {
+  if (!comm) return 1;
+  if (comm->transport().backend() == "local") return comm->size();
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return local ? std::max(1, std::atoi(local)) : 1;
 }
 
 Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64_t seq) {
@@ -58,12 +66,23 @@ double flops_of(const Graph& g, const std::vector<NodeId>& order) {
 }
 }  // namespace
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc) {
+Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->rc_ = rc;
+  t->comm_ = comm;
+  t->rank_ = comm ? comm->rank() : 0;
+  t->world_ = comm ? comm->size() : 1;
   const TrainConfig& tc = rc.train;
-  set_compute_threads(tc.threads);
-  t->micro_batch_ = tc.batch_size / tc.micro_batches;
+  // The machine's threads are shared among the ranks running on it.
+  const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
+  set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
+  if (tc.batch_size % (tc.micro_batches * t->world_) != 0)
+    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) + " does not split into " +
+                           std::to_string(tc.micro_batches) + " micro-batches on " + std::to_string(t->world_) +
+                           " ranks; use a multiple of micro_batches x ranks = " +
+                           std::to_string(tc.micro_batches * t->world_));
+  t->global_micro_batch_ = tc.batch_size / tc.micro_batches;
+  t->micro_batch_ = t->global_micro_batch_ / t->world_;
 
   Result<ModelGraph> m = build_model_from_json(rc.model, t->micro_batch_, tc.seq_len);
   if (!m.is_ok()) return m.status().with_context(rc.model_source);
@@ -86,15 +105,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc) {
   ExecutorOptions eo;
   eo.seed = tc.seed;
   t->executor_ = std::make_unique<Executor>(g, eo);
-  if (tc.micro_batches > 1) {
-    for (const auto& [param, grad] : g.grad_of_param) {
-      t->accum_.emplace_back(grad, std::vector<float>(g.shape(grad).numel()));
-      t->executor_->add_grad_accumulator_bytes(g.shape(grad).numel() * 4);
-    }
+  if (tc.micro_batches > 1 || t->world_ > 1) {
+    t->buckets_ = std::make_unique<GradientBuckets>(g, t->executor_->forward_backward_order(), comm,
+                                                    static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
+    t->executor_->add_grad_accumulator_bytes(t->buckets_->bytes());
   }
   t->flops_per_micro_ = flops_of(g, t->executor_->forward_backward_order());
   t->flops_optimizer_ = flops_of(g, t->executor_->optimizer_order());
   return t;
+}
+
+float Trainer::all_reduce_mean(float v) {
+  if (world_ == 1) return v;
+  throw_if_error(comm_->all_reduce(&v, 1, ReduceOp::kSum));
+  return v / static_cast<float>(world_);
 }
 
 void Trainer::feed_batch(const Batch& b) {
@@ -110,26 +134,29 @@ StepResult Trainer::step() {
   StepResult r;
   r.lr = rc_.schedule.at(step_);
   double loss_sum = 0;
-  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m));
+  // The backward seed averages over micro-batches and ranks, so the summed
+  // (all-reduced) gradient is the gradient of the global batch's mean loss.
+  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m * world_));
+  const Shard shard{rank_, world_};
   for (int micro = 0; micro < m; ++micro) {
     BatchIndex at;
     at.seed = tc.seed;
     at.step = step_;
     at.micro = micro;
     at.micro_batches = m;
-    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_)));
-    ex.feed_scalar_i32("rng_offset", static_cast<int32_t>(step_ * m + micro));
-    ex.run(ex.forward_backward_order());
+    feed_batch(value_or_throw(data_->train_batch(at, global_micro_batch_, shard)));
+    // Dropout streams differ per rank (each rank holds different rows).
+    ex.feed_scalar_i32("rng_offset", static_cast<int32_t>((step_ * m + micro) * world_ + rank_));
+    if (buckets_)
+      ex.run(ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); });
+    else
+      ex.run(ex.forward_backward_order());
     loss_sum += ex.scalar(g.loss);
-    for (auto& [grad, acc] : accum_) {
-      const float* src = ex.data_f(grad);
-      const int64_t n = static_cast<int64_t>(acc.size());
-      if (micro == 0) std::memcpy(acc.data(), src, n * sizeof(float));
-      else
-        for (int64_t i = 0; i < n; ++i) acc[i] += src[i];
-    }
   }
-  for (auto& [grad, acc] : accum_) ex.bind(grad, acc.data());
+  if (buckets_) {
+    throw_if_error(buckets_->finish(ex));
+    r.comm_wait_seconds = buckets_->last_wait_seconds();
+  }
   ex.feed_scalar("lr", r.lr);
   ex.feed_scalar("step", static_cast<float>(step_ + 1));
   ex.run(ex.optimizer_order());
@@ -137,7 +164,7 @@ StepResult Trainer::step() {
   ex.unbind_all();
   ++step_;
   r.step = step_;
-  r.loss = static_cast<float>(loss_sum / m);
+  r.loss = all_reduce_mean(static_cast<float>(loss_sum / m));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.items = static_cast<int64_t>(tc.batch_size) * (language_model_ ? tc.seq_len : 1);
   r.flops = flops_per_micro_ * m + flops_optimizer_;
@@ -151,14 +178,22 @@ EvalResult Trainer::evaluate() {
   double loss_sum = 0, correct = 0;
   int64_t batches = 0;
   const bool has_correct = g.outputs.count("correct") > 0;
-  const int64_t per_batch = static_cast<int64_t>(micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
+  const int64_t per_batch =
+      static_cast<int64_t>(global_micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
   ex.feed_scalar_i32("rng_offset", 0);
-  for (EvalIterator it = data_->eval(micro_batch_, {}, rc_.train.eval_batches); !it.done();) {
+  for (EvalIterator it = data_->eval(global_micro_batch_, {rank_, world_}, rc_.train.eval_batches); !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());
     loss_sum += ex.scalar(g.loss);
     if (has_correct) correct += ex.scalar(g.outputs.at("correct"));
     ++batches;
+  }
+  if (world_ > 1) {
+    // Every rank evaluated its slice of the same batches: sum and average.
+    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+    throw_if_error(comm_->all_reduce(sums, 2, ReduceOp::kSum));
+    loss_sum = sums[0] / world_;
+    correct = sums[1];
   }
   e.items = batches * per_batch;
   e.loss = batches ? static_cast<float>(loss_sum / batches) : 0.f;
@@ -166,7 +201,10 @@ EvalResult Trainer::evaluate() {
   return e;
 }
 
-Status Trainer::save_checkpoint(const std::string& path) { return save_parameters(*executor_, path); }
+// Every rank holds the same weights: rank 0 writes.
+Status Trainer::save_checkpoint(const std::string& path) {
+  return rank_ == 0 ? save_parameters(*executor_, path) : Status::ok();
+}
 Status Trainer::load_checkpoint(const std::string& path) { return load_parameters(*executor_, path).status(); }
 
 }  // namespace meshflow

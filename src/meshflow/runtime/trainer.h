@@ -18,12 +18,15 @@
 
 #include "meshflow/data/dataset.h"
 #include "meshflow/models/model.h"
+#include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/executor.h"
+#include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
 
 struct StepResult {
+  double comm_wait_seconds = 0;  // time the step blocked on gradient all-reduce (data parallel)
   int step = 0;          // 1-based count of finished steps
   float loss = 0;        // mean over the micro-batches
   float lr = 0;
@@ -41,7 +44,12 @@ struct EvalResult {
 
 class Trainer {
  public:
-  static Result<std::unique_ptr<Trainer>> create(const RunConfig& rc);
+  // comm: the data-parallel group (all ranks of the job); null for one rank.
+  // Rank r trains on its 1/n slice of every global batch; gradients are
+  // averaged over the group (GradientBuckets), so every rank holds the same
+  // weights after every step.
+  static Result<std::unique_ptr<Trainer>> create(const RunConfig& rc,
+                                                 std::shared_ptr<Communicator> comm = nullptr);
 
   StepResult step();
   EvalResult evaluate();
@@ -52,6 +60,8 @@ class Trainer {
   const Graph& graph() const { return model_.graph; }
   Executor& executor() { return *executor_; }
   bool is_language_model() const { return language_model_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
   int64_t num_parameters() const { return num_params_; }
   int64_t peak_bytes() const { return executor_->memory().total(); }
   int steps_done() const { return step_; }
@@ -59,15 +69,19 @@ class Trainer {
  private:
   Trainer() = default;
   void feed_batch(const Batch& b);
+  float all_reduce_mean(float v);
 
   RunConfig rc_;
   ModelGraph model_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Executor> executor_;
-  std::vector<std::pair<ValueId, std::vector<float>>> accum_;  // grad -> accumulator (m > 1)
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<GradientBuckets> buckets_;  // null: one rank and one micro-batch
+  int rank_ = 0, world_ = 1;
   bool language_model_ = true;
   int64_t num_params_ = 0;
-  int micro_batch_ = 0;
+  int micro_batch_ = 0;         // rows per micro-batch on this rank
+  int global_micro_batch_ = 0;  // rows per micro-batch over all ranks
   double flops_per_micro_ = 0, flops_optimizer_ = 0;
   int step_ = 0;
 };
@@ -79,6 +93,10 @@ Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64
 // The dataset a data config names, for a model (language model or classifier).
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,
                                               uint64_t seed);
+
+// How many ranks of the job share this machine's cores (local: all of them;
+// mpi: Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
+int ranks_on_this_machine(const Communicator* comm);
 
 // Sets the number of threads for this thread's kernels and BLAS calls (0 = all cores).
 void set_compute_threads(int threads);

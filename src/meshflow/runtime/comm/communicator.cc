@@ -247,9 +247,11 @@ struct Communicator::Impl {
       queue.pop_front();
       lk.unlock();
       Status s = task.run();
-      task.done.set_value(std::move(s));
       lk.lock();
+      // Both under the lock: a blocking call that drained sees the Work
+      // ready, and a waiter that destroys us next sees nothing unfinished.
       --unfinished;
+      task.done.set_value(std::move(s));
       cv.notify_all();
     }
   }
@@ -262,11 +264,21 @@ Communicator::Communicator(std::shared_ptr<Transport> t, std::vector<int> ranks,
   rank_ = static_cast<int>(it - ranks_.begin());
 }
 
+// Work still unfinished here was abandoned (an error path, or a missing
+// wait): the peers expect this rank in those collectives, and draining them
+// could block until the timeout. Abort the job instead, so every rank stops
+// now with a message that names this rank; the queue then fails fast.
 Communicator::~Communicator() {
+  int unfinished = 0;
   {
     std::lock_guard<std::mutex> lk(impl_->mu);
     impl_->stopping = true;
+    unfinished = impl_->unfinished;
   }
+  if (unfinished > 0 && t_->health().is_ok())
+    t_->abort("communicator of group " + list_str(ranks_) + " destroyed with " +
+              std::to_string(unfinished) +
+              " async collective(s) unfinished (wait on every Work first)");
   impl_->cv.notify_all();
   if (impl_->worker.joinable()) impl_->worker.join();
 }
@@ -300,6 +312,10 @@ Result<std::shared_ptr<Communicator>> Communicator::split(const std::vector<int>
   return std::shared_ptr<Communicator>(new Communicator(t_, std::move(world_list), id));
 }
 
+std::string Communicator::where() const {
+  return " in group " + list_str(ranks_) + " on rank " + std::to_string(t_->rank());
+}
+
 uint64_t Communicator::next_tag() {
   return (static_cast<uint64_t>(group_id_) << 32) | (impl_->seq++ & kSequenceMask);
 }
@@ -310,13 +326,12 @@ Status Communicator::run_now(const std::string& what,
   Status s = t_->health();
   if (s.is_ok()) s = op(next_tag());
   if (s.is_ok()) return s;
-  return s.with_context(what + " on group " + list_str(ranks_) + " as rank " +
-                        std::to_string(rank_));
+  return s.with_context(what + where());
 }
 
 Work Communicator::run_async(const std::string& what, std::function<Status(uint64_t tag)> op) {
   const uint64_t tag = next_tag();
-  std::string ctx = what + " on group " + list_str(ranks_) + " as rank " + std::to_string(rank_);
+  std::string ctx = what + where();
   Impl::Task task;
   task.run = [this, tag, op = std::move(op), ctx = std::move(ctx)] {
     Status s = t_->health();
@@ -545,7 +560,7 @@ Status Communicator::send(const float* data, int64_t count, int peer) {
   impl_->drain();
   const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
   return t_->send(ranks_[peer], tag, data, count * sizeof(float))
-      .with_context(what + " on group " + list_str(ranks_) + " as rank " + std::to_string(rank_));
+      .with_context(what + where());
 }
 
 Status Communicator::recv(float* data, int64_t count, int peer) {
@@ -558,7 +573,7 @@ Status Communicator::recv(float* data, int64_t count, int peer) {
   impl_->drain();
   const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
   return t_->recv(ranks_[peer], tag, data, count * sizeof(float))
-      .with_context(what + " on group " + list_str(ranks_) + " as rank " + std::to_string(rank_));
+      .with_context(what + where());
 }
 
 Status Communicator::barrier() {

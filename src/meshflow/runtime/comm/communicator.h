@@ -30,7 +30,9 @@
 //
 // Threads: a communicator is driven by one thread at a time. Async forms run
 // on the communicator's own progress thread, in issue order, and return a Work
-// to wait on; the caller keeps the buffers alive and untouched until then. A
+// to wait on; the caller keeps the buffers alive and untouched until then,
+// also on error paths (declare them before the communicator, which stops its
+// unfinished work when it is destroyed). A
 // blocking call first waits for the async work issued before it, so a group's
 // collectives always run in issue order.
 // Errors (a failed rank, a timeout, a size mismatch) come back as Status,
@@ -69,7 +71,9 @@ class Communicator {
  public:
   // The group of all ranks of a transport.
   static std::shared_ptr<Communicator> world(std::shared_ptr<Transport> t);
-  ~Communicator();  // finishes the queued async work first
+  // Wait on every Work first: destroying a communicator with async work
+  // still unfinished aborts the transport (the peers could not go on).
+  ~Communicator();
 
   int rank() const { return rank_; }  // in this group
   int size() const { return static_cast<int>(ranks_.size()); }
@@ -110,6 +114,7 @@ class Communicator {
   struct Impl;
   Communicator(std::shared_ptr<Transport> t, std::vector<int> ranks, uint32_t group_id);
   uint64_t next_tag();
+  std::string where() const;  // " in group [0,2] on rank 2", for error messages
   // Runs `op` on the calling thread after the pending async work.
   Status run_now(const std::string& what, const std::function<Status(uint64_t tag)>& op);
   // Queues `op` for the progress thread.

@@ -155,19 +155,18 @@ class LocalTransport final : public Transport {
 
   Status check_peer(const char* what, int peer, const void* data, size_t bytes) const {
     if (peer < 0 || peer >= w_->size || peer == rank_)
-      return Status::invalid("rank " + std::to_string(rank_) + ": " + what + " rank " +
-                             std::to_string(peer) + ": the peer must be another rank in [0, " +
+      return Status::invalid(std::string(what) + " rank " + std::to_string(peer) + " on rank " +
+                             std::to_string(rank_) + ": the peer must be another rank in [0, " +
                              std::to_string(w_->size) + ")");
     if (data == nullptr && bytes > 0)
-      return Status::invalid("rank " + std::to_string(rank_) + ": " + what + " rank " +
-                             std::to_string(peer) + ": null buffer for " + std::to_string(bytes) +
-                             " bytes");
+      return Status::invalid(std::string(what) + " rank " + std::to_string(peer) +
+                             ": null buffer for " + std::to_string(bytes) + " bytes");
     return Status::ok();
   }
 
   std::string where(const char* call, const char* dir, int peer, uint64_t tag) const {
-    return "rank " + std::to_string(rank_) + ": " + call + " " + dir + " rank " +
-           std::to_string(peer) + " (tag " + tag_str(tag) + ")";
+    return std::string(call) + " " + dir + " rank " + std::to_string(peer) + " (tag " +
+           tag_str(tag) + ")";
   }
 
   Status timed_out(const char* call, const char* dir, int peer, uint64_t tag,

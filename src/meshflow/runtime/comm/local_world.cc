@@ -1,6 +1,7 @@
 // run_local_ranks: one thread per rank; the first failure aborts the transport.
 #include "meshflow/runtime/comm/local_world.h"
 
+#include <cstdio>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -16,7 +17,7 @@ Status run_local_ranks(int world_size, const RankFn& fn, const LocalTransportOpt
   std::vector<std::shared_ptr<Transport>> transports = make_local_transports(world_size, options);
   std::vector<Status> results(world_size);
   std::mutex mu;
-  Status first;  // the first failure, in time
+  Status first;  // the first failure to come back, in time
 
   auto run_rank = [&](int r) {
     const std::shared_ptr<Transport>& t = transports[r];
@@ -33,13 +34,8 @@ Status run_local_ranks(int world_size, const RankFn& fn, const LocalTransportOpt
     results[r] = s;
     if (s.is_ok()) return;
     std::lock_guard<std::mutex> lk(mu);
-    if (!first.is_ok()) return;
-    // A rank that aborted the transport itself, before any rank returned,
-    // is the root cause; the transport's failure names it.
-    Status health = t->health();
-    first = health.is_ok() ? Status(s.code(), "rank " + std::to_string(r) + ": " + s.message())
-                           : health;
-    if (health.is_ok()) t->abort(s.message());
+    if (first.is_ok()) first = Status(s.code(), "rank " + std::to_string(r) + ": " + s.message());
+    t->abort(s.message());  // a no-op when some rank already aborted
   };
 
   std::vector<std::thread> threads;
@@ -47,7 +43,18 @@ Status run_local_ranks(int world_size, const RankFn& fn, const LocalTransportOpt
   for (int r = 1; r < world_size; ++r) threads.emplace_back(run_rank, r);
   run_rank(0);
   for (std::thread& th : threads) th.join();
-  if (per_rank != nullptr) *per_rank = std::move(results);
+
+  // The root cause is the rank that aborted the transport (the others only
+  // saw "rank R failed"); its own error says more than its abort reason
+  // (e.g. a communicator destroyed on that rank's error path).
+  Status health = transports[0]->health();
+  int culprit = -1;
+  if (!health.is_ok()) std::sscanf(health.message().c_str(), "rank %d failed:", &culprit);
+  if (per_rank != nullptr) *per_rank = results;
+  if (culprit >= 0 && culprit < world_size && !results[culprit].is_ok())
+    return Status(results[culprit].code(),
+                  "rank " + std::to_string(culprit) + ": " + results[culprit].message());
+  if (!health.is_ok()) return health;
   return first;
 }
 

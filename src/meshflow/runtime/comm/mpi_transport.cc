@@ -22,7 +22,9 @@ bool launched_by_mpirun() {
 
 namespace meshflow {
 
-bool mpi_compiled() { return false; }
+bool mpi_compiled() {
+  return false;
+}
 
 Result<std::shared_ptr<Transport>> make_mpi_transport() {
   return Status::failed_precondition(
@@ -117,7 +119,9 @@ std::string hex(uint64_t v) {
 }
 
 // A payload of `bytes` is sent as num_chunks() messages of up to `chunk` bytes.
-int num_chunks(size_t bytes, size_t chunk) { return static_cast<int>((bytes + chunk - 1) / chunk); }
+int num_chunks(size_t bytes, size_t chunk) {
+  return static_cast<int>((bytes + chunk - 1) / chunk);
+}
 int chunk_len(size_t bytes, size_t chunk, int i) {
   return static_cast<int>(std::min(chunk, bytes - static_cast<size_t>(i) * chunk));
 }
@@ -161,8 +165,9 @@ class MpiTransport final : public Transport {
     if (bytes <= kInlineBytes) return Status::ok();
     char* p = static_cast<char*>(data);
     for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
-      MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Recv(p + i * chunk_, chunk_len(bytes, chunk_, i),
-                                                   MPI_BYTE, peer, mtag, comm_, MPI_STATUS_IGNORE))));
+      MF_RETURN_IF_ERROR(
+          fail(MF_MPI_CALL(MPI_Recv(p + i * chunk_, chunk_len(bytes, chunk_, i), MPI_BYTE, peer,
+                                    mtag, comm_, MPI_STATUS_IGNORE))));
     }
     return Status::ok();
   }
@@ -188,9 +193,9 @@ class MpiTransport final : public Transport {
       const char* p = static_cast<const char*>(send_data);
       for (int i = 0; i < num_chunks(send_bytes, chunk_); ++i) {
         reqs.emplace_back();
-        MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Isend(p + i * chunk_, chunk_len(send_bytes, chunk_, i),
-                                                      MPI_BYTE, send_peer, mtag, comm_,
-                                                      &reqs.back()))));
+        MF_RETURN_IF_ERROR(
+            fail(MF_MPI_CALL(MPI_Isend(p + i * chunk_, chunk_len(send_bytes, chunk_, i), MPI_BYTE,
+                                       send_peer, mtag, comm_, &reqs.back()))));
       }
     }
     MPI_Status st;
@@ -205,13 +210,13 @@ class MpiTransport final : public Transport {
       char* p = static_cast<char*>(recv_data);
       for (int i = 0; i < num_chunks(recv_bytes, chunk_); ++i) {
         reqs.emplace_back();
-        MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Irecv(p + i * chunk_, chunk_len(recv_bytes, chunk_, i),
-                                                      MPI_BYTE, recv_peer, mtag, comm_,
-                                                      &reqs.back()))));
+        MF_RETURN_IF_ERROR(
+            fail(MF_MPI_CALL(MPI_Irecv(p + i * chunk_, chunk_len(recv_bytes, chunk_, i), MPI_BYTE,
+                                       recv_peer, mtag, comm_, &reqs.back()))));
       }
     }
-    return fail(MF_MPI_CALL(
-        MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE)));
+    return fail(
+        MF_MPI_CALL(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE)));
   }
 
   void abort(const std::string& reason) override {
@@ -287,10 +292,14 @@ class MpiTransport final : public Transport {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "an unknown thread level";
 }
@@ -372,7 +381,9 @@ Result<std::shared_ptr<Transport>> create() {
 
 }  // namespace
 
-bool mpi_compiled() { return true; }
+bool mpi_compiled() {
+  return true;
+}
 
 Result<std::shared_ptr<Transport>> make_mpi_transport() {
   static std::mutex mu;

@@ -1,0 +1,134 @@
+// Data parallel = one device: N ranks (threads, local backend) training on
+// 1/N of every batch each give the losses and weights of one rank training on
+// the whole batch.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "grad_check.h"
+#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/runtime/trainer.h"
+
+namespace meshflow {
+namespace {
+
+RunConfig dp_run(const std::string& model, int micro_batches, const std::string& optimizer) {
+  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_embd", 32}, {"n_head", 2}, {"n_positions", 16},
+              {"vocab_size", 256}};
+  json llama = {{"model_type", "llama"}, {"num_hidden_layers", 2}, {"hidden_size", 32},
+                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 64},
+                {"vocab_size", 256}, {"max_position_embeddings", 16}};
+  json doc = {{"model", model == "gpt" ? gpt : llama},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train", {{"steps", 3}, {"batch_size", 16}, {"micro_batches", micro_batches}, {"seq_len", 16},
+                         {"threads", 2}, {"eval_batches", 2}, {"bucket_mib", 0.01}}},
+              {"optimizer", {{"type", optimizer}, {"lr", optimizer == "sgd" ? 0.1 : 1e-3}, {"momentum", 0.0}}}};
+  if (optimizer == "sgd") doc["optimizer"]["momentum"] = 0.9;
+  return value_or_throw(parse_run_config(doc, ""));
+}
+
+struct Trace {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> weights;
+  float eval_loss = 0;
+};
+
+Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
+  Trace t;
+  auto trainer = value_or_throw(Trainer::create(rc, comm));
+  for (int s = 0; s < rc.train.steps; ++s) t.losses.push_back(trainer->step().loss);
+  t.eval_loss = trainer->evaluate().loss;
+  const Graph& g = trainer->graph();
+  for (ValueId p : g.parameters()) {
+    const Tensor& w = trainer->executor().storage(p);
+    t.weights[g.value(p).name].assign(w.data<float>(), w.data<float>() + w.numel());
+  }
+  return t;
+}
+
+struct DpCase {
+  std::string model, optimizer;
+  int ranks, micro_batches;
+};
+
+class DataParallel : public ::testing::TestWithParam<DpCase> {};
+
+// Tolerance: f32 sums of the same numbers in another order (per-rank means,
+// then a ring all-reduce) differ at rounding level: 2e-5 relative.
+TEST_P(DataParallel, SameLossesAndWeightsAsOneRank) {
+  const DpCase& c = GetParam();
+  RunConfig rc = dp_run(c.model, c.micro_batches, c.optimizer);
+  Trace single = train(rc, nullptr);
+  std::vector<Trace> per_rank(c.ranks);
+  Status s = run_local_ranks(c.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+    per_rank[t->rank()] = train(rc, Communicator::world(t));
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  for (int r = 0; r < c.ranks; ++r) {
+    const Trace& t = per_rank[r];
+    ASSERT_EQ(t.losses.size(), single.losses.size());
+    for (size_t i = 0; i < t.losses.size(); ++i)
+      EXPECT_NEAR(t.losses[i], single.losses[i], 2e-5 * std::fabs(single.losses[i])) << "rank " << r << " step " << i;
+    EXPECT_NEAR(t.eval_loss, single.eval_loss, 2e-5 * single.eval_loss) << "rank " << r;
+    for (const auto& [name, w] : single.weights) {
+      const std::vector<float>& got = t.weights.at(name);
+      EXPECT_LT(testing::max_rel_diff(got.data(), w.data(), static_cast<int64_t>(w.size())), 2e-5)
+          << name << " rank " << r;
+      // Every rank holds bit-identical weights (they apply the same reduced gradient).
+      EXPECT_EQ(got, per_rank[0].weights.at(name)) << name << " rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel,
+                         ::testing::Values(DpCase{"gpt", "sgd", 1, 1}, DpCase{"gpt", "sgd", 2, 1},
+                                           DpCase{"gpt", "sgd", 4, 1}, DpCase{"gpt", "sgd", 8, 1},
+                                           DpCase{"gpt", "sgd", 2, 2}, DpCase{"llama", "adamw", 2, 1},
+                                           DpCase{"llama", "adamw", 4, 2}),
+                         [](const auto& info) {
+                           const DpCase& c = info.param;
+                           return c.model + "_" + c.optimizer + "_" + std::to_string(c.ranks) + "ranks_" +
+                                  std::to_string(c.micro_batches) + "micro";
+                         });
+
+TEST(DataParallelErrors, BatchThatDoesNotSplitAcrossRanks) {
+  RunConfig rc = dp_run("gpt", 1, "sgd");
+  rc.train.batch_size = 6;
+  Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
+    return Trainer::create(rc, Communicator::world(t)).status();
+  });
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("batch_size=6"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("4 ranks"), std::string::npos) << s.message();
+}
+
+TEST(DataParallelErrors, AFailingRankStopsTheOthers) {
+  RunConfig rc = dp_run("gpt", 1, "sgd");
+  rc.train.steps = 50;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> per_rank;
+  Status s = run_local_ranks(
+      4,
+      [&](const std::shared_ptr<Transport>& t) -> Status {
+        auto trainer = value_or_throw(Trainer::create(rc, Communicator::world(t)));
+        for (int i = 0; i < rc.train.steps; ++i) {
+          if (t->rank() == 2 && i == 1) throw std::runtime_error("disk on fire");
+          trainer->step();
+        }
+        return Status::ok();
+      },
+      {}, &per_rank);
+  double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("disk on fire"), std::string::npos) << s.message();
+  for (int r : {0, 1, 3}) {
+    EXPECT_FALSE(per_rank[r].is_ok()) << "rank " << r << " finished although rank 2 died";
+    EXPECT_NE(per_rank[r].message().find("rank 2"), std::string::npos) << per_rank[r].message();
+  }
+  EXPECT_LT(el, 30.0);
+}
+
+}  // namespace
+}  // namespace meshflow
