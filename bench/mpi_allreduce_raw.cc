@@ -3,13 +3,16 @@
 // own ring algorithms over MPI point-to-point (bench/comm_compare.sh).
 //
 //   mpirun -np 4 build/bench/mpi_allreduce_raw [--min-bytes 1024] [--max-bytes 268435456]
+//                                              [--seconds 0.25]
 //
-// f32 sum, 1 KiB .. 256 MiB in steps of 4x, out of place. SIZE is the whole
-// buffer as in nccl-tests: the all_reduce buffer, the all_gather output, the
-// reduce_scatter input. algbw = SIZE / time; busbw (nccl-tests) = algbw x
-// 2(n-1)/n for all_reduce and x (n-1)/n for all_gather and reduce_scatter.
-// The time of a size is the slowest rank's mean over the timed iterations.
-// Output: `OP SIZE_BYTES TIME_US ALGBW_GBPS BUSBW_GBPS`, one line per op and size.
+// Measured and printed as bench/comm_bench.cc (the local backend) does, so the
+// tables compare line by line: f32 sum, 1 KiB .. 256 MiB in steps of 4x, out
+// of place; `size` is the larger buffer of the call (all_reduce: the data;
+// all_gather: the gathered output; reduce_scatter: the full input); algbw =
+// size / time; busbw (nccl-tests) = algbw x 2(n-1)/n for all_reduce and
+// x (n-1)/n for all_gather and reduce_scatter. One warm-up call picks the
+// iteration count (about --seconds per size, 2..5000, the same on every
+// rank); the time is the slowest rank's mean.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -33,10 +36,14 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 }
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
-// Enough iterations for a stable mean, at most about 0.5 GiB moved per size.
-int iterations(size_t bytes) {
-  size_t it = (size_t{512} << 20) / bytes;
-  return static_cast<int>(it < 3 ? 3 : it > 200 ? 200 : it);
+std::string human(size_t bytes) {
+  char buf[32];
+  if (bytes >= (size_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
+  }
+  return buf;
 }
 
 enum class Op { kAllReduce, kAllGather, kReduceScatter };
@@ -46,8 +53,10 @@ const char* op_name(Op op) {
                                 : "reduce_scatter";
 }
 
-// Mean seconds per call of `op` on `bytes` (the whole buffer), slowest rank.
-double time_op(Op op, size_t bytes, int n, std::vector<float>& a, std::vector<float>& b) {
+// Mean seconds per call of `op` on `bytes` (the larger buffer), slowest rank;
+// the iteration count goes to *iters.
+double time_op(Op op, size_t bytes, int n, double seconds, std::vector<float>& a,
+               std::vector<float>& b, int* iters) {
   const int count = static_cast<int>(bytes / sizeof(float));
   auto run = [&] {
     switch (op) {
@@ -64,14 +73,19 @@ double time_op(Op op, size_t bytes, int n, std::vector<float>& a, std::vector<fl
         break;
     }
   };
-  const int iters = iterations(bytes);
-  for (int i = 0; i < std::max(1, iters / 10); ++i) run();  // warm-up
+  run();  // warm-up: page faults, connections
   MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   double t0 = MPI_Wtime();
-  for (int i = 0; i < iters; ++i) run();
-  double elapsed = MPI_Wtime() - t0, slowest = 0;
+  run();
+  double warm = MPI_Wtime() - t0, slowest = 0;
+  MPI_CHECK(MPI_Allreduce(&warm, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  *iters = static_cast<int>(std::clamp(seconds / std::max(slowest, 1e-7), 2.0, 5000.0));
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  t0 = MPI_Wtime();
+  for (int i = 0; i < *iters; ++i) run();
+  double elapsed = MPI_Wtime() - t0;
   MPI_CHECK(MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  return slowest / iters;
+  return slowest / *iters;
 }
 
 }  // namespace
@@ -82,35 +96,34 @@ int main(int argc, char** argv) {
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
   size_t min_bytes = 1 << 10, max_bytes = size_t{256} << 20;
+  double seconds = 0.25;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--min-bytes") == 0)
       min_bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (std::strcmp(argv[i], "--max-bytes") == 0)
       max_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
   }
-  if (rank == 0) {
-    char version[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    MPI_CHECK(MPI_Get_library_version(version, &len));
-    std::string v(version, len);
-    std::printf(
-        "# raw MPI collectives (%s), %d ranks, f32 sum; busbw: all_reduce x 2(n-1)/n, "
-        "all_gather and reduce_scatter x (n-1)/n\n",
-        v.substr(0, v.find(',')).c_str(), n);
-    std::printf("# op size_bytes time_us algbw_GBps busbw_GBps\n");
-    std::fflush(stdout);
-  }
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_CHECK(MPI_Get_library_version(version, &len));
+  const std::string v(version, len);
   std::vector<float> a(max_bytes / sizeof(float), 1.0f), b(max_bytes / sizeof(float));
   for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter}) {
-    for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
-      // Whole floats per rank for all_gather and reduce_scatter.
-      const size_t unit = sizeof(float) * (op == Op::kAllReduce ? 1 : n);
-      const size_t sz = bytes / unit * unit;
-      double t = time_op(op, sz, n, a, b);
+    const double bus = op == Op::kAllReduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+    if (rank == 0) {
+      std::printf("\n%s, raw MPI (%s), %d ranks\n", op_name(op), v.substr(0, v.find(',')).c_str(),
+                  n);
+      std::printf("%10s %12s %12s %12s %6s\n", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
+                  "iters");
+    }
+    for (size_t size = min_bytes; size <= max_bytes; size *= 4) {
+      int iters = 0;
+      const double t = time_op(op, size, n, seconds, a, b, &iters);
       if (rank == 0) {
-        double algbw = static_cast<double>(sz) / t / 1e9;
-        double factor = op == Op::kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
-        std::printf("%s %zu %.2f %.3f %.3f\n", op_name(op), sz, t * 1e6, algbw, algbw * factor);
+        const double algbw = static_cast<double>(size) / t / 1e9;
+        std::printf("%10s %12.1f %12.3f %12.3f %6d\n", human(size).c_str(), t * 1e6, algbw,
+                    algbw * bus, iters);
         std::fflush(stdout);
       }
     }

@@ -4,12 +4,13 @@
 // and gloo by bench/comm_compare.sh.
 //
 //   mpirun -np 4 build/bench/mpi_comm_bench [--min-bytes 1024] [--max-bytes 268435456]
+//                                           [--seconds 0.25]
 //
-// Same sizes, iterations, timing and output as mpi_allreduce_raw.cc: f32 sum,
-// 1 KiB .. 256 MiB in steps of 4x; SIZE is the whole buffer (all_reduce
-// buffer, all_gather output, reduce_scatter input); busbw = algbw x 2(n-1)/n
-// for all_reduce, x (n-1)/n for the others; the slowest rank's mean time.
-// Output: `OP SIZE_BYTES TIME_US ALGBW_GBPS BUSBW_GBPS`.
+// Measured and printed as bench/comm_bench.cc (the local backend) does: f32
+// sum, 1 KiB .. 256 MiB in steps of 4x; `size` is the larger buffer of the
+// call; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for the others; one
+// warm-up call picks the iteration count (about --seconds per size); the time
+// is the slowest rank's mean.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,9 +33,14 @@ void check(const Status& s, const std::shared_ptr<meshflow::Transport>& t) {
   if (!s.is_ok()) t->abort("mpi_comm_bench: " + s.message());
 }
 
-int iterations(size_t bytes) {
-  size_t it = (size_t{512} << 20) / bytes;
-  return static_cast<int>(it < 3 ? 3 : it > 200 ? 200 : it);
+std::string human(size_t bytes) {
+  char buf[32];
+  if (bytes >= (size_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
+  }
+  return buf;
 }
 
 enum class Op { kAllReduce, kAllGather, kReduceScatter };
@@ -48,10 +54,10 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Mean seconds per call, slowest rank.
-double time_op(Op op, size_t bytes, Communicator& comm,
+// Mean seconds per call, slowest rank; the iteration count goes to *iters.
+double time_op(Op op, size_t bytes, double seconds, Communicator& comm,
                const std::shared_ptr<meshflow::Transport>& t, std::vector<float>& a,
-               std::vector<float>& b) {
+               std::vector<float>& b, int* iters) {
   const int64_t count = static_cast<int64_t>(bytes / sizeof(float));
   const int64_t per_rank = count / comm.size();
   auto run = [&] {
@@ -67,25 +73,32 @@ double time_op(Op op, size_t bytes, Communicator& comm,
         break;
     }
   };
-  const int iters = iterations(bytes);
-  for (int i = 0; i < std::max(1, iters / 10); ++i) run();  // warm-up
+  run();  // warm-up: page faults, scratch buffers
   check(comm.barrier(), t);
-  const double t0 = now_s();
-  for (int i = 0; i < iters; ++i) run();
+  double t0 = now_s();
+  run();
+  float warm = static_cast<float>(now_s() - t0);
+  check(comm.all_reduce(&warm, 1, ReduceOp::kMax), t);
+  *iters = static_cast<int>(std::clamp(seconds / std::max(warm, 1e-7f), 2.0, 5000.0));
+  check(comm.barrier(), t);
+  t0 = now_s();
+  for (int i = 0; i < *iters; ++i) run();
   float elapsed = static_cast<float>(now_s() - t0);
   check(comm.all_reduce(&elapsed, 1, ReduceOp::kMax), t);
-  return elapsed / iters;
+  return elapsed / *iters;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t min_bytes = 1 << 10, max_bytes = size_t{256} << 20;
+  double seconds = 0.25;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--min-bytes") == 0)
       min_bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (std::strcmp(argv[i], "--max-bytes") == 0)
       max_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
   }
   meshflow::Result<std::shared_ptr<meshflow::Transport>> t = meshflow::make_mpi_transport();
   if (!t.is_ok()) {
@@ -94,25 +107,21 @@ int main(int argc, char** argv) {
   }
   auto comm = Communicator::world(*t);
   const int n = comm->size();
-  if (comm->rank() == 0) {
-    std::printf(
-        "# meshflow Communicator over the mpi transport, %d ranks, f32 sum; busbw: "
-        "all_reduce x 2(n-1)/n, all_gather and reduce_scatter x (n-1)/n\n",
-        n);
-    std::printf("# op size_bytes time_us algbw_GBps busbw_GBps\n");
-    std::fflush(stdout);
-  }
-  std::vector<float> a(max_bytes / sizeof(float), 1.0f), b(max_bytes / sizeof(float));
+  std::vector<float> a(max_bytes / sizeof(float), 0.0f), b(max_bytes / sizeof(float));
   for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter}) {
-    for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
-      const size_t unit = sizeof(float) * (op == Op::kAllReduce ? 1 : n);
-      const size_t sz = bytes / unit * unit;
-      std::fill(a.begin(), a.begin() + sz / sizeof(float), 1.0f);  // sums stay finite
-      const double sec = time_op(op, sz, *comm, *t, a, b);
+    const double bus = op == Op::kAllReduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+    if (comm->rank() == 0) {
+      std::printf("\n%s, mpi transport, %d ranks\n", op_name(op), n);
+      std::printf("%10s %12s %12s %12s %6s\n", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
+                  "iters");
+    }
+    for (size_t size = min_bytes; size <= max_bytes; size *= 4) {
+      int iters = 0;
+      const double sec = time_op(op, size, seconds, *comm, *t, a, b, &iters);
       if (comm->rank() == 0) {
-        const double algbw = static_cast<double>(sz) / sec / 1e9;
-        const double factor = op == Op::kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
-        std::printf("%s %zu %.2f %.3f %.3f\n", op_name(op), sz, sec * 1e6, algbw, algbw * factor);
+        const double algbw = static_cast<double>(size) / sec / 1e9;
+        std::printf("%10s %12.1f %12.3f %12.3f %6d\n", human(size).c_str(), sec * 1e6, algbw,
+                    algbw * bus, iters);
         std::fflush(stdout);
       }
     }

@@ -35,9 +35,15 @@ double seconds_since(Clock::time_point t0) {
 // Rank r's input element i: a(i) + b(r), integers in [-515, 515]. a has a
 // long prime period (misplaced offsets show), b differs for ranks 0..10
 // (misplaced ranks show); sums of up to 8 are exact.
-float a_of(int64_t i) { return static_cast<float>((i * 7) % 1021) - 510.f; }
-float b_of(int r) { return static_cast<float>((r * 4) % 11) - 5.f; }
-float input(int world_rank, int64_t i) { return a_of(i) + b_of(world_rank); }
+float a_of(int64_t i) {
+  return static_cast<float>((i * 7) % 1021) - 510.f;
+}
+float b_of(int r) {
+  return static_cast<float>((r * 4) % 11) - 5.f;
+}
+float input(int world_rank, int64_t i) {
+  return a_of(i) + b_of(world_rank);
+}
 
 std::vector<float> inputs(int world_rank, int64_t n, int64_t first = 0) {
   std::vector<float> v(n);
@@ -78,8 +84,8 @@ Status check_collectives(Communicator& c, int64_t total) {
                            [&](int64_t i) { return n * a_of(i) + sum_b; }));
   x = inputs(w, total);
   MF_RETURN_IF_ERROR(c.all_reduce(x.data(), total, ReduceOp::kMax));
-  MF_RETURN_IF_ERROR(check(c, "all_reduce max" + at, x.data(), total,
-                           [&](int64_t i) { return a_of(i) + max_b; }));
+  MF_RETURN_IF_ERROR(
+      check(c, "all_reduce max" + at, x.data(), total, [&](int64_t i) { return a_of(i) + max_b; }));
 
   // broadcast, from a root that changes with the size
   const int root = static_cast<int>(total % n);
@@ -92,9 +98,8 @@ Status check_collectives(Communicator& c, int64_t total) {
   const int64_t per = std::max<int64_t>(1, total / n);
   std::vector<float> in = inputs(w, per), out(per * n, -1.f);
   MF_RETURN_IF_ERROR(c.all_gather(in.data(), per, out.data()));
-  MF_RETURN_IF_ERROR(check(c, "all_gather" + at, out.data(), per * n, [&](int64_t i) {
-    return input(members[i / per], i % per);
-  }));
+  MF_RETURN_IF_ERROR(check(c, "all_gather" + at, out.data(), per * n,
+                           [&](int64_t i) { return input(members[i / per], i % per); }));
   in = inputs(w, per * n);
   out.assign(per, -1.f);
   MF_RETURN_IF_ERROR(c.reduce_scatter(in.data(), per, out.data(), ReduceOp::kSum));
@@ -105,9 +110,8 @@ Status check_collectives(Communicator& c, int64_t total) {
                            [&](int64_t i) { return a_of(me * per + i) + max_b; }));
   out.assign(per * n, -1.f);
   MF_RETURN_IF_ERROR(c.all_to_all(in.data(), per, out.data()));
-  MF_RETURN_IF_ERROR(check(c, "all_to_all" + at, out.data(), per * n, [&](int64_t i) {
-    return input(members[i / per], me * per + i % per);
-  }));
+  MF_RETURN_IF_ERROR(check(c, "all_to_all" + at, out.data(), per * n,
+                           [&](int64_t i) { return input(members[i / per], me * per + i % per); }));
 
   // the _v forms: uneven counts, some of them empty
   std::vector<int64_t> counts(n), offsets(n);
@@ -223,9 +227,15 @@ void check_mesh(int rows, int cols) {
   EXPECT_TRUE(s.is_ok()) << s.message();
 }
 
-TEST(CommMesh, Rows2Cols2) { check_mesh(2, 2); }
-TEST(CommMesh, Rows2Cols3) { check_mesh(2, 3); }
-TEST(CommMesh, Rows4Cols2) { check_mesh(4, 2); }
+TEST(CommMesh, Rows2Cols2) {
+  check_mesh(2, 2);
+}
+TEST(CommMesh, Rows2Cols3) {
+  check_mesh(2, 3);
+}
+TEST(CommMesh, Rows4Cols2) {
+  check_mesh(4, 2);
+}
 
 TEST(CommMesh, SplittingTheSameMembersTwiceGivesTwoGroups) {
   Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
@@ -277,8 +287,9 @@ TEST(CommAsync, OverlappedCollectivesAllComplete) {
     for (size_t k = 0; k < sizes.size(); ++k)
       MF_RETURN_IF_ERROR(check(*c, "async all_reduce " + std::to_string(sizes[k]), bufs[k].data(),
                                sizes[k], [&](int64_t i) { return n * a_of(i) + sum_b; }));
-    MF_RETURN_IF_ERROR(check(*c, "async all_gather", ag_out.data(), 1001 * n,
-                             [&](int64_t i) { return input(static_cast<int>(i / 1001), i % 1001); }));
+    MF_RETURN_IF_ERROR(check(*c, "async all_gather", ag_out.data(), 1001 * n, [&](int64_t i) {
+      return input(static_cast<int>(i / 1001), i % 1001);
+    }));
     MF_RETURN_IF_ERROR(check(*c, "async reduce_scatter", rs_out.data(), 5003,
                              [&](int64_t i) { return n * a_of(w * 5003 + i) + sum_b; }));
     float max_b = b_of(0);
@@ -378,7 +389,8 @@ TEST(CommFailure, ThrowingRankStopsEveryBlockedRank) {
   for (int r : {0, 1, 3}) {
     ASSERT_FALSE(per_rank[r].is_ok());
     EXPECT_EQ(per_rank[r].code(), StatusCode::kUnavailable);
-    EXPECT_TRUE(HasSubstr(per_rank[r].message(), "rank 2 failed: uncaught exception: out of memory"));
+    EXPECT_TRUE(
+        HasSubstr(per_rank[r].message(), "rank 2 failed: uncaught exception: out of memory"));
     EXPECT_TRUE(HasSubstr(per_rank[r].message(), "all_reduce(300001 floats, sum)"));
   }
 }
@@ -488,8 +500,10 @@ TEST(CommFailure, TimeoutFromEnvironment) {
   EXPECT_TRUE(HasSubstr(s.message(), "timed out after 0.15 s")) << s.message();
   setenv("MESHFLOW_COMM_TIMEOUT_S", "soon", 1);
   EXPECT_DOUBLE_EQ(comm_timeout_s(), 30.0);
-  if (old) setenv("MESHFLOW_COMM_TIMEOUT_S", saved.c_str(), 1);
-  else unsetenv("MESHFLOW_COMM_TIMEOUT_S");
+  if (old)
+    setenv("MESHFLOW_COMM_TIMEOUT_S", saved.c_str(), 1);
+  else
+    unsetenv("MESHFLOW_COMM_TIMEOUT_S");
 }
 
 // ---- user errors -------------------------------------------------------------------------------
@@ -504,7 +518,8 @@ TEST(CommErrors, SizeMismatchFailsBothEnds) {
         return t->rank() == 0 ? c->send(x.data(), 4, 1) : c->recv(x.data(), 8, 0);
       },
       {}, &per_rank);
-  EXPECT_TRUE(HasSubstr(per_rank[0].message(), "size mismatch: sent 16 bytes, the receiver expected 32"))
+  EXPECT_TRUE(
+      HasSubstr(per_rank[0].message(), "size mismatch: sent 16 bytes, the receiver expected 32"))
       << per_rank[0].message();
   EXPECT_TRUE(HasSubstr(per_rank[1].message(), "got a message of 16 bytes, expected 32"))
       << per_rank[1].message();
@@ -532,7 +547,8 @@ TEST(CommErrors, BadArgumentsNameWhatIsValid) {
         expect(c->reduce_scatter_v(x, {1, -2, 1}, x, ReduceOp::kSum), "count of rank 1 is -2"));
     MF_RETURN_IF_ERROR(expect(c->all_to_all(x, 2, x), "in and out overlap"));
     MF_RETURN_IF_ERROR(expect(c->send(x, 1, t->rank()), "the peer must be another rank in [0, 3)"));
-    MF_RETURN_IF_ERROR(expect(c->all_reduce_async(nullptr, 4, ReduceOp::kSum).wait(), "null buffer"));
+    MF_RETURN_IF_ERROR(
+        expect(c->all_reduce_async(nullptr, 4, ReduceOp::kSum).wait(), "null buffer"));
     MF_RETURN_IF_ERROR(expect(t->send(t->rank(), 0, x, 4), "the peer must be another rank"));
     return c->barrier();  // still usable: nothing was sent
   });

@@ -15,10 +15,10 @@
 namespace meshflow {
 namespace {
 
-constexpr int64_t kSegmentFloats = 256 * 1024;          // 1 MiB: ring reduce segment
-constexpr int64_t kSmallAllReduceFloats = 16 * 1024;    // 64 KiB: tree all_reduce up to this
-constexpr int64_t kSmallBroadcastFloats = 16 * 1024;    // 64 KiB: tree broadcast up to this
-constexpr uint64_t kPointToPointBit = 0x80000000u;      // in the low 32 bits of a tag
+constexpr int64_t kSegmentFloats = 256 * 1024;        // 1 MiB: ring reduce segment
+constexpr int64_t kSmallAllReduceFloats = 4 * 1024;   // x group size: tree all_reduce up to this
+constexpr int64_t kSmallBroadcastFloats = 16 * 1024;  // 64 KiB: tree broadcast up to this
+constexpr uint64_t kPointToPointBit = 0x80000000u;    // in the low 32 bits of a tag
 constexpr uint64_t kSequenceMask = 0x7fffffffu;
 
 // dst[i] = recv[i] op own[i]; dst may be own.
@@ -35,7 +35,9 @@ void combine(float* dst, const float* recv, const float* own, int64_t n, ReduceO
   }
 }
 
-const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+const char* op_name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "max";
+}
 
 // Chunk c of a buffer: [offset[c], offset[c] + count[c]).
 struct Chunks {
@@ -165,8 +167,8 @@ Status tree_broadcast(Ring& g, float* data, int64_t count, int root) {
         MF_RETURN_IF_ERROR(
             g.t.send(g.world[g.mod(root + v + mask)], g.tag, data, count * sizeof(float)));
     } else if (v < 2 * mask) {
-      MF_RETURN_IF_ERROR(g.t.recv(g.world[g.mod(root + v - mask)], g.tag, data,
-                                  count * sizeof(float)));
+      MF_RETURN_IF_ERROR(
+          g.t.recv(g.world[g.mod(root + v - mask)], g.tag, data, count * sizeof(float)));
     }
   }
   return Status::ok();
@@ -208,7 +210,8 @@ Status tree_all_reduce(Ring& g, float* data, int64_t count, ReduceOp op) {
 }
 
 Status bad_count(const std::string& what, int64_t count, const void* p) {
-  if (count < 0) return Status::invalid(what + ": count must be >= 0, got " + std::to_string(count));
+  if (count < 0)
+    return Status::invalid(what + ": count must be >= 0, got " + std::to_string(count));
   if (count > 0 && p == nullptr) return Status::invalid(what + ": null buffer");
   return Status::ok();
 }
@@ -292,8 +295,8 @@ std::shared_ptr<Communicator> Communicator::world(std::shared_ptr<Transport> t) 
 }
 
 Result<std::shared_ptr<Communicator>> Communicator::split(const std::vector<int>& group_ranks) {
-  const std::string what = "split " + list_str(group_ranks) + " of a group of " +
-                           std::to_string(size()) + " ranks";
+  const std::string what =
+      "split " + list_str(group_ranks) + " of a group of " + std::to_string(size()) + " ranks";
   if (group_ranks.empty()) return Status::invalid(what + ": the list is empty");
   std::vector<int> world_list;
   for (int r : group_ranks) {
@@ -359,8 +362,8 @@ Work ready_work(Status s) {
 
 Status check_counts(const std::string& what, const std::vector<int64_t>& counts, int n) {
   if (static_cast<int>(counts.size()) != n)
-    return Status::invalid(what + ": " + std::to_string(counts.size()) +
-                           " counts for a group of " + std::to_string(n) + " ranks");
+    return Status::invalid(what + ": " + std::to_string(counts.size()) + " counts for a group of " +
+                           std::to_string(n) + " ranks");
   for (size_t i = 0; i < counts.size(); ++i)
     if (counts[i] < 0)
       return Status::invalid(what + ": count of rank " + std::to_string(i) + " is " +
@@ -376,19 +379,19 @@ namespace {
 
 Status all_reduce_on(Ring& g, float* data, int64_t count, ReduceOp op) {
   if (g.n == 1 || count == 0) return Status::ok();
-  if (count <= kSmallAllReduceFloats || count < g.n) return tree_all_reduce(g, data, count, op);
+  // The choice depends on (count, n) only, so every backend makes the same one.
+  if (count <= kSmallAllReduceFloats * g.n) return tree_all_reduce(g, data, count, op);
   Chunks ch = even_chunks(count, g.n);
   auto at = [&](int, int c) { return data + ch.offset[c]; };
-  MF_RETURN_IF_ERROR(
-      ring_reduce_scatter(g, ch, op, at, [&](int c) { return data + ch.offset[c]; }, at));
+  MF_RETURN_IF_ERROR(ring_reduce_scatter(
+      g, ch, op, at, [&](int c) { return data + ch.offset[c]; }, at));
   return ring_all_gather(g, ch, data);
 }
 
 }  // namespace
 
 Status Communicator::all_reduce(float* data, int64_t count, ReduceOp op) {
-  const std::string what =
-      "all_reduce(" + std::to_string(count) + " floats, " + op_name(op) + ")";
+  const std::string what = "all_reduce(" + std::to_string(count) + " floats, " + op_name(op) + ")";
   MF_RETURN_IF_ERROR(bad_count(what, count, data));
   return run_now(what, [&](uint64_t tag) {
     Ring g{*t_, ranks_, rank_, size(), tag, impl_->seg};
@@ -413,8 +416,7 @@ namespace {
 
 Status all_gather_chunks(Ring& g, const Chunks& ch, const float* in, float* out) {
   float* mine = out + ch.offset[g.me];
-  if (in != mine && ch.count[g.me] > 0)
-    std::memmove(mine, in, ch.count[g.me] * sizeof(float));
+  if (in != mine && ch.count[g.me] > 0) std::memmove(mine, in, ch.count[g.me] * sizeof(float));
   if (g.n == 1) return Status::ok();
   return ring_all_gather(g, ch, out);
 }
@@ -432,8 +434,7 @@ Status reduce_scatter_chunks(Ring& g, const Chunks& ch, const float* in, float* 
   const int last = g.n - 2;
   return ring_reduce_scatter(
       g, ch, op, [&](int s, int c) -> const float* { return s == 0 ? in + ch.offset[c] : a; },
-      [&](int c) { return in + ch.offset[c]; },
-      [&](int s, int) { return s == last ? out : a; });
+      [&](int c) { return in + ch.offset[c]; }, [&](int s, int) { return s == last ? out : a; });
 }
 
 }  // namespace
@@ -475,8 +476,8 @@ Status Communicator::all_gather_v(const float* in, const std::vector<int64_t>& c
 
 Status Communicator::reduce_scatter(const float* in, int64_t count_per_rank, float* out,
                                     ReduceOp op) {
-  const std::string what = "reduce_scatter(" + std::to_string(count_per_rank) + " floats per rank, " +
-                           op_name(op) + ")";
+  const std::string what =
+      "reduce_scatter(" + std::to_string(count_per_rank) + " floats per rank, " + op_name(op) + ")";
   MF_RETURN_IF_ERROR(bad_count(what, count_per_rank, in));
   MF_RETURN_IF_ERROR(bad_count(what, count_per_rank, out));
   return run_now(what, [&](uint64_t tag) {
@@ -521,7 +522,9 @@ Status Communicator::all_to_all(const float* in, int64_t count_per_rank, float* 
   MF_RETURN_IF_ERROR(bad_count(what, count_per_rank, in));
   MF_RETURN_IF_ERROR(bad_count(what, count_per_rank, out));
   const int64_t total = count_per_rank * size();
-  if (total > 0 && in < out + total && out < in + total)
+  const auto lo = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  const uintptr_t bytes = static_cast<uintptr_t>(total) * sizeof(float);
+  if (total > 0 && lo(in) < lo(out) + bytes && lo(out) < lo(in) + bytes)
     return Status::invalid(what + ": in and out overlap; all_to_all needs separate buffers");
   return run_now(what, [&](uint64_t tag) {
     Ring g{*t_, ranks_, rank_, size(), tag, impl_->seg};
@@ -551,38 +554,35 @@ Status Communicator::broadcast(float* data, int64_t count, int root) {
 }
 
 Status Communicator::send(const float* data, int64_t count, int peer) {
-  const std::string what = "send(" + std::to_string(count) + " floats to rank " +
-                           std::to_string(peer) + ")";
+  const std::string what =
+      "send(" + std::to_string(count) + " floats to rank " + std::to_string(peer) + ")";
   MF_RETURN_IF_ERROR(bad_count(what, count, data));
   if (peer < 0 || peer >= size() || peer == rank_)
     return Status::invalid(what + ": the peer must be another rank in [0, " +
                            std::to_string(size()) + ")");
   impl_->drain();
   const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
-  return t_->send(ranks_[peer], tag, data, count * sizeof(float))
-      .with_context(what + where());
+  return t_->send(ranks_[peer], tag, data, count * sizeof(float)).with_context(what + where());
 }
 
 Status Communicator::recv(float* data, int64_t count, int peer) {
-  const std::string what = "recv(" + std::to_string(count) + " floats from rank " +
-                           std::to_string(peer) + ")";
+  const std::string what =
+      "recv(" + std::to_string(count) + " floats from rank " + std::to_string(peer) + ")";
   MF_RETURN_IF_ERROR(bad_count(what, count, data));
   if (peer < 0 || peer >= size() || peer == rank_)
     return Status::invalid(what + ": the peer must be another rank in [0, " +
                            std::to_string(size()) + ")");
   impl_->drain();
   const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
-  return t_->recv(ranks_[peer], tag, data, count * sizeof(float))
-      .with_context(what + where());
+  return t_->recv(ranks_[peer], tag, data, count * sizeof(float)).with_context(what + where());
 }
 
 Status Communicator::barrier() {
   return run_now("barrier", [&](uint64_t tag) {
     Ring g{*t_, ranks_, rank_, size(), tag, impl_->seg};
     for (int k = 1; k < g.n; k <<= 1)
-      MF_RETURN_IF_ERROR(
-          t_->send_recv(g.world[g.mod(g.me + k)], nullptr, 0, g.world[g.mod(g.me - k)], nullptr,
-                        0, tag));
+      MF_RETURN_IF_ERROR(t_->send_recv(g.world[g.mod(g.me + k)], nullptr, 0,
+                                       g.world[g.mod(g.me - k)], nullptr, 0, tag));
     return Status::ok();
   });
 }

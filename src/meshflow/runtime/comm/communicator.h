@@ -8,7 +8,8 @@
 //
 // Algorithms (fixed order, so results do not depend on timing or backend):
 //   all_reduce      ring: reduce_scatter then all_gather (2(n-1)/n of the bytes per rank);
-//                   up to 64 KiB: binomial-tree reduce to group rank 0, then tree broadcast
+//                   up to 16 KiB * n: binomial-tree reduce to group rank 0, then tree
+//                   broadcast (the choice depends on count and n only, never on the backend)
 //   reduce_scatter  ring; chunk c ends on group rank c, folded in ring order
 //                   x[c+1] + x[c+2] + ... + x[c] (indices mod n, left to right);
 //                   large chunks go in 1 MiB segments so the received data is

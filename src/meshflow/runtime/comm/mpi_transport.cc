@@ -41,9 +41,11 @@ Result<std::shared_ptr<Transport>> make_mpi_transport() {
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace meshflow {
@@ -126,97 +128,67 @@ int chunk_len(size_t bytes, size_t chunk, int i) {
   return static_cast<int>(std::min(chunk, bytes - static_cast<size_t>(i) * chunk));
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Up to one header or inline receive plus the sends and payload receives of
+// one call (more only for payloads over many chunks).
+using Requests = std::vector<MPI_Request>;
+
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, int rank, int size, int tag_bits, size_t chunk_bytes)
+  MpiTransport(MPI_Comm comm, int rank, int size, int tag_bits, size_t chunk_bytes,
+               double timeout_s)
       : comm_(comm),
         rank_(rank),
         size_(size),
         tag_mask_((uint64_t{1} << tag_bits) - 1),
-        chunk_(chunk_bytes) {}
+        chunk_(chunk_bytes),
+        timeout_s_(timeout_s) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
   Status send(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    MF_RETURN_IF_ERROR(check_peer(peer, "send"));
-    const int mtag = mpi_tag(tag);
-    std::vector<char>& buf = staging(0);
-    const int head = pack(buf.data(), tag, data, bytes);
-    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Send(buf.data(), head, MPI_BYTE, peer, mtag, comm_))));
-    if (bytes <= kInlineBytes) return Status::ok();
-    const char* p = static_cast<const char*>(data);
-    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
-      MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(
-          MPI_Send(p + i * chunk_, chunk_len(bytes, chunk_, i), MPI_BYTE, peer, mtag, comm_))));
-    }
-    return Status::ok();
+    MF_RETURN_IF_ERROR(check_peer(peer, "send", data, bytes));
+    Requests reqs;
+    MF_RETURN_IF_ERROR(post_send(peer, tag, data, bytes, staging(0), reqs));
+    return wait(reqs, nullptr, "send", "to", peer, tag, bytes);
   }
 
   Status recv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    MF_RETURN_IF_ERROR(check_peer(peer, "recv"));
-    const int mtag = mpi_tag(tag);
+    MF_RETURN_IF_ERROR(check_peer(peer, "recv", data, bytes));
+    Requests reqs(1);
     std::vector<char>& buf = staging(1);
+    MF_RETURN_IF_ERROR(post_head_recv(peer, tag, buf, &reqs[0]));
     MPI_Status st;
-    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(
-        MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, peer, mtag, comm_, &st))));
+    MF_RETURN_IF_ERROR(wait(reqs, &st, "recv", "from", peer, tag, bytes));
     MF_RETURN_IF_ERROR(unpack(buf.data(), st, peer, tag, data, bytes));
-    if (bytes <= kInlineBytes) return Status::ok();
-    char* p = static_cast<char*>(data);
-    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
-      MF_RETURN_IF_ERROR(
-          fail(MF_MPI_CALL(MPI_Recv(p + i * chunk_, chunk_len(bytes, chunk_, i), MPI_BYTE, peer,
-                                    mtag, comm_, MPI_STATUS_IGNORE))));
-    }
-    return Status::ok();
+    reqs.clear();
+    MF_RETURN_IF_ERROR(post_payload_recv(peer, tag, data, bytes, reqs));
+    return wait(reqs, nullptr, "recv", "from", peer, tag, bytes);
   }
 
-  // Non-blocking sends and receives completed together, so a ring where every
-  // rank calls this at once cannot deadlock whether MPI buffers or not.
+  // Sends and receives are all non-blocking and completed together, so a
+  // ring where every rank calls this at once cannot deadlock whether MPI
+  // buffers or not.
   Status send_recv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
                    void* recv_data, size_t recv_bytes, uint64_t tag) override {
-    MF_RETURN_IF_ERROR(check_peer(send_peer, "send_recv (send)"));
-    MF_RETURN_IF_ERROR(check_peer(recv_peer, "send_recv (recv)"));
-    const int mtag = mpi_tag(tag);
-    std::vector<char>& sbuf = staging(0);
+    MF_RETURN_IF_ERROR(check_peer(send_peer, "send_recv (send)", send_data, send_bytes));
+    MF_RETURN_IF_ERROR(check_peer(recv_peer, "send_recv (recv)", recv_data, recv_bytes));
     std::vector<char>& rbuf = staging(1);
-    std::vector<MPI_Request> reqs;  // sends first, then the payload receives
-    MPI_Request head_req;
-    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Irecv(rbuf.data(), static_cast<int>(rbuf.size()),
-                                                  MPI_BYTE, recv_peer, mtag, comm_, &head_req))));
-    const int head = pack(sbuf.data(), tag, send_data, send_bytes);
-    reqs.emplace_back();
-    MF_RETURN_IF_ERROR(fail(
-        MF_MPI_CALL(MPI_Isend(sbuf.data(), head, MPI_BYTE, send_peer, mtag, comm_, &reqs.back()))));
-    if (send_bytes > kInlineBytes) {
-      const char* p = static_cast<const char*>(send_data);
-      for (int i = 0; i < num_chunks(send_bytes, chunk_); ++i) {
-        reqs.emplace_back();
-        MF_RETURN_IF_ERROR(
-            fail(MF_MPI_CALL(MPI_Isend(p + i * chunk_, chunk_len(send_bytes, chunk_, i), MPI_BYTE,
-                                       send_peer, mtag, comm_, &reqs.back()))));
-      }
-    }
+    Requests head(1), reqs;
+    MF_RETURN_IF_ERROR(post_head_recv(recv_peer, tag, rbuf, &head[0]));
+    MF_RETURN_IF_ERROR(post_send(send_peer, tag, send_data, send_bytes, staging(0), reqs));
     MPI_Status st;
-    MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Wait(&head_req, &st))));
+    MF_RETURN_IF_ERROR(wait(head, &st, "send_recv", "from", recv_peer, tag, recv_bytes));
     Status s = unpack(rbuf.data(), st, recv_peer, tag, recv_data, recv_bytes);
     if (!s.is_ok()) {
-      // The sends may never be received; let them finish in the background.
-      for (MPI_Request& r : reqs) MPI_Request_free(&r);
+      release(reqs);  // the sends may never be received
       return s;
     }
-    if (recv_bytes > kInlineBytes) {
-      char* p = static_cast<char*>(recv_data);
-      for (int i = 0; i < num_chunks(recv_bytes, chunk_); ++i) {
-        reqs.emplace_back();
-        MF_RETURN_IF_ERROR(
-            fail(MF_MPI_CALL(MPI_Irecv(p + i * chunk_, chunk_len(recv_bytes, chunk_, i), MPI_BYTE,
-                                       recv_peer, mtag, comm_, &reqs.back()))));
-      }
-    }
-    return fail(
-        MF_MPI_CALL(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE)));
+    MF_RETURN_IF_ERROR(post_payload_recv(recv_peer, tag, recv_data, recv_bytes, reqs));
+    return wait(reqs, nullptr, "send_recv", "with", recv_peer, tag, recv_bytes);
   }
 
   void abort(const std::string& reason) override {
@@ -234,10 +206,107 @@ class MpiTransport final : public Transport {
  private:
   int mpi_tag(uint64_t tag) const { return static_cast<int>(mix64(tag) & tag_mask_); }
 
-  Status check_peer(int peer, const char* what) const {
-    if (peer >= 0 && peer < size_) return Status::ok();
-    return Status::invalid(rank_name() + ": " + what + " to/from rank " + std::to_string(peer) +
-                           ", but the MPI job has ranks 0.." + std::to_string(size_ - 1));
+  Status check_peer(int peer, const char* what, const void* data, size_t bytes) const {
+    if (peer < 0 || peer >= size_) {
+      return Status::invalid(rank_name() + ": " + what + " to/from rank " + std::to_string(peer) +
+                             ", but the MPI job has ranks 0.." + std::to_string(size_ - 1));
+    }
+    if (data == nullptr && bytes > 0) {
+      return Status::invalid(rank_name() + ": " + what + " with rank " + std::to_string(peer) +
+                             ": null buffer for " + std::to_string(bytes) + " bytes");
+    }
+    return Status::ok();
+  }
+
+  // Isends the header message (with the payload when it is inline) and the
+  // payload chunks; appends their requests.
+  Status post_send(int peer, uint64_t tag, const void* data, size_t bytes, std::vector<char>& buf,
+                   Requests& reqs) {
+    const int mtag = mpi_tag(tag);
+    const int head = pack(buf.data(), tag, data, bytes);
+    reqs.emplace_back();
+    MF_RETURN_IF_ERROR(
+        fail(MF_MPI_CALL(MPI_Isend(buf.data(), head, MPI_BYTE, peer, mtag, comm_, &reqs.back()))));
+    if (bytes <= kInlineBytes) return Status::ok();
+    const char* p = static_cast<const char*>(data);
+    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
+      reqs.emplace_back();
+      MF_RETURN_IF_ERROR(fail(MF_MPI_CALL(MPI_Isend(p + i * chunk_, chunk_len(bytes, chunk_, i),
+                                                    MPI_BYTE, peer, mtag, comm_, &reqs.back()))));
+    }
+    return Status::ok();
+  }
+
+  // Irecvs the next header message from `peer` into buf (room for any inline payload).
+  Status post_head_recv(int peer, uint64_t tag, std::vector<char>& buf, MPI_Request* req) {
+    return fail(MF_MPI_CALL(MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, peer,
+                                      mpi_tag(tag), comm_, req)));
+  }
+
+  // Irecvs the payload chunks that follow a header (none when it was inline).
+  Status post_payload_recv(int peer, uint64_t tag, void* data, size_t bytes, Requests& reqs) {
+    if (bytes <= kInlineBytes) return Status::ok();
+    char* p = static_cast<char*>(data);
+    for (int i = 0; i < num_chunks(bytes, chunk_); ++i) {
+      reqs.emplace_back();
+      MF_RETURN_IF_ERROR(
+          fail(MF_MPI_CALL(MPI_Irecv(p + i * chunk_, chunk_len(bytes, chunk_, i), MPI_BYTE, peer,
+                                     mpi_tag(tag), comm_, &reqs.back()))));
+    }
+    return Status::ok();
+  }
+
+  // Completes every request, polling MPI so that a peer that never answers
+  // is an error after the timeout, not a hang. Polls flat out for the first
+  // 100 us (a ring partner is usually there), then yields the core between
+  // polls, and after 5 ms sleeps 50 us between them, so a progress thread
+  // that waits long does not take a core from the computation it overlaps.
+  // `status` receives the first request's status.
+  Status wait(Requests& reqs, MPI_Status* status, const char* call, const char* dir, int peer,
+              uint64_t tag, size_t bytes) {
+    if (reqs.empty()) return Status::ok();
+    const Clock::time_point start = Clock::now();
+    const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(timeout_s_));
+    std::vector<MPI_Status> statuses(status ? reqs.size() : 0);
+    for (uint32_t polls = 0;; ++polls) {
+      int done = 0;
+      MF_RETURN_IF_ERROR(
+          fail(MF_MPI_CALL(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
+                                       status ? statuses.data() : MPI_STATUSES_IGNORE))));
+      if (done) {
+        if (status) *status = statuses[0];
+        return Status::ok();
+      }
+      if (polls < 64) continue;
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) break;
+      if (now - start < std::chrono::microseconds(100)) continue;
+      if (now - start < std::chrono::milliseconds(5)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    release(reqs);
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", timeout_s_);
+    return fail(Status::unavailable(
+        rank_name() + ": " + call + " of " + std::to_string(bytes) + " bytes " + dir + " rank " +
+        std::to_string(peer) + " (tag " + hex(tag) + ") timed out after " + secs + " s: rank " +
+        std::to_string(peer) + " is stuck, or issued different collectives " +
+        "(MESHFLOW_COMM_TIMEOUT_S sets the limit)"));
+  }
+
+  // Gives up on requests that will not complete (after an error): receives
+  // are cancelled, and all are freed so MPI finishes or drops them alone.
+  static void release(Requests& reqs) {
+    for (MPI_Request& r : reqs) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    reqs.clear();
   }
 
   // Writes the header, and the payload when it goes inline; returns the
@@ -285,7 +354,8 @@ class MpiTransport final : public Transport {
   int rank_;
   int size_;
   uint64_t tag_mask_;
-  size_t chunk_;  // largest payload per MPI message
+  size_t chunk_;      // largest payload per MPI message
+  double timeout_s_;  // a wait longer than this fails (comm_timeout_s())
   mutable std::mutex mu_;
   Status failure_;
 };
@@ -376,7 +446,8 @@ Result<std::shared_ptr<Transport>> create() {
     }
     chunk = static_cast<size_t>(want);
   }
-  return std::shared_ptr<Transport>(std::make_shared<MpiTransport>(comm, rank, size, bits, chunk));
+  return std::shared_ptr<Transport>(
+      std::make_shared<MpiTransport>(comm, rank, size, bits, chunk, comm_timeout_s()));
 }
 
 }  // namespace

@@ -12,8 +12,11 @@
 // tag); messages between one pair with one tag arrive in order. A send may
 // complete before the matching recv is posted (the backend buffers) or wait
 // for it (rendezvous); algorithms must not rely on either.
-// Sending to oneself is an error; a zero-byte message is a valid message
-// (it still has to be matched). A size mismatch between a matched send and
+// Sending to oneself is an error; a zero-byte message (data may be null) is
+// a valid message that still has to be matched; when send or send_recv
+// returns, the send buffer may be reused.
+// Threads: several threads of one rank call in at once (each communicator's
+// progress thread and the caller), always with different tags. A size mismatch between a matched send and
 // recv fails both calls.
 // Failure: abort(reason) on any rank makes every blocked and future call on
 // every rank return Status::unavailable("rank R failed: reason"), so no rank
@@ -36,8 +39,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual int rank() const = 0;   // in the world
-  virtual int size() const = 0;   // world size
+  virtual int rank() const = 0;             // in the world
+  virtual int size() const = 0;             // world size
   virtual std::string backend() const = 0;  // "local" | "mpi"
 
   // Tags: the communicator puts its group id and a sequence number in them so
@@ -62,6 +65,8 @@ double comm_timeout_s();
 
 struct LocalTransportOptions {
   double timeout_s = 0;  // wait limit of a blocked call; <= 0: comm_timeout_s()
+  // Microseconds a waiting rank polls (yielding its core) before it sleeps.
+  double spin_us = 50;
 };
 
 // N transports sharing one process (the embedded default): transport i is

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# End-to-end data-parallel checks through the CLI (registered by tests/dp.cmake):
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN equal      --ranks 2 and mpirun -np 2: identical losses and weights
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN local-throw  a rank that throws stops every rank, non-zero, names it
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-kill     a SIGKILLed process ends the job non-zero within 30 s
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-throw    a rank that throws ends the job non-zero, names it
+set -uo pipefail
+BIN=$1 MPIRUN=$2 MODE=$3
+MPI="$MPIRUN --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/run.json" <<'JSON'
+{"model": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 16, "vocab_size": 256},
+ "data": {"dataset": "fortunes"},
+ "train": {"steps": 4, "batch_size": 8, "seq_len": 16, "threads": 2, "log_every": 1, "eval_batches": 2,
+           "bucket_mib": 0.02},
+ "optimizer": {"type": "adamw", "lr": 1e-3}}
+JSON
+fail() { echo "FAIL: $*"; exit 1; }
+losses() { grep -v '"eval"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+
+case $MODE in
+  equal)
+    "$BIN" train "$dir/run.json" --ranks 2 --quiet --metrics "$dir/local.jsonl" --checkpoint "$dir/local.safetensors" \
+      || fail "local run failed"
+    timeout 120 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet --metrics "$dir/mpi.jsonl" \
+      --checkpoint "$dir/mpi.safetensors" || fail "mpi run failed"
+    losses "$dir/local.jsonl" > "$dir/l.txt"; losses "$dir/mpi.jsonl" > "$dir/m.txt"
+    [ "$(wc -l < "$dir/l.txt")" -eq 4 ] || fail "expected 4 step records, got: $(cat "$dir/l.txt")"
+    diff "$dir/l.txt" "$dir/m.txt" || fail "losses differ between --ranks 2 and mpirun -np 2"
+    cmp "$dir/local.safetensors" "$dir/mpi.safetensors" || fail "weights differ between --ranks 2 and mpirun -np 2"
+    echo "identical losses: $(tr '\n' ' ' < "$dir/l.txt")and identical weights" ;;
+  local-throw)
+    start=$(date +%s)
+    out=$(MESHFLOW_INJECT_FAULT=1:1:throw timeout 60 "$BIN" train "$dir/run.json" --ranks 4 --quiet 2>&1); rc=$?
+    el=$(( $(date +%s) - start ))
+    echo "$out"
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit code $rc"
+    [ $el -lt 30 ] || fail "took ${el}s"
+    echo "$out" | grep -q "rank 1" || fail "message does not name rank 1"
+    echo "$out" | grep -q "injected fault" || fail "message does not say what failed" ;;
+  mpi-kill|mpi-throw)
+    kind=${MODE#mpi-}
+    start=$(date +%s)
+    out=$(MESHFLOW_INJECT_FAULT=1:1:$kind timeout 60 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet 2>&1); rc=$?
+    el=$(( $(date +%s) - start ))
+    echo "$out" | tail -20
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit code $rc (124 = hung until timeout)"
+    [ $el -lt 30 ] || fail "took ${el}s"
+    echo "$out" | grep -qiE "rank 1|rank: 1" || fail "output does not name rank 1"
+    [ "$kind" = kill ] || echo "$out" | grep -q "injected fault" || fail "output does not say what failed" ;;
+  *) fail "unknown mode $MODE" ;;
+esac
+echo "PASS $MODE"
