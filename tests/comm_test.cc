@@ -254,6 +254,21 @@ TEST(CommMesh, SplittingTheSameMembersTwiceGivesTwoGroups) {
   EXPECT_TRUE(s.is_ok()) << s.message();
 }
 
+TEST(CommMesh, TwoWorldGroupsOfOneTransportKeepApart) {
+  Status s = run_local_ranks(3, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto a = Communicator::world(t);
+    auto b = Communicator::world(t);
+    if (a->group_id() == b->group_id()) return Status::internal("same group id twice");
+    std::vector<float> x(100, 1.f), y(100, 1.f + t->rank());
+    Work wa = a->all_reduce_async(x.data(), 100, ReduceOp::kSum);
+    MF_RETURN_IF_ERROR(b->all_reduce(y.data(), 100, ReduceOp::kMax));
+    MF_RETURN_IF_ERROR(wa.wait());
+    if (x[99] != 3.f || y[99] != 3.f) return Status::internal("the two groups' messages crossed");
+    return Status::ok();
+  });
+  EXPECT_TRUE(s.is_ok()) << s.message();
+}
+
 // Several async all_reduces (tree and ring sizes) plus an async all_gather and
 // reduce_scatter in flight while the rank computes; then a blocking one, which
 // runs after them.

@@ -5,8 +5,8 @@
 # send/recv/send_recv, every collective of the Communicator over the mpi
 # transport (each rank checks its own result), and the same all_reduce under
 # the local backend in-process, compared bit for bit. Failure tests check that
-# a rank that aborts, throws or is SIGKILLed ends the whole job non-zero within
-# 30 s with a message naming it. Every mpirun runs under `timeout 60`, so a hang
+# a rank that aborts, throws, is SIGKILLed or stops communicating ends the
+# whole job non-zero within 30 s with a message naming it. Every mpirun runs under `timeout 60`, so a hang
 # fails the test instead of blocking CI.
 #
 #   ctest -L mpi --output-on-failure
@@ -67,18 +67,19 @@ set_tests_properties(mpi_small_tags_chunks_np3 PROPERTIES
   LABELS mpi TIMEOUT 90 PROCESSORS 2
   ENVIRONMENT "${_mf_mpi_env};MESHFLOW_MPI_TAG_BITS=15;MESHFLOW_MPI_CHUNK_BYTES=65536")
 
-# Failure: rank 1 calls Transport::abort, throws (main returns 1), or is
-# SIGKILLed in the middle of a stream of all_reduces.
-foreach(mode abort throw kill)
+# Failure: rank 1 calls Transport::abort, throws (main returns 1), is
+# SIGKILLed, or stalls (alive, silent: the others time out after
+# MESHFLOW_COMM_TIMEOUT_S) in the middle of a stream of all_reduces.
+foreach(mode abort throw kill stall)
   add_test(NAME mpi_failure_${mode}
     COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/mpi/expect_failure.sh 1
       ${MESHFLOW_MPIRUN} ${MESHFLOW_MPIRUN_FLAGS} -np 3
       $<TARGET_FILE:meshflow_mpi_test> fail-${mode} 1)
   set_tests_properties(mpi_failure_${mode} PROPERTIES
-    LABELS mpi TIMEOUT 90 PROCESSORS 2 ENVIRONMENT "${_mf_mpi_env}")
+    LABELS mpi TIMEOUT 90 PROCESSORS 2 ENVIRONMENT "${_mf_mpi_env};MESHFLOW_COMM_TIMEOUT_S=5")
 endforeach()
 
-# One real >2 GiB message (about 9 GiB of memory), only with -C large:
+# One real >2 GiB message (about 5 GiB of memory), only with -C large:
 #   ctest -C large -R mpi_large_message --output-on-failure
 add_test(NAME mpi_large_message CONFIGURATIONS large
   COMMAND timeout 300 ${MESHFLOW_MPIRUN} ${MESHFLOW_MPIRUN_FLAGS} -np 2

@@ -4,6 +4,8 @@
 //   mpirun -np 3 meshflow_mpi_test fail-abort 1   rank 1 calls Transport::abort mid-run
 //   mpirun -np 3 meshflow_mpi_test fail-throw 1   rank 1 throws; main returns 1
 //   mpirun -np 3 meshflow_mpi_test fail-kill 1    rank 1 SIGKILLs itself mid-collective
+//   mpirun -np 3 meshflow_mpi_test fail-stall 1   rank 1 stops communicating (alive): the
+//                                                 others time out (MESHFLOW_COMM_TIMEOUT_S)
 //   mpirun -np 2 meshflow_mpi_test large          one 2.25 GiB message (split path)
 //
 // The nccl-tests way: inputs are seeded by rank, so every rank computes what
@@ -220,6 +222,7 @@ int run_failure(const std::shared_ptr<Transport>& tp, const std::string& mode, i
     if (t.rank() == bad && it == 5) {
       if (mode == "abort") t.abort("injected failure (test)");
       if (mode == "throw") throw std::runtime_error("injected exception (test)");
+      if (mode == "stall") std::this_thread::sleep_for(std::chrono::hours(1));
     }
     Status s = world->all_reduce(grad.data(), static_cast<int64_t>(grad.size()), ReduceOp::kMax);
     if (!s.is_ok()) {
@@ -273,7 +276,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "meshflow_mpi_test: exception: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr,
-               "usage: meshflow_mpi_test check|large|fail-abort R|fail-throw R|fail-kill R\n");
+  std::fprintf(
+      stderr,
+      "usage: meshflow_mpi_test check|large|fail-abort R|fail-throw R|fail-kill R|fail-stall R\n");
   return 2;
 }

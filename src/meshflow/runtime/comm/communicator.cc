@@ -290,7 +290,7 @@ std::shared_ptr<Communicator> Communicator::world(std::shared_ptr<Transport> t) 
   MF_CHECK(t != nullptr);
   std::vector<int> ranks(t->size());
   for (int r = 0; r < t->size(); ++r) ranks[r] = r;
-  uint32_t id = make_group_id(0, ranks, 0);
+  uint32_t id = make_group_id(0, ranks, t->next_world_index());
   return std::shared_ptr<Communicator>(new Communicator(std::move(t), std::move(ranks), id));
 }
 

@@ -24,7 +24,8 @@
 //
 // Matching: every message carries a tag made of the group id (the same on
 // every member: a hash of the parent's id, the member list and how many
-// times the parent made that list) and the group's collective sequence
+// times the parent, or for world groups the transport, made that list)
+// and the group's collective sequence
 // number, so collectives of different groups, or successive ones of one
 // group, never match each other. Every member must issue the same
 // collectives of a group in the same order (the SPMD rule).
@@ -70,7 +71,8 @@ class Work {
 
 class Communicator {
  public:
-  // The group of all ranks of a transport.
+  // The group of all ranks of a transport. Each call makes a new group (with
+  // its own tags), so every rank must make its world groups in the same order.
   static std::shared_ptr<Communicator> world(std::shared_ptr<Transport> t);
   // Wait on every Work first: destroying a communicator with async work
   // still unfinished aborts the transport (the peers could not go on).

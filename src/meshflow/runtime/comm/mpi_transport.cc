@@ -48,6 +48,8 @@ Result<std::shared_ptr<Transport>> make_mpi_transport() {
 #include <thread>
 #include <vector>
 
+#include "meshflow/core/check.h"
+
 namespace meshflow {
 namespace {
 
@@ -62,9 +64,11 @@ std::string rank_name() {
 // The Status of one MPI call: ok, or "rank R: MPI_Send(...) failed at file:line: <MPI message>".
 Status mpi_status(int rc, const char* call, const char* file, int line) {
   if (rc == MPI_SUCCESS) return Status::ok();
-  char msg[MPI_MAX_ERROR_STRING];
+  char msg[MPI_MAX_ERROR_STRING + 1];
   int len = 0;
-  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS || len < 0 || len > MPI_MAX_ERROR_STRING) {
+    len = 0;
+  }
   msg[len] = '\0';
   const char* base = std::strrchr(file, '/');
   return Status::unavailable(rank_name() + ": " + call + " failed at " + (base ? base + 1 : file) +
@@ -130,9 +134,18 @@ int chunk_len(size_t bytes, size_t chunk, int i) {
 
 using Clock = std::chrono::steady_clock;
 
-// Up to one header or inline receive plus the sends and payload receives of
-// one call (more only for payloads over many chunks).
+// The pending MPI requests of one call.
 using Requests = std::vector<MPI_Request>;
+
+// What a wait is for, named in its timeout error; -1: no such peer.
+struct Waiting {
+  const char* call;
+  int to;
+  size_t send_bytes;
+  int from;
+  size_t recv_bytes;
+  uint64_t tag;
+};
 
 class MpiTransport final : public Transport {
  public:
@@ -153,7 +166,7 @@ class MpiTransport final : public Transport {
     MF_RETURN_IF_ERROR(check_peer(peer, "send", data, bytes));
     Requests reqs;
     MF_RETURN_IF_ERROR(post_send(peer, tag, data, bytes, staging(0), reqs));
-    return wait(reqs, nullptr, "send", "to", peer, tag, bytes);
+    return wait(reqs, nullptr, {"send", peer, bytes, -1, 0, tag});
   }
 
   Status recv(int peer, uint64_t tag, void* data, size_t bytes) override {
@@ -162,11 +175,11 @@ class MpiTransport final : public Transport {
     std::vector<char>& buf = staging(1);
     MF_RETURN_IF_ERROR(post_head_recv(peer, tag, buf, &reqs[0]));
     MPI_Status st;
-    MF_RETURN_IF_ERROR(wait(reqs, &st, "recv", "from", peer, tag, bytes));
+    MF_RETURN_IF_ERROR(wait(reqs, &st, {"recv", -1, 0, peer, bytes, tag}));
     MF_RETURN_IF_ERROR(unpack(buf.data(), st, peer, tag, data, bytes));
     reqs.clear();
     MF_RETURN_IF_ERROR(post_payload_recv(peer, tag, data, bytes, reqs));
-    return wait(reqs, nullptr, "recv", "from", peer, tag, bytes);
+    return wait(reqs, nullptr, {"recv", -1, 0, peer, bytes, tag});
   }
 
   // Sends and receives are all non-blocking and completed together, so a
@@ -181,14 +194,14 @@ class MpiTransport final : public Transport {
     MF_RETURN_IF_ERROR(post_head_recv(recv_peer, tag, rbuf, &head[0]));
     MF_RETURN_IF_ERROR(post_send(send_peer, tag, send_data, send_bytes, staging(0), reqs));
     MPI_Status st;
-    MF_RETURN_IF_ERROR(wait(head, &st, "send_recv", "from", recv_peer, tag, recv_bytes));
-    Status s = unpack(rbuf.data(), st, recv_peer, tag, recv_data, recv_bytes);
+    Status s = wait(head, &st, {"send_recv", -1, 0, recv_peer, recv_bytes, tag});
+    if (s.is_ok()) s = unpack(rbuf.data(), st, recv_peer, tag, recv_data, recv_bytes);
     if (!s.is_ok()) {
       release(reqs);  // the sends may never be received
       return s;
     }
     MF_RETURN_IF_ERROR(post_payload_recv(recv_peer, tag, recv_data, recv_bytes, reqs));
-    return wait(reqs, nullptr, "send_recv", "with", recv_peer, tag, recv_bytes);
+    return wait(reqs, nullptr, {"send_recv", send_peer, send_bytes, recv_peer, recv_bytes, tag});
   }
 
   void abort(const std::string& reason) override {
@@ -261,23 +274,19 @@ class MpiTransport final : public Transport {
   // 100 us (a ring partner is usually there), then yields the core between
   // polls, and after 5 ms sleeps 50 us between them, so a progress thread
   // that waits long does not take a core from the computation it overlaps.
-  // `status` receives the first request's status.
-  Status wait(Requests& reqs, MPI_Status* status, const char* call, const char* dir, int peer,
-              uint64_t tag, size_t bytes) {
+  // `status` (with a single request only) receives its status.
+  Status wait(Requests& reqs, MPI_Status* status, const Waiting& what) {
     if (reqs.empty()) return Status::ok();
     const Clock::time_point start = Clock::now();
     const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(
                                                    std::chrono::duration<double>(timeout_s_));
-    std::vector<MPI_Status> statuses(status ? reqs.size() : 0);
+    MF_CHECK(status == nullptr || reqs.size() == 1) << "a status is kept for one request only";
     for (uint32_t polls = 0;; ++polls) {
       int done = 0;
       MF_RETURN_IF_ERROR(
           fail(MF_MPI_CALL(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
-                                       status ? statuses.data() : MPI_STATUSES_IGNORE))));
-      if (done) {
-        if (status) *status = statuses[0];
-        return Status::ok();
-      }
+                                       status ? status : MPI_STATUSES_IGNORE))));
+      if (done) return Status::ok();
       if (polls < 64) continue;
       const Clock::time_point now = Clock::now();
       if (now >= deadline) break;
@@ -289,13 +298,28 @@ class MpiTransport final : public Transport {
       }
     }
     release(reqs);
+    return fail(timed_out(what));
+  }
+
+  Status timed_out(const Waiting& w) const {
     char secs[32];
     std::snprintf(secs, sizeof(secs), "%g", timeout_s_);
-    return fail(Status::unavailable(
-        rank_name() + ": " + call + " of " + std::to_string(bytes) + " bytes " + dir + " rank " +
-        std::to_string(peer) + " (tag " + hex(tag) + ") timed out after " + secs + " s: rank " +
-        std::to_string(peer) + " is stuck, or issued different collectives " +
-        "(MESHFLOW_COMM_TIMEOUT_S sets the limit)"));
+    std::string what = std::string(w.call) + " (";
+    if (w.to >= 0) what += std::to_string(w.send_bytes) + " bytes to rank " + std::to_string(w.to);
+    if (w.to >= 0 && w.from >= 0) what += ", ";
+    if (w.from >= 0) {
+      what += std::to_string(w.recv_bytes) + " bytes from rank " + std::to_string(w.from);
+    }
+    const bool two = w.to >= 0 && w.from >= 0 && w.to != w.from;
+    const std::string culprit =
+        two ? "ranks " + std::to_string(w.to) + " and " + std::to_string(w.from) +
+                  " (or a rank "
+                  "they wait for)"
+            : "rank " + std::to_string(w.from >= 0 ? w.from : w.to) + " (or a rank it waits for)";
+    return Status::unavailable(rank_name() + ": " + what + ", tag " + hex(w.tag) +
+                               ") timed out after " + secs + " s: " + culprit +
+                               " stopped communicating, or the ranks issued different "
+                               "collectives (MESHFLOW_COMM_TIMEOUT_S sets the limit)");
   }
 
   // Gives up on requests that will not complete (after an error): receives

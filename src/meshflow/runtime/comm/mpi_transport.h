@@ -17,12 +17,21 @@
 // return non-zero from main; both end every rank of the job with a message
 // naming the failed rank.
 //
+// A rank that is killed ends the job through mpirun; a rank that is alive but
+// stops communicating makes its peers' calls fail after comm_timeout_s()
+// (MESHFLOW_COMM_TIMEOUT_S, 30 s by default) with a Status naming it, as in
+// the local backend. Waits poll MPI, flat out at first, then yielding and
+// sleeping, so a progress thread waiting on a slow peer leaves the cores to
+// the computation it overlaps.
+//
 // Messages: each carries a 16-byte header (the 64-bit tag and the byte
 // count), so a receive that does not match what was sent (ranks calling
 // collectives in different orders or sizes) is an error naming both, never
 // silent garbage. The 64-bit tag is hashed into MPI's tag range (MPI_TAG_UB
-// can be as small as 2^15-1); the header verifies it. Payloads over 1 GiB go
-// as several messages (MPI counts are int).
+// can be as small as 2^15-1; Open MPI's ob1 has 2^31-1); the header verifies
+// it: two tags in flight at once between one pair that hash alike (odds about
+// 2^-bits) fail as a mismatch, they are never mixed up. Payloads over 1 GiB
+// go as several messages (MPI counts are int).
 // Built without MPI (MESHFLOW_HAVE_MPI undefined), make_mpi_transport()
 // returns an error saying so.
 #pragma once

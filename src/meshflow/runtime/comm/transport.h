@@ -16,15 +16,15 @@
 // a valid message that still has to be matched; when send or send_recv
 // returns, the send buffer may be reused.
 // Threads: several threads of one rank call in at once (each communicator's
-// progress thread and the caller), always with different tags. A size mismatch between a matched send and
-// recv fails both calls.
-// Failure: abort(reason) on any rank makes every blocked and future call on
-// every rank return Status::unavailable("rank R failed: reason"), so no rank
-// hangs when another dies. Independently, a call blocked longer than the
-// timeout (comm_timeout_s(): MESHFLOW_COMM_TIMEOUT_S, default 30 s) fails with
-// a message naming the call, the peer and the tag.
+// progress thread and the caller), always with different tags. A size mismatch between a matched
+// send and recv fails both calls. Failure: abort(reason) on any rank makes every blocked and future
+// call on every rank return Status::unavailable("rank R failed: reason"), so no rank hangs when
+// another dies. Independently, a call blocked longer than the timeout (comm_timeout_s():
+// MESHFLOW_COMM_TIMEOUT_S, default 30 s) fails with a message naming the call, the peer and the
+// tag.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,6 +57,13 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // Status::ok() while no rank has aborted.
   virtual Status health() const = 0;
+
+  // How many world groups were made on this transport before (used by
+  // Communicator::world, so two world groups of one transport never share tags).
+  int next_world_index() { return worlds_.fetch_add(1); }
+
+ private:
+  std::atomic<int> worlds_{0};
 };
 
 // Seconds a blocked send/recv waits for its peer before failing:
