@@ -1,6 +1,5 @@
-// matmul on the CPU: cblas_sgemm (OpenBLAS, OpenMP build) per batch element.
-#include <cblas.h>
-
+// matmul on the CPU: one cpu::sgemm (kernels/cpu/gemm.h) per batch element.
+#include "meshflow/kernels/cpu/gemm.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/matmul_dims.h"
@@ -18,11 +17,10 @@ void matmul_kernel(const KernelCall& c) {
   const int M = static_cast<int>(d.M), N = static_cast<int>(d.N), K = static_cast<int>(d.K);
   const int lda = at.trans_a ? M : K;
   const int ldb = at.trans_b ? K : N;
-  const auto ta = at.trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = at.trans_b ? CblasTrans : CblasNoTrans;
+  const bool ta = at.trans_a, tb = at.trans_b;
   const int64_t sa = d.M * d.K, sb = d.K * d.N, sy = d.M * d.N;
   if (d.B == 1) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.f, a, lda, b, ldb, 0.f, y, N);
+    cpu::sgemm(ta, tb, M, N, K, 1.f, a, lda, b, ldb, 0.f, y, N);
     return;
   }
   // Many small GEMMs: one per thread (OpenBLAS runs single-threaded inside our
@@ -31,12 +29,12 @@ void matmul_kernel(const KernelCall& c) {
   if (small) {
     cpu::parallel_for(d.B, sa + sb + sy, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
+        cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
                     y + i * sy, N);
     });
   } else {
     for (int64_t i = 0; i < d.B; ++i)
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
+      cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
                   y + i * sy, N);
   }
 }
