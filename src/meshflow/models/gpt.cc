@@ -144,15 +144,7 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
 
     x = b.layer_norm(x, param("ln_f.weight", Shape{hidden}, Init::ones()),
                      param("ln_f.bias", Shape{hidden}, Init::zeros()), eps, "ln_f");
-    ValueId logits;  // [B,T,V]
-    if (cfg.tie_word_embeddings) {
-      logits = b.matmul(x, wte, {.trans_b = true}, "lm_head");
-    } else {
-      logits = b.matmul(x, param("lm_head.weight", Shape{hidden, vocab}, w_init), {}, "lm_head");
-    }
-    m.graph.loss = b.cross_entropy(logits, targets, "loss");
-    m.graph.outputs["logits"] = logits;
-    m.graph.outputs["correct"] = b.correct_count(logits, targets, "correct");
+    add_lm_head(b, m.graph, x, cfg.tie_word_embeddings ? wte : kNoValue, vocab, w_init, targets);
   } catch (const StatusError& e) {
     return e.status().with_context("building gpt");
   }

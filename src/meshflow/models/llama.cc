@@ -145,15 +145,7 @@ Result<ModelGraph> build_llama(const LlamaConfig& cfg, int64_t batch, int64_t se
     }
 
     x = b.rms_norm(x, param("model.norm.weight", Shape{hidden}, Init::ones()), eps, "model.norm");
-    ValueId logits;  // [B,T,V]
-    if (cfg.tie_word_embeddings) {
-      logits = b.matmul(x, embed, {.trans_b = true}, "lm_head");
-    } else {
-      logits = b.matmul(x, param("lm_head.weight", Shape{hidden, vocab}, w_init), {}, "lm_head");
-    }
-    m.graph.loss = b.cross_entropy(logits, targets, "loss");
-    m.graph.outputs["logits"] = logits;
-    m.graph.outputs["correct"] = b.correct_count(logits, targets, "correct");
+    add_lm_head(b, m.graph, x, cfg.tie_word_embeddings ? embed : kNoValue, vocab, w_init, targets);
   } catch (const StatusError& e) {
     return e.status().with_context("building llama");
   }

@@ -21,4 +21,17 @@ double graph_forward_flops(const Graph& g) {
   return f;
 }
 
+void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init, ValueId targets) {
+  ValueId logits;  // [B,T,V]
+  if (tied != kNoValue) {
+    logits = b.matmul(x, tied, {.trans_b = true}, "lm_head");
+  } else {
+    const Dim& hidden = g.shape(x).dim(-1);
+    logits = b.matmul(x, b.parameter("lm_head.weight", Shape{hidden, vocab}, init), {}, "lm_head");
+  }
+  g.loss = b.cross_entropy(logits, targets, "loss");
+  g.outputs["logits"] = logits;
+  g.outputs["correct"] = b.correct_count(logits, targets, "correct");
+}
+
 }  // namespace meshflow

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "meshflow/core/status.h"
+#include "meshflow/ir/builder.h"
 #include "meshflow/ir/graph.h"
 
 namespace meshflow {
@@ -38,6 +39,12 @@ struct ModelGraph {
   // "rng_offset" and autodiff "loss_scale"; those are not data.)
   std::vector<std::string> inputs;
 };
+
+// The end of every language model: logits [batch, seq, vocab] = x @ tied^T
+// (tied embeddings; pass the embedding table) or x @ lm_head.weight [hidden,
+// vocab] (tied == kNoValue); g.loss = mean cross-entropy against targets;
+// g.outputs["logits"] and g.outputs["correct"] (argmax hits, metric phase).
+void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init, ValueId targets);
 
 // Sum of the element counts of all Parameter values of g.
 int64_t count_parameters(const Graph& g);
