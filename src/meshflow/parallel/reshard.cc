@@ -1,0 +1,186 @@
+#include "meshflow/parallel/reshard.h"
+
+#include <queue>
+#include <tuple>
+#include <unordered_map>
+
+#include "meshflow/core/check.h"
+
+namespace meshflow {
+
+const char* reshard_kind_name(ReshardKind k) {
+  switch (k) {
+    case ReshardKind::kAllGather:
+      return "all_gather";
+    case ReshardKind::kReduceScatter:
+      return "reduce_scatter";
+    case ReshardKind::kAllReduce:
+      return "all_reduce";
+    case ReshardKind::kAllToAll:
+      return "all_to_all";
+    case ReshardKind::kLocalSlice:
+      return "local_slice";
+    case ReshardKind::kLocalPartial:
+      return "local_partial";
+  }
+  return "?";
+}
+
+std::string ReshardStep::to_string(const Mesh& mesh) const {
+  std::string s = std::string(reshard_kind_name(kind)) + "(" + mesh.axis_name(mesh_axis);
+  if (kind == ReshardKind::kAllToAll) {
+    s += ", dim " + std::to_string(src_dim) + "->" + std::to_string(dst_dim);
+  } else if (src_dim >= 0 || dst_dim >= 0) {
+    s += ", dim " + std::to_string(src_dim >= 0 ? src_dim : dst_dim);
+  }
+  s += ") " + before.to_string() + " -> " + after.to_string();
+  if (is_collective()) s += "  " + std::to_string(bytes_per_rank) + " B/rank";
+  return s;
+}
+
+int ReshardPlan::num_collectives() const {
+  int n = 0;
+  for (const ReshardStep& s : steps) n += s.is_collective();
+  return n;
+}
+
+std::string ReshardPlan::to_string(const Mesh& mesh) const {
+  std::string s;
+  for (const ReshardStep& st : steps) s += st.to_string(mesh) + "\n";
+  s += "total: " + std::to_string(steps.size()) + " steps, " + std::to_string(bytes_per_rank) +
+       " B/rank, " + std::to_string(cost_s * 1e6) + " us";
+  return s;
+}
+
+void price_step(const Shape& shape, const Mesh& mesh, const ReshardCostModel& model,
+                ReshardStep* step) {
+  const int n = mesh.size(step->mesh_axis);
+  const AxisLink& link = model.link(step->mesh_axis);
+  auto local_bytes = [&](const Layout& l) {
+    return value_or_throw(local_shape(shape, mesh, l)).numel() * model.bytes_per_element;
+  };
+  double factor = 0;
+  int64_t big = 0;  // bytes of the larger side, per rank
+  int rounds = 0;   // message rounds
+  switch (step->kind) {
+    case ReshardKind::kAllGather:
+      factor = double(n - 1) / n, big = local_bytes(step->after), rounds = n - 1;
+      break;
+    case ReshardKind::kReduceScatter:
+      factor = double(n - 1) / n, big = local_bytes(step->before), rounds = n - 1;
+      break;
+    case ReshardKind::kAllReduce:
+      factor = 2.0 * (n - 1) / n, big = local_bytes(step->before), rounds = 2 * (n - 1);
+      break;
+    case ReshardKind::kAllToAll:
+      factor = double(n - 1) / n, big = local_bytes(step->before), rounds = n - 1;
+      break;
+    case ReshardKind::kLocalSlice:
+    case ReshardKind::kLocalPartial:
+      break;
+  }
+  step->bytes_per_rank = static_cast<int64_t>(factor * big + 0.5);
+  step->cost_s = rounds * link.alpha_s + factor * big * link.beta_s_per_byte;
+}
+
+namespace {
+
+// The one-axis moves out of `l` (before pricing and validity checks).
+std::vector<ReshardStep> moves(const Layout& l, int tensor_rank) {
+  std::vector<ReshardStep> out;
+  auto add = [&](ReshardKind k, int axis, int src_dim, int dst_dim, Placement p) {
+    out.push_back({k, axis, src_dim, dst_dim, l, l.with(axis, p)});
+  };
+  for (int a = 0; a < l.num_axes(); ++a) {
+    const Placement& p = l.at(a);
+    if (p.is_shard()) {
+      // Only the minor-most shard axis of a dim holds contiguous neighbours.
+      if (l.shard_axes(p.dim()).back() != a) continue;
+      add(ReshardKind::kAllGather, a, p.dim(), -1, Placement::Replicate());
+      for (int j = 0; j < tensor_rank; ++j) {
+        if (j != p.dim()) add(ReshardKind::kAllToAll, a, p.dim(), j, Placement::Shard(j));
+      }
+    } else if (p.is_partial()) {
+      add(ReshardKind::kAllReduce, a, -1, -1, Placement::Replicate());
+      for (int j = 0; j < tensor_rank; ++j) {
+        add(ReshardKind::kReduceScatter, a, -1, j, Placement::Shard(j));
+      }
+    } else {
+      add(ReshardKind::kLocalPartial, a, -1, -1, Placement::Partial());
+      for (int j = 0; j < tensor_rank; ++j) {
+        add(ReshardKind::kLocalSlice, a, -1, j, Placement::Shard(j));
+      }
+    }
+  }
+  return out;
+}
+
+struct Visit {
+  double cost = 0;
+  int steps = 0;
+  bool done = false;
+  bool has_prev = false;
+  Layout prev;
+  ReshardStep step;
+};
+
+}  // namespace
+
+Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Layout& src,
+                                 const Layout& dst, const ReshardCostModel& model) {
+  MF_RETURN_IF_ERROR(validate(src, mesh, shape).with_context("reshard source"));
+  MF_RETURN_IF_ERROR(validate(dst, mesh, shape).with_context("reshard target"));
+  using Key = std::tuple<double, int, size_t>;  // cost, steps, id
+  std::vector<Layout> ids;
+  std::unordered_map<Layout, Visit> seen;
+  std::priority_queue<Key, std::vector<Key>, std::greater<Key>> queue;
+  seen[src] = Visit{};
+  ids.push_back(src);
+  queue.push({0.0, 0, 0});
+  bool found = false;
+  while (!queue.empty()) {
+    auto [cost, steps, id] = queue.top();
+    queue.pop();
+    const Layout cur = ids[id];
+    Visit& v = seen[cur];
+    if (v.done) continue;
+    v.done = true;
+    if (cur == dst) {
+      found = true;
+      break;
+    }
+    for (ReshardStep& st : moves(cur, shape.rank())) {
+      if (!validate(st.after, mesh, shape).is_ok()) continue;  // does not divide evenly
+      price_step(shape, mesh, model, &st);
+      double c = cost + st.cost_s;
+      int n = steps + 1;
+      auto it = seen.find(st.after);
+      if (it != seen.end() &&
+          (it->second.done || std::tie(it->second.cost, it->second.steps) <= std::tie(c, n))) {
+        continue;
+      }
+      Visit nv;
+      nv.cost = c, nv.steps = n, nv.has_prev = true, nv.prev = cur, nv.step = st;
+      seen[st.after] = nv;
+      ids.push_back(st.after);
+      queue.push({c, n, ids.size() - 1});
+    }
+  }
+  if (!found) {
+    return Status::invalid("reshard " + src.to_string() + " -> " + dst.to_string() + " of " +
+                           shape.to_string() + " on mesh " + mesh.to_string() +
+                           ": no sequence of steps reaches the target with every intermediate "
+                           "layout dividing the shape evenly");
+  }
+  ReshardPlan plan{src, dst, {}, 0, 0};
+  for (Layout at = dst; seen[at].has_prev; at = seen[at].prev) {
+    plan.steps.insert(plan.steps.begin(), seen[at].step);
+  }
+  for (const ReshardStep& st : plan.steps) {
+    plan.cost_s += st.cost_s;
+    plan.bytes_per_rank += st.bytes_per_rank;
+  }
+  return plan;
+}
+
+}  // namespace meshflow

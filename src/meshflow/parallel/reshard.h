@@ -1,0 +1,96 @@
+// Reshard planner: the cheapest sequence of collectives and local steps that
+// moves a tensor from one Layout to another on a Mesh.
+//
+// It is a search, not a rule list: Dijkstra over layouts, where each edge
+// changes the placement on ONE mesh axis:
+//   all_gather      S(d) -> R      (axis must be d's minor-most shard axis)
+//   all_to_all      S(i) -> S(j)   (axis minor-most on i; becomes minor-most on j)
+//   reduce_scatter  P    -> S(d)   (axis becomes minor-most on d)
+//   all_reduce      P    -> R
+//   local_slice     R    -> S(d)   (free: keep this rank's block)
+//   local_partial   R    -> P      (free: rank 0 of the axis keeps, others zero)
+// Every intermediate layout must divide the shape evenly. Cost is an
+// alpha-beta model per mesh axis on bytes per rank with ring factors:
+// all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n of the
+// larger side; ties go to fewer steps.
+//
+//   Mesh m = value_or_throw(Mesh::parse("dp=2,tp=4"));
+//   auto plan = plan_reshard(shape, m, *Layout::parse("[P, S(1)]"), *Layout::parse("[R, S(1)]"));
+//   plan->to_string() == "all_reduce(dp) [P, S(1)] -> [R, S(1)]  ..."
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/shape.h"
+#include "meshflow/core/status.h"
+#include "meshflow/parallel/layout.h"
+#include "meshflow/parallel/mesh.h"
+
+namespace meshflow {
+
+// One mesh axis's link: time = alpha_s per message round + beta_s_per_byte * bytes.
+struct AxisLink {
+  double alpha_s = 5e-6;
+  double beta_s_per_byte = 1.0 / 50e9;
+};
+
+// The cost model the planner uses. `axes[a]` prices mesh axis a; axes beyond
+// the vector use `default_link`. The planner issue refines this.
+struct ReshardCostModel {
+  std::vector<AxisLink> axes;
+  AxisLink default_link;
+  int64_t bytes_per_element = 4;
+  const AxisLink& link(int axis) const {
+    return axis < static_cast<int>(axes.size()) ? axes[axis] : default_link;
+  }
+};
+
+enum class ReshardKind {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kAllToAll,
+  kLocalSlice,
+  kLocalPartial
+};
+const char* reshard_kind_name(ReshardKind k);  // "all_gather", ...
+
+struct ReshardStep {
+  ReshardKind kind = ReshardKind::kLocalSlice;
+  int mesh_axis = 0;
+  int src_dim = -1;  // the sharded dim before (all_gather, all_to_all)
+  int dst_dim = -1;  // the sharded dim after (reduce_scatter, all_to_all, local_slice)
+  Layout before;
+  Layout after;
+  int64_t bytes_per_rank = 0;  // bytes each rank sends (ring factor applied)
+  double cost_s = 0;
+  bool is_collective() const {
+    return kind != ReshardKind::kLocalSlice && kind != ReshardKind::kLocalPartial;
+  }
+  std::string to_string(const Mesh& mesh) const;  // "all_gather(tp, dim 1) [S(1)] -> [R]"
+};
+
+struct ReshardPlan {
+  Layout src;
+  Layout dst;
+  std::vector<ReshardStep> steps;
+  double cost_s = 0;
+  int64_t bytes_per_rank = 0;
+  int num_collectives() const;
+  std::string to_string(const Mesh& mesh) const;  // one step per line, then the total
+};
+
+// The minimum-cost plan from `src` to `dst` for a tensor of global `shape`.
+// Errors (bad layouts, non-divisible shapes, unreachable target) name the
+// layouts, dims and sizes.
+Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Layout& src,
+                                 const Layout& dst, const ReshardCostModel& model = {});
+
+// The cost of one step from `before` on `axis` (fills bytes_per_rank and cost_s).
+// REQUIRES: before and after are valid for shape and mesh.
+void price_step(const Shape& shape, const Mesh& mesh, const ReshardCostModel& model,
+                ReshardStep* step);
+
+}  // namespace meshflow
