@@ -14,6 +14,18 @@ Shape S(const std::vector<int64_t>& sizes) {
   return Shape(d);
 }
 
+std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,
+                                            const std::map<std::string, Tensor>& feeds) {
+  ExecutorOptions eo;
+  eo.fetch = ys;
+  Executor ex(g, eo);
+  for (const auto& [name, t] : feeds) throw_if_error(ex.feed(name, t));
+  ex.run(ex.eval_order());
+  std::vector<std::vector<float>> out;
+  for (ValueId y : ys) out.emplace_back(ex.data_f(y), ex.data_f(y) + g.shape(y).numel());
+  return out;
+}
+
 Tensor random_tensor(const Shape& s, uint64_t seed, float scale) {
   Tensor t(s, DType::F32);
   uint64_t st = mix64(seed);

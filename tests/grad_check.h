@@ -39,6 +39,11 @@ struct GradCase {
 // A shape with dims named d0, d1, ...: S({2, 3}) is [d0=2,d1=3].
 Shape S(const std::vector<int64_t>& sizes);
 
+// Runs the forward (and metric) nodes of g with the given feeds; returns the
+// values of ys.
+std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,
+                                            const std::map<std::string, Tensor>& feeds);
+
 // A tensor filled from a seeded normal (for test inputs).
 Tensor random_tensor(const Shape& s, uint64_t seed, float scale = 1.f);
 // Max |a - b| / max(1e-6, max|b|) over all elements.

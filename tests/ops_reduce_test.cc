@@ -19,15 +19,7 @@ using testing::GradCase;
 
 using testing::S;
 
-std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,
-                                            const std::map<std::string, Tensor>& feeds) {
-  Executor ex(g, {.seed = 0, .fetch = ys});
-  for (const auto& [name, t] : feeds) throw_if_error(ex.feed(name, t));
-  ex.run(ex.eval_order());
-  std::vector<std::vector<float>> out;
-  for (ValueId y : ys) out.emplace_back(ex.data_f(y), ex.data_f(y) + g.shape(y).numel());
-  return out;
-}
+using testing::run_forward;
 
 // Naive reduction: output index of each input element by dropping reduced dims.
 std::vector<double> reduce_ref(const Tensor& x, const std::vector<int>& axes, OpKind kind) {

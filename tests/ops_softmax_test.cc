@@ -18,16 +18,7 @@ using testing::GradCase;
 
 using testing::S;
 
-// Runs the forward (and metric) nodes of g with the given feeds; returns each of ys.
-std::vector<std::vector<float>> run_forward(const Graph& g, const std::vector<ValueId>& ys,
-                                            const std::map<std::string, Tensor>& feeds) {
-  Executor ex(g, {.seed = 0, .fetch = ys});
-  for (const auto& [name, t] : feeds) throw_if_error(ex.feed(name, t));
-  ex.run(ex.eval_order());
-  std::vector<std::vector<float>> out;
-  for (ValueId y : ys) out.emplace_back(ex.data_f(y), ex.data_f(y) + g.shape(y).numel());
-  return out;
-}
+using testing::run_forward;
 
 Tensor targets_tensor(const Shape& s, const std::vector<int32_t>& v) {
   Tensor t(s, DType::I32);
