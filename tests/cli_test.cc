@@ -190,6 +190,16 @@ TEST_F(Cli, TrainsAndWritesMetrics) {
   expect_user_error(run("train " + write(other, "other.json") + " --init " + ckpt + " --quiet"), "shape");
 }
 
+TEST_F(Cli, UnwritableCheckpointFailsBeforeTraining) {
+  expect_user_error(run("train " + write(gpt_run()) + " --checkpoint " + (dir_ / "no_dir" / "w.safetensors").string()),
+                    "no_dir");
+}
+
+TEST_F(Cli, MissingInitCheckpoint) {
+  expect_user_error(run("train " + write(gpt_run()) + " --init " + (dir_ / "none.safetensors").string()),
+                    "none.safetensors");
+}
+
 TEST_F(Cli, GraphPrintsTheTrainingGraph) {
   CliRun r = run("graph " + write(gpt_run()) + " --phase optimizer");
   EXPECT_EQ(r.code, 0) << r.output;

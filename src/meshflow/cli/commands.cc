@@ -1,7 +1,10 @@
 #include "meshflow/cli/commands.h"
 
 #include <csignal>
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <cstdlib>
 #include <stdexcept>
 #include <cstdio>
@@ -135,6 +138,14 @@ int train_impl(const TrainOptions& o) {
   Result<RunConfig> rc = load(o.config, overrides);
   if (!rc.is_ok()) return user_error(rc.status());
   if (!o.checkpoint.empty()) rc->train.checkpoint = o.checkpoint;
+  // Fail before training, not after it, when the checkpoint cannot be written.
+  if (!rc->train.checkpoint.empty()) {
+    namespace fs = std::filesystem;
+    fs::path dir = fs::absolute(rc->train.checkpoint).parent_path();
+    if (!fs::is_directory(dir) || access(dir.c_str(), W_OK) != 0)
+      return user_error(Status::invalid("checkpoint '" + rc->train.checkpoint + "': directory '" + dir.string() +
+                                        "' does not exist or is not writable"));
+  }
 
   if (launched_by_mpirun()) {
     if (o.ranks > 1)

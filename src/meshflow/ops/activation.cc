@@ -10,6 +10,7 @@
 // No attrs.
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -68,6 +69,18 @@ OpCost cost_activation(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: element-wise, every dim passes through; the gradients are linear in dy.
+namespace {
+ShardingRule sharding_activation(const Graph& g, const Node& n) {
+  return broadcast_rule(g, n, g.shape(n.outputs[0]));
+}
+ShardingRule sharding_activation_grad(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
+  r.partial_inputs = {{1}};
+  return r;
+}
+}  // namespace
+
 void register_activation_ops(OpTable& t) {
   add_op(t, OpKind::kRelu, 1, infer_activation, grad_activation<OpKind::kReluGrad>, cost_activation);
   add_op(t, OpKind::kGelu, 1, infer_activation, grad_activation<OpKind::kGeluGrad>, cost_activation);
@@ -75,6 +88,10 @@ void register_activation_ops(OpTable& t) {
   add_op(t, OpKind::kReluGrad, 2, infer_activation_grad, nullptr, cost_activation);
   add_op(t, OpKind::kGeluGrad, 2, infer_activation_grad, nullptr, cost_activation);
   add_op(t, OpKind::kSiluGrad, 2, infer_activation_grad, nullptr, cost_activation);
+  for (OpKind k : {OpKind::kRelu, OpKind::kGelu, OpKind::kSilu})
+    set_sharding(t, k, sharding_activation);
+  for (OpKind k : {OpKind::kReluGrad, OpKind::kGeluGrad, OpKind::kSiluGrad})
+    set_sharding(t, k, sharding_activation_grad);
 }
 
 }  // namespace meshflow

@@ -26,6 +26,7 @@
 
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -198,12 +199,70 @@ OpCost cost_rope(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding. attention: batch passes through; heads pass through when
+// kv_heads == heads (GQA with fewer kv heads: replicated for now); the key/value
+// seq and head_dim must be replicated. The query seq passes through only when
+// not causal: the causal mask aligns the last query with the last key, which a
+// shard of the queries would not know (replicated under causal).
+// attention_grad: the same factors over (dout, q, k, v, out, lse) -> (dq, dk, dv).
+// dropout: element-wise, linear in x; NOTE a shard draws its mask by its local
+// element index, so a sharded dropout is a different (equally random) mask than
+// the unsharded one; dropout_grad with the same layouts reproduces it.
+// rope: batch and heads pass through; seq is replicated (the angle uses the
+// local index along dim 1, global positions would need an offset) and so is
+// head_dim (rotate_half pairs its halves). Linear in x.
+namespace {
+ShardingRule sharding_attention(const Graph& g, const Node& n) {
+  const bool grad = n.kind == OpKind::kAttentionGrad;
+  const int qi = grad ? 1 : 0;
+  const Shape& q = g.shape(n.inputs[qi]);
+  const Shape& k = g.shape(n.inputs[qi + 1]);
+  using F = ShardingRule::Factor;
+  ShardingRule r(static_cast<int>(n.inputs.size()), static_cast<int>(n.outputs.size()));
+  // Operands: per input / output, 'q' (q-like [B,H,T,D]), 'k' (k-like), 'l' (lse [B,H,T]).
+  const char* ins = grad ? "qqkkql" : "qkk";
+  const char* outs = grad ? "qkk" : "ql";
+  const bool heads = q.size(1) == k.size(1);
+  const int fb = r.add(q.name(0), q.size(0));
+  const int fh = r.add(q.name(1), q.size(1), heads ? F::kPassThrough : F::kNeedReplicate);
+  const int ft = r.add(q.name(2), q.size(2), n.attrs.causal ? F::kNeedReplicate : F::kPassThrough);
+  const int fs = r.add(k.name(2), k.size(2), F::kNeedReplicate);
+  const int fd = r.add(q.name(3), q.size(3), F::kNeedReplicate);
+  auto map = [&](char role, auto&& set) {
+    set(fb, 0);
+    if (role == 'q' || role == 'l' || heads) set(fh, 1);
+    set(role == 'k' ? fs : ft, 2);
+    if (role != 'l') set(fd, 3);
+  };
+  for (int i = 0; i < r.num_inputs; ++i) map(ins[i], [&](int f, int d) { r.in(f, i, d); });
+  for (int o = 0; o < r.num_outputs; ++o) map(outs[o], [&](int f, int d) { r.out(f, o, d); });
+  return r;
+}
+ShardingRule sharding_dropout(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
+  r.partial_inputs = {{0}};
+  return r;
+}
+ShardingRule sharding_rope(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
+  set_input_factor_kind(r, 0, 1, ShardingRule::Factor::kNeedReplicate);
+  set_input_factor_kind(r, 0, 3, ShardingRule::Factor::kNeedReplicate);
+  r.partial_inputs = {{0}};
+  return r;
+}
+}  // namespace
+
 void register_attention_ops(OpTable& t) {
   add_op(t, OpKind::kAttention, 3, infer_attention, grad_attention, cost_attention);
   add_op(t, OpKind::kAttentionGrad, 6, infer_attention_grad, nullptr, cost_attention_grad);
   add_op(t, OpKind::kDropout, 2, infer_dropout, grad_dropout, nullptr, 0, true);
   add_op(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, 0, true);  // linear: same rule
   add_op(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
+  set_sharding(t, OpKind::kAttention, sharding_attention);
+  set_sharding(t, OpKind::kAttentionGrad, sharding_attention);
+  set_sharding(t, OpKind::kDropout, sharding_dropout);
+  set_sharding(t, OpKind::kDropoutGrad, sharding_dropout);
+  set_sharding(t, OpKind::kRope, sharding_rope);
 }
 
 }  // namespace meshflow

@@ -7,6 +7,7 @@
 //   broadcast_to         x -> attrs.shape
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -119,6 +120,28 @@ void grad_broadcast_to(GradContext& c, const Node& n) {
 
 }  // namespace
 
+// Sharding: one factor per output dim; a broadcast (size-1) input dim is
+// absent. Partial inputs where the op is linear: add/sub/bias_add in both
+// together, mul in either, div in the numerator, the unary ops in x. sum_to's
+// summed dims are reductions (sharding them leaves the result Partial).
+namespace {
+template <int kPartial>  // 0: {0,1}, 1: {0},{1}, 2: {0}
+ShardingRule sharding_binary(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
+  if (kPartial == 0) r.partial_inputs = {{0, 1}};
+  if (kPartial == 1) r.partial_inputs = {{0}, {1}};
+  if (kPartial == 2) r.partial_inputs = {{0}};
+  return r;
+}
+ShardingRule sharding_sum_to(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.inputs[0]));
+  for (auto& f : r.factors)
+    if (f.output_dim[0] < 0) f.kind = ShardingRule::Factor::kReduction;
+  r.partial_inputs = {{0}};
+  return r;
+}
+}  // namespace
+
 void register_elementwise_ops(OpTable& t) {
   add_op(t, OpKind::kAdd, 2, infer_binary, grad_add);
   add_op(t, OpKind::kSub, 2, infer_binary, grad_sub);
@@ -128,6 +151,14 @@ void register_elementwise_ops(OpTable& t) {
   add_op(t, OpKind::kBiasAdd, 2, infer_bias_add, grad_bias_add);
   add_op(t, OpKind::kSumTo, 1, infer_sum_to, grad_sum_to);
   add_op(t, OpKind::kBroadcastTo, 1, infer_broadcast_to, grad_broadcast_to);
+  set_sharding(t, OpKind::kAdd, sharding_binary<0>);
+  set_sharding(t, OpKind::kSub, sharding_binary<0>);
+  set_sharding(t, OpKind::kMul, sharding_binary<1>);
+  set_sharding(t, OpKind::kDiv, sharding_binary<2>);
+  set_sharding(t, OpKind::kScale, sharding_binary<2>);
+  set_sharding(t, OpKind::kBiasAdd, sharding_binary<0>);
+  set_sharding(t, OpKind::kSumTo, sharding_sum_to);
+  set_sharding(t, OpKind::kBroadcastTo, sharding_binary<2>);
 }
 
 }  // namespace meshflow

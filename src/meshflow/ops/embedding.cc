@@ -6,6 +6,7 @@
 // An id outside [0, V) at run time stops with a check naming the id and V.
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -77,9 +78,40 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: the ids' dims pass through to y (and are reductions into
+// dtable); C passes through; V must be replicated for now (vocab-parallel
+// embedding, a masked lookup plus Partial y, is for later). Linear in the table
+// (embedding) and in dy (embedding_grad).
+namespace {
+ShardingRule sharding_embedding(const Graph& g, const Node& n) {
+  const bool grad = n.kind == OpKind::kEmbeddingGrad;
+  const Shape& ids = g.shape(n.inputs[1]);
+  const Shape& table = grad ? g.shape(n.outputs[0]) : g.shape(n.inputs[0]);
+  ShardingRule r(2, 1);
+  for (int d = 0; d < ids.rank(); ++d) {
+    int f = r.add(ids.name(d), ids.size(d),
+                  grad ? ShardingRule::Factor::kReduction : ShardingRule::Factor::kPassThrough);
+    r.in(f, 1, d);
+    if (grad) r.in(f, 0, d);
+    else r.out(f, 0, d);
+  }
+  int v = r.add(table.name(0), table.size(0), ShardingRule::Factor::kNeedReplicate);
+  int c = r.add(table.name(1), table.size(1));
+  if (grad) {
+    r.out(v, 0, 0).out(c, 0, 1).in(c, 0, ids.rank());
+  } else {
+    r.in(v, 0, 0).in(c, 0, 1).out(c, 0, ids.rank());
+  }
+  r.partial_inputs = {{0}};
+  return r;
+}
+}  // namespace
+
 void register_embedding_ops(OpTable& t) {
   add_op(t, OpKind::kEmbedding, 2, infer_embedding, grad_embedding, cost_embedding);
   add_op(t, OpKind::kEmbeddingGrad, 2, infer_embedding_grad, grad_embedding_grad, cost_embedding_grad);
+  set_sharding(t, OpKind::kEmbedding, sharding_embedding);
+  set_sharding(t, OpKind::kEmbeddingGrad, sharding_embedding);
 }
 
 }  // namespace meshflow

@@ -10,6 +10,7 @@
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/matmul_dims.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -94,8 +95,38 @@ OpCost cost_matmul(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: batch, M and N dims pass through; K dims are reductions (sharding
+// K leaves y Partial). y is linear in a and in b: either may be Partial.
+namespace {
+ShardingRule sharding_matmul(const Graph& g, const Node& n) {
+  MatMulDims d = value_or_throw(matmul_dims(g, n));
+  const Attrs& at = n.attrs;
+  const int bd = at.batch_dims, nm = d.m.rank(), nk = d.k.rank(), nn = d.n.rank();
+  ShardingRule r(2, 1);
+  for (int i = 0; i < bd; ++i) {
+    int f = r.add(d.batch.name(i), d.batch.size(i));
+    r.in(f, 0, i).in(f, 1, i).out(f, 0, i);
+  }
+  for (int i = 0; i < nm; ++i) {
+    int f = r.add(d.m.name(i), d.m.size(i));
+    r.in(f, 0, at.trans_a ? bd + nk + i : bd + i).out(f, 0, bd + i);
+  }
+  for (int i = 0; i < nn; ++i) {
+    int f = r.add(d.n.name(i), d.n.size(i));
+    r.in(f, 1, at.trans_b ? bd + i : bd + nk + i).out(f, 0, bd + nm + i);
+  }
+  for (int i = 0; i < nk; ++i) {
+    int f = r.add(d.k.name(i), d.k.size(i), ShardingRule::Factor::kReduction);
+    r.in(f, 0, at.trans_a ? bd + i : bd + nm + i).in(f, 1, at.trans_b ? bd + nn + i : bd + i);
+  }
+  r.partial_inputs = {{0}, {1}};
+  return r;
+}
+}  // namespace
+
 void register_matmul_ops(OpTable& t) {
   add_op(t, OpKind::kMatMul, 2, infer_matmul, grad_matmul, cost_matmul);
+  set_sharding(t, OpKind::kMatMul, sharding_matmul);
 }
 
 }  // namespace meshflow

@@ -9,6 +9,7 @@
 // through them (using them in the loss is an error at autodiff time).
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -165,11 +166,49 @@ OpCost cost_rms_norm_grad(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: C must be replicated (the statistics need the whole row); gamma
+// and beta follow it. Row dims pass through; in the gradients they are
+// reductions for dgamma/dbeta (Partial). The gradients are linear in dy.
+namespace {
+ShardingRule sharding_norm(const Graph& g, const Node& n) {
+  // Operand roles: F = [.., C] like x, C = [C], R = a row statistic [..].
+  const char* ins = "FCC";
+  const char* outs = "FRR";
+  bool grad = false;
+  switch (n.kind) {
+    case OpKind::kLayerNormGrad: ins = "FFCRR", outs = "FCC", grad = true; break;
+    case OpKind::kRmsNorm: ins = "FC", outs = "FR"; break;
+    case OpKind::kRmsNormGrad: ins = "FFCR", outs = "FC", grad = true; break;
+    default: break;
+  }
+  const Shape& x = g.shape(n.inputs[0]);
+  const int ni = static_cast<int>(n.inputs.size()), no = static_cast<int>(n.outputs.size());
+  ShardingRule r(ni, no);
+  for (int d = 0; d + 1 < x.rank(); ++d) {
+    int f = r.add(x.name(d), x.size(d),
+                  grad ? ShardingRule::Factor::kReduction : ShardingRule::Factor::kPassThrough);
+    for (int i = 0; i < ni; ++i)
+      if (ins[i] != 'C') r.in(f, i, d);
+    for (int o = 0; o < no; ++o)
+      if (outs[o] != 'C') r.out(f, o, d);
+  }
+  int c = r.add(x.name(-1), x.size(-1), ShardingRule::Factor::kNeedReplicate);
+  for (int i = 0; i < ni; ++i)
+    if (ins[i] != 'R') r.in(c, i, ins[i] == 'F' ? x.rank() - 1 : 0);
+  for (int o = 0; o < no; ++o)
+    if (outs[o] != 'R') r.out(c, o, outs[o] == 'F' ? x.rank() - 1 : 0);
+  if (grad) r.partial_inputs = {{0}};
+  return r;
+}
+}  // namespace
+
 void register_norm_ops(OpTable& t) {
   add_op(t, OpKind::kLayerNorm, 3, infer_layer_norm, grad_layer_norm, cost_layer_norm);
   add_op(t, OpKind::kLayerNormGrad, 5, infer_layer_norm_grad, nullptr, cost_layer_norm_grad);
   add_op(t, OpKind::kRmsNorm, 2, infer_rms_norm, grad_rms_norm, cost_rms_norm);
   add_op(t, OpKind::kRmsNormGrad, 4, infer_rms_norm_grad, nullptr, cost_rms_norm_grad);
+  for (OpKind k : {OpKind::kLayerNorm, OpKind::kLayerNormGrad, OpKind::kRmsNorm, OpKind::kRmsNormGrad})
+    set_sharding(t, k, sharding_norm);
 }
 
 }  // namespace meshflow

@@ -30,6 +30,9 @@ using InferFn = Status (*)(const Graph& g, const Node& n, std::vector<Value>* ou
 // Emits the gradient nodes of `n` through ctx (see autodiff/grad_context.h).
 using GradFn = void (*)(GradContext& ctx, const Node& n);
 using CostFn = OpCost (*)(const Graph& g, const Node& n);
+// The op's sharding rule (parallel/sharding_rule.h), for a node with valid shapes.
+struct ShardingRule;
+using ShardingRuleFn = ShardingRule (*)(const Graph& g, const Node& n);
 
 struct OpDef {
   OpKind kind = OpKind::kCount;
@@ -39,6 +42,7 @@ struct OpDef {
   CostFn cost = nullptr;  // nullptr: element-wise default (bytes of all inputs+outputs)
   uint32_t mutates = 0;   // bit i set: input i is updated in place (optimizer ops)
   bool stateful_rng = false;  // reads the graph's rng offset (dropout)
+  ShardingRuleFn sharding = nullptr;  // set beside the op by set_sharding()
 };
 
 const OpDef& op_def(OpKind kind);
@@ -62,6 +66,9 @@ void register_optimizer_ops(OpTable& t);
 // One table entry: the form every family file registers its ops with.
 void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad, CostFn cost = nullptr,
             uint32_t mutates = 0, bool stateful_rng = false);
+
+// Sets kind's sharding rule (after its add_op).
+void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);
 
 // Helpers shared by the shape rules.
 std::string node_label(const Node& n);  // "matmul 'h.0.mlp.fc1'"

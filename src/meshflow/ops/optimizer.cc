@@ -10,6 +10,7 @@
 //        attrs: beta1, beta2, eps, weight_decay (decoupled); step is 1-based
 // grad is multiplied by coef first (global-norm clipping).
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -68,11 +69,33 @@ OpCost cost_update(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: sum_squares' dims are all reductions (shard sums of squares add up
+// exactly: Partial). clip_coef works on scalars (no factors). The updates are
+// element-wise over the parameter's dims (param, grad and states sharded alike;
+// lr, step and coef are scalars).
+namespace {
+ShardingRule sharding_sum_squares(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.inputs[0]));
+  for (auto& f : r.factors) f.kind = ShardingRule::Factor::kReduction;
+  return r;
+}
+ShardingRule sharding_scalars(const Graph&, const Node& n) {
+  return ShardingRule(static_cast<int>(n.inputs.size()), static_cast<int>(n.outputs.size()));
+}
+ShardingRule sharding_update(const Graph& g, const Node& n) {
+  return broadcast_rule(g, n, g.shape(n.inputs[0]));
+}
+}  // namespace
+
 void register_optimizer_ops(OpTable& t) {
   add_op(t, OpKind::kSumSquares, 1, infer_sum_squares, nullptr);
   add_op(t, OpKind::kClipCoef, -1, infer_clip_coef, nullptr);
   add_op(t, OpKind::kSgdUpdate, 5, infer_sgd, nullptr, cost_update, /*mutates=*/0b101);
   add_op(t, OpKind::kAdamWUpdate, 7, infer_adamw, nullptr, cost_update, /*mutates=*/0b1101);
+  set_sharding(t, OpKind::kSumSquares, sharding_sum_squares);
+  set_sharding(t, OpKind::kClipCoef, sharding_scalars);
+  set_sharding(t, OpKind::kSgdUpdate, sharding_update);
+  set_sharding(t, OpKind::kAdamWUpdate, sharding_update);
 }
 
 }  // namespace meshflow

@@ -13,6 +13,7 @@
 
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -133,11 +134,48 @@ OpCost cost_reduce(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: kept dims pass through. Reduced dims: reductions for reduce_sum
+// (a Partial(sum) of shard sums is exact); replicated for reduce_mean (a shard's
+// mean is not a part of the mean: summing k shard means gives k * mean) and for
+// reduce_max / reduce_max_grad (no Partial(max) yet). sum and mean are linear.
+namespace {
+ShardingRule sharding_reduce(const Graph& g, const Node& n) {
+  const Shape& x = g.shape(n.inputs[0]);
+  std::vector<int> axes = value_or_throw(reduced_axes(x, n));
+  const int ni = static_cast<int>(n.inputs.size());
+  ShardingRule r(ni, 1);
+  int kept = 0;
+  for (int d = 0; d < x.rank(); ++d) {
+    const bool red = contains(axes, d);
+    auto kind = !red ? ShardingRule::Factor::kPassThrough
+                     : n.kind == OpKind::kReduceSum ? ShardingRule::Factor::kReduction
+                                                    : ShardingRule::Factor::kNeedReplicate;
+    int f = r.add(x.name(d), x.size(d), kind);
+    r.in(f, 0, d);
+    // reduce_max_grad: (x, y, dy) -> dx [x's shape]; y and dy have the reduced shape.
+    const int yd = n.attrs.keepdims ? d : kept;
+    if (n.kind == OpKind::kReduceMaxGrad) {
+      r.out(f, 0, d);
+      if (!red) r.in(f, 1, yd).in(f, 2, yd);
+    } else if (!red) {
+      r.out(f, 0, yd);
+    }
+    if (!red) ++kept;
+  }
+  if (n.kind == OpKind::kReduceSum || n.kind == OpKind::kReduceMean) r.partial_inputs = {{0}};
+  if (n.kind == OpKind::kReduceMaxGrad) r.partial_inputs = {{2}};
+  return r;
+}
+}  // namespace
+
 void register_reduce_ops(OpTable& t) {
   add_op(t, OpKind::kReduceSum, 1, infer_reduce, grad_reduce_sum, cost_reduce);
   add_op(t, OpKind::kReduceMean, 1, infer_reduce, grad_reduce_mean, cost_reduce);
   add_op(t, OpKind::kReduceMax, 1, infer_reduce, grad_reduce_max, cost_reduce);
   add_op(t, OpKind::kReduceMaxGrad, 3, infer_reduce_max_grad, nullptr, cost_reduce);
+  for (OpKind k : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax,
+                   OpKind::kReduceMaxGrad})
+    set_sharding(t, k, sharding_reduce);
 }
 
 }  // namespace meshflow

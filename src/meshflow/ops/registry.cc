@@ -63,6 +63,10 @@ void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
   d.stateful_rng = stateful_rng;
 }
 
+void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn) {
+  t[static_cast<int>(kind)].sharding = fn;
+}
+
 std::string node_label(const Node& n) {
   return std::string(op_name(n.kind)) + " '" + n.name + "'";
 }

@@ -11,6 +11,7 @@
 // one slice per concat input.
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -221,12 +222,56 @@ OpCost cost_slice(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// ---- sharding: every op here is linear (Partial passes through) ----
+// transpose: dims move with their factors; reshape: parallel/sharding_rule.h's
+// reshape_rule; slice/slice_grad/concat: the cut or joined dim must be
+// replicated, the others pass through.
+namespace {
+ShardingRule sharding_transpose(const Graph& g, const Node& n) {
+  const Shape& x = g.shape(n.inputs[0]);
+  std::vector<int> perm = value_or_throw(permutation(n, x));
+  ShardingRule r(1, 1);
+  for (int i = 0; i < x.rank(); ++i) {
+    int f = r.add(x.name(perm[i]), x.size(perm[i]));
+    r.in(f, 0, perm[i]).out(f, 0, i);
+  }
+  r.partial_inputs = {{0}};
+  return r;
+}
+ShardingRule sharding_reshape(const Graph& g, const Node& n) {
+  ShardingRule r = reshape_rule(g.shape(n.inputs[0]), g.shape(n.outputs[0]));
+  r.partial_inputs = {{0}};
+  return r;
+}
+ShardingRule sharding_slice_concat(const Graph& g, const Node& n) {
+  const Shape& y = g.shape(n.outputs[0]);
+  const int axis = value_or_throw(single_axis(n, y.rank()));
+  const int ni = static_cast<int>(n.inputs.size());
+  ShardingRule r(ni, 1);
+  std::vector<int> all;
+  for (int i = 0; i < ni; ++i) all.push_back(i);
+  for (int d = 0; d < y.rank(); ++d) {
+    int f = r.add(y.name(d), y.size(d),
+                  d == axis ? ShardingRule::Factor::kNeedReplicate : ShardingRule::Factor::kPassThrough);
+    r.out(f, 0, d);
+    if (d != axis || n.kind != OpKind::kConcat)  // concat inputs differ in size on the axis
+      for (int i = 0; i < ni; ++i) r.in(f, i, d);
+  }
+  r.partial_inputs = {all};
+  return r;
+}
+}  // namespace
+
 void register_shape_ops(OpTable& t) {
   add_op(t, OpKind::kTranspose, 1, infer_transpose, grad_transpose, cost_move);
   add_op(t, OpKind::kReshape, 1, infer_reshape, grad_reshape, cost_move);
   add_op(t, OpKind::kSlice, 1, infer_slice, grad_slice, cost_slice);
   add_op(t, OpKind::kSliceGrad, 1, infer_slice_grad, grad_slice_grad, cost_move);
   add_op(t, OpKind::kConcat, -1, infer_concat, grad_concat, cost_move);
+  set_sharding(t, OpKind::kTranspose, sharding_transpose);
+  set_sharding(t, OpKind::kReshape, sharding_reshape);
+  for (OpKind k : {OpKind::kSlice, OpKind::kSliceGrad, OpKind::kConcat})
+    set_sharding(t, k, sharding_slice_concat);
 }
 
 }  // namespace meshflow

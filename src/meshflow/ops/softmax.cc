@@ -17,6 +17,7 @@
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -147,6 +148,48 @@ OpCost cost_correct_count(const Graph& g, const Node& n) {
 
 }  // namespace
 
+// Sharding: V (the last dim) must be replicated everywhere. Leading dims pass
+// through softmax/log_softmax and their gradients (linear in dy). The loss is a
+// mean over the valid positions with one global count, so a shard's mean is not
+// a part of it: cross_entropy and its gradient keep every dim replicated for now
+// (a sharded loss needs a kernel that sums and a global count). correct_count
+// sums: its position dims are reductions (Partial(sum) of counts is exact).
+namespace {
+ShardingRule sharding_softmax(const Graph& g, const Node& n) {
+  const Shape& x = g.shape(n.inputs[0]);
+  ShardingRule r = broadcast_rule(g, n, x);
+  set_input_factor_kind(r, 0, x.rank() - 1, ShardingRule::Factor::kNeedReplicate);
+  if (n.inputs.size() == 2) r.partial_inputs = {{1}};
+  return r;
+}
+// Logits [.., V]; input 1 (targets) and `rows_out` (-1: none) have the leading dims.
+ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Kind rows, int rows_out) {
+  const Shape& x = g.shape(n.inputs[0]);
+  ShardingRule r(static_cast<int>(n.inputs.size()), static_cast<int>(n.outputs.size()));
+  for (int d = 0; d + 1 < x.rank(); ++d) {
+    int f = r.add(x.name(d), x.size(d), rows);
+    r.in(f, 0, d).in(f, 1, d);
+    if (n.inputs.size() > 2) r.in(f, 2, d);  // cross_entropy_grad's lse
+    if (rows_out >= 0) r.out(f, rows_out, d);
+  }
+  int v = r.add(x.name(-1), x.size(-1), ShardingRule::Factor::kNeedReplicate);
+  r.in(v, 0, x.rank() - 1);
+  if (n.kind == OpKind::kCrossEntropyGrad) r.out(v, 0, x.rank() - 1);
+  if (n.kind == OpKind::kCrossEntropyGrad)
+    for (int f = 0; f + 1 < static_cast<int>(r.factors.size()); ++f) r.out(f, 0, f);
+  return r;
+}
+ShardingRule sharding_cross_entropy(const Graph& g, const Node& n) {
+  return logits_rule(g, n, ShardingRule::Factor::kNeedReplicate, 1);
+}
+ShardingRule sharding_cross_entropy_grad(const Graph& g, const Node& n) {
+  return logits_rule(g, n, ShardingRule::Factor::kNeedReplicate, -1);
+}
+ShardingRule sharding_correct_count(const Graph& g, const Node& n) {
+  return logits_rule(g, n, ShardingRule::Factor::kReduction, -1);
+}
+}  // namespace
+
 void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
   add_op(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
@@ -155,6 +198,12 @@ void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
   add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
   add_op(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
+  for (OpKind k : {OpKind::kSoftmax, OpKind::kSoftmaxGrad, OpKind::kLogSoftmax,
+                   OpKind::kLogSoftmaxGrad})
+    set_sharding(t, k, sharding_softmax);
+  set_sharding(t, OpKind::kCrossEntropy, sharding_cross_entropy);
+  set_sharding(t, OpKind::kCrossEntropyGrad, sharding_cross_entropy_grad);
+  set_sharding(t, OpKind::kCorrectCount, sharding_correct_count);
 }
 
 }  // namespace meshflow

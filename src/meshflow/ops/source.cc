@@ -3,6 +3,7 @@
 //   input      attrs.shape                  fed before each run (tokens, targets, lr, ...)
 //   state      attrs.shape                  optimizer state (momentum, Adam moments), zero-init
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -15,9 +16,18 @@ Status infer_source(const Graph& g, const Node& n, std::vector<Value>* outs) {
 OpCost no_cost(const Graph&, const Node&) { return {}; }
 }  // namespace
 
+// Sharding: a source can be stored in any layout: one pass-through factor per dim.
+namespace {
+ShardingRule sharding_source(const Graph& g, const Node& n) {
+  return broadcast_rule(g, n, g.shape(n.outputs[0]));
+}
+}  // namespace
+
 void register_source_ops(OpTable& t) {
   for (OpKind k : {OpKind::kParameter, OpKind::kInput, OpKind::kState})
     add_op(t, k, 0, infer_source, nullptr, no_cost);
+  for (OpKind k : {OpKind::kParameter, OpKind::kInput, OpKind::kState})
+    set_sharding(t, k, sharding_source);
 }
 
 }  // namespace meshflow
