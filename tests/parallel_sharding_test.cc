@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -24,10 +26,6 @@ namespace {
 
 using Ranges = std::vector<std::pair<int64_t, int64_t>>;
 
-bool is_source(OpKind k) {
-  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
-}
-
 // Every factor maps to dims of its size (reshape: a part of the dim), and no
 // operand dim has two factors.
 void expect_consistent(const Graph& g, const Node& n) {
@@ -42,10 +40,13 @@ void expect_consistent(const Graph& g, const Node& n) {
         if (d < 0) continue;
         ASSERT_LT(d, s.rank()) << f.name;
         ++seen[d];
-        if (n.kind == OpKind::kReshape) EXPECT_EQ(s.size(d) % f.size, 0) << f.name;
-        else if (!(n.kind == OpKind::kSlice || n.kind == OpKind::kSliceGrad) ||
-                 f.kind != ShardingRule::Factor::kNeedReplicate)
+        const bool cut = (n.kind == OpKind::kSlice || n.kind == OpKind::kSliceGrad) &&
+                         f.kind == ShardingRule::Factor::kNeedReplicate;
+        if (n.kind == OpKind::kReshape) {
+          EXPECT_EQ(s.size(d) % f.size, 0) << f.name;
+        } else if (!cut) {
           EXPECT_EQ(s.size(d), f.size) << f.name << " on " << (input ? "input " : "output ") << i;
+        }
       }
       for (int d = 0; d < s.rank(); ++d) EXPECT_LE(seen[d], 1) << "dim " << d;
     }
@@ -100,13 +101,11 @@ Tensor local_block(const Tensor& t, const Mesh& mesh, const Layout& l, int rank)
       w *= static_cast<float>(c[a] + 1) / static_cast<float>(k * (k + 1) / 2);
     }
   if (t.dtype() == DType::I32) {
-    for_block(t.shape(), r, [&](int64_t gi, int64_t li) {
-      out.data<int32_t>()[li] = t.data<int32_t>()[gi];
-    });
+    for_block(t.shape(), r,
+              [&](int64_t gi, int64_t li) { out.data<int32_t>()[li] = t.data<int32_t>()[gi]; });
   } else {
-    for_block(t.shape(), r, [&](int64_t gi, int64_t li) {
-      out.data<float>()[li] = t.data<float>()[gi] * w;
-    });
+    for_block(t.shape(), r,
+              [&](int64_t gi, int64_t li) { out.data<float>()[li] = t.data<float>()[gi] * w; });
   }
   return out;
 }
@@ -139,6 +138,8 @@ std::vector<Tensor> run_node(const Graph& g, NodeId id, const std::vector<Tensor
   return outs;
 }
 
+int g_checked = 0;  // strategies checked numerically
+
 // Runs `n` of `g` split by `st` on `mesh` and compares with `want`.
 void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingStrategy& st,
                     const std::vector<Tensor>& ins, const std::vector<Tensor>& want) {
@@ -156,7 +157,8 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
       out_s.push_back(g.shape(n.inputs[i]));
     }
   std::vector<Tensor> got;
-  for (size_t o = 0; o < want.size(); ++o) got.push_back(Tensor::zeros(want[o].shape(), want[o].dtype()));
+  for (size_t o = 0; o < want.size(); ++o)
+    got.push_back(Tensor::zeros(want[o].shape(), want[o].dtype()));
   for (int rank = 0; rank < mesh.num_ranks(); ++rank) {
     Graph lg;
     Builder lb(lg);
@@ -190,11 +192,13 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
       }
     }
   }
+  ++g_checked;
   for (size_t o = 0; o < want.size(); ++o) {
     const int64_t numel = want[o].shape().numel();
     if (want[o].dtype() == DType::I32) {
       for (int64_t i = 0; i < numel; ++i)
-        ASSERT_EQ(got[o].data<int32_t>()[i], want[o].data<int32_t>()[i]) << "output " << o << " @" << i;
+        ASSERT_EQ(got[o].data<int32_t>()[i], want[o].data<int32_t>()[i])
+            << "output " << o << " @" << i;
       continue;
     }
     float scale = 0;
@@ -236,6 +240,15 @@ struct OpCase {
 // rule allows, a variant with a Partial input set on a replicated axis.
 void check_op(OpCase& c, NodeId id, int max_per_mesh = 24) {
   const Node& n = c.g.node(id);
+  const int checked0 = g_checked;
+  struct Report {
+    const Node& n;
+    const int& c0;
+    ~Report() {
+      if (std::getenv("MF_SHARDING_VERBOSE"))
+        std::fprintf(stderr, "%s: %d strategies checked\n", node_label(n).c_str(), g_checked - c0);
+    }
+  } report{n, checked0};
   expect_consistent(c.g, n);
   std::vector<Tensor> want = run_node(c.g, id, c.vals);
   ShardingRule rule = sharding_rule(c.g, n);
@@ -332,8 +345,8 @@ TEST(ParallelSharding, EnumerateMatmulOn1DAnd2DMeshes) {
   EXPECT_EQ(one[0].to_string(), "[R], [R] -> [R]");
   std::vector<std::string> got;
   for (auto& s : one) got.push_back(s.to_string());
-  EXPECT_NE(std::find(got.begin(), got.end(), "[R], [S(0)] -> [P]") == got.end(), true)
-      << ::testing::PrintToString(got);
+  EXPECT_EQ(got, (std::vector<std::string>{"[R], [R] -> [R]", "[S(0)], [R] -> [S(0)]",
+                                           "[R], [S(1)] -> [S(1)]", "[S(1)], [S(0)] -> [P]"}));
   // 1-D, 4 ranks: n=6 does not split 4 ways.
   EXPECT_EQ(enumerate_strategies(c.g, n, Mesh::line(4)).size(), 3u);
   // 2-D {2, 2}: 4 options per axis, all valid (m=8 splits 4 ways, n 2 ways, k 4 ways; n on
@@ -360,7 +373,8 @@ TEST(ParallelSharding, MismatchedSplitNamesDimSizesAndValidSplits) {
   Layout bk = value_or_throw(Layout::parse("[R, S(0)]"));
   s = validate_strategy(g, n, mesh, {a, bk}, {Layout::Replicated(2)});
   EXPECT_NE(s.message().find("would be [R, P]"), std::string::npos) << s.message();
-  EXPECT_TRUE(validate_strategy(g, n, mesh, {a, bk}, {value_or_throw(Layout::parse("[R, P]"))}).is_ok());
+  EXPECT_TRUE(
+      validate_strategy(g, n, mesh, {a, bk}, {value_or_throw(Layout::parse("[R, P]"))}).is_ok());
 }
 
 TEST(ParallelSharding, NeedReplicateAndPartialErrors) {
@@ -368,11 +382,13 @@ TEST(ParallelSharding, NeedReplicateAndPartialErrors) {
   c.in(S({{"b", 4}, {"v", 8}}));
   NodeId id = c.op(OpKind::kSoftmax, {}, "sm");
   Mesh mesh = Mesh::line(2);
-  auto r = derive_output_layouts(c.g, c.g.node(id), mesh, {value_or_throw(Layout::parse("[S(1)]"))});
+  auto r =
+      derive_output_layouts(c.g, c.g.node(id), mesh, {value_or_throw(Layout::parse("[S(1)]"))});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("softmax 'sm': dim 1 (v=8) of input 0 is factor v=8, which must "
-                                      "be replicated"),
-            std::string::npos)
+  EXPECT_NE(
+      r.status().message().find("softmax 'sm': dim 1 (v=8) of input 0 is factor v=8, which must "
+                                "be replicated"),
+      std::string::npos)
       << r.status().message();
   r = derive_output_layouts(c.g, c.g.node(id), mesh, {value_or_throw(Layout::parse("[P]"))});
   ASSERT_FALSE(r.is_ok());
@@ -481,10 +497,10 @@ TEST(ParallelShardingNumeric, LayerNormAndGrad) {
     check_op(c, c.op(OpKind::kLayerNorm, a));
   }
   OpCase c;
-  c.in(S({{"b", 4}, {"s", 6}, {"c", 8}}));  // dy
-  c.in(S({{"b", 4}, {"s", 6}, {"c", 8}}));  // x
-  c.in(S({{"c", 8}}));                      // gamma
-  c.in(S({{"b", 4}, {"s", 6}}));            // mean
+  c.in(S({{"b", 4}, {"s", 6}, {"c", 8}}));   // dy
+  c.in(S({{"b", 4}, {"s", 6}, {"c", 8}}));   // x
+  c.in(S({{"c", 8}}));                       // gamma
+  c.in(S({{"b", 4}, {"s", 6}}));             // mean
   c.in(S({{"b", 4}, {"s", 6}}), 0.5f, 2.f);  // rstd
   check_op(c, c.op(OpKind::kLayerNormGrad));
 }
@@ -589,16 +605,145 @@ TEST(ParallelShardingNumeric, SumSquaresAndAdamW) {
   }
   OpCase c;
   Shape p = S({{"a", 4}, {"b", 6}});
-  c.in(p);                // param
-  c.in(p);                // grad
-  c.in(p);                // m
-  c.in(p, 0.f, 1.f);      // v
+  c.in(p);                      // param
+  c.in(p);                      // grad
+  c.in(p);                      // m
+  c.in(p, 0.f, 1.f);            // v
   c.in(Shape{}, 0.01f, 0.01f);  // lr
   c.in(Shape{}, 3.f, 3.f);      // step
   c.in(Shape{}, 0.5f, 0.5f);    // coef
   Attrs a;
   a.weight_decay = 0.1f;
   check_op(c, c.op(OpKind::kAdamWUpdate, a), 12);
+}
+
+TEST(ParallelShardingNumeric, MoreElementwise) {
+  for (OpKind k : {OpKind::kSub, OpKind::kDiv, OpKind::kBiasAdd}) {
+    OpCase c;
+    c.in(S({{"b", 4}, {"h", 6}}));
+    c.in(S({{"h", 6}}), 1.f, 2.f);
+    check_op(c, c.op(k));
+    if (HasFatalFailure()) return;
+  }
+  for (OpKind k : {OpKind::kScale, OpKind::kRelu, OpKind::kSilu, OpKind::kLogSoftmax}) {
+    OpCase c;
+    c.in(S({{"b", 4}, {"h", 6}}));
+    Attrs a;
+    a.alpha = 0.5f;
+    check_op(c, c.op(k, a));
+    if (HasFatalFailure()) return;
+  }
+  for (OpKind k : {OpKind::kReluGrad, OpKind::kSiluGrad, OpKind::kLogSoftmaxGrad}) {
+    OpCase c;
+    c.in(S({{"b", 4}, {"h", 6}}));
+    c.in(S({{"b", 4}, {"h", 6}}));
+    check_op(c, c.op(k));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(ParallelShardingNumeric, CrossEntropyStaysReplicated) {
+  OpCase c;
+  c.in(S({{"b", 4}, {"s", 6}, {"v", 5}}));
+  c.ids(S({{"b", 4}, {"s", 6}}), 5);
+  NodeId id = c.op(OpKind::kCrossEntropy);
+  // Only the replicated strategy: a shard's mean loss is not a part of the mean.
+  EXPECT_EQ(enumerate_strategies(c.g, c.g.node(id), Mesh::line(2)).size(), 1u);
+  check_op(c, id);
+}
+
+TEST(ParallelShardingNumeric, RmsNormGradAndSliceGradAndReduceMaxGrad) {
+  {
+    OpCase c;
+    c.in(S({{"b", 4}, {"c", 8}}));   // dy
+    c.in(S({{"b", 4}, {"c", 8}}));   // x
+    c.in(S({{"c", 8}}));             // gamma
+    c.in(S({{"b", 4}}), 0.5f, 2.f);  // rstd
+    check_op(c, c.op(OpKind::kRmsNormGrad));
+  }
+  {
+    OpCase c;
+    c.in(S({{"a", 4}, {"b", 3}}));
+    Attrs a;
+    a.axes = {1};
+    a.ints = {1, 4};
+    a.shape = S({{"a", 4}, {"b", 6}});
+    check_op(c, c.op(OpKind::kSliceGrad, a));
+  }
+  OpCase c;
+  c.in(S({{"a", 4}, {"b", 6}}));
+  c.in(S({{"a", 4}}));
+  c.in(S({{"a", 4}}));
+  Attrs a;
+  a.axes = {1};
+  // y = the true max of x, so the grad has work to do.
+  for (int i = 0; i < 4; ++i) {
+    float m = -1e9f;
+    for (int j = 0; j < 6; ++j) m = std::max(m, c.vals[0].data<float>()[i * 6 + j]);
+    c.vals[1].data<float>()[i] = m;
+  }
+  check_op(c, c.op(OpKind::kReduceMaxGrad, a));
+}
+
+TEST(ParallelShardingNumeric, AttentionGradRopeDropout) {
+  {
+    OpCase c;
+    Shape q = S({{"b", 2}, {"h", 4}, {"t", 6}, {"d", 4}});
+    Graph& g = c.g;
+    ValueId qi = c.in(q), ki = c.in(q), vi = c.in(q);
+    ValueId out = c.b.attention(qi, ki, vi, /*causal=*/false);
+    (void)g;
+    // dout, q, k, v, out, lse: feed dout and the real out/lse from a forward run.
+    std::vector<Tensor> fw = run_node(c.g, c.g.num_nodes() - 1, c.vals);
+    OpCase d;
+    d.in(q);
+    d.in(q), d.in(q), d.in(q), d.in(q);
+    d.in(S({{"b", 2}, {"h", 4}, {"t", 6}}));
+    for (int i = 0; i < 3; ++i) d.vals[1 + i] = c.vals[i];
+    d.vals[4] = fw[0];
+    d.vals[5] = fw[1];
+    (void)out;
+    Attrs a;
+    a.causal = false;
+    check_op(d, d.op(OpKind::kAttentionGrad, a), 12);
+    if (HasFatalFailure()) return;
+  }
+  {
+    OpCase c;
+    c.in(S({{"b", 2}, {"t", 6}, {"h", 4}, {"d", 4}}));
+    Attrs a;
+    check_op(c, c.op(OpKind::kRope, a));
+    if (HasFatalFailure()) return;
+  }
+  // dropout with p = 0 (a sharded mask differs from the unsharded one for p > 0: see
+  // ops/attention.cc).
+  OpCase c;
+  c.in(S({{"b", 4}, {"h", 6}}));
+  ValueId off = c.b.rng_offset();
+  c.ins.push_back(off);
+  c.vals.push_back(Tensor::zeros(Shape{}, DType::I32));
+  Attrs a;
+  a.p = 0.f;
+  check_op(c, c.op(OpKind::kDropout, a));
+}
+
+TEST(ParallelShardingNumeric, SgdUpdateAndClipCoef) {
+  {
+    OpCase c;
+    Shape p = S({{"a", 4}, {"b", 6}});
+    c.in(p), c.in(p), c.in(p);
+    c.in(Shape{}, 0.1f, 0.1f);
+    c.in(Shape{}, 1.f, 1.f);
+    Attrs a;
+    a.momentum = 0.9f;
+    a.weight_decay = 0.01f;
+    check_op(c, c.op(OpKind::kSgdUpdate, a));
+  }
+  OpCase c;
+  c.in(Shape{}, 1.f, 2.f), c.in(Shape{}, 1.f, 2.f);
+  Attrs a;
+  a.max_norm = 1.f;
+  check_op(c, c.op(OpKind::kClipCoef, a));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // OpKind: the one enum of operators. An op is data, not a class: its shape
-// rule, gradient rule, cost and (next issue) sharding rules live in one OpDef
+// rule, gradient rule, cost and sharding rule live in one OpDef
 // table entry (ops/op_def.h), and its CPU kernel in kernels/cpu/.
 //
 // X(enum name, printed name). Keep families together; the printed name is what

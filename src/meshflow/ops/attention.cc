@@ -204,7 +204,8 @@ OpCost cost_rope(const Graph& g, const Node& n) {
 // seq and head_dim must be replicated. The query seq passes through only when
 // not causal: the causal mask aligns the last query with the last key, which a
 // shard of the queries would not know (replicated under causal).
-// attention_grad: the same factors over (dout, q, k, v, out, lse) -> (dq, dk, dv).
+// attention_grad: the same factors over (dout, q, k, v, out, lse) -> (dq, dk, dv);
+// the query seq is a reduction there (a query shard gives dq's rows but Partial dk, dv).
 // dropout: element-wise, linear in x; NOTE a shard draws its mask by its local
 // element index, so a sharded dropout is a different (equally random) mask than
 // the unsharded one; dropout_grad with the same layouts reproduces it.
@@ -225,7 +226,11 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
   const bool heads = q.size(1) == k.size(1);
   const int fb = r.add(q.name(0), q.size(0));
   const int fh = r.add(q.name(1), q.size(1), heads ? F::kPassThrough : F::kNeedReplicate);
-  const int ft = r.add(q.name(2), q.size(2), n.attrs.causal ? F::kNeedReplicate : F::kPassThrough);
+  // attention_grad: every query row adds to dk and dv, which a query shard leaves Partial.
+  const int ft = r.add(q.name(2), q.size(2),
+                       n.attrs.causal ? F::kNeedReplicate
+                       : grad         ? F::kReduction
+                                      : F::kPassThrough);
   const int fs = r.add(k.name(2), k.size(2), F::kNeedReplicate);
   const int fd = r.add(q.name(3), q.size(3), F::kNeedReplicate);
   auto map = [&](char role, auto&& set) {
@@ -256,7 +261,8 @@ void register_attention_ops(OpTable& t) {
   add_op(t, OpKind::kAttention, 3, infer_attention, grad_attention, cost_attention);
   add_op(t, OpKind::kAttentionGrad, 6, infer_attention_grad, nullptr, cost_attention_grad);
   add_op(t, OpKind::kDropout, 2, infer_dropout, grad_dropout, nullptr, 0, true);
-  add_op(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, 0, true);  // linear: same rule
+  add_op(t, OpKind::kDropoutGrad, 2, infer_dropout, grad_dropout, nullptr, 0,
+         true);  // linear: same rule
   add_op(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
   set_sharding(t, OpKind::kAttention, sharding_attention);
   set_sharding(t, OpKind::kAttentionGrad, sharding_attention);

@@ -92,8 +92,10 @@ ShardingRule sharding_embedding(const Graph& g, const Node& n) {
     int f = r.add(ids.name(d), ids.size(d),
                   grad ? ShardingRule::Factor::kReduction : ShardingRule::Factor::kPassThrough);
     r.in(f, 1, d);
-    if (grad) r.in(f, 0, d);
-    else r.out(f, 0, d);
+    if (grad)
+      r.in(f, 0, d);
+    else
+      r.out(f, 0, d);
   }
   int v = r.add(table.name(0), table.size(0), ShardingRule::Factor::kNeedReplicate);
   int c = r.add(table.name(1), table.size(1));
@@ -109,7 +111,8 @@ ShardingRule sharding_embedding(const Graph& g, const Node& n) {
 
 void register_embedding_ops(OpTable& t) {
   add_op(t, OpKind::kEmbedding, 2, infer_embedding, grad_embedding, cost_embedding);
-  add_op(t, OpKind::kEmbeddingGrad, 2, infer_embedding_grad, grad_embedding_grad, cost_embedding_grad);
+  add_op(t, OpKind::kEmbeddingGrad, 2, infer_embedding_grad, grad_embedding_grad,
+         cost_embedding_grad);
   set_sharding(t, OpKind::kEmbedding, sharding_embedding);
   set_sharding(t, OpKind::kEmbeddingGrad, sharding_embedding);
 }

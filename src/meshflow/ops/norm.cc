@@ -176,10 +176,17 @@ ShardingRule sharding_norm(const Graph& g, const Node& n) {
   const char* outs = "FRR";
   bool grad = false;
   switch (n.kind) {
-    case OpKind::kLayerNormGrad: ins = "FFCRR", outs = "FCC", grad = true; break;
-    case OpKind::kRmsNorm: ins = "FC", outs = "FR"; break;
-    case OpKind::kRmsNormGrad: ins = "FFCR", outs = "FC", grad = true; break;
-    default: break;
+    case OpKind::kLayerNormGrad:
+      ins = "FFCRR", outs = "FCC", grad = true;
+      break;
+    case OpKind::kRmsNorm:
+      ins = "FC", outs = "FR";
+      break;
+    case OpKind::kRmsNormGrad:
+      ins = "FFCR", outs = "FC", grad = true;
+      break;
+    default:
+      break;
   }
   const Shape& x = g.shape(n.inputs[0]);
   const int ni = static_cast<int>(n.inputs.size()), no = static_cast<int>(n.outputs.size());
@@ -207,7 +214,8 @@ void register_norm_ops(OpTable& t) {
   add_op(t, OpKind::kLayerNormGrad, 5, infer_layer_norm_grad, nullptr, cost_layer_norm_grad);
   add_op(t, OpKind::kRmsNorm, 2, infer_rms_norm, grad_rms_norm, cost_rms_norm);
   add_op(t, OpKind::kRmsNormGrad, 4, infer_rms_norm_grad, nullptr, cost_rms_norm_grad);
-  for (OpKind k : {OpKind::kLayerNorm, OpKind::kLayerNormGrad, OpKind::kRmsNorm, OpKind::kRmsNormGrad})
+  for (OpKind k :
+       {OpKind::kLayerNorm, OpKind::kLayerNormGrad, OpKind::kRmsNorm, OpKind::kRmsNormGrad})
     set_sharding(t, k, sharding_norm);
 }
 

@@ -1,6 +1,6 @@
 // OpDef: one table entry per OpKind. Everything meshflow knows about an op is
 // here, as data: its shape rule, its gradient rule, its cost, which inputs it
-// updates in place, and (next issue) its sharding rules. The CPU kernel lives
+// updates in place, and its sharding rule (parallel/sharding_rule.h). The CPU kernel lives
 // in kernels/cpu/ under the same OpKind.
 //
 // Each op family registers its entries in its own file (ops/matmul.cc,

@@ -147,9 +147,9 @@ ShardingRule sharding_reduce(const Graph& g, const Node& n) {
   int kept = 0;
   for (int d = 0; d < x.rank(); ++d) {
     const bool red = contains(axes, d);
-    auto kind = !red ? ShardingRule::Factor::kPassThrough
-                     : n.kind == OpKind::kReduceSum ? ShardingRule::Factor::kReduction
-                                                    : ShardingRule::Factor::kNeedReplicate;
+    auto kind = !red                           ? ShardingRule::Factor::kPassThrough
+                : n.kind == OpKind::kReduceSum ? ShardingRule::Factor::kReduction
+                                               : ShardingRule::Factor::kNeedReplicate;
     int f = r.add(x.name(d), x.size(d), kind);
     r.in(f, 0, d);
     // reduce_max_grad: (x, y, dy) -> dx [x's shape]; y and dy have the reduced shape.
@@ -173,8 +173,8 @@ void register_reduce_ops(OpTable& t) {
   add_op(t, OpKind::kReduceMean, 1, infer_reduce, grad_reduce_mean, cost_reduce);
   add_op(t, OpKind::kReduceMax, 1, infer_reduce, grad_reduce_max, cost_reduce);
   add_op(t, OpKind::kReduceMaxGrad, 3, infer_reduce_max_grad, nullptr, cost_reduce);
-  for (OpKind k : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax,
-                   OpKind::kReduceMaxGrad})
+  for (OpKind k :
+       {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMaxGrad})
     set_sharding(t, k, sharding_reduce);
 }
 

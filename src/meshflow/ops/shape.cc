@@ -251,8 +251,9 @@ ShardingRule sharding_slice_concat(const Graph& g, const Node& n) {
   std::vector<int> all;
   for (int i = 0; i < ni; ++i) all.push_back(i);
   for (int d = 0; d < y.rank(); ++d) {
-    int f = r.add(y.name(d), y.size(d),
-                  d == axis ? ShardingRule::Factor::kNeedReplicate : ShardingRule::Factor::kPassThrough);
+    int f = r.add(
+        y.name(d), y.size(d),
+        d == axis ? ShardingRule::Factor::kNeedReplicate : ShardingRule::Factor::kPassThrough);
     r.out(f, 0, d);
     if (d != axis || n.kind != OpKind::kConcat)  // concat inputs differ in size on the axis
       for (int i = 0; i < ni; ++i) r.in(f, i, d);

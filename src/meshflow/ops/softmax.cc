@@ -163,7 +163,8 @@ ShardingRule sharding_softmax(const Graph& g, const Node& n) {
   return r;
 }
 // Logits [.., V]; input 1 (targets) and `rows_out` (-1: none) have the leading dims.
-ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Kind rows, int rows_out) {
+ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Kind rows,
+                         int rows_out) {
   const Shape& x = g.shape(n.inputs[0]);
   ShardingRule r(static_cast<int>(n.inputs.size()), static_cast<int>(n.outputs.size()));
   for (int d = 0; d + 1 < x.rank(); ++d) {
@@ -198,8 +199,8 @@ void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
   add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
   add_op(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
-  for (OpKind k : {OpKind::kSoftmax, OpKind::kSoftmaxGrad, OpKind::kLogSoftmax,
-                   OpKind::kLogSoftmaxGrad})
+  for (OpKind k :
+       {OpKind::kSoftmax, OpKind::kSoftmaxGrad, OpKind::kLogSoftmax, OpKind::kLogSoftmaxGrad})
     set_sharding(t, k, sharding_softmax);
   set_sharding(t, OpKind::kCrossEntropy, sharding_cross_entropy);
   set_sharding(t, OpKind::kCrossEntropyGrad, sharding_cross_entropy_grad);

@@ -90,7 +90,6 @@ std::string mesh_splits(int64_t size, const Mesh& mesh) {
   return s;
 }
 
-
 }  // namespace
 
 Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n, const Mesh& mesh,
@@ -101,7 +100,8 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
                            std::to_string(n.inputs.size()) + " inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
     Status s = validate(inputs[i], mesh, g.shape(n.inputs[i]));
-    if (!s.is_ok()) return Status::invalid(label + ": input " + std::to_string(i) + ": " + s.message());
+    if (!s.is_ok())
+      return Status::invalid(label + ": input " + std::to_string(i) + ": " + s.message());
   }
   const ShardingRule r = sharding_rule(g, n);
   const int nin = r.num_inputs, nout = r.num_outputs, naxes = mesh.num_axes();
@@ -114,8 +114,8 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
       std::vector<int> ax = inputs[i].shard_axes(d);
       int f = r.input_factor(i, d);
       if (ax.empty()) continue;
-      std::string dim = "dim " + std::to_string(d) + " (" + sh.name(d) + "=" +
-                        std::to_string(sh.size(d)) + ")";
+      std::string dim =
+          "dim " + std::to_string(d) + " (" + sh.name(d) + "=" + std::to_string(sh.size(d)) + ")";
       if (f < 0)
         return Status::invalid(label + ": " + dim + " of input " + std::to_string(i) +
                                " cannot be sharded (it is split or merged by the op); keep it R");
@@ -148,16 +148,17 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
         return Status::invalid(head + " is split " + std::to_string(count0) + " ways on input " +
                                std::to_string(first_input[f]) + " but " + std::to_string(count) +
                                " ways on input " + std::to_string(i) + valid);
-      return Status::invalid(head + " is split over mesh axes " + inputs[first_input[f]].to_string() +
-                             " on input " + std::to_string(first_input[f]) + " but " +
-                             inputs[i].to_string() + " on input " + std::to_string(i) +
-                             "; the same axes in the same order are needed");
+      return Status::invalid(
+          head + " is split over mesh axes " + inputs[first_input[f]].to_string() + " on input " +
+          std::to_string(first_input[f]) + " but " + inputs[i].to_string() + " on input " +
+          std::to_string(i) + "; the same axes in the same order are needed");
     }
     if (fa.size % count0 != 0)
       return Status::invalid(label + ": dim " + fa.name + "=" + std::to_string(fa.size) +
                              " cannot be split " + std::to_string(count0) + " ways" + valid);
   }
-  std::vector<std::vector<Placement>> outp(nout, std::vector<Placement>(naxes, Placement::Replicate()));
+  std::vector<std::vector<Placement>> outp(nout,
+                                           std::vector<Placement>(naxes, Placement::Replicate()));
   for (int a = 0; a < naxes; ++a) {
     std::vector<int> partial;
     int factor = -1;
@@ -173,9 +174,8 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
       factor = f;
     }
     if (!partial.empty()) {
-      bool ok = factor < 0 &&
-                std::find(r.partial_inputs.begin(), r.partial_inputs.end(), partial) !=
-                    r.partial_inputs.end();
+      bool ok = factor < 0 && std::find(r.partial_inputs.begin(), r.partial_inputs.end(),
+                                        partial) != r.partial_inputs.end();
       if (!ok) {
         std::string valid;
         for (const auto& set : r.partial_inputs) {
@@ -183,10 +183,9 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
           for (size_t k = 0; k < set.size(); ++k) valid += (k ? "," : "") + std::to_string(set[k]);
           valid += "}";
         }
-        return Status::invalid(label + ": on mesh axis " + mesh.axis_name(a) +
-                               " the Partial inputs must be one of " +
-                               (valid.empty() ? std::string("none") : valid) +
-                               " with every other input R");
+        return Status::invalid(
+            label + ": on mesh axis " + mesh.axis_name(a) + " the Partial inputs must be one of " +
+            (valid.empty() ? std::string("none") : valid) + " with every other input R");
       }
       for (int o = 0; o < nout; ++o) outp[o][a] = Placement::Partial();
       continue;
@@ -196,8 +195,10 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
     const auto& ax = axes_of[factor];
     int order = static_cast<int>(std::find(ax.begin(), ax.end(), a) - ax.begin());
     for (int o = 0; o < nout; ++o) {
-      if (fa.output_dim[o] >= 0) outp[o][a] = Placement::Shard(fa.output_dim[o], order);
-      else if (fa.kind == Factor::kReduction) outp[o][a] = Placement::Partial();
+      if (fa.output_dim[o] >= 0)
+        outp[o][a] = Placement::Shard(fa.output_dim[o], order);
+      else if (fa.kind == Factor::kReduction)
+        outp[o][a] = Placement::Partial();
     }
   }
   std::vector<Layout> outs;
@@ -224,7 +225,8 @@ Status validate_strategy(const Graph& g, const Node& n, const Mesh& mesh,
   return Status::ok();
 }
 
-std::vector<ShardingStrategy> enumerate_strategies(const Graph& g, const Node& n, const Mesh& mesh) {
+std::vector<ShardingStrategy> enumerate_strategies(const Graph& g, const Node& n,
+                                                   const Mesh& mesh) {
   const ShardingRule r = sharding_rule(g, n);
   std::vector<int> options = {-1};
   for (size_t f = 0; f < r.factors.size(); ++f)
@@ -308,13 +310,16 @@ ShardingRule reshape_rule(const Shape& in, const Shape& out) {
       ++o;
       continue;
     }
-    MF_CHECK(i < in.rank() && o < out.rank()) << "reshape " << in.to_string() << " -> " << out.to_string();
+    MF_CHECK(i < in.rank() && o < out.rank())
+        << "reshape " << in.to_string() << " -> " << out.to_string();
     // The smallest group [i, i1) x [o, o1) with equal products.
     int i1 = i + 1, o1 = o + 1;
     int64_t pi = in.size(i), po = out.size(o);
     while (pi != po) {
-      if (pi < po) pi *= in.size(i1++);
-      else po *= out.size(o1++);
+      if (pi < po)
+        pi *= in.size(i1++);
+      else
+        po *= out.size(o1++);
     }
     if (i1 == i + 1 && o1 == o + 1) {
       int f = r.add(out.name(o), out.size(o));
