@@ -18,7 +18,10 @@ RunConfig dp_run(const std::string& model, int micro_batches, const std::string&
   json llama = {{"model_type", "llama"}, {"num_hidden_layers", 2}, {"hidden_size", 32},
                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 64},
                 {"vocab_size", 256}, {"max_position_embeddings", 16}};
-  json doc = {{"model", model == "gpt" ? gpt : llama},
+  json gpt_dropout = gpt;
+  gpt_dropout["resid_pdrop"] = 0.1;
+  gpt_dropout["embd_pdrop"] = 0.1;
+  json doc = {{"model", model == "gpt" ? gpt : model == "gpt_dropout" ? gpt_dropout : llama},
               {"data", {{"dataset", "fortunes"}}},
               {"train", {{"steps", 3}, {"batch_size", 16}, {"micro_batches", micro_batches}, {"seq_len", 16},
                          {"threads", 2}, {"eval_batches", 2}, {"bucket_mib", 0.01}}},
@@ -85,7 +88,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel,
                          ::testing::Values(DpCase{"gpt", "sgd", 1, 1}, DpCase{"gpt", "sgd", 2, 1},
                                            DpCase{"gpt", "sgd", 4, 1}, DpCase{"gpt", "sgd", 8, 1},
                                            DpCase{"gpt", "sgd", 2, 2}, DpCase{"llama", "adamw", 2, 1},
-                                           DpCase{"llama", "adamw", 4, 2}),
+                                           DpCase{"llama", "adamw", 4, 2},
+                                           // Dropout masks: each rank draws the global elements of its
+                                           // rows, so they are the one-device masks.
+                                           DpCase{"gpt_dropout", "sgd", 2, 1}, DpCase{"gpt_dropout", "sgd", 4, 2}),
                          [](const auto& info) {
                            const DpCase& c = info.param;
                            return c.model + "_" + c.optimizer + "_" + std::to_string(c.ranks) + "ranks_" +

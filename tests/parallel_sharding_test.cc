@@ -721,7 +721,7 @@ TEST(ParallelShardingNumeric, AttentionGradRopeDropout) {
   c.in(S({{"b", 4}, {"h", 6}}));
   ValueId off = c.b.rng_offset();
   c.ins.push_back(off);
-  c.vals.push_back(Tensor::zeros(Shape{}, DType::I32));
+  c.vals.push_back(Tensor::zeros(Shape{{"rng", 2}}, DType::I32));
   Attrs a;
   a.p = 0.f;
   check_op(c, c.op(OpKind::kDropout, a));

@@ -74,7 +74,7 @@ ValueId Builder::state(const std::string& name, Shape shape) {
 ValueId Builder::rng_offset() {
   ValueId v = g_.find("rng_offset");
   if (v != kNoValue) return v;
-  return input("rng_offset", Shape{}, DType::I32);
+  return input("rng_offset", Shape{{"rng", 2}}, DType::I32);
 }
 
 ValueId Builder::matmul(ValueId a, ValueId b, MatMulOpts o, const std::string& name) {

@@ -63,7 +63,12 @@ class Builder {
   ValueId parameter(const std::string& name, Shape shape, Init init);
   ValueId input(const std::string& name, Shape shape, DType dtype = DType::F32);
   ValueId state(const std::string& name, Shape shape);
-  // The graph's i32 scalar input "rng_offset" (counter for dropout streams).
+  // The graph's i32 input "rng_offset" [2] for dropout: (stream offset, shard).
+  // Element 0 picks the random stream (the trainer feeds step * micro_batches +
+  // micro); element 1 is this rank's index along the leading (batch) dim, so
+  // element i of a local tensor of n elements draws global element shard*n + i
+  // and data-parallel ranks reproduce the one-device mask exactly. A negative
+  // offset turns dropout off (evaluation).
   ValueId rng_offset();
 
   ValueId matmul(ValueId a, ValueId b, MatMulOpts o = {}, const std::string& name = "");

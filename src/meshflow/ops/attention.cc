@@ -145,9 +145,9 @@ Status check_dropout(const Graph& g, const Node& n) {
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
   MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
   MF_RETURN_IF_ERROR(expect_dtype(g, n, 1, DType::I32));
-  if (g.shape(n.inputs[1]).rank() != 0)
+  if (g.shape(n.inputs[1]).numel() != 2)
     return Status::invalid(node_label(n) + ": rng_offset" + g.shape(n.inputs[1]).to_string() +
-                           " must be an i32 scalar (Builder::rng_offset())");
+                           " must be i32 [2]: (stream offset, shard) (Builder::rng_offset())");
   const float p = n.attrs.p;
   if (!(p >= 0.f && p < 1.f))
     return Status::invalid(node_label(n) + ": dropout probability p must be in [0, 1), got " +
@@ -245,6 +245,7 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
 }
 ShardingRule sharding_dropout(const Graph& g, const Node& n) {
   ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
+  for (auto& f : r.factors) f.input_dim[1] = -1;  // the rng pair is replicated, never sharded
   r.partial_inputs = {{0}};
   return r;
 }

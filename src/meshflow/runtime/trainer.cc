@@ -145,8 +145,10 @@ StepResult Trainer::step() {
     at.micro = micro;
     at.micro_batches = m;
     feed_batch(value_or_throw(data_->train_batch(at, global_micro_batch_, shard)));
-    // Dropout streams differ per rank (each rank holds different rows).
-    ex.feed_scalar_i32("rng_offset", static_cast<int32_t>((step_ * m + micro) * world_ + rank_));
+    // Dropout: one stream per micro-batch; this rank's rows draw their global
+    // elements of it, so the masks are those of one device.
+    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), rank_};
+    if (g.find("rng_offset") != kNoValue) throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
       ex.run(ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); });
     else
@@ -180,7 +182,7 @@ EvalResult Trainer::evaluate() {
   const bool has_correct = g.outputs.count("correct") > 0;
   const int64_t per_batch =
       static_cast<int64_t>(global_micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
-  ex.feed_scalar_i32("rng_offset", 0);
+  ex.feed_scalar_i32("rng_offset", -1);  // evaluation: dropout off
   for (EvalIterator it = data_->eval(global_micro_batch_, {rank_, world_}, rc_.train.eval_batches); !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());

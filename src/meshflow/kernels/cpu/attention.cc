@@ -260,11 +260,12 @@ void attention_grad_kernel(const KernelCall& c) {
 // dropout(x, rng_offset) and dropout_grad(dy, rng_offset): the same masked scale.
 void dropout_kernel(const KernelCall& c) {
   const float* x = c.in_f(0);
-  const int32_t offset = *c.in_i(1);
+  const int32_t offset = c.in_i(1)[0];
+  const uint64_t base = static_cast<uint64_t>(c.in_i(1)[1]) * static_cast<uint64_t>(c.out_shape(0).numel());
   float* y = c.out_f(0);
   const int64_t n = c.out_shape(0).numel();
   const float p = c.attrs().p;
-  if (p == 0.f) {
+  if (p == 0.f || offset < 0) {  // a negative offset is evaluation: dropout off
     std::memcpy(y, x, n * sizeof(float));
     return;
   }
@@ -274,7 +275,7 @@ void dropout_kernel(const KernelCall& c) {
   // the pointers are not reloaded through the closure each iteration.
   cpu::parallel_for(n, 4, [=](int64_t lo, int64_t hi) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) y[i] = dropout_keep(stream, i, p) ? x[i] * scale : 0.f;
+    for (int64_t i = lo; i < hi; ++i) y[i] = dropout_keep(stream, base + i, p) ? x[i] * scale : 0.f;
   });
 }
 
