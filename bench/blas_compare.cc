@@ -16,10 +16,10 @@
 
 namespace {
 
-using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                            float*, int);
-using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                          int64_t, float, float*, int64_t);
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
+                            int, float, float*, int);
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 struct Shape {
@@ -61,13 +61,15 @@ int main(int argc, char** argv) {
   };
   double total_flops = 0, total_s = 0;
   for (const Shape& s : shapes) {
-    std::vector<float> a(size_t(s.m) * s.k, 0.5f), b(size_t(s.k) * s.n, 0.25f), c(size_t(s.m) * s.n);
+    std::vector<float> a(size_t(s.m) * s.k, 0.5f), b(size_t(s.k) * s.n, 0.25f),
+        c(size_t(s.m) * s.n);
     auto run = [&] {
       if (dnnl)
-        dsgemm('N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.tb ? s.k : s.n, 0.f, c.data(), s.n);
+        dsgemm('N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.tb ? s.k : s.n,
+               0.f, c.data(), s.n);
       else
-        cblas(kRowMajor, kNoTrans, s.tb ? kTrans : kNoTrans, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(),
-              s.tb ? s.k : s.n, 0.f, c.data(), s.n);
+        cblas(kRowMajor, kNoTrans, s.tb ? kTrans : kNoTrans, s.m, s.n, s.k, 1.f, a.data(), s.k,
+              b.data(), s.tb ? s.k : s.n, 0.f, c.data(), s.n);
     };
     for (int i = 0; i < 3; ++i) run();
     int reps = 0;

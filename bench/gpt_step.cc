@@ -36,8 +36,8 @@ double gemm_peak() {
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f,
-                c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n,
+                0.f, c.data(), n);
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
   }
   return best;
@@ -50,13 +50,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int v = std::atoi(argv[i + 1]);
-    if (k == "--threads") threads = v;
-    else if (k == "--steps") steps = v;
-    else if (k == "--layers") layers = v;
-    else if (k == "--embd") embd = v;
-    else if (k == "--heads") heads = v;
-    else if (k == "--seq") seq = v;
-    else if (k == "--batch") batch = v;
+    if (k == "--threads")
+      threads = v;
+    else if (k == "--steps")
+      steps = v;
+    else if (k == "--layers")
+      layers = v;
+    else if (k == "--embd")
+      embd = v;
+    else if (k == "--heads")
+      heads = v;
+    else if (k == "--seq")
+      seq = v;
+    else if (k == "--batch")
+      batch = v;
     else {
       std::fprintf(stderr, "gpt_step: unknown option %s\n", k.c_str());
       return 2;
@@ -82,7 +89,8 @@ int main(int argc, char** argv) {
   ExecutorOptions eo;
   eo.seed = 1;
   Executor ex(g, eo);
-  Tensor tokens(g.shape(g.find("tokens")), DType::I32), targets(g.shape(g.find("targets")), DType::I32);
+  Tensor tokens(g.shape(g.find("tokens")), DType::I32),
+      targets(g.shape(g.find("targets")), DType::I32);
   Rng rng(3);
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.below(256));
@@ -106,9 +114,12 @@ int main(int argc, char** argv) {
   double peak = gemm_peak();
   double tps = double(batch) * seq * steps / el;
   std::printf(
-      "{\"impl\": \"meshflow\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"gflops\": %.2f, "
-      "\"gemm_peak_gflops\": %.2f, \"fraction_of_gemm_peak\": %.3f, \"loss\": %.4f, \"peak_bytes\": %lld}\n",
-      threads, tps, 1e3 * el / steps, flops * steps / el / 1e9, peak, flops * steps / el / 1e9 / peak,
-      ex.scalar(g.loss), static_cast<long long>(ex.memory().total()));
+      "{\"impl\": \"meshflow\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+      "\"gflops\": %.2f, "
+      "\"gemm_peak_gflops\": %.2f, \"fraction_of_gemm_peak\": %.3f, \"loss\": %.4f, "
+      "\"peak_bytes\": %lld}\n",
+      threads, tps, 1e3 * el / steps, flops * steps / el / 1e9, peak,
+      flops * steps / el / 1e9 / peak, ex.scalar(g.loss),
+      static_cast<long long>(ex.memory().total()));
   return 0;
 }

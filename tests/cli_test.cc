@@ -37,8 +37,9 @@ CliRun run(const std::string& args) {
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("meshflow_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("meshflow_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -51,12 +52,18 @@ class Cli : public ::testing::Test {
   }
 
   static json gpt_run() {
-    return {{"model",
-             {{"model_type", "gpt2"}, {"n_layer", 1}, {"n_embd", 32}, {"n_head", 2}, {"n_positions", 16},
-              {"vocab_size", 256}}},
-            {"data", {{"dataset", "fortunes"}}},
-            {"train", {{"steps", 2}, {"batch_size", 4}, {"seq_len", 16}, {"threads", 1}, {"eval_batches", 1}}},
-            {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};
+    return {
+        {"model",
+         {{"model_type", "gpt2"},
+          {"n_layer", 1},
+          {"n_embd", 32},
+          {"n_head", 2},
+          {"n_positions", 16},
+          {"vocab_size", 256}}},
+        {"data", {{"dataset", "fortunes"}}},
+        {"train",
+         {{"steps", 2}, {"batch_size", 4}, {"seq_len", 16}, {"threads", 1}, {"eval_batches", 1}}},
+        {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};
   }
 
   fs::path dir_;
@@ -67,7 +74,8 @@ void expect_user_error(const CliRun& r, const std::string& must_contain) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(must_contain), std::string::npos) << "output: " << r.output;
   EXPECT_EQ(r.output.find("Aborted"), std::string::npos) << r.output;
-  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "expected one line: " << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
+      << "expected one line: " << r.output;
 }
 
 TEST_F(Cli, HelpExitsZero) {
@@ -114,7 +122,8 @@ TEST_F(Cli, WrongType) {
 }
 
 TEST_F(Cli, WrongTypeThroughSet) {
-  expect_user_error(run("train " + write(gpt_run()) + " --set optimizer.lr=fast"), "optimizer.lr must be a number");
+  expect_user_error(run("train " + write(gpt_run()) + " --set optimizer.lr=fast"),
+                    "optimizer.lr must be a number");
 }
 
 TEST_F(Cli, HeadsDoNotDivideEmbedding) {
@@ -163,7 +172,8 @@ TEST_F(Cli, UnknownModelType) {
 TEST_F(Cli, TrainsAndWritesMetrics) {
   std::string metrics = (dir_ / "m.jsonl").string();
   std::string ckpt = (dir_ / "w.safetensors").string();
-  CliRun r = run("train " + write(gpt_run()) + " --metrics " + metrics + " --checkpoint " + ckpt + " --quiet");
+  CliRun r = run("train " + write(gpt_run()) + " --metrics " + metrics + " --checkpoint " + ckpt +
+                 " --quiet");
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream in(metrics);
   std::string line;
@@ -187,17 +197,20 @@ TEST_F(Cli, TrainsAndWritesMetrics) {
   EXPECT_EQ(run("train " + write(gpt_run()) + " --init " + ckpt + " --quiet").code, 0);
   json other = gpt_run();
   other["model"]["n_embd"] = 64;
-  expect_user_error(run("train " + write(other, "other.json") + " --init " + ckpt + " --quiet"), "shape");
+  expect_user_error(run("train " + write(other, "other.json") + " --init " + ckpt + " --quiet"),
+                    "shape");
 }
 
 TEST_F(Cli, UnwritableCheckpointFailsBeforeTraining) {
-  expect_user_error(run("train " + write(gpt_run()) + " --checkpoint " + (dir_ / "no_dir" / "w.safetensors").string()),
+  expect_user_error(run("train " + write(gpt_run()) + " --checkpoint " +
+                        (dir_ / "no_dir" / "w.safetensors").string()),
                     "no_dir");
 }
 
 TEST_F(Cli, MissingInitCheckpoint) {
-  expect_user_error(run("train " + write(gpt_run()) + " --init " + (dir_ / "none.safetensors").string()),
-                    "none.safetensors");
+  expect_user_error(
+      run("train " + write(gpt_run()) + " --init " + (dir_ / "none.safetensors").string()),
+      "none.safetensors");
 }
 
 TEST_F(Cli, GraphPrintsTheTrainingGraph) {

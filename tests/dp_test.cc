@@ -13,19 +13,29 @@ namespace meshflow {
 namespace {
 
 RunConfig dp_run(const std::string& model, int micro_batches, const std::string& optimizer) {
-  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_embd", 32}, {"n_head", 2}, {"n_positions", 16},
-              {"vocab_size", 256}};
-  json llama = {{"model_type", "llama"}, {"num_hidden_layers", 2}, {"hidden_size", 32},
-                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 64},
-                {"vocab_size", 256}, {"max_position_embeddings", 16}};
+  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},
+              {"n_head", 2},          {"n_positions", 16}, {"vocab_size", 256}};
+  json llama = {{"model_type", "llama"},    {"num_hidden_layers", 2},
+                {"hidden_size", 32},        {"num_attention_heads", 4},
+                {"num_key_value_heads", 2}, {"intermediate_size", 64},
+                {"vocab_size", 256},        {"max_position_embeddings", 16}};
   json gpt_dropout = gpt;
   gpt_dropout["resid_pdrop"] = 0.1;
   gpt_dropout["embd_pdrop"] = 0.1;
-  json doc = {{"model", model == "gpt" ? gpt : model == "gpt_dropout" ? gpt_dropout : llama},
+  json doc = {{"model", model == "gpt"           ? gpt
+                        : model == "gpt_dropout" ? gpt_dropout
+                                                 : llama},
               {"data", {{"dataset", "fortunes"}}},
-              {"train", {{"steps", 3}, {"batch_size", 16}, {"micro_batches", micro_batches}, {"seq_len", 16},
-                         {"threads", 2}, {"eval_batches", 2}, {"bucket_mib", 0.01}}},
-              {"optimizer", {{"type", optimizer}, {"lr", optimizer == "sgd" ? 0.1 : 1e-3}, {"momentum", 0.0}}}};
+              {"train",
+               {{"steps", 3},
+                {"batch_size", 16},
+                {"micro_batches", micro_batches},
+                {"seq_len", 16},
+                {"threads", 2},
+                {"eval_batches", 2},
+                {"bucket_mib", 0.01}}},
+              {"optimizer",
+               {{"type", optimizer}, {"lr", optimizer == "sgd" ? 0.1 : 1e-3}, {"momentum", 0.0}}}};
   if (optimizer == "sgd") doc["optimizer"]["momentum"] = 0.9;
   return value_or_throw(parse_run_config(doc, ""));
 }
@@ -72,7 +82,8 @@ TEST_P(DataParallel, SameLossesAndWeightsAsOneRank) {
     const Trace& t = per_rank[r];
     ASSERT_EQ(t.losses.size(), single.losses.size());
     for (size_t i = 0; i < t.losses.size(); ++i)
-      EXPECT_NEAR(t.losses[i], single.losses[i], 2e-5 * std::fabs(single.losses[i])) << "rank " << r << " step " << i;
+      EXPECT_NEAR(t.losses[i], single.losses[i], 2e-5 * std::fabs(single.losses[i]))
+          << "rank " << r << " step " << i;
     EXPECT_NEAR(t.eval_loss, single.eval_loss, 2e-5 * single.eval_loss) << "rank " << r;
     for (const auto& [name, w] : single.weights) {
       const std::vector<float>& got = t.weights.at(name);
@@ -87,15 +98,17 @@ TEST_P(DataParallel, SameLossesAndWeightsAsOneRank) {
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel,
                          ::testing::Values(DpCase{"gpt", "sgd", 1, 1}, DpCase{"gpt", "sgd", 2, 1},
                                            DpCase{"gpt", "sgd", 4, 1}, DpCase{"gpt", "sgd", 8, 1},
-                                           DpCase{"gpt", "sgd", 2, 2}, DpCase{"llama", "adamw", 2, 1},
+                                           DpCase{"gpt", "sgd", 2, 2},
+                                           DpCase{"llama", "adamw", 2, 1},
                                            DpCase{"llama", "adamw", 4, 2},
-                                           // Dropout masks: each rank draws the global elements of its
-                                           // rows, so they are the one-device masks.
-                                           DpCase{"gpt_dropout", "sgd", 2, 1}, DpCase{"gpt_dropout", "sgd", 4, 2}),
+                                           // Dropout masks: each rank draws the global elements of
+                                           // its rows, so they are the one-device masks.
+                                           DpCase{"gpt_dropout", "sgd", 2, 1},
+                                           DpCase{"gpt_dropout", "sgd", 4, 2}),
                          [](const auto& info) {
                            const DpCase& c = info.param;
-                           return c.model + "_" + c.optimizer + "_" + std::to_string(c.ranks) + "ranks_" +
-                                  std::to_string(c.micro_batches) + "micro";
+                           return c.model + "_" + c.optimizer + "_" + std::to_string(c.ranks) +
+                                  "ranks_" + std::to_string(c.micro_batches) + "micro";
                          });
 
 TEST(DataParallelErrors, BatchThatDoesNotSplitAcrossRanks) {

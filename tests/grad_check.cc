@@ -59,7 +59,8 @@ double max_rel_diff(const float* a, const float* b, int64_t n) {
 
   Executor ex(g);
   for (size_t i = 0; i < params.size(); ++i) {
-    Tensor v = i < c.param_values.size() ? c.param_values[i] : random_tensor(c.params[i], c.seed + i);
+    Tensor v =
+        i < c.param_values.size() ? c.param_values[i] : random_tensor(c.params[i], c.seed + i);
     ex.storage(params[i]).copy_from(v.raw());
   }
   for (const auto& [name, t] : c.inputs) {

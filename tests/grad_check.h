@@ -26,11 +26,11 @@ namespace meshflow::testing {
 
 struct GradCase {
   std::vector<Shape> params;
-  std::vector<Tensor> param_values;           // optional, same order as params
-  std::map<std::string, Tensor> inputs;       // fixed inputs (created by build via b.input)
+  std::vector<Tensor> param_values;      // optional, same order as params
+  std::map<std::string, Tensor> inputs;  // fixed inputs (created by build via b.input)
   std::function<ValueId(Builder&, const std::vector<ValueId>&)> build;
-  float eps = 1e-2f;   // finite-difference step
-  float tol = 1e-2f;   // max |analytic - numeric| / max(1, |numeric|)
+  float eps = 1e-2f;  // finite-difference step
+  float tol = 1e-2f;  // max |analytic - numeric| / max(1, |numeric|)
   uint64_t seed = 7;
 };
 

@@ -58,9 +58,9 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{true, false, 1, 0, S({4, 3}), S({4, 5})},
                       MatMulCase{false, true, 1, 0, S({3, 4}), S({5, 4})},
                       MatMulCase{true, true, 1, 0, S({4, 3}), S({5, 4})},
-                      MatMulCase{false, false, 1, 0, S({2, 3, 4}), S({4, 5})},    // folded M
-                      MatMulCase{false, false, 2, 0, S({3, 2, 2}), S({2, 2, 5})}, // 2 K dims
-                      MatMulCase{false, false, 1, 1, S({2, 3, 4}), S({2, 4, 5})}, // batched
+                      MatMulCase{false, false, 1, 0, S({2, 3, 4}), S({4, 5})},     // folded M
+                      MatMulCase{false, false, 2, 0, S({3, 2, 2}), S({2, 2, 5})},  // 2 K dims
+                      MatMulCase{false, false, 1, 1, S({2, 3, 4}), S({2, 4, 5})},  // batched
                       MatMulCase{true, true, 1, 2, S({2, 2, 4, 3}), S({2, 2, 5, 4})}));
 
 TEST(Elementwise, BroadcastGradients) {
@@ -69,7 +69,8 @@ TEST(Elementwise, BroadcastGradients) {
     c.params = {S({2, 3, 4}), S({3, 1})};
     c.build = [k](Builder& b, const std::vector<ValueId>& p) {
       ValueId rhs = p[1];
-      if (k == OpKind::kDiv) rhs = b.add(b.mul(p[1], p[1]), b.broadcast_to(p[1], b.graph().shape(p[1])));
+      if (k == OpKind::kDiv)
+        rhs = b.add(b.mul(p[1], p[1]), b.broadcast_to(p[1], b.graph().shape(p[1])));
       return b.op1(k, {p[0], k == OpKind::kDiv ? b.add(b.mul(p[1], p[1]), p[1]) : rhs});
     };
     if (k == OpKind::kDiv) {

@@ -18,7 +18,6 @@ using testing::random_tensor;
 
 using testing::S;
 
-
 std::vector<float> run(const Graph& g, const std::map<std::string, Tensor>& feeds, ValueId out) {
   Executor ex(g, {.seed = 0, .fetch = {out}});
   for (const auto& [name, t] : feeds) {

@@ -21,17 +21,24 @@ namespace {
 // per-query constant), so Adam turns its rounding noise into full-size steps
 // whose sign depends on summation order.
 RunConfig tiny_run(int micro_batches, const std::string& optimizer) {
-  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_embd", 32}, {"n_head", 2}, {"n_positions", 16},
-              {"vocab_size", 256}, {"resid_pdrop", 0.0}};
-  json llama = {{"model_type", "llama"}, {"num_hidden_layers", 2}, {"hidden_size", 32},
-                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 64},
-                {"vocab_size", 256}, {"max_position_embeddings", 16}};
+  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},      {"n_head", 2},
+              {"n_positions", 16},    {"vocab_size", 256}, {"resid_pdrop", 0.0}};
+  json llama = {{"model_type", "llama"},    {"num_hidden_layers", 2},
+                {"hidden_size", 32},        {"num_attention_heads", 4},
+                {"num_key_value_heads", 2}, {"intermediate_size", 64},
+                {"vocab_size", 256},        {"max_position_embeddings", 16}};
   json doc = {
       {"model", optimizer == "sgd" ? gpt : llama},
       {"data", {{"dataset", "fortunes"}}},
-      {"train", {{"steps", 3}, {"batch_size", 8}, {"micro_batches", micro_batches}, {"seq_len", 16},
-                 {"threads", 1}, {"eval_batches", 2}}},
-      {"optimizer", {{"type", optimizer}, {"lr", optimizer == "sgd" ? 0.1 : 1e-3}, {"schedule", "constant"}}}};
+      {"train",
+       {{"steps", 3},
+        {"batch_size", 8},
+        {"micro_batches", micro_batches},
+        {"seq_len", 16},
+        {"threads", 1},
+        {"eval_batches", 2}}},
+      {"optimizer",
+       {{"type", optimizer}, {"lr", optimizer == "sgd" ? 0.1 : 1e-3}, {"schedule", "constant"}}}};
   if (optimizer == "sgd") doc["optimizer"]["momentum"] = 0.9;
   return value_or_throw(parse_run_config(doc, ""));
 }
@@ -177,9 +184,12 @@ TEST(MemoryPlan, LiveValuesNeverOverlap) {
     for (ValueId u = 0; u < g.num_values(); ++u)
       for (ValueId v = u + 1; v < g.num_values(); ++v) {
         if (plan.offset[u] < 0 || plan.offset[v] < 0) continue;
-        bool alive_together = plan.first_use[u] <= plan.last_use[v] && plan.first_use[v] <= plan.last_use[u];
-        bool bytes_overlap = plan.offset[u] < plan.offset[v] + 64 && plan.offset[v] < plan.offset[u] + 64;
-        EXPECT_FALSE(alive_together && bytes_overlap) << "values " << u << " and " << v << " seed " << seed;
+        bool alive_together =
+            plan.first_use[u] <= plan.last_use[v] && plan.first_use[v] <= plan.last_use[u];
+        bool bytes_overlap =
+            plan.offset[u] < plan.offset[v] + 64 && plan.offset[v] < plan.offset[u] + 64;
+        EXPECT_FALSE(alive_together && bytes_overlap)
+            << "values " << u << " and " << v << " seed " << seed;
       }
   }
 }
@@ -196,9 +206,11 @@ TEST(Optimizer, WeightDecaySkipsBiasesAndNormGains) {
   OptimizerConfig oc;
   std::set<std::string> decayed;
   for (ValueId p : decayed_parameters(m.graph, oc)) decayed.insert(m.graph.value(p).name);
-  for (const char* w : {"wte.weight", "wpe.weight", "h.0.attn.q_proj.weight", "h.1.mlp.c_proj.weight"})
+  for (const char* w :
+       {"wte.weight", "wpe.weight", "h.0.attn.q_proj.weight", "h.1.mlp.c_proj.weight"})
     EXPECT_TRUE(decayed.count(w)) << w;
-  for (const char* b : {"h.0.attn.q_proj.bias", "h.0.mlp.c_fc.bias", "h.0.ln_1.weight", "h.0.ln_1.bias", "ln_f.weight"})
+  for (const char* b : {"h.0.attn.q_proj.bias", "h.0.mlp.c_fc.bias", "h.0.ln_1.weight",
+                        "h.0.ln_1.bias", "ln_f.weight"})
     EXPECT_FALSE(decayed.count(b)) << b;
   oc.decay_all = true;
   EXPECT_EQ(decayed_parameters(m.graph, oc).size(), m.graph.parameters().size());

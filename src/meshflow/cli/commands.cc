@@ -1,14 +1,14 @@
 #include "meshflow/cli/commands.h"
 
-#include <csignal>
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
-#include <cstdlib>
-#include <stdexcept>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <stdexcept>
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/optim/optimizer.h"
@@ -66,14 +66,15 @@ Status train_rank(const TrainOptions& o, const RunConfig& rc, std::shared_ptr<Co
   if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load_checkpoint(o.init));
   const TrainConfig& tc = rc.train;
   const int world = trainer.world_size();
-  progress.message("meshflow: " + rc.model_source + ": " + std::to_string(trainer.num_parameters()) +
-                   " parameters; " + std::to_string(tc.steps) + " steps of batch " +
-                   std::to_string(tc.batch_size) +
-                   (tc.micro_batches > 1 ? " (" + std::to_string(tc.micro_batches) + " micro-batches)" : "") +
-                   (world > 1 ? " on " + std::to_string(world) + " ranks (" +
-                                    std::string(comm->transport().backend()) + ", data parallel)"
-                              : "") +
-                   "; memory planned " + format_bytes(trainer.peak_bytes()) + (world > 1 ? " per rank" : ""));
+  progress.message(
+      "meshflow: " + rc.model_source + ": " + std::to_string(trainer.num_parameters()) +
+      " parameters; " + std::to_string(tc.steps) + " steps of batch " +
+      std::to_string(tc.batch_size) +
+      (tc.micro_batches > 1 ? " (" + std::to_string(tc.micro_batches) + " micro-batches)" : "") +
+      (world > 1 ? " on " + std::to_string(world) + " ranks (" +
+                       std::string(comm->transport().backend()) + ", data parallel)"
+                 : "") +
+      "; memory planned " + format_bytes(trainer.peak_bytes()) + (world > 1 ? " per rank" : ""));
 
   double window_s = 0, window_flops = 0, window_wait = 0;
   int64_t window_items = 0;
@@ -143,14 +144,15 @@ int train_impl(const TrainOptions& o) {
     namespace fs = std::filesystem;
     fs::path dir = fs::absolute(rc->train.checkpoint).parent_path();
     if (!fs::is_directory(dir) || access(dir.c_str(), W_OK) != 0)
-      return user_error(Status::invalid("checkpoint '" + rc->train.checkpoint + "': directory '" + dir.string() +
-                                        "' does not exist or is not writable"));
+      return user_error(Status::invalid("checkpoint '" + rc->train.checkpoint + "': directory '" +
+                                        dir.string() + "' does not exist or is not writable"));
   }
 
   if (launched_by_mpirun()) {
     if (o.ranks > 1)
-      return user_error(Status::invalid("--ranks " + std::to_string(o.ranks) +
-                                        " with mpirun: the ranks are mpirun's processes (-np); drop --ranks"));
+      return user_error(
+          Status::invalid("--ranks " + std::to_string(o.ranks) +
+                          " with mpirun: the ranks are mpirun's processes (-np); drop --ranks"));
     Result<std::shared_ptr<Transport>> t = make_mpi_transport();
     if (!t.is_ok()) return exit_code(t.status());
     Status s;
@@ -161,7 +163,8 @@ int train_impl(const TrainOptions& o) {
     } catch (const std::exception& e) {
       s = Status::internal(e.what());
     }
-    if (!s.is_ok() && (*t)->size() > 1) (*t)->abort(s.message());  // stops every rank, exits non-zero
+    if (!s.is_ok() && (*t)->size() > 1)
+      (*t)->abort(s.message());  // stops every rank, exits non-zero
     return s.is_ok() ? 0 : exit_code(s);
   }
   if (o.ranks <= 1) {
@@ -192,7 +195,8 @@ int run_graph(const GraphOptions& o) {
     Result<RunConfig> rc = load_run_config(o.config, o.overrides);
     if (!rc.is_ok()) return user_error(rc.status());
     const TrainConfig& tc = rc->train;
-    Result<ModelGraph> m = build_model_from_json(rc->model, tc.batch_size / tc.micro_batches, tc.seq_len);
+    Result<ModelGraph> m =
+        build_model_from_json(rc->model, tc.batch_size / tc.micro_batches, tc.seq_len);
     if (!m.is_ok()) return user_error(m.status().with_context(rc->model_source));
     Graph& g = m->graph;
     append_backward(g);

@@ -15,24 +15,30 @@
 #include "meshflow/cli/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshflow: train neural networks across devices, choosing how to split the work.\n"
-               "Run 'meshflow COMMAND --help' for a command's options."};
+  CLI::App app{
+      "meshflow: train neural networks across devices, choosing how to split the work.\n"
+      "Run 'meshflow COMMAND --help' for a command's options."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "meshflow 0.1");
 
   meshflow::cli::TrainOptions train;
   CLI::App* t = app.add_subcommand("train", "Train a model from a run config (JSON)");
-  t->add_option("config", train.config, "Run config JSON (see configs/ and docs/config.md)")->required();
+  t->add_option("config", train.config, "Run config JSON (see configs/ and docs/config.md)")
+      ->required();
   t->add_option("--steps", train.steps, "Override train.steps");
-  t->add_option("--set", train.overrides, "Override any config key: --set optimizer.lr=3e-4 (repeatable)");
+  t->add_option("--set", train.overrides,
+                "Override any config key: --set optimizer.lr=3e-4 (repeatable)");
   t->add_option("--metrics", train.metrics, "Write JSON-lines metrics to FILE");
-  t->add_option("--threads", train.threads, "Compute threads (default: train.threads, else all cores)");
-  t->add_option("--checkpoint", train.checkpoint, "Write a safetensors checkpoint of the weights at the end");
+  t->add_option("--threads", train.threads,
+                "Compute threads (default: train.threads, else all cores)");
+  t->add_option("--checkpoint", train.checkpoint,
+                "Write a safetensors checkpoint of the weights at the end");
   t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
-  t->add_option("--ranks", train.ranks,
-                "Data-parallel ranks as threads of this process (under mpirun, ranks are its processes)")
+  t->add_option(
+       "--ranks", train.ranks,
+       "Data-parallel ranks as threads of this process (under mpirun, ranks are its processes)")
       ->check(CLI::Range(1, 1024));
 
   meshflow::cli::GraphOptions graph;

@@ -16,7 +16,8 @@ std::string json_type_name(const json& j) {
   return "value";
 }
 
-JsonObjectReader::JsonObjectReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+JsonObjectReader::JsonObjectReader(const json& j, std::string where)
+    : j_(j), where_(std::move(where)) {
   if (!j_.is_object())
     error_ = Status::invalid(where_ + " must be a JSON object, got " + json_type_name(j_));
 }
@@ -36,12 +37,14 @@ void JsonObjectReader::integer(const std::string& key, int64_t* out, int64_t min
   const json* v;
   if (!fetch(key, &v)) return;
   bool integral = v->is_number_integer() || v->is_number_unsigned() ||
-                  (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())));
+                  (v->is_number_float() &&
+                   v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>())));
   if (!integral) return fail(path(key) + " must be an integer, got " + json_type_name(*v));
   int64_t x = v->is_number_float() ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
   if (x < min || x > max) {
-    std::string range = max == INT64_MAX || max == INT32_MAX ? ">= " + std::to_string(min)
-                                                             : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    std::string range = max == INT64_MAX || max == INT32_MAX
+                            ? ">= " + std::to_string(min)
+                            : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
     return fail(path(key) + " must be " + range + ", got " + std::to_string(x));
   }
   *out = x;
@@ -69,7 +72,8 @@ void JsonObjectReader::number(const std::string& key, float* out, double min, do
 void JsonObjectReader::boolean(const std::string& key, bool* out) {
   const json* v;
   if (!fetch(key, &v)) return;
-  if (!v->is_boolean()) return fail(path(key) + " must be true or false, got " + json_type_name(*v));
+  if (!v->is_boolean())
+    return fail(path(key) + " must be true or false, got " + json_type_name(*v));
   *out = v->get<bool>();
 }
 
@@ -102,12 +106,15 @@ void JsonObjectReader::choice(const std::string& key, std::string* out,
 void JsonObjectReader::int_list(const std::string& key, std::vector<int64_t>* out, int64_t min) {
   const json* v;
   if (!fetch(key, &v)) return;
-  if (!v->is_array()) return fail(path(key) + " must be an array of integers, got " + json_type_name(*v));
+  if (!v->is_array())
+    return fail(path(key) + " must be an array of integers, got " + json_type_name(*v));
   std::vector<int64_t> r;
   for (const json& e : *v) {
-    if (!e.is_number_integer()) return fail(path(key) + " must contain only integers, got " + json_type_name(e));
+    if (!e.is_number_integer())
+      return fail(path(key) + " must contain only integers, got " + json_type_name(e));
     if (e.get<int64_t>() < min)
-      return fail(path(key) + " entries must be >= " + std::to_string(min) + ", got " + std::to_string(e.get<int64_t>()));
+      return fail(path(key) + " entries must be >= " + std::to_string(min) + ", got " +
+                  std::to_string(e.get<int64_t>()));
     r.push_back(e.get<int64_t>());
   }
   *out = std::move(r);
@@ -152,9 +159,12 @@ Status apply_override(json& doc, const std::string& assignment) {
   size_t start = 0;
   while (true) {
     size_t dot = key.find('.', start);
-    std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string part =
+        key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (part.empty()) return Status::invalid("--set '" + assignment + "': empty key component");
-    if (!node->is_object()) return Status::invalid("--set '" + assignment + "': '" + key.substr(0, start - 1) + "' is not an object");
+    if (!node->is_object())
+      return Status::invalid("--set '" + assignment + "': '" + key.substr(0, start - 1) +
+                             "' is not an object");
     if (dot == std::string::npos) {
       (*node)[part] = value;
       return Status::ok();

@@ -29,7 +29,8 @@ class JsonObjectReader {
   bool has(const std::string& key) const { return j_.is_object() && j_.contains(key); }
   // Each reader leaves *out unchanged when the key is absent (so it keeps its default),
   // and records the first error.
-  void integer(const std::string& key, int64_t* out, int64_t min = INT64_MIN, int64_t max = INT64_MAX);
+  void integer(const std::string& key, int64_t* out, int64_t min = INT64_MIN,
+               int64_t max = INT64_MAX);
   void integer(const std::string& key, int* out, int64_t min = INT32_MIN, int64_t max = INT32_MAX);
   void number(const std::string& key, float* out, double min = -1e300, double max = 1e300);
   void boolean(const std::string& key, bool* out);

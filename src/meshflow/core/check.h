@@ -35,8 +35,8 @@ struct Voidify {
 
 }  // namespace meshflow::detail
 
-#define MF_CHECK(cond)                 \
-  (cond) ? (void)0                     \
+#define MF_CHECK(cond)                     \
+  (cond) ? (void)0                         \
          : ::meshflow::detail::Voidify() & \
                ::meshflow::detail::CheckFailure(__FILE__, __LINE__, #cond).stream()
 

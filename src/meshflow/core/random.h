@@ -26,7 +26,9 @@ constexpr uint64_t stream_seed(std::string_view name, uint64_t seed) {
   return mix64(h ^ mix64(seed));
 }
 
-inline uint64_t random_bits(uint64_t stream, uint64_t i) { return mix64(stream ^ mix64(i)); }
+inline uint64_t random_bits(uint64_t stream, uint64_t i) {
+  return mix64(stream ^ mix64(i));
+}
 
 // Uniform in [0, 1) with 24 bits.
 inline float uniform01(uint64_t stream, uint64_t i) {

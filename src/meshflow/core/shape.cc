@@ -4,7 +4,9 @@
 
 namespace meshflow {
 
-int64_t Shape::numel() const { return prod(0, rank()); }
+int64_t Shape::numel() const {
+  return prod(0, rank());
+}
 
 int64_t Shape::prod(int begin, int end) const {
   int64_t n = 1;
@@ -53,7 +55,9 @@ Shape Shape::with_name(int axis, std::string name) const {
   return s;
 }
 
-bool Shape::same_sizes(const Shape& other) const { return sizes() == other.sizes(); }
+bool Shape::same_sizes(const Shape& other) const {
+  return sizes() == other.sizes();
+}
 
 std::string Shape::to_string() const {
   std::ostringstream os;

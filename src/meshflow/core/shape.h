@@ -3,7 +3,8 @@
 // {batch: dp, ffn: tp} attach to.
 //
 //   Shape s{{"batch", 16}, {"seq", 128}, {"hidden", 256}};
-//   s.numel() == 16*128*256;  s.index_of("seq") == 1;  s.to_string() == "[batch=16,seq=128,hidden=256]"
+//   s.numel() == 16*128*256;  s.index_of("seq") == 1;  s.to_string() ==
+//   "[batch=16,seq=128,hidden=256]"
 //
 // Invariant: sizes are >= 1 (a scalar is the rank-0 shape []). Names need not be
 // unique across a graph, but are unique within one shape unless empty.

@@ -17,7 +17,14 @@
 
 namespace meshflow {
 
-enum class StatusCode { kOk, kInvalidArgument, kNotFound, kFailedPrecondition, kInternal, kUnavailable };
+enum class StatusCode {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kFailedPrecondition,
+  kInternal,
+  kUnavailable
+};
 
 class Status {
  public:
@@ -60,7 +67,7 @@ class StatusError : public std::runtime_error {
 template <class T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit on purpose
   Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool is_ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
@@ -91,10 +98,10 @@ T value_or_throw(Result<T> r) {
 #define MF_CONCAT_INNER(a, b) a##b
 #define MF_CONCAT(a, b) MF_CONCAT_INNER(a, b)
 
-#define MF_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::meshflow::Status _mf_status = (expr);      \
-    if (!_mf_status.is_ok()) return _mf_status;  \
+#define MF_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::meshflow::Status _mf_status = (expr);     \
+    if (!_mf_status.is_ok()) return _mf_status; \
   } while (0)
 
 #define MF_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -20,7 +20,9 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(Shape shape, DType dtype);
-  static Tensor zeros(Shape shape, DType dtype = DType::F32) { return Tensor(std::move(shape), dtype); }
+  static Tensor zeros(Shape shape, DType dtype = DType::F32) {
+    return Tensor(std::move(shape), dtype);
+  }
   static Tensor scalar(float v);
 
   const Shape& shape() const { return shape_; }
@@ -30,9 +32,13 @@ class Tensor {
   bool defined() const { return buf_ != nullptr; }
 
   template <class T>
-  T* data() { return static_cast<T*>(buf_.get()); }
+  T* data() {
+    return static_cast<T*>(buf_.get());
+  }
   template <class T>
-  const T* data() const { return static_cast<const T*>(buf_.get()); }
+  const T* data() const {
+    return static_cast<const T*>(buf_.get());
+  }
   void* raw() { return buf_.get(); }
   const void* raw() const { return buf_.get(); }
 

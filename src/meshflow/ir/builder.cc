@@ -20,8 +20,8 @@ std::vector<ValueId> Builder::op(OpKind kind, std::vector<ValueId> inputs, Attrs
                                  const std::string& name) {
   Node n;
   n.kind = kind;
-  n.name = qualify(name.empty() ? std::string(op_name(kind)) + "_" + std::to_string(counter_++)
-                                : name);
+  n.name =
+      qualify(name.empty() ? std::string(op_name(kind)) + "_" + std::to_string(counter_++) : name);
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.phase = phase_;
@@ -86,10 +86,18 @@ ValueId Builder::matmul(ValueId a, ValueId b, MatMulOpts o, const std::string& n
   return op1(OpKind::kMatMul, {a, b}, at, name);
 }
 
-ValueId Builder::add(ValueId a, ValueId b, const std::string& name) { return op1(OpKind::kAdd, {a, b}, {}, name); }
-ValueId Builder::sub(ValueId a, ValueId b, const std::string& name) { return op1(OpKind::kSub, {a, b}, {}, name); }
-ValueId Builder::mul(ValueId a, ValueId b, const std::string& name) { return op1(OpKind::kMul, {a, b}, {}, name); }
-ValueId Builder::div(ValueId a, ValueId b, const std::string& name) { return op1(OpKind::kDiv, {a, b}, {}, name); }
+ValueId Builder::add(ValueId a, ValueId b, const std::string& name) {
+  return op1(OpKind::kAdd, {a, b}, {}, name);
+}
+ValueId Builder::sub(ValueId a, ValueId b, const std::string& name) {
+  return op1(OpKind::kSub, {a, b}, {}, name);
+}
+ValueId Builder::mul(ValueId a, ValueId b, const std::string& name) {
+  return op1(OpKind::kMul, {a, b}, {}, name);
+}
+ValueId Builder::div(ValueId a, ValueId b, const std::string& name) {
+  return op1(OpKind::kDiv, {a, b}, {}, name);
+}
 
 ValueId Builder::scale(ValueId x, float alpha, const std::string& name) {
   Attrs at;
@@ -113,10 +121,18 @@ ValueId Builder::broadcast_to(ValueId x, const Shape& target, const std::string&
   return op1(OpKind::kBroadcastTo, {x}, at, name);
 }
 
-ValueId Builder::relu(ValueId x, const std::string& name) { return op1(OpKind::kRelu, {x}, {}, name); }
-ValueId Builder::gelu(ValueId x, const std::string& name) { return op1(OpKind::kGelu, {x}, {}, name); }
-ValueId Builder::silu(ValueId x, const std::string& name) { return op1(OpKind::kSilu, {x}, {}, name); }
-ValueId Builder::softmax(ValueId x, const std::string& name) { return op1(OpKind::kSoftmax, {x}, {}, name); }
+ValueId Builder::relu(ValueId x, const std::string& name) {
+  return op1(OpKind::kRelu, {x}, {}, name);
+}
+ValueId Builder::gelu(ValueId x, const std::string& name) {
+  return op1(OpKind::kGelu, {x}, {}, name);
+}
+ValueId Builder::silu(ValueId x, const std::string& name) {
+  return op1(OpKind::kSilu, {x}, {}, name);
+}
+ValueId Builder::softmax(ValueId x, const std::string& name) {
+  return op1(OpKind::kSoftmax, {x}, {}, name);
+}
 ValueId Builder::log_softmax(ValueId x, const std::string& name) {
   return op1(OpKind::kLogSoftmax, {x}, {}, name);
 }
@@ -184,13 +200,16 @@ Attrs reduce_attrs(std::vector<int64_t> axes, bool keepdims) {
 }
 }  // namespace
 
-ValueId Builder::reduce_sum(ValueId x, std::vector<int64_t> axes, bool keepdims, const std::string& name) {
+ValueId Builder::reduce_sum(ValueId x, std::vector<int64_t> axes, bool keepdims,
+                            const std::string& name) {
   return op1(OpKind::kReduceSum, {x}, reduce_attrs(std::move(axes), keepdims), name);
 }
-ValueId Builder::reduce_mean(ValueId x, std::vector<int64_t> axes, bool keepdims, const std::string& name) {
+ValueId Builder::reduce_mean(ValueId x, std::vector<int64_t> axes, bool keepdims,
+                             const std::string& name) {
   return op1(OpKind::kReduceMean, {x}, reduce_attrs(std::move(axes), keepdims), name);
 }
-ValueId Builder::reduce_max(ValueId x, std::vector<int64_t> axes, bool keepdims, const std::string& name) {
+ValueId Builder::reduce_max(ValueId x, std::vector<int64_t> axes, bool keepdims,
+                            const std::string& name) {
   return op1(OpKind::kReduceMax, {x}, reduce_attrs(std::move(axes), keepdims), name);
 }
 

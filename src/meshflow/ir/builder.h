@@ -31,7 +31,8 @@ class Builder {
   // RAII scope: nodes created inside are named "<scope>.<name>".
   class Scope {
    public:
-    Scope(Builder* b, std::string saved, int saved_layer) : b_(b), saved_(std::move(saved)), saved_layer_(saved_layer) {}
+    Scope(Builder* b, std::string saved, int saved_layer)
+        : b_(b), saved_(std::move(saved)), saved_layer_(saved_layer) {}
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
     ~Scope() {

@@ -10,10 +10,14 @@ namespace meshflow {
 
 std::string_view phase_name(Phase p) {
   switch (p) {
-    case Phase::kForward: return "fwd";
-    case Phase::kBackward: return "bwd";
-    case Phase::kOptimizer: return "opt";
-    case Phase::kMetric: return "metric";
+    case Phase::kForward:
+      return "fwd";
+    case Phase::kBackward:
+      return "bwd";
+    case Phase::kOptimizer:
+      return "opt";
+    case Phase::kMetric:
+      return "metric";
   }
   return "?";
 }
@@ -42,9 +46,15 @@ std::vector<ValueId> outputs_of(const std::vector<Node>& nodes, OpKind kind) {
 }
 }  // namespace
 
-std::vector<ValueId> Graph::parameters() const { return outputs_of(nodes_, OpKind::kParameter); }
-std::vector<ValueId> Graph::inputs() const { return outputs_of(nodes_, OpKind::kInput); }
-std::vector<ValueId> Graph::states() const { return outputs_of(nodes_, OpKind::kState); }
+std::vector<ValueId> Graph::parameters() const {
+  return outputs_of(nodes_, OpKind::kParameter);
+}
+std::vector<ValueId> Graph::inputs() const {
+  return outputs_of(nodes_, OpKind::kInput);
+}
+std::vector<ValueId> Graph::states() const {
+  return outputs_of(nodes_, OpKind::kState);
+}
 
 ValueId Graph::find(const std::string& value_name) const {
   for (const Node& n : nodes_) {
@@ -69,11 +79,11 @@ Status verify(const Graph& g) {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       ValueId v = n.inputs[i];
       if (v < 0 || v >= g.num_values() || !defined[v])
-        return Status::internal(where + ": input " + std::to_string(i) + " (%" +
-                                std::to_string(v) + ") is not defined before use");
+        return Status::internal(where + ": input " + std::to_string(i) + " (%" + std::to_string(v) +
+                                ") is not defined before use");
       if (mutated[v])
-        return Status::internal(where + ": reads %" + std::to_string(v) + " '" +
-                                g.value(v).name + "' after an optimizer op updated it");
+        return Status::internal(where + ": reads %" + std::to_string(v) + " '" + g.value(v).name +
+                                "' after an optimizer op updated it");
     }
     for (ValueId v : n.outputs) {
       if (g.value(v).producer != id) return Status::internal(where + ": output producer mismatch");

@@ -54,8 +54,8 @@ struct Attrs {
   //         b is [batch.., K.., N..] (or [batch.., N.., K..] if trans_b).
   bool trans_a = false;
   bool trans_b = false;
-  int contract = 1;    // number of K dims
-  int batch_dims = 0;  // number of leading batch dims shared by a and b
+  int contract = 1;           // number of K dims
+  int batch_dims = 0;         // number of leading batch dims shared by a and b
   std::vector<int64_t> axes;  // transpose perm, reduce axes, slice/concat axis (axes[0])
   std::vector<int64_t> ints;  // slice [start, end)
   Shape shape;                // reshape / broadcast_to / sum_to / slice_grad target shape
@@ -63,14 +63,14 @@ struct Attrs {
   float eps = 1e-5f;          // norm epsilon; optimizer epsilon
   float p = 0.f;              // dropout probability
   float beta1 = 0.9f, beta2 = 0.999f, weight_decay = 0.f, momentum = 0.f;  // optimizers
-  float max_norm = 0.f;       // clip_coef
-  float theta = 10000.f;      // rope base
-  uint64_t seed = 0;          // dropout stream
-  bool causal = true;         // attention
-  bool keepdims = false;      // reductions
-  bool inverse = false;       // rope: rotate by -angle (its own gradient)
-  bool nesterov = false;      // sgd
-  Init init;                  // parameter
+  float max_norm = 0.f;                                                    // clip_coef
+  float theta = 10000.f;                                                   // rope base
+  uint64_t seed = 0;                                                       // dropout stream
+  bool causal = true;                                                      // attention
+  bool keepdims = false;                                                   // reductions
+  bool inverse = false;   // rope: rotate by -angle (its own gradient)
+  bool nesterov = false;  // sgd
+  Init init;              // parameter
 };
 
 struct Value {
@@ -116,9 +116,9 @@ class Graph {
   ValueId find(const std::string& value_name) const;
 
   // Named roles set by model builders and autodiff.
-  ValueId loss = kNoValue;                    // scalar training loss
-  std::map<ValueId, ValueId> grad_of_param;   // parameter -> its gradient
-  std::map<std::string, ValueId> outputs;     // extra named outputs (metrics, logits)
+  ValueId loss = kNoValue;                   // scalar training loss
+  std::map<ValueId, ValueId> grad_of_param;  // parameter -> its gradient
+  std::map<std::string, ValueId> outputs;    // extra named outputs (metrics, logits)
 
  private:
   std::vector<Node> nodes_;

@@ -9,67 +9,67 @@
 #include <cstdint>
 #include <string_view>
 
-#define MESHFLOW_OP_KINDS(X)                                   \
-  /* sources: no inputs */                                     \
-  X(Parameter, "parameter")                                    \
-  X(Input, "input")                                            \
-  X(State, "state")                                            \
-  /* contraction */                                            \
-  X(MatMul, "matmul")                                          \
-  /* element-wise with broadcasting */                         \
-  X(Add, "add")                                                \
-  X(Sub, "sub")                                                \
-  X(Mul, "mul")                                                \
-  X(Div, "div")                                                \
-  X(Scale, "scale")                                            \
-  X(BiasAdd, "bias_add")                                       \
-  X(SumTo, "sum_to")                                           \
-  X(BroadcastTo, "broadcast_to")                               \
-  /* activations */                                            \
-  X(Relu, "relu")                                              \
-  X(ReluGrad, "relu_grad")                                     \
-  X(Gelu, "gelu")                                              \
-  X(GeluGrad, "gelu_grad")                                     \
-  X(Silu, "silu")                                              \
-  X(SiluGrad, "silu_grad")                                     \
-  /* softmax family and loss */                                \
-  X(Softmax, "softmax")                                        \
-  X(SoftmaxGrad, "softmax_grad")                               \
-  X(LogSoftmax, "log_softmax")                                 \
-  X(LogSoftmaxGrad, "log_softmax_grad")                        \
-  X(CrossEntropy, "cross_entropy")                             \
-  X(CrossEntropyGrad, "cross_entropy_grad")                    \
-  /* normalization */                                          \
-  X(LayerNorm, "layer_norm")                                   \
-  X(LayerNormGrad, "layer_norm_grad")                          \
-  X(RmsNorm, "rms_norm")                                       \
-  X(RmsNormGrad, "rms_norm_grad")                              \
-  /* embedding */                                              \
-  X(Embedding, "embedding")                                    \
-  X(EmbeddingGrad, "embedding_grad")                           \
-  /* layout of data */                                         \
-  X(Transpose, "transpose")                                    \
-  X(Reshape, "reshape")                                        \
-  X(Slice, "slice")                                            \
-  X(SliceGrad, "slice_grad")                                   \
-  X(Concat, "concat")                                          \
-  /* reductions */                                             \
-  X(ReduceSum, "reduce_sum")                                   \
-  X(ReduceMean, "reduce_mean")                                 \
-  X(ReduceMax, "reduce_max")                                   \
-  X(ReduceMaxGrad, "reduce_max_grad")                          \
-  /* attention and friends */                                  \
-  X(Attention, "attention")                                    \
-  X(AttentionGrad, "attention_grad")                           \
-  X(Dropout, "dropout")                                        \
-  X(DropoutGrad, "dropout_grad")                               \
-  X(Rope, "rope")                                              \
-  /* optimizer */                                              \
-  X(SumSquares, "sum_squares")                                 \
-  X(ClipCoef, "clip_coef")                                     \
-  X(SgdUpdate, "sgd_update")                                   \
-  X(AdamWUpdate, "adamw_update")                               \
-  /* metrics */                                                \
+#define MESHFLOW_OP_KINDS(X)                \
+  /* sources: no inputs */                  \
+  X(Parameter, "parameter")                 \
+  X(Input, "input")                         \
+  X(State, "state")                         \
+  /* contraction */                         \
+  X(MatMul, "matmul")                       \
+  /* element-wise with broadcasting */      \
+  X(Add, "add")                             \
+  X(Sub, "sub")                             \
+  X(Mul, "mul")                             \
+  X(Div, "div")                             \
+  X(Scale, "scale")                         \
+  X(BiasAdd, "bias_add")                    \
+  X(SumTo, "sum_to")                        \
+  X(BroadcastTo, "broadcast_to")            \
+  /* activations */                         \
+  X(Relu, "relu")                           \
+  X(ReluGrad, "relu_grad")                  \
+  X(Gelu, "gelu")                           \
+  X(GeluGrad, "gelu_grad")                  \
+  X(Silu, "silu")                           \
+  X(SiluGrad, "silu_grad")                  \
+  /* softmax family and loss */             \
+  X(Softmax, "softmax")                     \
+  X(SoftmaxGrad, "softmax_grad")            \
+  X(LogSoftmax, "log_softmax")              \
+  X(LogSoftmaxGrad, "log_softmax_grad")     \
+  X(CrossEntropy, "cross_entropy")          \
+  X(CrossEntropyGrad, "cross_entropy_grad") \
+  /* normalization */                       \
+  X(LayerNorm, "layer_norm")                \
+  X(LayerNormGrad, "layer_norm_grad")       \
+  X(RmsNorm, "rms_norm")                    \
+  X(RmsNormGrad, "rms_norm_grad")           \
+  /* embedding */                           \
+  X(Embedding, "embedding")                 \
+  X(EmbeddingGrad, "embedding_grad")        \
+  /* layout of data */                      \
+  X(Transpose, "transpose")                 \
+  X(Reshape, "reshape")                     \
+  X(Slice, "slice")                         \
+  X(SliceGrad, "slice_grad")                \
+  X(Concat, "concat")                       \
+  /* reductions */                          \
+  X(ReduceSum, "reduce_sum")                \
+  X(ReduceMean, "reduce_mean")              \
+  X(ReduceMax, "reduce_max")                \
+  X(ReduceMaxGrad, "reduce_max_grad")       \
+  /* attention and friends */               \
+  X(Attention, "attention")                 \
+  X(AttentionGrad, "attention_grad")        \
+  X(Dropout, "dropout")                     \
+  X(DropoutGrad, "dropout_grad")            \
+  X(Rope, "rope")                           \
+  /* optimizer */                           \
+  X(SumSquares, "sum_squares")              \
+  X(ClipCoef, "clip_coef")                  \
+  X(SgdUpdate, "sgd_update")                \
+  X(AdamWUpdate, "adamw_update")            \
+  /* metrics */                             \
   X(CorrectCount, "correct_count")
 
 namespace meshflow {
@@ -90,7 +90,8 @@ constexpr std::string_view op_name(OpKind k) {
     return s;
     MESHFLOW_OP_KINDS(MESHFLOW_X)
 #undef MESHFLOW_X
-    case OpKind::kCount: break;
+    case OpKind::kCount:
+      break;
   }
   return "?";
 }

@@ -21,7 +21,8 @@ double graph_forward_flops(const Graph& g) {
   return f;
 }
 
-void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init, ValueId targets) {
+void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init,
+                 ValueId targets) {
   ValueId logits;  // [B,T,V]
   if (tied != kNoValue) {
     logits = b.matmul(x, tied, {.trans_b = true}, "lm_head");

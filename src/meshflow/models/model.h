@@ -44,7 +44,8 @@ struct ModelGraph {
 // (tied embeddings; pass the embedding table) or x @ lm_head.weight [hidden,
 // vocab] (tied == kNoValue); g.loss = mean cross-entropy against targets;
 // g.outputs["logits"] and g.outputs["correct"] (argmax hits, metric phase).
-void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init, ValueId targets);
+void add_lm_head(Builder& b, Graph& g, ValueId x, ValueId tied, const Dim& vocab, Init init,
+                 ValueId targets);
 
 // Sum of the element counts of all Parameter values of g.
 int64_t count_parameters(const Graph& g);

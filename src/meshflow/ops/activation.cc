@@ -66,7 +66,6 @@ OpCost cost_activation(const Graph& g, const Node& n) {
   return c;
 }
 
-
 }  // namespace
 
 // Sharding: element-wise, every dim passes through; the gradients are linear in dy.
@@ -82,9 +81,12 @@ ShardingRule sharding_activation_grad(const Graph& g, const Node& n) {
 }  // namespace
 
 void register_activation_ops(OpTable& t) {
-  add_op(t, OpKind::kRelu, 1, infer_activation, grad_activation<OpKind::kReluGrad>, cost_activation);
-  add_op(t, OpKind::kGelu, 1, infer_activation, grad_activation<OpKind::kGeluGrad>, cost_activation);
-  add_op(t, OpKind::kSilu, 1, infer_activation, grad_activation<OpKind::kSiluGrad>, cost_activation);
+  add_op(t, OpKind::kRelu, 1, infer_activation, grad_activation<OpKind::kReluGrad>,
+         cost_activation);
+  add_op(t, OpKind::kGelu, 1, infer_activation, grad_activation<OpKind::kGeluGrad>,
+         cost_activation);
+  add_op(t, OpKind::kSilu, 1, infer_activation, grad_activation<OpKind::kSiluGrad>,
+         cost_activation);
   add_op(t, OpKind::kReluGrad, 2, infer_activation_grad, nullptr, cost_activation);
   add_op(t, OpKind::kGeluGrad, 2, infer_activation_grad, nullptr, cost_activation);
   add_op(t, OpKind::kSiluGrad, 2, infer_activation_grad, nullptr, cost_activation);

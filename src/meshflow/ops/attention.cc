@@ -196,7 +196,6 @@ OpCost cost_rope(const Graph& g, const Node& n) {
   return OpCost{3.0 * e, 8.0 * e};
 }
 
-
 }  // namespace
 
 // Sharding. attention: batch passes through; heads pass through when

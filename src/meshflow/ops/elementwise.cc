@@ -3,8 +3,8 @@
 //   add, sub, mul, div   (a, b) -> y
 //   scale                x -> alpha * x                       attrs.alpha
 //   bias_add             x[.., N] + bias[N]
-//   sum_to               x -> sum over broadcast dims down to attrs.shape (gradient of broadcasting)
-//   broadcast_to         x -> attrs.shape
+//   sum_to               x -> sum over broadcast dims down to attrs.shape (gradient of
+//   broadcasting) broadcast_to         x -> attrs.shape
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/sharding_rule.h"
@@ -116,7 +116,6 @@ void grad_sum_to(GradContext& c, const Node& n) {
 void grad_broadcast_to(GradContext& c, const Node& n) {
   if (c.needs(0)) c.accumulate(0, c.b().sum_to(c.dout(0), c.graph().shape(n.inputs[0])));
 }
-
 
 }  // namespace
 

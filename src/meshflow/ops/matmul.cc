@@ -36,8 +36,8 @@ Result<MatMulDims> matmul_dims(const Graph& g, const Node& n) {
                              std::to_string(b.size(i)) + " in b" + b.to_string());
   if (!ak.same_sizes(bk))
     return Status::invalid(node_label(n) + ": contracted dims differ: a" + a.to_string() +
-                           " contracts " + ak.to_string() + ", b" + b.to_string() +
-                           " contracts " + bk.to_string());
+                           " contracts " + ak.to_string() + ", b" + b.to_string() + " contracts " +
+                           bk.to_string());
   d.m = am;
   d.k = ak;
   d.n = bn;
@@ -69,18 +69,26 @@ void grad_matmul(GradContext& c, const Node& n) {
   };
   if (c.needs(0)) {
     ValueId da;
-    if (!at.trans_a && !at.trans_b) da = mm(dy, b, false, true, nn, "da");
-    else if (at.trans_a && !at.trans_b) da = mm(b, dy, false, true, nn, "da");
-    else if (!at.trans_a && at.trans_b) da = mm(dy, b, false, false, nn, "da");
-    else da = mm(b, dy, true, true, nn, "da");
+    if (!at.trans_a && !at.trans_b)
+      da = mm(dy, b, false, true, nn, "da");
+    else if (at.trans_a && !at.trans_b)
+      da = mm(b, dy, false, true, nn, "da");
+    else if (!at.trans_a && at.trans_b)
+      da = mm(dy, b, false, false, nn, "da");
+    else
+      da = mm(b, dy, true, true, nn, "da");
     c.accumulate(0, da);
   }
   if (c.needs(1)) {
     ValueId db;
-    if (!at.trans_a && !at.trans_b) db = mm(a, dy, true, false, nm, "db");
-    else if (at.trans_a && !at.trans_b) db = mm(a, dy, false, false, nm, "db");
-    else if (!at.trans_a && at.trans_b) db = mm(dy, a, true, false, nm, "db");
-    else db = mm(dy, a, true, true, nm, "db");
+    if (!at.trans_a && !at.trans_b)
+      db = mm(a, dy, true, false, nm, "db");
+    else if (at.trans_a && !at.trans_b)
+      db = mm(a, dy, false, false, nm, "db");
+    else if (!at.trans_a && at.trans_b)
+      db = mm(dy, a, true, false, nm, "db");
+    else
+      db = mm(dy, a, true, true, nm, "db");
     c.accumulate(1, db);
   }
 }

@@ -7,7 +7,7 @@
 namespace meshflow {
 
 struct MatMulDims {
-  Shape batch, m, k, n;        // named dims of each group
+  Shape batch, m, k, n;                // named dims of each group
   int64_t B = 1, M = 1, K = 1, N = 1;  // their products
 };
 

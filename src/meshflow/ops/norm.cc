@@ -163,7 +163,6 @@ OpCost cost_rms_norm_grad(const Graph& g, const Node& n) {
   return norm_cost(g, n, 1, 10, 2, 1);
 }
 
-
 }  // namespace
 
 // Sharding: C must be replicated (the statistics need the whole row); gamma

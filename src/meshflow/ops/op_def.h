@@ -36,12 +36,12 @@ using ShardingRuleFn = ShardingRule (*)(const Graph& g, const Node& n);
 
 struct OpDef {
   OpKind kind = OpKind::kCount;
-  int num_inputs = -1;   // -1: variadic
+  int num_inputs = -1;  // -1: variadic
   InferFn infer = nullptr;
-  GradFn grad = nullptr;  // nullptr: no gradient flows to the inputs
-  CostFn cost = nullptr;  // nullptr: element-wise default (bytes of all inputs+outputs)
-  uint32_t mutates = 0;   // bit i set: input i is updated in place (optimizer ops)
-  bool stateful_rng = false;  // reads the graph's rng offset (dropout)
+  GradFn grad = nullptr;              // nullptr: no gradient flows to the inputs
+  CostFn cost = nullptr;              // nullptr: element-wise default (bytes of all inputs+outputs)
+  uint32_t mutates = 0;               // bit i set: input i is updated in place (optimizer ops)
+  bool stateful_rng = false;          // reads the graph's rng offset (dropout)
   ShardingRuleFn sharding = nullptr;  // set beside the op by set_sharding()
 };
 
@@ -64,8 +64,8 @@ void register_attention_ops(OpTable& t);
 void register_optimizer_ops(OpTable& t);
 
 // One table entry: the form every family file registers its ops with.
-void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad, CostFn cost = nullptr,
-            uint32_t mutates = 0, bool stateful_rng = false);
+void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
+            CostFn cost = nullptr, uint32_t mutates = 0, bool stateful_rng = false);
 
 // Sets kind's sharding rule (after its add_op).
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);

@@ -18,8 +18,8 @@ namespace {
 
 Status expect_scalar(const Graph& g, const Node& n, int i) {
   if (g.shape(n.inputs[i]).numel() != 1)
-    return Status::invalid(node_label(n) + ": input " + std::to_string(i) + " must be a scalar, got " +
-                           g.shape(n.inputs[i]).to_string());
+    return Status::invalid(node_label(n) + ": input " + std::to_string(i) +
+                           " must be a scalar, got " + g.shape(n.inputs[i]).to_string());
   return Status::ok();
 }
 
@@ -39,7 +39,8 @@ Status infer_sum_squares(const Graph& g, const Node& n, std::vector<Value>* outs
 
 Status infer_clip_coef(const Graph& g, const Node& n, std::vector<Value>* outs) {
   if (n.inputs.empty()) return Status::invalid(node_label(n) + ": needs at least one input");
-  for (size_t i = 0; i < n.inputs.size(); ++i) MF_RETURN_IF_ERROR(expect_scalar(g, n, static_cast<int>(i)));
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    MF_RETURN_IF_ERROR(expect_scalar(g, n, static_cast<int>(i)));
   outs->push_back(out_value(Shape{}));
   outs->push_back(out_value(Shape{}));
   return Status::ok();

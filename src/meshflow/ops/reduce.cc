@@ -131,7 +131,6 @@ OpCost cost_reduce(const Graph& g, const Node& n) {
   return c;
 }
 
-
 }  // namespace
 
 // Sharding: kept dims pass through. Reduced dims: reductions for reduce_sum

@@ -1,8 +1,7 @@
-#include "meshflow/ops/op_def.h"
-
 #include <sstream>
 
 #include "meshflow/core/check.h"
+#include "meshflow/ops/op_def.h"
 
 namespace meshflow {
 
@@ -29,7 +28,8 @@ OpTable build_table() {
 const OpDef& op_def(OpKind kind) {
   static const OpTable table = build_table();
   const OpDef& d = table[static_cast<int>(kind)];
-  MF_CHECK(d.kind == kind && d.infer != nullptr) << "op '" << op_name(kind) << "' has no OpDef registered";
+  MF_CHECK(d.kind == kind && d.infer != nullptr)
+      << "op '" << op_name(kind) << "' has no OpDef registered";
   return d;
 }
 
@@ -74,8 +74,8 @@ std::string node_label(const Node& n) {
 Status expect_inputs(const Graph& g, const Node& n, int count) {
   (void)g;
   if (static_cast<int>(n.inputs.size()) != count)
-    return Status::invalid(node_label(n) + ": expects " + std::to_string(count) +
-                           " inputs, got " + std::to_string(n.inputs.size()));
+    return Status::invalid(node_label(n) + ": expects " + std::to_string(count) + " inputs, got " +
+                           std::to_string(n.inputs.size()));
   return Status::ok();
 }
 

@@ -219,7 +219,6 @@ OpCost cost_slice(const Graph& g, const Node& n) {
   return c;
 }
 
-
 }  // namespace
 
 // ---- sharding: every op here is linear (Partial passes through) ----

@@ -145,7 +145,6 @@ OpCost cost_correct_count(const Graph& g, const Node& n) {
   return cost_rows(g, n, 2, 1);
 }
 
-
 }  // namespace
 
 // Sharding: V (the last dim) must be replicated everywhere. Leading dims pass
@@ -197,7 +196,8 @@ void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
   add_op(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
   add_op(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
-  add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr, cost_cross_entropy_grad);
+  add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr,
+         cost_cross_entropy_grad);
   add_op(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
   for (OpKind k :
        {OpKind::kSoftmax, OpKind::kSoftmaxGrad, OpKind::kLogSoftmax, OpKind::kLogSoftmaxGrad})

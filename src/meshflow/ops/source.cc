@@ -13,7 +13,9 @@ Status infer_source(const Graph& g, const Node& n, std::vector<Value>* outs) {
   outs->push_back(out_value(n.attrs.shape, dt));
   return Status::ok();
 }
-OpCost no_cost(const Graph&, const Node&) { return {}; }
+OpCost no_cost(const Graph&, const Node&) {
+  return {};
+}
 }  // namespace
 
 // Sharding: a source can be stored in any layout: one pass-through factor per dim.

@@ -12,14 +12,18 @@ namespace {
 // bias_add, the broadcast (smaller) operand of add, or gamma/beta of a norm.
 bool reads_as_bias_or_gain(const Graph& g, const Node& n, ValueId p) {
   switch (n.kind) {
-    case OpKind::kBiasAdd: return n.inputs[1] == p;
+    case OpKind::kBiasAdd:
+      return n.inputs[1] == p;
     case OpKind::kAdd: {
       ValueId other = n.inputs[0] == p ? n.inputs[1] : n.inputs[0];
       return g.shape(p).numel() < g.shape(other).numel();
     }
-    case OpKind::kLayerNorm: return n.inputs[1] == p || n.inputs[2] == p;
-    case OpKind::kRmsNorm: return n.inputs[1] == p;
-    default: return false;
+    case OpKind::kLayerNorm:
+      return n.inputs[1] == p || n.inputs[2] == p;
+    case OpKind::kRmsNorm:
+      return n.inputs[1] == p;
+    default:
+      return false;
   }
 }
 }  // namespace

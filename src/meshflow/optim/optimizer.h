@@ -27,12 +27,12 @@ enum class OptimizerKind { kSgd, kAdamW };
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
   float lr = 1e-3f;
-  float momentum = 0.f;  // sgd
-  bool nesterov = false;  // sgd
+  float momentum = 0.f;                             // sgd
+  bool nesterov = false;                            // sgd
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
   float weight_decay = 0.f;
   bool decay_all = false;  // also decay biases and norm gains
-  float grad_clip = 0.f;  // global-norm clipping threshold; 0 = none (norm still computed)
+  float grad_clip = 0.f;   // global-norm clipping threshold; 0 = none (norm still computed)
 };
 
 // Adds inputs "lr" and "step" (f32 scalars), g.outputs["grad_norm"], and the

@@ -15,7 +15,9 @@ void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t s
   const int64_t n = t.numel();
   const uint64_t s = stream_seed(name, seed);
   switch (init.kind) {
-    case Init::Kind::kZeros: std::memset(p, 0, t.nbytes()); break;
+    case Init::Kind::kZeros:
+      std::memset(p, 0, t.nbytes());
+      break;
     case Init::Kind::kOnes:
       for (int64_t i = 0; i < n; ++i) p[i] = 1.f;
       break;
@@ -52,7 +54,8 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
         is_persistent[v] = 1;
         break;
       }
-      default: break;
+      default:
+        break;
     }
     if (n.kind == OpKind::kParameter || n.kind == OpKind::kInput || n.kind == OpKind::kState)
       continue;
@@ -99,9 +102,12 @@ Tensor& Executor::storage(ValueId v) {
   return persistent_[v];
 }
 
-void Executor::unbind_all() { std::fill(override_.begin(), override_.end(), nullptr); }
+void Executor::unbind_all() {
+  std::fill(override_.begin(), override_.end(), nullptr);
+}
 
-void Executor::run(const std::vector<NodeId>& nodes, const std::function<void(NodeId)>& after_node) {
+void Executor::run(const std::vector<NodeId>& nodes,
+                   const std::function<void(NodeId)>& after_node) {
   for (NodeId id : nodes) {
     const Node& n = g_.node(id);
     KernelCall call{g_, n, {}, {}};
@@ -133,8 +139,8 @@ std::string Executor::profile_report() const {
   std::string out;
   char line[128];
   for (auto& [s, k] : rows) {
-    std::snprintf(line, sizeof line, "  %-20s %9.3f s  %5.1f%%\n", std::string(op_name(static_cast<OpKind>(k))).c_str(),
-                  s, 100 * s / total);
+    std::snprintf(line, sizeof line, "  %-20s %9.3f s  %5.1f%%\n",
+                  std::string(op_name(static_cast<OpKind>(k))).c_str(), s, 100 * s / total);
     out += line;
   }
   return out;
@@ -147,8 +153,8 @@ Status Executor::feed(const std::string& name, const Tensor& t) {
   Tensor& dst = persistent_[v];
   if (!dst.shape().same_sizes(t.shape()) || dst.dtype() != t.dtype())
     return Status::invalid("input '" + name + "' expects " + std::string(dtype_name(dst.dtype())) +
-                           dst.shape().to_string() + ", got " +
-                           std::string(dtype_name(t.dtype())) + t.shape().to_string());
+                           dst.shape().to_string() + ", got " + std::string(dtype_name(t.dtype())) +
+                           t.shape().to_string());
   dst.copy_from(t.raw());
   return Status::ok();
 }

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string>
 #include <vector>
 
 #include "meshflow/core/tensor.h"
@@ -35,10 +34,10 @@ struct ExecutorOptions {
 
 struct MemoryStats {
   int64_t params = 0;
-  int64_t grads = 0;       // persistent gradient accumulators (micro-batching)
-  int64_t optimizer = 0;   // optimizer state
+  int64_t grads = 0;      // persistent gradient accumulators (micro-batching)
+  int64_t optimizer = 0;  // optimizer state
   int64_t inputs = 0;
-  int64_t arena = 0;       // activations, gradients in flight, temporaries
+  int64_t arena = 0;  // activations, gradients in flight, temporaries
   int64_t total() const { return params + grads + optimizer + inputs + arena; }
 };
 

@@ -7,13 +7,15 @@
 namespace meshflow {
 
 GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& order,
-                                 std::shared_ptr<Communicator> comm, int64_t bucket_bytes, bool overlap)
+                                 std::shared_ptr<Communicator> comm, int64_t bucket_bytes,
+                                 bool overlap)
     : comm_(std::move(comm)), overlap_(overlap) {
   // Gradients in the order their producers run.
   std::vector<int> position(g.num_nodes(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
   std::vector<std::pair<int, ValueId>> grads;
-  for (const auto& [param, grad] : g.grad_of_param) grads.push_back({position[g.value(grad).producer], grad});
+  for (const auto& [param, grad] : g.grad_of_param)
+    grads.push_back({position[g.value(grad).producer], grad});
   std::sort(grads.begin(), grads.end());
   slots_of_node_.assign(g.num_nodes(), {});
   const int64_t bucket_elems = std::max<int64_t>(1, bucket_bytes / 4);
@@ -23,7 +25,8 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
                              static_cast<int64_t>(buckets_.back().data.size()) + n > bucket_elems))
       buckets_.emplace_back();
     Bucket& b = buckets_.back();
-    slots_.push_back({grad, static_cast<int>(buckets_.size()) - 1, static_cast<int64_t>(b.data.size()), n});
+    slots_.push_back(
+        {grad, static_cast<int>(buckets_.size()) - 1, static_cast<int64_t>(b.data.size()), n});
     b.data.resize(b.data.size() + n);
     ++b.total;
     slots_of_node_[g.value(grad).producer].push_back(static_cast<int>(slots_.size()) - 1);
@@ -39,7 +42,8 @@ int64_t GradientBuckets::bytes() const {
 void GradientBuckets::launch(Bucket& b) {
   b.launched = true;
   if (comm_ && comm_->size() > 1)
-    b.work = comm_->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()), ReduceOp::kSum);
+    b.work =
+        comm_->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()), ReduceOp::kSum);
 }
 
 void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {

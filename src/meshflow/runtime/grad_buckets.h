@@ -27,8 +27,8 @@ class GradientBuckets {
  public:
   // comm may be null (one rank). overlap=false launches every all_reduce only
   // after the whole backward (for measuring what overlap buys).
-  GradientBuckets(const Graph& g, const std::vector<NodeId>& order, std::shared_ptr<Communicator> comm,
-                  int64_t bucket_bytes, bool overlap = true);
+  GradientBuckets(const Graph& g, const std::vector<NodeId>& order,
+                  std::shared_ptr<Communicator> comm, int64_t bucket_bytes, bool overlap = true);
 
   // After node `id` ran during micro-batch `micro` of `m`.
   void on_node(Executor& ex, NodeId id, int micro, int m);

@@ -6,7 +6,9 @@ namespace meshflow {
 
 namespace {
 constexpr int64_t kAlign = 64;
-int64_t aligned(int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+int64_t aligned(int64_t b) {
+  return (b + kAlign - 1) / kAlign * kAlign;
+}
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order,
@@ -33,7 +35,8 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order,
   for (ValueId v = 0; v < nv; ++v) {
     if (persistent[v] || plan.first_use[v] < 0) continue;
     if (keep_alive[v]) plan.last_use[v] = end;
-    int64_t bytes = aligned(g.shape(v).numel() * static_cast<int64_t>(dtype_size(g.value(v).dtype)));
+    int64_t bytes =
+        aligned(g.shape(v).numel() * static_cast<int64_t>(dtype_size(g.value(v).dtype)));
     items.push_back({v, bytes});
     plan.sum_transient_bytes += bytes;
   }

@@ -49,14 +49,15 @@ void ProgressReporter::step(const StepReport& r) {
     int filled = r.total_steps > 0 ? width * r.step / r.total_steps : width;
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::fprintf(console_, "\r[%s] step %d/%d  loss %.4f  lr %.2e  %.0f %s  %.1f GFLOP/s  peak %s \x1b[K",
+    std::fprintf(console_,
+                 "\r[%s] step %d/%d  loss %.4f  lr %.2e  %.0f %s  %.1f GFLOP/s  peak %s \x1b[K",
                  bar.c_str(), r.step, r.total_steps, r.loss, r.lr, r.items_per_s, unit, r.gflops,
                  format_bytes(r.peak_bytes).c_str());
     std::fflush(console_);
     bar_open_ = true;
   } else {
-    std::fprintf(console_, "step %d/%d loss %.4f lr %.3e %s %.0f gflops %.2f peak_bytes %lld\n", r.step,
-                 r.total_steps, r.loss, r.lr, unit, r.items_per_s, r.gflops,
+    std::fprintf(console_, "step %d/%d loss %.4f lr %.3e %s %.0f gflops %.2f peak_bytes %lld\n",
+                 r.step, r.total_steps, r.loss, r.lr, unit, r.items_per_s, r.gflops,
                  static_cast<long long>(r.peak_bytes));
   }
 }
@@ -74,7 +75,8 @@ void ProgressReporter::eval(const EvalReport& r) {
   if (bar_open_) std::fputc('\n', console_);
   bar_open_ = false;
   if (r.accuracy)
-    std::fprintf(console_, "eval @ step %d: loss %.4f  accuracy %.2f%%\n", r.step, r.loss, 100.f * *r.accuracy);
+    std::fprintf(console_, "eval @ step %d: loss %.4f  accuracy %.2f%%\n", r.step, r.loss,
+                 100.f * *r.accuracy);
   else
     std::fprintf(console_, "eval @ step %d: loss %.4f\n", r.step, r.loss);
 }

@@ -25,9 +25,10 @@ struct StepReport {
   float grad_norm = 0;
   double items_per_s = 0;  // tokens/s for language models, samples/s otherwise
   bool items_are_tokens = true;
-  double gflops = 0;       // achieved GFLOP/s
+  double gflops = 0;  // achieved GFLOP/s
   int64_t peak_bytes = 0;
-  double comm_wait_fraction = -1;  // data parallel: share of step time blocked on all-reduce; < 0: n/a
+  double comm_wait_fraction =
+      -1;  // data parallel: share of step time blocked on all-reduce; < 0: n/a
 };
 
 struct EvalReport {

@@ -45,9 +45,10 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.boolean("overlap_comm", &t->overlap_comm);
   MF_RETURN_IF_ERROR(r.finish());
   if (t->batch_size % t->micro_batches != 0)
-    return Status::invalid("train.batch_size=" + std::to_string(t->batch_size) +
-                           " is not divisible by train.micro_batches=" + std::to_string(t->micro_batches) +
-                           "; use a micro_batches that divides the batch");
+    return Status::invalid(
+        "train.batch_size=" + std::to_string(t->batch_size) +
+        " is not divisible by train.micro_batches=" + std::to_string(t->micro_batches) +
+        "; use a micro_batches that divides the batch");
   return Status::ok();
 }
 
@@ -69,8 +70,10 @@ Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int ste
   if (r.has("betas")) {
     const json& b = j.at("betas");
     if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number() ||
-        b[0].get<double>() < 0 || b[0].get<double>() >= 1 || b[1].get<double>() < 0 || b[1].get<double>() >= 1)
-      r.fail("optimizer.betas must be an array of two numbers in [0, 1), e.g. [0.9, 0.999], got " + b.dump());
+        b[0].get<double>() < 0 || b[0].get<double>() >= 1 || b[1].get<double>() < 0 ||
+        b[1].get<double>() >= 1)
+      r.fail("optimizer.betas must be an array of two numbers in [0, 1), e.g. [0.9, 0.999], got " +
+             b.dump());
     else {
       o->beta1 = b[0].get<float>();
       o->beta2 = b[1].get<float>();
@@ -114,8 +117,9 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
     rc.model = m;
     rc.model_source = "config.model";
   } else {
-    return Status::invalid("config.model must be a model object or the path of a model JSON file, got " +
-                           json_type_name(m));
+    return Status::invalid(
+        "config.model must be a model object or the path of a model JSON file, got " +
+        json_type_name(m));
   }
   MF_RETURN_IF_ERROR(parse_data(data, &rc.data, base_dir));
   MF_RETURN_IF_ERROR(parse_train(train, &rc.train));
@@ -123,7 +127,8 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   return rc;
 }
 
-Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+Result<RunConfig> load_run_config(const std::string& path,
+                                  const std::vector<std::string>& overrides) {
   MF_ASSIGN_OR_RETURN(json doc, read_json_file(path));
   for (const std::string& o : overrides) MF_RETURN_IF_ERROR(apply_override(doc, o));
   std::string base = fs::path(path).parent_path().string();

@@ -24,22 +24,22 @@
 namespace meshflow {
 
 struct DataConfig {
-  std::string dataset;       // "fashion_mnist" | "fortunes"
-  std::string path;          // optional override of the Debian package's location
+  std::string dataset;  // "fashion_mnist" | "fortunes"
+  std::string path;     // optional override of the Debian package's location
   float eval_fraction = 0.05f;
 };
 
 struct TrainConfig {
   int steps = 100;
-  int batch_size = 32;       // global batch (all micro-batches)
-  int micro_batches = 1;     // gradient accumulation steps
-  int seq_len = 128;         // language models
+  int batch_size = 32;    // global batch (all micro-batches)
+  int micro_batches = 1;  // gradient accumulation steps
+  int seq_len = 128;      // language models
   uint64_t seed = 1;
   int log_every = 10;
-  int eval_every = 0;        // 0: only at the end
+  int eval_every = 0;  // 0: only at the end
   int eval_batches = 20;
-  int threads = 0;           // 0: all cores
-  std::string checkpoint;    // safetensors path written at the end (and every save_every)
+  int threads = 0;         // 0: all cores
+  std::string checkpoint;  // safetensors path written at the end (and every save_every)
   int save_every = 0;
   float bucket_mib = 4.f;    // data parallel: gradient all-reduce bucket size
   bool overlap_comm = true;  // data parallel: start all-reduces during the backward
@@ -57,7 +57,8 @@ struct RunConfig {
 // Parses a whole run config. base_dir resolves relative paths.
 Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir);
 // Reads CONFIG.json, applies --set overrides, parses.
-Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+Result<RunConfig> load_run_config(const std::string& path,
+                                  const std::vector<std::string>& overrides);
 // Resolves a path relative to base_dir if it exists there, else as given.
 std::string resolve_path(const std::string& path, const std::string& base_dir);
 

@@ -39,16 +39,18 @@ Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language
                                               uint64_t seed) {
   if (d.dataset == "fashion_mnist") {
     if (language_model)
-      return Status::invalid("data.dataset \"fashion_mnist\" feeds images and labels, but the model is a "
-                             "language model; use \"fortunes\"");
+      return Status::invalid(
+          "data.dataset \"fashion_mnist\" feeds images and labels, but the model is a "
+          "language model; use \"fortunes\"");
     FashionMnistOptions o;
     if (!d.path.empty()) o.dir = d.path;
     MF_ASSIGN_OR_RETURN(FashionMnist ds, FashionMnist::load(o));
     return std::unique_ptr<Dataset>(new FashionMnist(std::move(ds)));
   }
   if (!language_model)
-    return Status::invalid("data.dataset \"fortunes\" feeds byte tokens, but the model is a classifier; use "
-                           "\"fashion_mnist\"");
+    return Status::invalid(
+        "data.dataset \"fortunes\" feeds byte tokens, but the model is a classifier; use "
+        "\"fashion_mnist\"");
   TextOptions o;
   if (!d.path.empty()) o.dir = d.path;
   o.seq_len = seq_len;
@@ -66,7 +68,8 @@ double flops_of(const Graph& g, const std::vector<NodeId>& order) {
 }
 }  // namespace
 
-Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
+Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
+                                                 std::shared_ptr<Communicator> comm) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->rc_ = rc;
   t->comm_ = comm;
@@ -77,8 +80,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc, std::share
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
   if (tc.batch_size % (tc.micro_batches * t->world_) != 0)
-    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) + " does not split into " +
-                           std::to_string(tc.micro_batches) + " micro-batches on " + std::to_string(t->world_) +
+    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
+                           " does not split into " + std::to_string(tc.micro_batches) +
+                           " micro-batches on " + std::to_string(t->world_) +
                            " ranks; use a multiple of micro_batches x ranks = " +
                            std::to_string(tc.micro_batches * t->world_));
   t->global_micro_batch_ = tc.batch_size / tc.micro_batches;
@@ -107,7 +111,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc, std::share
   t->executor_ = std::make_unique<Executor>(g, eo);
   if (tc.micro_batches > 1 || t->world_ > 1) {
     t->buckets_ = std::make_unique<GradientBuckets>(g, t->executor_->forward_backward_order(), comm,
-                                                    static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
+                                                    static_cast<int64_t>(tc.bucket_mib * (1 << 20)),
+                                                    tc.overlap_comm);
     t->executor_->add_grad_accumulator_bytes(t->buckets_->bytes());
   }
   t->flops_per_micro_ = flops_of(g, t->executor_->forward_backward_order());
@@ -148,7 +153,8 @@ StepResult Trainer::step() {
     // Dropout: one stream per micro-batch; this rank's rows draw their global
     // elements of it, so the masks are those of one device.
     const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), rank_};
-    if (g.find("rng_offset") != kNoValue) throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
+    if (g.find("rng_offset") != kNoValue)
+      throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
       ex.run(ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); });
     else
@@ -183,7 +189,8 @@ EvalResult Trainer::evaluate() {
   const int64_t per_batch =
       static_cast<int64_t>(global_micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
   ex.feed_scalar_i32("rng_offset", -1);  // evaluation: dropout off
-  for (EvalIterator it = data_->eval(global_micro_batch_, {rank_, world_}, rc_.train.eval_batches); !it.done();) {
+  for (EvalIterator it = data_->eval(global_micro_batch_, {rank_, world_}, rc_.train.eval_batches);
+       !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());
     loss_sum += ex.scalar(g.loss);
@@ -199,7 +206,8 @@ EvalResult Trainer::evaluate() {
   }
   e.items = batches * per_batch;
   e.loss = batches ? static_cast<float>(loss_sum / batches) : 0.f;
-  if (has_correct && !language_model_ && e.items > 0) e.accuracy = static_cast<float>(correct / e.items);
+  if (has_correct && !language_model_ && e.items > 0)
+    e.accuracy = static_cast<float>(correct / e.items);
   return e;
 }
 
@@ -207,6 +215,8 @@ EvalResult Trainer::evaluate() {
 Status Trainer::save_checkpoint(const std::string& path) {
   return rank_ == 0 ? save_parameters(*executor_, path) : Status::ok();
 }
-Status Trainer::load_checkpoint(const std::string& path) { return load_parameters(*executor_, path).status(); }
+Status Trainer::load_checkpoint(const std::string& path) {
+  return load_parameters(*executor_, path).status();
+}
 
 }  // namespace meshflow

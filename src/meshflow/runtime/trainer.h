@@ -27,13 +27,13 @@ namespace meshflow {
 
 struct StepResult {
   double comm_wait_seconds = 0;  // time the step blocked on gradient all-reduce (data parallel)
-  int step = 0;          // 1-based count of finished steps
-  float loss = 0;        // mean over the micro-batches
+  int step = 0;                  // 1-based count of finished steps
+  float loss = 0;                // mean over the micro-batches
   float lr = 0;
-  float grad_norm = 0;   // before clipping
+  float grad_norm = 0;  // before clipping
   double seconds = 0;
-  int64_t items = 0;     // tokens (LMs) or samples in the global batch
-  double flops = 0;      // executed FLOPs of this step
+  int64_t items = 0;  // tokens (LMs) or samples in the global batch
+  double flops = 0;   // executed FLOPs of this step
 };
 
 struct EvalResult {

@@ -261,7 +261,8 @@ void attention_grad_kernel(const KernelCall& c) {
 void dropout_kernel(const KernelCall& c) {
   const float* x = c.in_f(0);
   const int32_t offset = c.in_i(1)[0];
-  const uint64_t base = static_cast<uint64_t>(c.in_i(1)[1]) * static_cast<uint64_t>(c.out_shape(0).numel());
+  const uint64_t base =
+      static_cast<uint64_t>(c.in_i(1)[1]) * static_cast<uint64_t>(c.out_shape(0).numel());
   float* y = c.out_f(0);
   const int64_t n = c.out_shape(0).numel();
   const float p = c.attrs().p;

@@ -10,10 +10,18 @@ namespace meshflow {
 
 namespace {
 
-struct AddOp { static float f(float a, float b) { return a + b; } };
-struct SubOp { static float f(float a, float b) { return a - b; } };
-struct MulOp { static float f(float a, float b) { return a * b; } };
-struct DivOp { static float f(float a, float b) { return a / b; } };
+struct AddOp {
+  static float f(float a, float b) { return a + b; }
+};
+struct SubOp {
+  static float f(float a, float b) { return a - b; }
+};
+struct MulOp {
+  static float f(float a, float b) { return a * b; }
+};
+struct DivOp {
+  static float f(float a, float b) { return a / b; }
+};
 
 // Number of trailing elements `in` covers contiguously when it broadcasts only
 // along leading dims of `out` (in == out's trailing dims), else 0.
@@ -71,7 +79,8 @@ void binary_kernel(const KernelCall& c) {
   std::vector<int64_t> sizes = so.sizes();
   cpu::parallel_for(n, 8, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      y[i] = Op::f(a[cpu::broadcast_offset(i, sizes, st_a)], b[cpu::broadcast_offset(i, sizes, st_b)]);
+      y[i] =
+          Op::f(a[cpu::broadcast_offset(i, sizes, st_a)], b[cpu::broadcast_offset(i, sizes, st_b)]);
   });
 }
 

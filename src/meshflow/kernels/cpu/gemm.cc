@@ -12,13 +12,15 @@ namespace meshflow::cpu {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #ifdef MESHFLOW_HAVE_DNNL
-  dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta,
-                               C, ldc);
-  MF_CHECK(s == dnnl_success) << "dnnl_sgemm(" << M << "x" << N << "x" << K << ") failed with status " << s;
+  dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B,
+                               ldb, beta, C, ldc);
+  MF_CHECK(s == dnnl_success) << "dnnl_sgemm(" << M << "x" << N << "x" << K
+                              << ") failed with status " << s;
 #else
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
-              static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+              static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
+              C, static_cast<int>(ldc));
 #endif
 }
 

@@ -29,18 +29,18 @@ void matmul_kernel(const KernelCall& c) {
   if (small) {
     cpu::parallel_for(d.B, sa + sb + sy, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i)
-        cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
-                    y + i * sy, N);
+        cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f, y + i * sy, N);
     });
   } else {
     for (int64_t i = 0; i < d.B; ++i)
-      cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f,
-                  y + i * sy, N);
+      cpu::sgemm(ta, tb, M, N, K, 1.f, a + i * sa, lda, b + i * sb, ldb, 0.f, y + i * sy, N);
   }
 }
 
 }  // namespace
 
-void register_matmul_kernels(KernelTable& t) { t[static_cast<int>(OpKind::kMatMul)] = matmul_kernel; }
+void register_matmul_kernels(KernelTable& t) {
+  t[static_cast<int>(OpKind::kMatMul)] = matmul_kernel;
+}
 
 }  // namespace meshflow

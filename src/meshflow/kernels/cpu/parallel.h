@@ -21,7 +21,7 @@ void parallel_for(int64_t n, int64_t cost_per_item, Fn fn) {
     return;
   }
   int64_t chunks = std::min<int64_t>(threads, n);
-#pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static)
+#pragma omp parallel for num_threads(static_cast <int>(chunks)) schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
     fn(b, e);
