@@ -1,0 +1,489 @@
+#include "meshflow/parallel/strategy.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string or_list(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) s += i + 1 == items.size() ? " or " : ", ";
+    s += items[i];
+  }
+  return s;
+}
+
+std::string axes_text(const std::vector<int>& axes, const Mesh& mesh) {
+  std::string s;
+  for (int a : axes) s += (s.empty() ? "" : "*") + mesh.axis_name(a);
+  return s.empty() ? "1" : s;
+}
+
+std::string dim_text(const Shape& s, int d) {
+  return "dim " + std::to_string(d) + " (" + s.name(d) + "=" + std::to_string(s.size(d)) + ")";
+}
+
+}  // namespace
+
+// ---- 1. split tuples ----
+
+Result<std::vector<std::vector<std::string>>> parse_split_tuples(const std::string& text) {
+  const std::string where = "split tuples \"" + text + "\": ";
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  };
+  auto open = [&](char c) { return c == '(' || c == '['; };
+  auto close = [&](char c) { return c == ')' || c == ']'; };
+  auto at = [&] { return i < text.size() ? std::string("'") + text[i] + "'" : "the end"; };
+  auto expect_open = [&](const std::string& what) -> Status {
+    skip();
+    if (i >= text.size() || !open(text[i]))
+      return Status::invalid(where + "expected '(' to open " + what + " at " + at() +
+                             "; write e.g. ((dp, 1), (1, tp))");
+    ++i;
+    return Status::ok();
+  };
+  std::vector<std::vector<std::string>> out;
+  MF_RETURN_IF_ERROR(expect_open("the list of per-input tuples"));
+  while (true) {
+    skip();
+    if (i < text.size() && close(text[i])) {
+      ++i;
+      break;
+    }
+    MF_RETURN_IF_ERROR(expect_open("the tuple of input " + std::to_string(out.size())));
+    std::vector<std::string> tuple;
+    while (true) {
+      skip();
+      if (i < text.size() && close(text[i])) {
+        ++i;
+        break;
+      }
+      size_t b = i;
+      while (i < text.size() && text[i] != ',' && !open(text[i]) && !close(text[i])) ++i;
+      std::string e = trim(text.substr(b, i - b));
+      {  // "dp * tp" is fine; "dp 1" is a missing comma.
+        std::string packed;
+        for (size_t k = 0; k < e.size(); ++k) {
+          if (std::isspace(static_cast<unsigned char>(e[k]))) {
+            size_t a = packed.empty() ? 0 : packed.size() - 1, z = k;
+            while (z < e.size() && std::isspace(static_cast<unsigned char>(e[z]))) ++z;
+            if (!(packed.size() && packed[a] == '*') && !(z < e.size() && e[z] == '*'))
+              return Status::invalid(where + "expected ',' or ')' inside entry '" + e + "'");
+            k = z - 1;
+            continue;
+          }
+          packed += e[k];
+        }
+        e = packed;
+      }
+      if (e.empty())
+        return Status::invalid(where + "empty entry " + std::to_string(tuple.size()) +
+                               " in the tuple of input " + std::to_string(out.size()));
+      tuple.push_back(e);
+      skip();
+      if (i < text.size() && text[i] == ',') {
+        ++i;
+      } else if (!(i < text.size() && close(text[i]))) {
+        return Status::invalid(where + "expected ',' or ')' after entry '" + e + "' at " + at());
+      }
+    }
+    out.push_back(std::move(tuple));
+    skip();
+    if (i < text.size() && text[i] == ',') {
+      ++i;
+    } else if (!(i < text.size() && close(text[i]))) {
+      return Status::invalid(where + "expected ',' or ')' after the tuple of input " +
+                             std::to_string(out.size() - 1) + " at " + at());
+    }
+  }
+  skip();
+  if (i != text.size())
+    return Status::invalid(where + "unexpected text after the closing ')': '" + text.substr(i) +
+                           "'");
+  return out;
+}
+
+std::string mesh_split_counts(const Mesh& mesh) {
+  std::set<int64_t> counts;
+  const int n = mesh.num_axes();
+  for (int mask = 0; mask < (1 << n); ++mask) {
+    int64_t p = 1;
+    for (int a = 0; a < n; ++a)
+      if (mask & (1 << a)) p *= mesh.size(a);
+    counts.insert(p);
+  }
+  std::vector<std::string> items;
+  for (int64_t c : counts) items.push_back(std::to_string(c));
+  return or_list(items);
+}
+
+Result<std::vector<int>> split_entry_axes(const std::string& entry_in, const Mesh& mesh) {
+  const std::string entry = trim(entry_in);
+  if (all_digits(entry)) {
+    if (entry.size() > 9) return Status::invalid("split '" + entry + "' is too large");
+    const int64_t n = std::stoll(entry);
+    if (n == 0) return Status::invalid("split 0 ways: a split count is >= 1 (1 = not split)");
+    if (n == 1) return std::vector<int>{};
+    std::vector<std::vector<int>> found;
+    const int na = mesh.num_axes();
+    for (int mask = 1; mask < (1 << na); ++mask) {
+      int64_t p = 1;
+      std::vector<int> axes;
+      bool trivial = false;
+      for (int a = 0; a < na; ++a) {
+        if (!(mask & (1 << a))) continue;
+        if (mesh.size(a) == 1) trivial = true;
+        p *= mesh.size(a);
+        axes.push_back(a);
+      }
+      if (!trivial && p == n) found.push_back(axes);
+    }
+    if (found.empty())
+      return Status::invalid("split " + entry + " ways, but the mesh " + mesh.to_string() +
+                             " splits only " + mesh_split_counts(mesh) + " ways");
+    if (found.size() > 1) {
+      std::vector<std::string> names;
+      for (const auto& f : found) names.push_back(axes_text(f, mesh));
+      return Status::invalid("split " + entry + " ways is ambiguous on the mesh " +
+                             mesh.to_string() + ": it could be " + or_list(names) +
+                             "; name the mesh axes instead");
+    }
+    return found[0];
+  }
+  std::vector<int> axes;
+  size_t b = 0;
+  while (true) {
+    size_t e = entry.find('*', b);
+    std::string part = trim(entry.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (part != "1") {
+      int a = mesh.axis_index(part);
+      if (a < 0) {
+        std::vector<std::string> names;
+        for (const MeshAxis& ax : mesh.axes()) names.push_back(ax.name);
+        return Status::invalid("split '" + entry + "': '" + part + "' is not an axis of the mesh " +
+                               mesh.to_string() + " (axes: " + or_list(names) +
+                               ", a product like " + names.front() + "*" + names.back() +
+                               ", or a split count)");
+      }
+      if (std::find(axes.begin(), axes.end(), a) != axes.end())
+        return Status::invalid("split '" + entry + "' names mesh axis " + part + " twice");
+      axes.push_back(a);
+    }
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return axes;
+}
+
+Result<ShardingStrategy> strategy_from_splits(const Graph& g, NodeId id, const Mesh& mesh,
+                                              const std::string& text) {
+  const Node& n = g.node(id);
+  const std::string label = node_label(n);
+  auto tuples = parse_split_tuples(text);
+  if (!tuples.is_ok()) return tuples.status().with_context(label);
+  if (tuples->size() != n.inputs.size())
+    return Status::invalid(label + ": " + std::to_string(tuples->size()) + " split tuples in \"" +
+                           text + "\" for " + std::to_string(n.inputs.size()) +
+                           " inputs; give one tuple per input");
+  ShardingStrategy st;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Shape& s = g.shape(n.inputs[i]);
+    const auto& tuple = (*tuples)[i];
+    const std::string in = "input " + std::to_string(i);
+    if (static_cast<int>(tuple.size()) != s.rank())
+      return Status::invalid(label + ": " + in + " " + s.to_string() + " has " +
+                             std::to_string(s.rank()) + " dims but its split tuple has " +
+                             std::to_string(tuple.size()) + " entries");
+    std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
+    std::vector<int> used_by(mesh.num_axes(), -1);
+    for (int d = 0; d < s.rank(); ++d) {
+      auto axes = split_entry_axes(tuple[d], mesh);
+      if (!axes.is_ok())
+        return Status::invalid(label + ": " + in + " " + dim_text(s, d) + " " +
+                               axes.status().message());
+      int64_t count = 1;
+      for (size_t k = 0; k < axes->size(); ++k) {
+        int a = (*axes)[k];
+        if (used_by[a] >= 0)
+          return Status::invalid(label + ": " + in + ": mesh axis " + mesh.axis_name(a) +
+                                 " splits both dim " + std::to_string(used_by[a]) + " and dim " +
+                                 std::to_string(d) + "; a mesh axis splits at most one dim");
+        used_by[a] = d;
+        count *= mesh.size(a);
+        p[a] = Placement::Shard(d, static_cast<int>(k));
+      }
+      if (s.size(d) % count != 0)
+        return Status::invalid(label + ": " + in + " " + dim_text(s, d) + " cannot be split " +
+                               std::to_string(count) + " ways (" + axes_text(*axes, mesh) +
+                               "); valid splits of " + s.name(d) + ": " + valid_splits(s.size(d)));
+    }
+    auto l = Layout::make(p);
+    if (!l.is_ok()) return l.status().with_context(label + ": " + in);
+    st.inputs.push_back(std::move(*l));
+  }
+  MF_ASSIGN_OR_RETURN(st.outputs, derive_output_layouts(g, n, mesh, st.inputs));
+  MF_RETURN_IF_ERROR(validate_strategy(g, n, mesh, st.inputs, st.outputs));
+  return st;
+}
+
+// ---- 2. dim-name rules ----
+
+Result<DimRules> DimRules::from_json(const nlohmann::json& j) {
+  if (!j.is_object())
+    return Status::invalid("rules must be an object like {\"batch\": \"dp\"}, got " +
+                           json_type_name(j));
+  DimRules r;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it.value().is_string())
+      return Status::invalid("rules." + it.key() + " must be a mesh axis name (a string), got " +
+                             json_type_name(it.value()));
+    r.rules.emplace_back(it.key(), it.value().get<std::string>());
+  }
+  return r;
+}
+
+Result<DimRules> DimRules::parse(const std::string& text_in) {
+  std::string text = trim(text_in);
+  if (!text.empty() && text.front() == '{') {
+    auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) return from_json(j);
+    if (text.back() != '}')
+      return Status::invalid("rules \"" + text_in + "\": '{' without a closing '}'");
+    text = text.substr(1, text.size() - 2);
+  }
+  DimRules r;
+  size_t b = 0;
+  while (b <= text.size()) {
+    size_t e = text.find(',', b);
+    std::string item = trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (!item.empty()) {
+      size_t c = item.find_first_of(":=");
+      std::string dim = c == std::string::npos ? "" : trim(item.substr(0, c));
+      std::string axis = c == std::string::npos ? "" : trim(item.substr(c + 1));
+      if (dim.empty() || axis.empty())
+        return Status::invalid("rules \"" + text_in + "\": '" + item +
+                               "' is not 'dim: axis' (e.g. batch: dp)");
+      r.rules.emplace_back(dim, axis);
+    }
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  std::set<std::string> seen;
+  for (const auto& [dim, axis] : r.rules)
+    if (!seen.insert(dim).second)
+      return Status::invalid("rules \"" + text_in + "\": dim '" + dim + "' has two rules");
+  return r;
+}
+
+const std::string* DimRules::axis_of(const std::string& dim) const {
+  for (const auto& [d, a] : rules)
+    if (d == dim) return &a;
+  return nullptr;
+}
+
+Status DimRules::check(const Mesh& mesh) const {
+  for (const auto& [dim, axis] : rules)
+    if (mesh.axis_index(axis) < 0)
+      return Status::invalid("rule " + dim + ": " + axis + ": '" + axis +
+                             "' is not an axis of the mesh " + mesh.to_string());
+  return Status::ok();
+}
+
+std::string DimRules::to_string() const {
+  std::string s = "{";
+  for (size_t i = 0; i < rules.size(); ++i)
+    s += (i ? ", " : "") + rules[i].first + ": " + rules[i].second;
+  return s + "}";
+}
+
+Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape) {
+  std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
+  std::vector<bool> used(mesh.num_axes(), false);
+  for (int d = 0; d < shape.rank(); ++d) {
+    const std::string* axis = rules.axis_of(shape.name(d));
+    if (axis == nullptr) continue;
+    int a = mesh.axis_index(*axis);
+    if (a < 0)
+      return Status::invalid("rule " + shape.name(d) + ": " + *axis + ": '" + *axis +
+                             "' is not an axis of the mesh " + mesh.to_string());
+    if (used[a]) continue;  // an earlier dim of this value took the axis
+    if (shape.size(d) % mesh.size(a) != 0)
+      return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
+                             std::to_string(mesh.size(a)) + " ways over mesh axis " + *axis +
+                             " (rule " + shape.name(d) + ": " + *axis + "); valid splits of " +
+                             shape.name(d) + ": " + valid_splits(shape.size(d)));
+    used[a] = true;
+    p[a] = Placement::Shard(d);
+  }
+  return Layout::make(p);
+}
+
+bool RulesReport::needs(NodeId id) const {
+  return std::find(needs_reshard.begin(), needs_reshard.end(), id) != needs_reshard.end();
+}
+
+Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules& rules) {
+  MF_RETURN_IF_ERROR(rules.check(mesh));
+  RulesReport rep;
+  rep.layouts.reserve(g.num_values());
+  for (ValueId v = 0; v < g.num_values(); ++v) {
+    auto l = apply_rules(rules, mesh, g.shape(v));
+    if (!l.is_ok())
+      return l.status().with_context(node_label(g.producer(v)) + ": value '" + g.value(v).name +
+                                     "'");
+    rep.layouts.push_back(std::move(*l));
+  }
+  for (NodeId id = 0; id < g.num_nodes(); ++id) {
+    const Node& n = g.node(id);
+    if (n.inputs.empty()) continue;  // sources take whatever layout they are given
+    std::vector<Layout> in, out;
+    for (ValueId v : n.inputs) in.push_back(rep.layouts[v]);
+    for (ValueId v : n.outputs) out.push_back(rep.layouts[v]);
+    Status s = validate_strategy(g, n, mesh, in, out);
+    if (!s.is_ok()) {
+      rep.needs_reshard.push_back(id);
+      rep.reasons.push_back(s.message());
+    }
+  }
+  return rep;
+}
+
+// ---- 3. config ----
+
+bool glob_match(const std::string& pat, const std::string& name) {
+  // Iterative matcher with backtracking to the last '*'.
+  size_t p = 0, s = 0, star = std::string::npos, mark = 0;
+  while (s < name.size()) {
+    if (p < pat.size() && (pat[p] == '?' || pat[p] == name[s])) {
+      ++p;
+      ++s;
+    } else if (p < pat.size() && pat[p] == '*') {
+      star = p++;
+      mark = s;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      s = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pat.size() && pat[p] == '*') ++p;
+  return p == pat.size();
+}
+
+const std::string* StrategyConfig::strategy_for(const std::string& name) const {
+  const std::string* best = nullptr;
+  size_t best_len = 0;
+  for (const auto& [pat, text] : strategies) {
+    if (pat == name) return &text;
+    // Among globs, the longest (most specific) pattern wins; ties: the first.
+    if (glob_match(pat, name) && (best == nullptr || pat.size() > best_len)) {
+      best = &text;
+      best_len = pat.size();
+    }
+  }
+  return best;
+}
+
+Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object())
+    return Status::invalid(where + " must be an object, got " + json_type_name(j));
+  StrategyConfig c;
+  JsonObjectReader r(j, where);
+  r.choice("mode", &c.mode, {"data", "semi", "hybrid"});
+  r.ignore({"mesh", "rules", "strategies"});
+  MF_RETURN_IF_ERROR(r.finish());
+
+  if (j.contains("mesh")) {
+    const json& m = j.at("mesh");
+    const std::string path = where + ".mesh";
+    if (m.is_string()) {
+      auto mesh = Mesh::parse(m.get<std::string>());
+      if (!mesh.is_ok()) return mesh.status().with_context(path);
+      c.mesh = std::move(*mesh);
+    } else if (m.is_object()) {
+      // nlohmann::json reads object keys sorted; give a string ("tp=2,dp=4")
+      // to order the axes otherwise.
+      std::vector<MeshAxis> axes;
+      for (auto it = m.begin(); it != m.end(); ++it) {
+        const json& v = it.value();
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 20))
+          return Status::invalid(path + "." + it.key() +
+                                 " must be an integer >= 1 (the axis size), got " +
+                                 (v.is_number() ? v.dump() : json_type_name(v)));
+        axes.push_back({it.key(), static_cast<int>(v.get<int64_t>())});
+      }
+      auto mesh = Mesh::make(std::move(axes));
+      if (!mesh.is_ok()) return mesh.status().with_context(path);
+      c.mesh = std::move(*mesh);
+    } else {
+      return Status::invalid(path + " must be an object like {\"dp\": 2, \"tp\": 2} or a string " +
+                             "like \"dp=2,tp=2\", got " + json_type_name(m));
+    }
+    c.has_mesh = true;
+  }
+  if (j.contains("rules")) {
+    const json& rj = j.at("rules");
+    const std::string path = where + ".rules";
+    Result<DimRules> rules =
+        rj.is_string() ? DimRules::parse(rj.get<std::string>()) : DimRules::from_json(rj);
+    if (!rules.is_ok()) return Status::invalid(where + "." + rules.status().message());
+    c.rules = std::move(*rules);
+    Status s = c.rules.check(c.mesh);
+    if (!s.is_ok()) return s.with_context(path);
+  }
+  if (j.contains("strategies")) {
+    const json& sj = j.at("strategies");
+    const std::string path = where + ".strategies";
+    if (!sj.is_object())
+      return Status::invalid(path + " must be an object {\"<node name or glob>\": " +
+                             "\"((dp, 1), (1, tp))\"}, got " + json_type_name(sj));
+    for (auto it = sj.begin(); it != sj.end(); ++it) {
+      const std::string key = path + "." + it.key();
+      if (!it.value().is_string())
+        return Status::invalid(key + " must be a string of split tuples like " +
+                               "\"((dp, 1), (1, tp))\", got " + json_type_name(it.value()));
+      const std::string text = it.value().get<std::string>();
+      auto tuples = parse_split_tuples(text);
+      if (!tuples.is_ok()) return tuples.status().with_context(key);
+      for (size_t i = 0; i < tuples->size(); ++i)
+        for (size_t d = 0; d < (*tuples)[i].size(); ++d) {
+          auto axes = split_entry_axes((*tuples)[i][d], c.mesh);
+          if (!axes.is_ok())
+            return Status::invalid(key + ": input " + std::to_string(i) + " dim " +
+                                   std::to_string(d) + " " + axes.status().message());
+        }
+      c.strategies.emplace_back(it.key(), text);
+    }
+  }
+  if (c.mode == "data") {
+    if (!c.rules.rules.empty())
+      return Status::invalid(where + ".rules is not used in mode \"data\"; use \"semi\" or " +
+                             "\"hybrid\"");
+    if (!c.strategies.empty())
+      return Status::invalid(where + ".strategies is not used in mode \"data\"; use \"semi\" " +
+                             "or \"hybrid\"");
+  }
+  return c;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,116 @@
+// Ways a user gives parallel strategies (before the partitioner consumes them):
+//
+// 1. MindSpore-style split tuples per op: one tuple per input, one entry per
+//    input dim saying how many ways (or over which mesh axes) it is split.
+//    Entries: a mesh axis name ("dp"), a product ("dp*tp", major first), an
+//    integer equal to one axis size or a product of axis sizes (must be unique
+//    on the mesh), or 1 (not split).
+//      auto st = strategy_from_splits(g, node_id, mesh, "((dp, 1), (1, tp))");  // Result
+//      st->inputs / st->outputs: the layouts; outputs derived and validated.
+// 2. Mesh-TensorFlow-style layout rules: dim name -> mesh axis.
+//      DimRules r = value_or_throw(DimRules::parse("{batch: dp, ffn: tp, heads: tp}"));
+//      Layout l = value_or_throw(apply_rules(r, mesh, shape));
+//      RulesReport rep = value_or_throw(apply_rules(g, mesh, r));  // rep.needs_reshard
+// 3. StrategyConfig: the run config's "parallel" object (strict keys):
+//      {"mode": "hybrid", "mesh": {"dp": 2, "tp": 2}, "rules": {"batch": "dp"},
+//       "strategies": {"h.*.mlp.c_fc": "((dp, 1), (1, tp))"}}
+//      StrategyConfig c = value_or_throw(parse_strategy_config(j));
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshflow/core/shape.h"
+#include "meshflow/core/status.h"
+#include "meshflow/ir/graph.h"
+#include "meshflow/parallel/layout.h"
+#include "meshflow/parallel/mesh.h"
+#include "meshflow/parallel/sharding_rule.h"
+
+namespace meshflow {
+
+// ---- 1. split tuples ----
+
+// "((dp, 1), (1, tp))" -> {{"dp", "1"}, {"1", "tp"}}. Python tuple syntax:
+// "()" is an empty tuple, "(dp,)" a 1-tuple. Entries are returned trimmed
+// and unchecked.
+Result<std::vector<std::vector<std::string>>> parse_split_tuples(const std::string& text);
+
+// The mesh axes (major first) one entry means: "1" -> {}, "tp" -> {1},
+// "dp*tp" -> {0, 1}, "4" -> the unique set of axes (in mesh order, axes of
+// size 1 left out) whose sizes multiply to 4. Errors name the entry and what
+// the mesh offers ("split 3 ways, but the mesh {dp: 2, tp: 4} splits only 1,
+// 2, 4 or 8 ways"; ambiguity lists the candidate axis sets).
+Result<std::vector<int>> split_entry_axes(const std::string& entry, const Mesh& mesh);
+
+// "1, 2, 4 or 8": the distinct products of subsets of the mesh's axis sizes.
+std::string mesh_split_counts(const Mesh& mesh);
+
+// The input layouts the tuples give node `id`, its derived output layouts,
+// validated against the node's ShardingRule. Errors name the node, the input,
+// the dim and the sizes.
+Result<ShardingStrategy> strategy_from_splits(const Graph& g, NodeId id, const Mesh& mesh,
+                                              const std::string& text);
+
+// ---- 2. dim-name rules (Mesh-TensorFlow) ----
+
+struct DimRules {
+  // dim name -> mesh axis name, in the order given.
+  std::vector<std::pair<std::string, std::string>> rules;
+
+  // A JSON object {"batch": "dp", ...}; values must be strings.
+  static Result<DimRules> from_json(const nlohmann::json& j);
+  // "batch: dp, ffn: tp" or "{batch: dp, ffn: tp}" ('=' also accepted), or a JSON object.
+  static Result<DimRules> parse(const std::string& text);
+  // The mesh axis of `dim`, or nullptr.
+  const std::string* axis_of(const std::string& dim) const;
+  // Every rule's axis exists on `mesh`; error names the rule and the axes.
+  Status check(const Mesh& mesh) const;
+  std::string to_string() const;  // "{batch: dp, ffn: tp}"
+};
+
+// The layout of a value of `shape`: each dim named in the rules is Shard on
+// its axis, unless an earlier dim of the shape already took that axis (then
+// that dim stays replicated). A rule dim whose size the axis does not divide
+// is an error naming the dim, the sizes and the valid splits.
+Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape);
+
+struct RulesReport {
+  std::vector<Layout> layouts;        // per value of the graph
+  std::vector<NodeId> needs_reshard;  // nodes whose layouts are not a valid strategy
+  std::vector<std::string> reasons;   // per entry of needs_reshard: why (validate_strategy)
+  bool needs(NodeId id) const;
+};
+
+// Applies the rules to every value of `g`, then checks each non-source node:
+// do its input layouts with its output layouts form a valid strategy of its
+// ShardingRule? The nodes that do not are where the partitioner will insert
+// reshards. Errors (a rule that does not divide) name the value and its producer.
+Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules& rules);
+
+// ---- 3. the "parallel" object of the run config ----
+
+struct StrategyConfig {
+  std::string mode = "data";  // "data" | "semi" | "hybrid"
+  Mesh mesh = Mesh::line(1, "dp");
+  bool has_mesh = false;
+  DimRules rules;
+  // Node name or glob ('*' any run of characters, '?' one) -> split tuples, in file order.
+  std::vector<std::pair<std::string, std::string>> strategies;
+
+  // The split text for node `name`: an exact key first, else the first glob
+  // that matches; nullptr if none.
+  const std::string* strategy_for(const std::string& name) const;
+};
+
+// Strict: unknown keys and bad values are errors naming the key ("parallel.mesh.tp").
+// Rules are checked against the mesh, split tuples parsed (not yet applied to nodes).
+Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j,
+                                             const std::string& where = "parallel");
+
+// Shell-style match: '*' any run (also empty), '?' exactly one character.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+}  // namespace meshflow
