@@ -3,6 +3,7 @@
 //   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE] [--ranks N]
 //   mpirun -np N meshflow train CONFIG.json        (one rank per process, Open MPI)
 //   meshflow graph CONFIG.json [--phase all|forward|backward|optimizer]
+//   meshflow bench --calibrate [--out FILE] [--quick]   (cluster JSON of this machine, for the planner)
 //
 // Exit codes: 0 success, 2 a user error (bad config, missing file, invalid
 // option) with a one-line message naming the thing and what is valid, 1 a
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/cli/bench_command.h"
 #include "meshflow/cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -48,6 +50,14 @@ int main(int argc, char** argv) {
   gcmd->add_option("--phase", graph.phase, "Which nodes: all, forward, backward, optimizer")
       ->check(CLI::IsMember({"all", "forward", "backward", "optimizer"}));
 
+  meshflow::cli::BenchOptions bench;
+  CLI::App* bcmd = app.add_subcommand("bench", "Measure this machine for the planner");
+  bcmd->add_flag("--calibrate", bench.calibrate,
+                 "Measure SGEMM rate, memory bandwidth and local all_reduce alpha-beta; print a cluster JSON");
+  bcmd->add_option("--out", bench.out, "Write the cluster JSON to FILE (e.g. configs/clusters/local_cpu.json)");
+  bcmd->add_flag("--quick", bench.quick, "Smaller sizes (about 0.2 s)");
+  bcmd->add_option("--ranks", bench.ranks, "Local ranks for the all_reduce fit")->check(CLI::Range(2, 64));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -56,5 +66,6 @@ int main(int argc, char** argv) {
   }
   if (t->parsed()) return meshflow::cli::run_train(train);
   if (gcmd->parsed()) return meshflow::cli::run_graph(graph);
+  if (bcmd->parsed()) return meshflow::cli::run_bench(bench);
   return 2;
 }

@@ -1,0 +1,49 @@
+#include "meshflow/cli/bench_command.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "meshflow/plan/calibrate.h"
+#include "meshflow/plan/cluster.h"
+
+namespace meshflow::cli {
+
+int run_bench(const BenchOptions& o) {
+  if (!o.calibrate) {
+    std::fprintf(stderr,
+                 "meshflow: error: bench needs a measurement to run; valid: --calibrate "
+                 "[--out FILE] [--quick]\n");
+    return 2;
+  }
+  if (o.ranks < 2) {
+    std::fprintf(stderr, "meshflow: error: bench --ranks must be >= 2, got %d\n", o.ranks);
+    return 2;
+  }
+  plan::CalibrationOptions opt;
+  opt.quick = o.quick;
+  opt.ranks = o.ranks;
+  Result<plan::Calibration> cal = plan::calibrate(opt);
+  if (!cal.is_ok()) {
+    std::fprintf(stderr, "meshflow: error: calibration failed: %s\n",
+                 cal.status().message().c_str());
+    return 1;
+  }
+  std::printf("%s", plan::format_calibration(*cal).c_str());
+  const std::string text =
+      plan::format_cluster_json(plan::cluster_from_calibration(*cal, "local_cpu"));
+  if (o.out.empty()) {
+    std::printf("cluster JSON (write it with --out FILE):\n%s", text.c_str());
+    return 0;
+  }
+  std::ofstream f(o.out);
+  f << text;
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "meshflow: error: cannot write %s\n", o.out.c_str());
+    return 2;
+  }
+  std::printf("wrote %s\n", o.out.c_str());
+  return 0;
+}
+
+}  // namespace meshflow::cli

@@ -1,0 +1,232 @@
+#include "meshflow/plan/calibrate.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/runtime/comm/local_world.h"
+
+namespace meshflow::plan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best time of one call of fn: at least min_reps calls, and more until
+// min_total_s has passed (at most max_reps).
+double best_time(const std::function<void()>& fn, int min_reps, int max_reps, double min_total_s) {
+  double best = 1e300;
+  auto start = Clock::now();
+  for (int rep = 0; rep < max_reps; ++rep) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+    if (rep + 1 >= min_reps && seconds_since(start) >= min_total_s) break;
+  }
+  return best;
+}
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    size_t colon = line.find(':');
+    if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+  }
+  return "CPU";
+}
+
+std::vector<GemmSample> measure_sgemm(bool quick) {
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{64, 128, 256, 512}
+                                           : std::vector<int64_t>{64, 128, 256, 512, 1024, 2048};
+  std::vector<GemmSample> out;
+  for (int64_t n : sizes) {
+    std::vector<float> a(n * n), b(n * n), c(n * n, 0.0f);
+    for (int64_t i = 0; i < n * n; ++i) {
+      a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+      b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+    }
+    const int ni = static_cast<int>(n);
+    auto call = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni,
+                  b.data(), ni, 0.0f, c.data(), ni);
+    };
+    call();  // warm up (threads, caches)
+    const double t = best_time(call, 3, 200, quick ? 0.03 : 0.2);
+    const double flops = 2.0 * static_cast<double>(n) * n * n;
+    out.push_back({n, flops / 1e9, flops / t});
+  }
+  return out;
+}
+
+// STREAM triad a = b + s * c; counts 3 * n * 4 bytes per pass.
+double measure_triad(bool quick) {
+  const int64_t n = quick ? (int64_t{1} << 24) : (int64_t{1} << 25);
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = 0.0f;
+    b[i] = 1.0f;
+    c[i] = 2.0f;
+  }
+  float* pa = a.get();
+  const float* pb = b.get();
+  const float* pc = c.get();
+  auto triad = [&] {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+  };
+  triad();
+  const double t = best_time(triad, 3, 50, quick ? 0.05 : 0.3);
+  return 3.0 * 4.0 * static_cast<double>(n) / t;
+}
+
+Status measure_all_reduce(bool quick, int ranks, std::vector<CollectiveSample>* out) {
+  const std::vector<int64_t> counts =
+      quick ? std::vector<int64_t>{1 << 8, 1 << 12, 1 << 16, 1 << 19}
+            : std::vector<int64_t>{1 << 8,  1 << 10, 1 << 12, 1 << 14,
+                                   1 << 16, 1 << 18, 1 << 20, 1 << 22};
+  const int reps = quick ? 5 : 15;
+  std::vector<double> best(counts.size(), 1e300);
+  Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto comm = Communicator::world(t);
+    std::vector<float> buf(counts.back(), 1.0f);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      MF_RETURN_IF_ERROR(comm->all_reduce(buf.data(), counts[i], ReduceOp::kSum));  // warm up
+      for (int rep = 0; rep < reps; ++rep) {
+        MF_RETURN_IF_ERROR(comm->barrier());
+        auto t0 = Clock::now();
+        MF_RETURN_IF_ERROR(comm->all_reduce(buf.data(), counts[i], ReduceOp::kSum));
+        double dt = seconds_since(t0);
+        if (comm->rank() == 0) best[i] = std::min(best[i], dt);
+        std::fill(buf.begin(), buf.begin() + counts[i], 1.0f);  // keep values bounded
+      }
+    }
+    return Status::ok();
+  });
+  MF_RETURN_IF_ERROR(s);
+  out->clear();
+  for (size_t i = 0; i < counts.size(); ++i) out->push_back({4.0 * counts[i], best[i]});
+  return Status::ok();
+}
+
+// Least squares of t = a + b * x, weighted by 1/t^2 (relative error), so the
+// small sizes set the intercept and the large ones the slope.
+void fit_alpha_beta(const std::vector<CollectiveSample>& s, double* a, double* b) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const CollectiveSample& p : s) {
+    const double w = 1.0 / (p.seconds * p.seconds);
+    sw += w;
+    sx += w * p.bytes;
+    sy += w * p.seconds;
+    sxx += w * p.bytes * p.bytes;
+    sxy += w * p.bytes * p.seconds;
+  }
+  const double det = sw * sxx - sx * sx;
+  *b = det > 0 ? (sw * sxy - sx * sy) / det : 0;
+  *a = det > 0 ? (sy - *b * sx) / sw : 0;
+  if (!(*b > 0)) *b = s.back().seconds / s.back().bytes;  // degenerate: through the largest
+  if (!(*a > 0)) *a = std::max(1e-9, s.front().seconds - *b * s.front().bytes);
+}
+
+}  // namespace
+
+Result<Calibration> calibrate(const CalibrationOptions& options) {
+  if (options.ranks < 2)
+    return Status::invalid("calibration ranks must be >= 2, got " + std::to_string(options.ranks));
+  auto t0 = Clock::now();
+  Calibration cal;
+  cal.cpu_name = cpu_model_name();
+  cal.threads = omp_get_max_threads();
+  cal.gemm = measure_sgemm(options.quick);
+  for (const GemmSample& g : cal.gemm) cal.peak_flops = std::max(cal.peak_flops, g.flops_per_s);
+  cal.memory_bandwidth_bytes_per_s = measure_triad(options.quick);
+  cal.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  cal.ranks = options.ranks;
+  MF_RETURN_IF_ERROR(measure_all_reduce(options.quick, options.ranks, &cal.all_reduce));
+  fit_alpha_beta(cal.all_reduce, &cal.fit_intercept_s, &cal.fit_s_per_byte);
+  const double n = options.ranks;
+  cal.link_latency_s = cal.fit_intercept_s / (2 * (n - 1));
+  cal.link_bandwidth_bytes_per_s = 2 * (n - 1) / n / cal.fit_s_per_byte;
+  cal.wall_s = seconds_since(t0);
+  return cal;
+}
+
+namespace {
+// x to 4 significant digits: the measurements are not better than that.
+double sig4(double x) {
+  if (x <= 0) return x;
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
+  return std::round(x * scale) / scale;
+}
+}  // namespace
+
+Cluster cluster_from_calibration(const Calibration& cal, const std::string& name) {
+  Cluster c;
+  c.name = name;
+  c.nodes = 1;
+  c.devices_per_node = 1;
+  c.device.name = cal.cpu_name + " (" + std::to_string(cal.threads) + " threads, OpenBLAS SGEMM)";
+  c.device.peak_flops.f32 = sig4(cal.peak_flops);
+  c.device.memory_bytes = cal.memory_bytes;
+  c.device.memory_bandwidth_bytes_per_s = sig4(cal.memory_bandwidth_bytes_per_s);
+  c.device.memory_efficiency = 1.0;  // the triad rate is already what is achieved
+  for (const GemmSample& g : cal.gemm) {
+    const double e = std::clamp(g.flops_per_s / cal.peak_flops, 1e-3, 1.0);  // of the best
+    c.device.matmul_efficiency.push_back({g.gflop_per_call, std::round(e * 1000) / 1000});
+  }
+  c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
+  c.inter_node = c.intra_node;
+  return c;
+}
+
+std::string format_calibration(const Calibration& cal) {
+  std::string s;
+  char line[256];
+  std::snprintf(line, sizeof line, "device: %s, %d threads\n", cal.cpu_name.c_str(), cal.threads);
+  s += line;
+  s += "SGEMM (square, cblas_sgemm):\n";
+  for (const GemmSample& g : cal.gemm) {
+    std::snprintf(line, sizeof line, "  n=%-5lld %9.4f GFLOP/call  %8.1f GFLOP/s  (%.2f of best)\n",
+                  static_cast<long long>(g.size), g.gflop_per_call, g.flops_per_s / 1e9,
+                  g.flops_per_s / cal.peak_flops);
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "memory: triad %.2f GB/s, %.1f GiB physical\n",
+                cal.memory_bandwidth_bytes_per_s / 1e9,
+                static_cast<double>(cal.memory_bytes) / (1024.0 * 1024 * 1024));
+  s += line;
+  std::snprintf(line, sizeof line, "all_reduce, %d local ranks:\n", cal.ranks);
+  s += line;
+  for (const CollectiveSample& p : cal.all_reduce) {
+    const double model = cal.fit_intercept_s + cal.fit_s_per_byte * p.bytes;
+    std::snprintf(line, sizeof line, "  %10.0f bytes  %9.2f us  (fit %9.2f us)\n", p.bytes,
+                  p.seconds * 1e6, model * 1e6);
+    s += line;
+  }
+  std::snprintf(line, sizeof line,
+                "fit: t = %.2f us + bytes / %.2f GB/s  ->  link latency %.2f us, bandwidth %.2f "
+                "GB/s per rank\n",
+                cal.fit_intercept_s * 1e6, 1e-9 / cal.fit_s_per_byte, cal.link_latency_s * 1e6,
+                cal.link_bandwidth_bytes_per_s / 1e9);
+  s += line;
+  std::snprintf(line, sizeof line, "calibration took %.2f s\n", cal.wall_s);
+  s += line;
+  return s;
+}
+
+}  // namespace meshflow::plan

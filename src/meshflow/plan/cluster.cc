@@ -1,0 +1,313 @@
+#include "meshflow/plan/cluster.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <sstream>
+
+#include "meshflow/core/check.h"
+
+namespace meshflow::plan {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kSendRecv:
+      return "send_recv";
+  }
+  return "?";
+}
+
+const Link& Cluster::link_for_ranks(const std::vector<int64_t>& ranks) const {
+  MF_CHECK(!ranks.empty());
+  const int64_t node = ranks[0] / devices_per_node;
+  for (int64_t r : ranks) {
+    MF_CHECK(r >= 0 && r < total_devices());
+    if (r / devices_per_node != node) return inter_node;
+  }
+  return intra_node;
+}
+
+const Link& Cluster::link_for_axis(int64_t size, int64_t stride) const {
+  MF_CHECK(size >= 1 && stride >= 1);
+  return (size - 1) * stride + 1 <= devices_per_node ? intra_node : inter_node;
+}
+
+double Cluster::peak_flops(DType dtype, bool allow_tf32) const {
+  const PeakFlops& p = device.peak_flops;
+  double v = p.f32;
+  if (dtype == DType::F32 && allow_tf32) v = p.tf32;
+  if (dtype == DType::BF16) v = p.bf16;
+  if (dtype == DType::F16) v = p.f16;
+  return v > 0 ? v : p.f32;
+}
+
+double Cluster::matmul_efficiency(double flops) const {
+  const std::vector<EfficiencyPoint>& c = device.matmul_efficiency;
+  if (c.empty()) return 1.0;
+  const double g = flops / 1e9;
+  if (g <= c.front().gflop) return c.front().efficiency;
+  if (g >= c.back().gflop) return c.back().efficiency;
+  for (size_t i = 1; i < c.size(); ++i) {
+    if (g > c[i].gflop) continue;
+    const double t = (std::log(g) - std::log(c[i - 1].gflop)) /
+                     (std::log(c[i].gflop) - std::log(c[i - 1].gflop));
+    return c[i - 1].efficiency + t * (c[i].efficiency - c[i - 1].efficiency);
+  }
+  return c.back().efficiency;
+}
+
+double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
+  if (flops <= 0) return 0;
+  return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
+}
+
+double Cluster::memory_time_s(double bytes) const {
+  if (bytes <= 0) return 0;
+  return bytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency);
+}
+
+double Cluster::roofline_time_s(double flops, double bytes, DType dtype) const {
+  return std::max(matmul_time_s(flops, dtype), memory_time_s(bytes));
+}
+
+double Cluster::collective_time_s(Collective c, int64_t n, double bytes, const Link& link) const {
+  MF_CHECK(n >= 1);
+  if (c == Collective::kSendRecv) return link.latency_s + bytes / link.effective_bandwidth();
+  if (n == 1) return 0;
+  const double steps = static_cast<double>(n - 1);
+  const double frac = steps / static_cast<double>(n);
+  const double bw = link.effective_bandwidth();
+  if (c == Collective::kAllReduce) return 2 * steps * link.latency_s + 2 * frac * bytes / bw;
+  return steps * link.latency_s + frac * bytes / bw;  // all_gather, reduce_scatter, all_to_all
+}
+
+double Cluster::collective_time_s(Collective c, const std::vector<int64_t>& ranks,
+                                  double bytes) const {
+  return collective_time_s(c, static_cast<int64_t>(ranks.size()), bytes, link_for_ranks(ranks));
+}
+
+Result<Cluster> with_devices(const Cluster& c, int64_t devices) {
+  const int64_t per = c.devices_per_node;
+  if (devices < 1)
+    return Status::invalid("the number of devices must be >= 1, got " + std::to_string(devices));
+  Cluster r = c;
+  if (devices <= per) {
+    r.nodes = 1;
+    r.devices_per_node = static_cast<int>(devices);
+    return r;
+  }
+  if (devices % per != 0) {
+    const int64_t lo = devices / per * per;
+    return Status::invalid(std::to_string(devices) + " devices do not fill whole nodes of " +
+                           std::to_string(per) + " in cluster '" + c.name +
+                           "'; valid: <= " + std::to_string(per) + " or a multiple of " +
+                           std::to_string(per) + " (e.g. " + std::to_string(lo) + " or " +
+                           std::to_string(lo + per) + ")");
+  }
+  if (devices / per > INT32_MAX)
+    return Status::invalid("too many devices: " + std::to_string(devices));
+  r.nodes = static_cast<int>(devices / per);
+  return r;
+}
+
+// ---------------------------------------------------------------- parsing
+
+namespace {
+
+std::string num(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+// Reads a number key of j (in the object `where`) that must be > 0, or >= 0
+// when allow_zero; the reader records the key as known and the first error.
+void read_number(JsonObjectReader& r, const json& j, const std::string& where,
+                 const std::string& key, double* out, bool allow_zero, const char* unit) {
+  r.ignore({key.c_str()});
+  if (!j.is_object() || !j.contains(key)) return;
+  const json& v = j.at(key);
+  const std::string bound = allow_zero ? ">= 0" : "> 0";
+  if (!v.is_number())
+    return r.fail(where + "." + key + " must be a number " + bound + " (" + unit + "), got " +
+                  json_type_name(v));
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || (allow_zero ? x < 0 : x <= 0))
+    return r.fail(where + "." + key + " must be " + bound + " (" + unit + "), got " + num(x));
+  *out = x;
+}
+
+void read_efficiency(JsonObjectReader& r, const json& j, const std::string& where,
+                     const std::string& key, double* out) {
+  r.ignore({key.c_str()});
+  if (!j.is_object() || !j.contains(key)) return;
+  const json& v = j.at(key);
+  if (!v.is_number())
+    return r.fail(where + "." + key + " must be a number in (0, 1], got " + json_type_name(v));
+  const double x = v.get<double>();
+  if (!(x > 0 && x <= 1)) return r.fail(where + "." + key + " must be in (0, 1], got " + num(x));
+  *out = x;
+}
+
+// "matmul_efficiency": a number (the same at every size) or
+// [[gflop_per_call, efficiency], ...] sorted by gflop_per_call.
+void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
+                std::vector<EfficiencyPoint>* out) {
+  const std::string key = "matmul_efficiency";
+  const std::string p = where + "." + key;
+  r.ignore({"matmul_efficiency"});
+  if (!j.is_object() || !j.contains(key)) return;
+  const json& v = j.at(key);
+  if (v.is_number()) {
+    double e = 1;
+    read_efficiency(r, j, where, key, &e);
+    *out = {{1.0, e}};
+    return;
+  }
+  const std::string shape = " must be a number in (0, 1] or [[gflop_per_call, efficiency], ...]";
+  if (!v.is_array() || v.empty()) return r.fail(p + shape + ", got " + json_type_name(v));
+  std::vector<EfficiencyPoint> curve;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
+      return r.fail(at + " must be [gflop_per_call, efficiency] (two numbers), got " +
+                    (e.is_array() ? e.dump() : json_type_name(e)));
+    EfficiencyPoint pt{e[0].get<double>(), e[1].get<double>()};
+    if (!(pt.gflop > 0)) return r.fail(at + ": gflop_per_call must be > 0, got " + num(pt.gflop));
+    if (!(pt.efficiency > 0 && pt.efficiency <= 1))
+      return r.fail(at + ": efficiency must be in (0, 1], got " + num(pt.efficiency));
+    if (!curve.empty() && pt.gflop <= curve.back().gflop)
+      return r.fail(at + ": gflop_per_call must increase along the curve, got " + num(pt.gflop) +
+                    " after " + num(curve.back().gflop));
+    curve.push_back(pt);
+  }
+  *out = std::move(curve);
+}
+
+Status parse_link(const json& j, const std::string& where, Link* link) {
+  JsonObjectReader r(j, where);
+  r.required("bandwidth_bytes_per_s");
+  read_number(r, j, where, "bandwidth_bytes_per_s", &link->bandwidth_bytes_per_s, false,
+              "bytes per second per device, one direction");
+  read_number(r, j, where, "latency_s", &link->latency_s, true, "seconds per message step");
+  read_efficiency(r, j, where, "efficiency", &link->efficiency);
+  return r.finish();
+}
+
+Status parse_device(const json& j, const std::string& where, Device* d) {
+  JsonObjectReader r(j, where);
+  r.string("name", &d->name);
+  r.required("peak_flops");
+  json peak;
+  r.object("peak_flops", &peak);
+  r.required("memory_bytes");
+  r.integer("memory_bytes", &d->memory_bytes, 1);
+  r.required("memory_bandwidth_bytes_per_s");
+  read_number(r, j, where, "memory_bandwidth_bytes_per_s", &d->memory_bandwidth_bytes_per_s, false,
+              "bytes per second");
+  read_curve(r, j, where, &d->matmul_efficiency);
+  read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
+  MF_RETURN_IF_ERROR(r.finish());
+
+  const std::string pw = where + ".peak_flops";
+  JsonObjectReader pr(peak, pw);
+  pr.required("f32");
+  const char* unit = "FLOP per second";
+  read_number(pr, peak, pw, "f32", &d->peak_flops.f32, false, unit);
+  read_number(pr, peak, pw, "tf32", &d->peak_flops.tf32, false, unit);
+  read_number(pr, peak, pw, "bf16", &d->peak_flops.bf16, false, unit);
+  read_number(pr, peak, pw, "f16", &d->peak_flops.f16, false, unit);
+  return pr.finish();
+}
+
+}  // namespace
+
+Result<Cluster> parse_cluster(const json& j) {
+  Cluster c;
+  JsonObjectReader r(j, "cluster");
+  r.string("name", &c.name);
+  r.integer("nodes", &c.nodes, 1);
+  r.required("devices_per_node");
+  r.integer("devices_per_node", &c.devices_per_node, 1);
+  json device, intra, inter;
+  r.required("device");
+  r.object("device", &device);
+  r.required("intra_node");
+  r.object("intra_node", &intra);
+  r.object("inter_node", &inter);
+  MF_RETURN_IF_ERROR(r.finish());
+  MF_RETURN_IF_ERROR(parse_device(device, "cluster.device", &c.device));
+  MF_RETURN_IF_ERROR(parse_link(intra, "cluster.intra_node", &c.intra_node));
+  if (j.contains("inter_node")) {
+    MF_RETURN_IF_ERROR(parse_link(inter, "cluster.inter_node", &c.inter_node));
+  } else if (c.nodes > 1) {
+    return Status::invalid("cluster.inter_node is required when cluster.nodes > 1 (nodes = " +
+                           std::to_string(c.nodes) + ")");
+  } else {
+    c.inter_node = c.intra_node;  // one node: never used, kept sane
+  }
+  return c;
+}
+
+Result<Cluster> load_cluster(const std::string& path) {
+  MF_ASSIGN_OR_RETURN(json j, read_json_file(path));
+  Result<Cluster> c = parse_cluster(j);
+  if (!c.is_ok()) return Status::invalid(path + ": " + c.status().message());
+  return c;
+}
+
+namespace {
+
+template <typename J>
+J cluster_json(const Cluster& c) {
+  auto link = [](const Link& l) {
+    return J{{"bandwidth_bytes_per_s", l.bandwidth_bytes_per_s},
+             {"latency_s", l.latency_s},
+             {"efficiency", l.efficiency}};
+  };
+  const Device& d = c.device;
+  J peak = {{"f32", d.peak_flops.f32}};
+  if (d.peak_flops.tf32 > 0) peak["tf32"] = d.peak_flops.tf32;
+  if (d.peak_flops.bf16 > 0) peak["bf16"] = d.peak_flops.bf16;
+  if (d.peak_flops.f16 > 0) peak["f16"] = d.peak_flops.f16;
+  J dev = {{"name", d.name},
+           {"peak_flops", peak},
+           {"memory_bytes", d.memory_bytes},
+           {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
+           {"memory_efficiency", d.memory_efficiency}};
+  if (!d.matmul_efficiency.empty()) {
+    J curve = J::array();
+    for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});
+    dev["matmul_efficiency"] = curve;
+  }
+  return J{{"name", c.name},
+           {"nodes", c.nodes},
+           {"devices_per_node", c.devices_per_node},
+           {"device", dev},
+           {"intra_node", link(c.intra_node)},
+           {"inter_node", link(c.inter_node)}};
+}
+
+}  // namespace
+
+json cluster_to_json(const Cluster& c) {
+  return cluster_json<json>(c);
+}
+
+std::string format_cluster_json(const Cluster& c) {
+  std::string text = cluster_json<nlohmann::ordered_json>(c).dump(2);
+  // [\n  1.5,\n  0.9\n] -> [1.5, 0.9]: a curve point per line.
+  static const std::regex pair(R"(\[\s*([-+.0-9eE]+),\s*([-+.0-9eE]+)\s*\])");
+  return std::regex_replace(text, pair, "[$1, $2]") + "\n";
+}
+
+}  // namespace meshflow::plan

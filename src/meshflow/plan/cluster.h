@@ -1,0 +1,124 @@
+// Cluster: what the planner knows about the machine it plans for: nodes of
+// identical devices, each device's peak FLOP/s per dtype, memory and memory
+// bandwidth, and the two links (inside a node, across nodes). It prices the
+// three things a step is made of: matmuls (a roofline with a size-dependent
+// efficiency curve), memory-bound work, and collectives (alpha-beta with the
+// ring factors). Format and shipped files: docs/cluster.md, configs/clusters/.
+//
+//   MF_ASSIGN_OR_RETURN(Cluster c, load_cluster("configs/clusters/dgx_a100_80gb.json"));
+//   c.nodes = 16;                                            // 128 GPUs
+//   double t_mm = c.matmul_time_s(2.0 * m * n * k, DType::BF16);
+//   const Link& l = c.link_for_ranks({0, 1, 2, 3});          // inside a node: NVLink
+//   double t_ar = c.collective_time_s(Collective::kAllReduce, 4, grad_bytes, l);
+//
+// Invariant (parse_cluster checks it): nodes, devices_per_node >= 1; every
+// bandwidth, peak and memory size > 0; every efficiency in (0, 1]; latencies >= 0;
+// the efficiency curve is sorted by GFLOP per call with distinct entries.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/core/dtype.h"
+#include "meshflow/core/status.h"
+
+namespace meshflow::plan {
+
+// One point of the matmul efficiency curve: a call of `gflop` GFLOP runs at
+// `efficiency` of peak. Between points the efficiency is interpolated linearly
+// in log(gflop); outside them it is the nearest end's value.
+struct EfficiencyPoint {
+  double gflop = 0;
+  double efficiency = 1;
+};
+
+// Peak FLOP/s of one device. f32 is required; a missing entry falls back to f32.
+struct PeakFlops {
+  double f32 = 0;
+  double tf32 = 0;  // f32 matmuls on tensor cores (when the runtime allows TF32)
+  double bf16 = 0;
+  double f16 = 0;
+};
+
+struct Device {
+  std::string name;
+  PeakFlops peak_flops;
+  int64_t memory_bytes = 0;
+  double memory_bandwidth_bytes_per_s = 0;
+  std::vector<EfficiencyPoint> matmul_efficiency;  // empty: 1 at every size
+  double memory_efficiency = 1;
+};
+
+// A link, as seen by one device: bandwidth per direction per device.
+struct Link {
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;  // alpha: per message step
+  double efficiency = 1;
+  double effective_bandwidth() const { return bandwidth_bytes_per_s * efficiency; }
+};
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+const char* collective_name(Collective c);
+
+struct Cluster {
+  std::string name;
+  int nodes = 1;
+  int devices_per_node = 1;
+  Device device;
+  Link intra_node;
+  Link inter_node;
+
+  int64_t total_devices() const { return static_cast<int64_t>(nodes) * devices_per_node; }
+
+  // The link a group of (global) device ranks communicates over: intra_node
+  // when every rank lies on one node (rank / devices_per_node), else inter_node.
+  // REQUIRES: ranks non-empty, every rank in [0, total_devices()).
+  const Link& link_for_ranks(const std::vector<int64_t>& ranks) const;
+  // The same for a mesh axis of `size` ranks `stride` devices apart (groups
+  // aligned to multiples of size * stride, as mesh axes are): intra_node when
+  // (size - 1) * stride + 1 <= devices_per_node, i.e. the group fits in a node.
+  const Link& link_for_axis(int64_t size, int64_t stride) const;
+
+  // Peak FLOP/s of a matmul in `dtype` (F32 uses tf32 when allow_tf32).
+  double peak_flops(DType dtype, bool allow_tf32 = false) const;
+  // The efficiency curve at a call of `flops` FLOPs.
+  double matmul_efficiency(double flops) const;
+  // Seconds for one matmul call of `flops` FLOPs: flops / (peak * efficiency).
+  double matmul_time_s(double flops, DType dtype, bool allow_tf32 = false) const;
+  // Seconds to stream `bytes` through device memory (memory-bound ops).
+  double memory_time_s(double bytes) const;
+  // Roofline of an op: the larger of its compute time (at the efficiency of a
+  // call of that size) and its memory time.
+  double roofline_time_s(double flops, double bytes, DType dtype) const;
+
+  // Ring alpha-beta time of one collective over `n` ranks on `link`; `bytes` is
+  // the full buffer (all_reduce: the buffer; all_gather: the gathered output;
+  // reduce_scatter: the input; all_to_all: one rank's input; send_recv: the message).
+  //   all_reduce      2(n-1) alpha + 2(n-1)/n bytes / bw
+  //   all_gather,
+  //   reduce_scatter,
+  //   all_to_all      (n-1) alpha +  (n-1)/n bytes / bw
+  //   send_recv       alpha + bytes / bw
+  // with bw = link bandwidth * efficiency. n == 1: 0.
+  double collective_time_s(Collective c, int64_t n, double bytes, const Link& link) const;
+  // The same on the link a group of ranks maps to.
+  double collective_time_s(Collective c, const std::vector<int64_t>& ranks, double bytes) const;
+};
+
+// The cluster resized to `devices` devices (what `meshflow plan --gpus N` does
+// with a shipped one-node file): devices <= devices_per_node gives one node of
+// `devices` devices; more must be a multiple of devices_per_node and gives
+// devices / devices_per_node nodes. Anything else is an error saying what fits.
+Result<Cluster> with_devices(const Cluster& c, int64_t devices);
+
+// Reads a cluster from its JSON (strict: unknown keys, wrong types and
+// out-of-range values are errors naming the key and what is valid).
+Result<Cluster> parse_cluster(const json& j);
+Result<Cluster> load_cluster(const std::string& path);
+json cluster_to_json(const Cluster& c);
+// The JSON text of a cluster, keys in the documented order, curve points on one line.
+std::string format_cluster_json(const Cluster& c);
+
+}  // namespace meshflow::plan

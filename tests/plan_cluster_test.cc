@@ -1,0 +1,280 @@
+// Cluster description (plan/cluster.h) and calibration (plan/calibrate.h):
+// the shipped files parse, every user mistake gets a message naming the key,
+// and the cost helpers match hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "meshflow/plan/calibrate.h"
+#include "meshflow/plan/cluster.h"
+
+namespace meshflow::plan {
+namespace {
+
+std::string source_dir() {
+  const char* e = std::getenv("MESHFLOW_SOURCE_DIR");
+  return e ? e : MESHFLOW_SOURCE_DIR_DEFAULT;
+}
+
+json valid_cluster() {
+  return json::parse(R"({
+    "name": "test", "nodes": 2, "devices_per_node": 4,
+    "device": {"name": "d", "peak_flops": {"f32": 1e12, "bf16": 8e12},
+               "memory_bytes": 1000, "memory_bandwidth_bytes_per_s": 1e11,
+               "matmul_efficiency": [[1, 0.6], [16, 0.9], [128, 0.95]],
+               "memory_efficiency": 0.5},
+    "intra_node": {"bandwidth_bytes_per_s": 100e9, "latency_s": 1e-6, "efficiency": 0.5},
+    "inter_node": {"bandwidth_bytes_per_s": 10e9, "latency_s": 1e-5, "efficiency": 1}
+  })");
+}
+
+std::string error_of(const json& j) {
+  Result<Cluster> c = parse_cluster(j);
+  EXPECT_FALSE(c.is_ok()) << j.dump();
+  return c.is_ok() ? "" : c.status().message();
+}
+
+TEST(PlanCluster, ShippedFilesParse) {
+  for (const char* f : {"dgx_a100_80gb", "h100_sxm", "local_cpu"}) {
+    Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
+    ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
+    EXPECT_EQ(c->name, f);
+    EXPECT_EQ(c->nodes, 1);
+    EXPECT_GT(c->device.peak_flops.f32, 0);
+    EXPECT_GT(c->intra_node.effective_bandwidth(), 0);
+  }
+  Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
+  ASSERT_TRUE(a100.is_ok());
+  EXPECT_EQ(a100->total_devices(), 8);
+  EXPECT_DOUBLE_EQ(a100->peak_flops(DType::BF16), 312e12);
+  EXPECT_DOUBLE_EQ(a100->peak_flops(DType::F32, /*allow_tf32=*/true), 156e12);
+  EXPECT_DOUBLE_EQ(a100->inter_node.effective_bandwidth(), 25e9 * 0.9);
+  // Round trip: to_json then parse gives the same numbers.
+  Result<Cluster> back = parse_cluster(cluster_to_json(*a100));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(cluster_to_json(*back), cluster_to_json(*a100));
+}
+
+TEST(PlanCluster, ErrorsNameTheKey) {
+  json j = valid_cluster();
+  ASSERT_TRUE(parse_cluster(j).is_ok()) << parse_cluster(j).status().message();
+
+  j = valid_cluster();
+  j["device"]["peak_flop"] = 1;
+  std::string m = error_of(j);
+  EXPECT_NE(m.find("cluster.device: unknown key 'peak_flop'"), std::string::npos) << m;
+  EXPECT_NE(m.find("peak_flops"), std::string::npos) << m;  // lists the valid keys
+
+  j = valid_cluster();
+  j["gpus"] = 8;
+  m = error_of(j);
+  EXPECT_NE(m.find("unknown key 'gpus'"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["device"]["peak_flops"]["fp8"] = 1e15;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.peak_flops: unknown key 'fp8'"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["devices_per_node"] = "eight";
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.devices_per_node must be an integer"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["intra_node"]["bandwidth_bytes_per_s"] = "fast";
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.intra_node.bandwidth_bytes_per_s must be a number > 0"),
+            std::string::npos)
+      << m;
+
+  j = valid_cluster();
+  j["inter_node"]["bandwidth_bytes_per_s"] = -25e9;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.inter_node.bandwidth_bytes_per_s must be > 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("-2.5e+10"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["intra_node"]["latency_s"] = -1;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.intra_node.latency_s must be >= 0"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["intra_node"]["efficiency"] = 1.5;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.intra_node.efficiency must be in (0, 1]"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j.erase("device");
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device is required"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["device"] = 3;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device must be an object"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["device"]["peak_flops"].erase("f32");
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.peak_flops.f32 is required"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["device"].erase("memory_bytes");
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.memory_bytes is required"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["nodes"] = 0;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.nodes must be >= 1"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j.erase("inter_node");
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.inter_node is required when cluster.nodes > 1"), std::string::npos)
+      << m;
+  j["nodes"] = 1;
+  EXPECT_TRUE(parse_cluster(j).is_ok());
+
+  j = valid_cluster();
+  j["device"]["matmul_efficiency"] = json::parse("[[16, 0.9], [1, 0.6]]");
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.matmul_efficiency[1]: gflop_per_call must increase"),
+            std::string::npos)
+      << m;
+
+  j = valid_cluster();
+  j["device"]["matmul_efficiency"] = json::parse("[[16, 1.2]]");
+  m = error_of(j);
+  EXPECT_NE(m.find("matmul_efficiency[0]: efficiency must be in (0, 1]"), std::string::npos) << m;
+
+  j = valid_cluster();
+  j["device"]["matmul_efficiency"] = json::parse("[16, 0.9]");
+  m = error_of(j);
+  EXPECT_NE(m.find("matmul_efficiency[0] must be [gflop_per_call, efficiency]"), std::string::npos)
+      << m;
+
+  j = valid_cluster();
+  j["device"]["matmul_efficiency"] = "high";
+  m = error_of(j);
+  EXPECT_NE(m.find("matmul_efficiency must be a number in (0, 1] or [[gflop_per_call"),
+            std::string::npos)
+      << m;
+}
+
+TEST(PlanCluster, LinkSelection) {
+  Result<Cluster> c = parse_cluster(valid_cluster());  // 2 nodes x 4 devices
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->total_devices(), 8);
+  EXPECT_EQ(&c->link_for_ranks({0, 1, 2, 3}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_ranks({4, 7}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_ranks({3, 4}), &c->inter_node);  // consecutive but across a boundary
+  EXPECT_EQ(&c->link_for_ranks({0, 4}), &c->inter_node);
+  EXPECT_EQ(&c->link_for_ranks({5}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_axis(4, 1), &c->intra_node);  // tp=4 inside a node
+  EXPECT_EQ(&c->link_for_axis(2, 2), &c->intra_node);  // {0, 2}
+  EXPECT_EQ(&c->link_for_axis(8, 1), &c->inter_node);
+  EXPECT_EQ(&c->link_for_axis(2, 4), &c->inter_node);  // dp over nodes: {0, 4}
+  EXPECT_EQ(&c->link_for_axis(1, 4), &c->intra_node);
+}
+
+TEST(PlanCluster, WithDevices) {
+  Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
+  ASSERT_TRUE(a100.is_ok());
+  Result<Cluster> big = with_devices(*a100, 3072);
+  ASSERT_TRUE(big.is_ok());
+  EXPECT_EQ(big->nodes, 384);
+  EXPECT_EQ(big->devices_per_node, 8);
+  EXPECT_EQ(big->total_devices(), 3072);
+  Result<Cluster> small = with_devices(*a100, 4);
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_EQ(small->nodes, 1);
+  EXPECT_EQ(small->devices_per_node, 4);
+  Result<Cluster> bad = with_devices(*a100, 12);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("valid: <= 8 or a multiple of 8 (e.g. 8 or 16)"),
+            std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(with_devices(*a100, 0).is_ok());
+}
+
+TEST(PlanCluster, CollectiveTimes) {
+  Result<Cluster> c = parse_cluster(valid_cluster());
+  ASSERT_TRUE(c.is_ok());
+  const Link& in = c->intra_node;  // 100 GB/s * 0.5 = 50 GB/s, 1 us
+  const double bytes = 1e9;
+  // all_reduce over 4: 2*3*1us + 2*(3/4)*1e9/50e9 = 6e-6 + 0.03
+  EXPECT_NEAR(c->collective_time_s(Collective::kAllReduce, 4, bytes, in), 6e-6 + 0.03, 1e-12);
+  // all_gather / reduce_scatter / all_to_all over 4: 3us + (3/4)*1e9/50e9 = 3e-6 + 0.015
+  for (Collective k : {Collective::kAllGather, Collective::kReduceScatter, Collective::kAllToAll})
+    EXPECT_NEAR(c->collective_time_s(k, 4, bytes, in), 3e-6 + 0.015, 1e-12) << collective_name(k);
+  EXPECT_NEAR(c->collective_time_s(Collective::kSendRecv, 2, bytes, in), 1e-6 + 0.02, 1e-12);
+  EXPECT_EQ(c->collective_time_s(Collective::kAllReduce, 1, bytes, in), 0.0);
+  // Over ranks {0, 4}: inter-node, 10 GB/s, 10 us: 2*1*10us + 2*(1/2)*1e9/10e9 = 2e-5 + 0.1
+  EXPECT_NEAR(c->collective_time_s(Collective::kAllReduce, {0, 4}, bytes), 2e-5 + 0.1, 1e-12);
+}
+
+TEST(PlanCluster, EfficiencyCurveAndRoofline) {
+  Result<Cluster> c = parse_cluster(valid_cluster());
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_DOUBLE_EQ(c->matmul_efficiency(0.01e9), 0.6);  // below the first point: clamped
+  EXPECT_DOUBLE_EQ(c->matmul_efficiency(1e9), 0.6);
+  EXPECT_DOUBLE_EQ(c->matmul_efficiency(16e9), 0.9);
+  EXPECT_DOUBLE_EQ(c->matmul_efficiency(1000e9), 0.95);  // above the last: clamped
+  // 4 GFLOP is halfway from 1 to 16 in log space: 0.75.
+  EXPECT_NEAR(c->matmul_efficiency(4e9), 0.75, 1e-12);
+  // 32 GFLOP: a third of the way from 16 to 128 in log2 (4 -> 5 -> 7): 0.9 + 0.05/3.
+  EXPECT_NEAR(c->matmul_efficiency(32e9), 0.9 + 0.05 / 3, 1e-12);
+  // Matmul: 16 GFLOP in bf16 at 8 TFLOP/s * 0.9.
+  EXPECT_NEAR(c->matmul_time_s(16e9, DType::BF16), 16e9 / (8e12 * 0.9), 1e-15);
+  // f16 has no entry: falls back to f32.
+  EXPECT_NEAR(c->matmul_time_s(16e9, DType::F16), 16e9 / (1e12 * 0.9), 1e-15);
+  EXPECT_NEAR(c->memory_time_s(1e9), 1e9 / (1e11 * 0.5), 1e-15);
+  EXPECT_NEAR(c->roofline_time_s(1e9, 1e9, DType::F32), std::max(1e9 / (1e12 * 0.6), 1e9 / 5e10),
+              1e-15);
+  // A scalar efficiency is the same at every size.
+  json j = valid_cluster();
+  j["device"]["matmul_efficiency"] = 0.8;
+  Result<Cluster> flat = parse_cluster(j);
+  ASSERT_TRUE(flat.is_ok()) << flat.status().message();
+  EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e6), 0.8);
+  EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e15), 0.8);
+}
+
+TEST(PlanCluster, QuickCalibration) {
+  CalibrationOptions o;
+  o.quick = true;
+  Result<Calibration> cal = calibrate(o);
+  ASSERT_TRUE(cal.is_ok()) << cal.status().message();
+  EXPECT_LT(cal->wall_s, 3.0);
+  EXPECT_GT(cal->peak_flops, 1e8);
+  EXPECT_GT(cal->memory_bandwidth_bytes_per_s, 1e8);
+  EXPECT_GT(cal->link_bandwidth_bytes_per_s, 1e6);
+  EXPECT_GT(cal->link_latency_s, 0);
+  EXPECT_LT(cal->link_latency_s, 0.01);
+  ASSERT_EQ(cal->gemm.size(), 4u);
+  for (const GemmSample& g : cal->gemm) EXPECT_GT(g.flops_per_s, 0);
+  Cluster c = cluster_from_calibration(*cal, "local_cpu");
+  Result<Cluster> back = parse_cluster(json::parse(format_cluster_json(c)));
+  ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << cluster_to_json(c).dump(2);
+  EXPECT_NEAR(back->device.peak_flops.f32, cal->peak_flops, 1e-3 * cal->peak_flops);
+  EXPECT_EQ(back->device.matmul_efficiency.size(), 4u);
+  EXPECT_DOUBLE_EQ(back->matmul_efficiency(1e15), back->device.matmul_efficiency.back().efficiency);
+  std::string report = format_calibration(*cal);
+  EXPECT_NE(report.find("SGEMM"), std::string::npos);
+  EXPECT_NE(report.find("all_reduce"), std::string::npos);
+}
+
+TEST(PlanCluster, CalibrationRejectsOneRank) {
+  CalibrationOptions o;
+  o.quick = true;
+  o.ranks = 1;
+  Result<Calibration> cal = calibrate(o);
+  ASSERT_FALSE(cal.is_ok());
+  EXPECT_NE(cal.status().message().find("ranks must be >= 2, got 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshflow::plan
