@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_table.h"
 #include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/comm/local_world.h"
 
@@ -47,15 +48,6 @@ std::vector<T> split_list(const std::string& s) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string human(int64_t bytes) {
-  char buf[32];
-  if (bytes >= (int64_t{1} << 20))
-    std::snprintf(buf, sizeof(buf), "%lld MiB", static_cast<long long>(bytes >> 20));
-  else
-    std::snprintf(buf, sizeof(buf), "%lld KiB", static_cast<long long>(bytes >> 10));
-  return buf;
 }
 
 // One call of `op` on buffers for `size` bytes.
@@ -90,9 +82,10 @@ struct Bench {
 Status bench_op(const Options& o, int n, const std::string& op) {
   if (op != "all_reduce" && op != "all_gather" && op != "reduce_scatter")
     return Status::invalid("unknown op '" + op + "' (all_reduce, all_gather, reduce_scatter)");
-  const double bus = op == "all_reduce" ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
-  std::printf("\n%s, local transport, %d ranks\n", op.c_str(), n);
-  std::printf("%10s %12s %12s %12s %6s\n", "size", "time_us", "algbw_GB/s", "busbw_GB/s", "iters");
+  using meshflow::bench::BenchOp;
+  const double bus = meshflow::bench::bus_factor(
+      op == "all_reduce" ? BenchOp::kAllReduce : BenchOp::kAllGather, n);
+  meshflow::bench::print_table_header(op + ", local transport, " + std::to_string(n) + " ranks");
   return run_local_ranks(
       n,
       [&](const std::shared_ptr<Transport>& t) -> Status {
@@ -115,9 +108,7 @@ Status bench_op(const Options& o, int n, const std::string& op) {
           float time = static_cast<float>((now_s() - t0) / iters);
           MF_RETURN_IF_ERROR(c->all_reduce(&time, 1, ReduceOp::kMax));
           if (t->rank() == 0) {
-            const double algbw = size / time / 1e9;
-            std::printf("%10s %12.1f %12.3f %12.3f %6d\n", human(size).c_str(), time * 1e6, algbw,
-                        algbw * bus, iters);
+            meshflow::bench::print_table_row(size, time, bus, iters);
             std::fflush(stdout);
           }
         }

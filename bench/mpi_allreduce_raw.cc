@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_table.h"
+
 #ifdef MESHFLOW_HAVE_MPI
 #include <mpi.h>
 
@@ -36,38 +38,23 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 }
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
-std::string human(size_t bytes) {
-  char buf[32];
-  if (bytes >= (size_t{1} << 20)) {
-    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
-  }
-  return buf;
-}
-
-enum class Op { kAllReduce, kAllGather, kReduceScatter };
-const char* op_name(Op op) {
-  return op == Op::kAllReduce   ? "all_reduce"
-         : op == Op::kAllGather ? "all_gather"
-                                : "reduce_scatter";
-}
+using meshflow::bench::BenchOp;
 
 // Mean seconds per call of `op` on `bytes` (the larger buffer), slowest rank;
 // the iteration count goes to *iters.
-double time_op(Op op, size_t bytes, int n, double seconds, std::vector<float>& a,
+double time_op(BenchOp op, size_t bytes, int n, double seconds, std::vector<float>& a,
                std::vector<float>& b, int* iters) {
   const int count = static_cast<int>(bytes / sizeof(float));
   auto run = [&] {
     switch (op) {
-      case Op::kAllReduce:
+      case BenchOp::kAllReduce:
         MPI_CHECK(MPI_Allreduce(a.data(), b.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
         break;
-      case Op::kAllGather:
+      case BenchOp::kAllGather:
         MPI_CHECK(MPI_Allgather(a.data(), count / n, MPI_FLOAT, b.data(), count / n, MPI_FLOAT,
                                 MPI_COMM_WORLD));
         break;
-      case Op::kReduceScatter:
+      case BenchOp::kReduceScatter:
         MPI_CHECK(MPI_Reduce_scatter_block(a.data(), b.data(), count / n, MPI_FLOAT, MPI_SUM,
                                            MPI_COMM_WORLD));
         break;
@@ -109,21 +96,17 @@ int main(int argc, char** argv) {
   MPI_CHECK(MPI_Get_library_version(version, &len));
   const std::string v(version, len);
   std::vector<float> a(max_bytes / sizeof(float), 1.0f), b(max_bytes / sizeof(float));
-  for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter}) {
-    const double bus = op == Op::kAllReduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
-    if (rank == 0) {
-      std::printf("\n%s, raw MPI (%s), %d ranks\n", op_name(op), v.substr(0, v.find(',')).c_str(),
-                  n);
-      std::printf("%10s %12s %12s %12s %6s\n", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
-                  "iters");
-    }
+  for (BenchOp op : {BenchOp::kAllReduce, BenchOp::kAllGather, BenchOp::kReduceScatter}) {
+    const double bus = meshflow::bench::bus_factor(op, n);
+    if (rank == 0)
+      meshflow::bench::print_table_header(std::string(meshflow::bench::bench_op_name(op)) +
+                                          ", raw MPI (" + v.substr(0, v.find(',')) + "), " +
+                                          std::to_string(n) + " ranks");
     for (size_t size = min_bytes; size <= max_bytes; size *= 4) {
       int iters = 0;
       const double t = time_op(op, size, n, seconds, a, b, &iters);
       if (rank == 0) {
-        const double algbw = static_cast<double>(size) / t / 1e9;
-        std::printf("%10s %12.1f %12.3f %12.3f %6d\n", human(size).c_str(), t * 1e6, algbw,
-                    algbw * bus, iters);
+        meshflow::bench::print_table_row(static_cast<int64_t>(size), t, bus, iters);
         std::fflush(stdout);
       }
     }

@@ -19,8 +19,11 @@
 #include <memory>
 #include <vector>
 
+#include "bench_table.h"
 #include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/comm/mpi_transport.h"
+
+using namespace meshflow::bench;
 
 namespace {
 
@@ -33,42 +36,25 @@ void check(const Status& s, const std::shared_ptr<meshflow::Transport>& t) {
   if (!s.is_ok()) t->abort("mpi_comm_bench: " + s.message());
 }
 
-std::string human(size_t bytes) {
-  char buf[32];
-  if (bytes >= (size_t{1} << 20)) {
-    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
-  }
-  return buf;
-}
-
-enum class Op { kAllReduce, kAllGather, kReduceScatter };
-const char* op_name(Op op) {
-  return op == Op::kAllReduce   ? "all_reduce"
-         : op == Op::kAllGather ? "all_gather"
-                                : "reduce_scatter";
-}
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Mean seconds per call, slowest rank; the iteration count goes to *iters.
-double time_op(Op op, size_t bytes, double seconds, Communicator& comm,
+double time_op(BenchOp op, size_t bytes, double seconds, Communicator& comm,
                const std::shared_ptr<meshflow::Transport>& t, std::vector<float>& a,
                std::vector<float>& b, int* iters) {
   const int64_t count = static_cast<int64_t>(bytes / sizeof(float));
   const int64_t per_rank = count / comm.size();
   auto run = [&] {
     switch (op) {
-      case Op::kAllReduce:
+      case BenchOp::kAllReduce:
         check(comm.all_reduce(a.data(), count, ReduceOp::kSum), t);
         break;
-      case Op::kAllGather:
+      case BenchOp::kAllGather:
         check(comm.all_gather(a.data(), per_rank, b.data()), t);
         break;
-      case Op::kReduceScatter:
+      case BenchOp::kReduceScatter:
         check(comm.reduce_scatter(a.data(), per_rank, b.data(), ReduceOp::kSum), t);
         break;
     }
@@ -108,20 +94,18 @@ int main(int argc, char** argv) {
   auto comm = Communicator::world(*t);
   const int n = comm->size();
   std::vector<float> a(max_bytes / sizeof(float), 0.0f), b(max_bytes / sizeof(float));
-  for (Op op : {Op::kAllReduce, Op::kAllGather, Op::kReduceScatter}) {
-    const double bus = op == Op::kAllReduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+  for (BenchOp op : {BenchOp::kAllReduce, BenchOp::kAllGather, BenchOp::kReduceScatter}) {
+    const double bus = bus_factor(op, n);
     if (comm->rank() == 0) {
-      std::printf("\n%s, mpi transport, %d ranks\n", op_name(op), n);
-      std::printf("%10s %12s %12s %12s %6s\n", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
-                  "iters");
+      char title[160];
+      std::snprintf(title, sizeof title, "%s, mpi transport, %d ranks", bench_op_name(op), n);
+      print_table_header(title);
     }
     for (size_t size = min_bytes; size <= max_bytes; size *= 4) {
       int iters = 0;
       const double sec = time_op(op, size, seconds, *comm, *t, a, b, &iters);
       if (comm->rank() == 0) {
-        const double algbw = static_cast<double>(size) / sec / 1e9;
-        std::printf("%10s %12.1f %12.3f %12.3f %6d\n", human(size).c_str(), sec * 1e6, algbw,
-                    algbw * bus, iters);
+        print_table_row(static_cast<int64_t>(size), sec, bus, iters);
         std::fflush(stdout);
       }
     }
