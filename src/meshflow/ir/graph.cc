@@ -108,8 +108,12 @@ Status verify(const Graph& g) {
                                   expect[i].shape.to_string());
       }
     }
+    // A mutated source (parameter, state) is not read again: every reader
+    // means the value of this step. A transient updated in place (a ZeRO
+    // shard copy) is written through: its later readers read the new value.
     for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (def.mutates & (1u << i)) mutated[n.inputs[i]] = 1;
+      if ((def.mutates & (1u << i)) && g.producer(n.inputs[i]).inputs.empty())
+        mutated[n.inputs[i]] = 1;
   }
   if (g.loss != kNoValue && g.shape(g.loss).numel() != 1)
     return Status::internal("loss value must be a scalar, got " + g.shape(g.loss).to_string());

@@ -8,7 +8,8 @@
 // A training graph is forward + backward + optimizer in one graph; each node
 // carries its Phase so passes and the executor can select parts of it.
 // Optimizer update nodes mutate their state inputs in place (OpDef::mutates);
-// the verifier checks nothing reads a mutated value after the mutation.
+// the verifier checks nothing reads a mutated source after the mutation (a
+// transient updated in place, like a ZeRO shard copy, is written through).
 //
 //   Graph g;  Builder b(g);                        // see builder.h
 //   ValueId x = b.input("x", Shape{{"batch",8},{"hidden",4}});
@@ -71,6 +72,15 @@ struct Attrs {
   bool inverse = false;   // rope: rotate by -angle (its own gradient)
   bool nesterov = false;  // sgd
   Init init;              // parameter
+  // Collectives (ops/collective.cc): the mesh axis whose group they run over
+  // and that group's size. The tensor dims are in axes.
+  int mesh_axis = -1;
+  int group_size = 1;
+  // Set by the partitioner where a kernel needs its place in the global tensor
+  // (parameter init, dropout, rope, vocab-parallel embedding): the global
+  // sizes of the node's sharded tensor and this rank's block start per dim.
+  // Empty: the tensor is the whole tensor.
+  std::vector<int64_t> global_dims, global_offset;
 };
 
 struct Value {

@@ -70,7 +70,15 @@
   X(SgdUpdate, "sgd_update")                \
   X(AdamWUpdate, "adamw_update")            \
   /* metrics */                             \
-  X(CorrectCount, "correct_count")
+  X(CorrectCount, "correct_count")          \
+  /* collectives (parallel/partition.h) */  \
+  X(AllGather, "all_gather")                \
+  X(ReduceScatter, "reduce_scatter")        \
+  X(AllReduce, "all_reduce")                \
+  X(AllToAll, "all_to_all")                 \
+  X(ShardSlice, "shard_slice")              \
+  X(PartialMask, "partial_mask")            \
+  X(Assign, "assign")
 
 namespace meshflow {
 

@@ -13,11 +13,14 @@
 
 namespace meshflow {
 
+class MeshComms;  // parallel/reshard_exec.h
+
 struct KernelCall {
   const Graph& g;
   const Node& n;
   std::vector<void*> in;
   std::vector<void*> out;
+  const MeshComms* comms = nullptr;  // collectives: this rank's mesh groups (null: one device)
 
   const float* in_f(int i) const { return static_cast<const float*>(in[i]); }
   const int32_t* in_i(int i) const { return static_cast<const int32_t*>(in[i]); }
@@ -45,5 +48,6 @@ void register_shape_kernels(KernelTable& t);
 void register_reduce_kernels(KernelTable& t);
 void register_attention_kernels(KernelTable& t);
 void register_optimizer_kernels(KernelTable& t);
+void register_collective_kernels(KernelTable& t);
 
 }  // namespace meshflow

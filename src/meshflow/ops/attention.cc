@@ -198,19 +198,21 @@ OpCost cost_rope(const Graph& g, const Node& n) {
 
 }  // namespace
 
-// Sharding. attention: batch passes through; heads pass through when
-// kv_heads == heads (GQA with fewer kv heads: replicated for now); the key/value
-// seq and head_dim must be replicated. The query seq passes through only when
-// not causal: the causal mask aligns the last query with the last key, which a
-// shard of the queries would not know (replicated under causal).
-// attention_grad: the same factors over (dout, q, k, v, out, lse) -> (dq, dk, dv);
-// the query seq is a reduction there (a query shard gives dq's rows but Partial dk, dv).
-// dropout: element-wise, linear in x; NOTE a shard draws its mask by its local
-// element index, so a sharded dropout is a different (equally random) mask than
-// the unsharded one; dropout_grad with the same layouts reproduces it.
-// rope: batch and heads pass through; seq is replicated (the angle uses the
-// local index along dim 1, global positions would need an offset) and so is
-// head_dim (rotate_half pairs its halves). Linear in x.
+// Sharding. attention: batch and heads pass through (with GQA the query
+// heads and the kv heads split together: a block of kv heads serves exactly
+// the block of query heads that reads it, so the factor's size is kv_heads);
+// the key/value seq and head_dim must be replicated. The query seq passes
+// through only when not causal: the causal mask aligns the last query with the
+// last key, which a shard of the queries would not know (replicated under
+// causal). attention_grad: the same factors over (dout, q, k, v, out, lse) ->
+// (dq, dk, dv); the query seq is a reduction there (a query shard gives dq's
+// rows but Partial dk, dv).
+// dropout: element-wise, linear in x; a shard draws the numbers of its global
+// element indices (attrs.global_dims/global_offset, set by the partitioner), so
+// the mask is the unsharded one.
+// rope: batch, seq and heads pass through (a seq shard starts its angles at
+// attrs.global_offset[1]); head_dim is replicated (rotate_half pairs its
+// halves). Linear in x.
 namespace {
 ShardingRule sharding_attention(const Graph& g, const Node& n) {
   const bool grad = n.kind == OpKind::kAttentionGrad;
@@ -222,9 +224,8 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
   // Operands: per input / output, 'q' (q-like [B,H,T,D]), 'k' (k-like), 'l' (lse [B,H,T]).
   const char* ins = grad ? "qqkkql" : "qkk";
   const char* outs = grad ? "qkk" : "ql";
-  const bool heads = q.size(1) == k.size(1);
   const int fb = r.add(q.name(0), q.size(0));
-  const int fh = r.add(q.name(1), q.size(1), heads ? F::kPassThrough : F::kNeedReplicate);
+  const int fh = r.add(q.name(1), k.size(1));
   // attention_grad: every query row adds to dk and dv, which a query shard leaves Partial.
   const int ft = r.add(q.name(2), q.size(2),
                        n.attrs.causal ? F::kNeedReplicate
@@ -234,7 +235,7 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
   const int fd = r.add(q.name(3), q.size(3), F::kNeedReplicate);
   auto map = [&](char role, auto&& set) {
     set(fb, 0);
-    if (role == 'q' || role == 'l' || heads) set(fh, 1);
+    set(fh, 1);
     set(role == 'k' ? fs : ft, 2);
     if (role != 'l') set(fd, 3);
   };
@@ -250,7 +251,6 @@ ShardingRule sharding_dropout(const Graph& g, const Node& n) {
 }
 ShardingRule sharding_rope(const Graph& g, const Node& n) {
   ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
-  set_input_factor_kind(r, 0, 1, ShardingRule::Factor::kNeedReplicate);
   set_input_factor_kind(r, 0, 3, ShardingRule::Factor::kNeedReplicate);
   r.partial_inputs = {{0}};
   return r;

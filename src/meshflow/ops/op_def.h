@@ -62,6 +62,7 @@ void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optimizer_ops(OpTable& t);
+void register_collective_ops(OpTable& t);
 
 // One table entry: the form every family file registers its ops with.
 void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
@@ -69,6 +70,10 @@ void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
 
 // Sets kind's sharding rule (after its add_op).
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);
+
+// all_gather, reduce_scatter, all_reduce, all_to_all: the ops that move data
+// between ranks (shard_slice and partial_mask are local).
+bool is_collective(OpKind k);
 
 // Helpers shared by the shape rules.
 std::string node_label(const Node& n);  // "matmul 'h.0.mlp.fc1'"

@@ -19,6 +19,7 @@ OpTable build_table() {
   register_reduce_ops(t);
   register_attention_ops(t);
   register_optimizer_ops(t);
+  register_collective_ops(t);
   return t;
 }
 }  // namespace

@@ -69,8 +69,21 @@ Status check_logits_targets(const Graph& g, const Node& n) {
   return Status::ok();
 }
 
+// cross_entropy and its gradient take an optional last input, count [] f32:
+// the number of valid positions of the whole batch, added by the partitioner
+// when the rows are sharded (a shard's loss is then a part of the mean).
+Status expect_count(const Graph& g, const Node& n, int plain) {
+  if (static_cast<int>(n.inputs.size()) != plain && static_cast<int>(n.inputs.size()) != plain + 1)
+    return Status::invalid(node_label(n) + ": expects " + std::to_string(plain) + " inputs (or " +
+                           std::to_string(plain + 1) + " with the global count), got " +
+                           std::to_string(n.inputs.size()));
+  if (static_cast<int>(n.inputs.size()) == plain + 1 && g.shape(n.inputs[plain]).numel() != 1)
+    return Status::invalid(node_label(n) + ": the count input must be a scalar");
+  return Status::ok();
+}
+
 Status infer_cross_entropy(const Graph& g, const Node& n, std::vector<Value>* outs) {
-  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  MF_RETURN_IF_ERROR(expect_count(g, n, 2));
   MF_RETURN_IF_ERROR(check_logits_targets(g, n));
   const Shape& logits = g.shape(n.inputs[0]);
   outs->push_back(out_value(Shape{}));
@@ -79,7 +92,7 @@ Status infer_cross_entropy(const Graph& g, const Node& n, std::vector<Value>* ou
 }
 
 Status infer_cross_entropy_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
-  MF_RETURN_IF_ERROR(expect_inputs(g, n, 4));
+  MF_RETURN_IF_ERROR(expect_count(g, n, 4));
   MF_RETURN_IF_ERROR(check_logits_targets(g, n));
   MF_RETURN_IF_ERROR(expect_dtype(g, n, 2, DType::F32));
   MF_RETURN_IF_ERROR(expect_dtype(g, n, 3, DType::F32));
@@ -149,10 +162,11 @@ OpCost cost_correct_count(const Graph& g, const Node& n) {
 
 // Sharding: V (the last dim) must be replicated everywhere. Leading dims pass
 // through softmax/log_softmax and their gradients (linear in dy). The loss is a
-// mean over the valid positions with one global count, so a shard's mean is not
-// a part of it: cross_entropy and its gradient keep every dim replicated for now
-// (a sharded loss needs a kernel that sums and a global count). correct_count
-// sums: its position dims are reductions (Partial(sum) of counts is exact).
+// mean over the valid positions with one global count: with the rows sharded,
+// each shard divides its sum by the global count (the count input the
+// partitioner adds), so cross_entropy's rows are reductions (loss Partial, lse
+// sharded) and pass through its gradient. correct_count sums: its position dims
+// are reductions (Partial(sum) of counts is exact).
 namespace {
 ShardingRule sharding_softmax(const Graph& g, const Node& n) {
   const Shape& x = g.shape(n.inputs[0]);
@@ -169,7 +183,7 @@ ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Ki
   for (int d = 0; d + 1 < x.rank(); ++d) {
     int f = r.add(x.name(d), x.size(d), rows);
     r.in(f, 0, d).in(f, 1, d);
-    if (n.inputs.size() > 2) r.in(f, 2, d);  // cross_entropy_grad's lse
+    if (n.kind == OpKind::kCrossEntropyGrad) r.in(f, 2, d);  // lse
     if (rows_out >= 0) r.out(f, rows_out, d);
   }
   int v = r.add(x.name(-1), x.size(-1), ShardingRule::Factor::kNeedReplicate);
@@ -180,10 +194,10 @@ ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Ki
   return r;
 }
 ShardingRule sharding_cross_entropy(const Graph& g, const Node& n) {
-  return logits_rule(g, n, ShardingRule::Factor::kNeedReplicate, 1);
+  return logits_rule(g, n, ShardingRule::Factor::kReduction, 1);
 }
 ShardingRule sharding_cross_entropy_grad(const Graph& g, const Node& n) {
-  return logits_rule(g, n, ShardingRule::Factor::kNeedReplicate, -1);
+  return logits_rule(g, n, ShardingRule::Factor::kPassThrough, -1);
 }
 ShardingRule sharding_correct_count(const Graph& g, const Node& n) {
   return logits_rule(g, n, ShardingRule::Factor::kReduction, -1);
@@ -195,8 +209,8 @@ void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
   add_op(t, OpKind::kLogSoftmax, 1, infer_softmax, grad_log_softmax, cost_softmax);
   add_op(t, OpKind::kLogSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
-  add_op(t, OpKind::kCrossEntropy, 2, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
-  add_op(t, OpKind::kCrossEntropyGrad, 4, infer_cross_entropy_grad, nullptr,
+  add_op(t, OpKind::kCrossEntropy, -1, infer_cross_entropy, grad_cross_entropy, cost_cross_entropy);
+  add_op(t, OpKind::kCrossEntropyGrad, -1, infer_cross_entropy_grad, nullptr,
          cost_cross_entropy_grad);
   add_op(t, OpKind::kCorrectCount, 2, infer_correct_count, nullptr, cost_correct_count);
   for (OpKind k :

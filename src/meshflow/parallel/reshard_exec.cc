@@ -33,8 +33,10 @@ struct Around {
   }
 };
 
+}  // namespace
+
 // chunks[c] = in[:, c*m:(c+1)*m, :] (m = len/n), each chunk contiguous.
-void pack(const float* in, const Around& a, int n, float* out) {
+static void pack(const float* in, const Around& a, int n, float* out) {
   const int64_t m = a.len / n, chunk = a.outer * m * a.inner;
   for (int c = 0; c < n; ++c) {
     for (int64_t o = 0; o < a.outer; ++o) {
@@ -45,7 +47,7 @@ void pack(const float* in, const Around& a, int n, float* out) {
 }
 
 // The inverse: out[:, c*m:(c+1)*m, :] = chunks[c]; `a` describes one chunk.
-void unpack(const float* chunks, const Around& a, int n, float* out) {
+static void unpack(const float* chunks, const Around& a, int n, float* out) {
   const int64_t m = a.len, chunk = a.outer * m * a.inner;
   for (int c = 0; c < n; ++c) {
     for (int64_t o = 0; o < a.outer; ++o) {
@@ -54,6 +56,15 @@ void unpack(const float* chunks, const Around& a, int n, float* out) {
     }
   }
 }
+
+void pack_chunks(const float* in, const Shape& shape, int dim, int n, float* out) {
+  pack(in, Around(shape, dim), n, out);
+}
+void unpack_chunks(const float* chunks, const Shape& chunk_shape, int dim, int n, float* out) {
+  unpack(chunks, Around(chunk_shape, dim), n, out);
+}
+
+namespace {
 
 Shape local(const Shape& shape, const Mesh& mesh, const Layout& l) {
   return value_or_throw(local_shape(shape, mesh, l));

@@ -36,6 +36,12 @@ class MeshComms {
   std::vector<std::shared_ptr<Communicator>> axes_;
 };
 
+// Chunk packing around one dim, shared with the collective kernels:
+// pack_chunks: chunk c (contiguous) = in[.., c*m:(c+1)*m, ..] with m = shape[dim]/n.
+// unpack_chunks: the inverse; chunk_shape is one chunk's shape.
+void pack_chunks(const float* in, const Shape& shape, int dim, int n, float* out);
+void unpack_chunks(const float* chunks, const Shape& chunk_shape, int dim, int n, float* out);
+
 // Replaces *data (this rank's shard under plan.src) by its shard under plan.dst.
 Status run_reshard(const ReshardPlan& plan, const Shape& shape, const Mesh& mesh,
                    const MeshComms& comms, std::vector<float>* data);

@@ -315,17 +315,36 @@ std::string DimRules::to_string() const {
   return s + "}";
 }
 
+DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
+  // Rule order is priority: a dim earlier in the list takes a mesh axis first.
+  std::vector<std::pair<std::string, std::string>> all;
+  if (preset == "dp") all = {{"batch", "dp"}};
+  if (preset == "megatron")
+    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"}, {"ffn", "tp"}};
+  if (preset == "megatron-sp")
+    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"}, {"ffn", "tp"}, {"seq", "tp"}};
+  if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
+  DimRules r;
+  for (auto& [dim, axis] : all)
+    if (mesh.axis_index(axis) >= 0) r.rules.emplace_back(dim, axis);
+  return r;
+}
+
 Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape) {
   std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
   std::vector<bool> used(mesh.num_axes(), false);
-  for (int d = 0; d < shape.rank(); ++d) {
-    const std::string* axis = rules.axis_of(shape.name(d));
-    if (axis == nullptr) continue;
+  // Rules in their order (the first rule naming a dim of the shape takes its axis).
+  for (const auto& [dim_name, axis_name] : rules.rules) {
+    int d = -1;
+    for (int k = 0; k < shape.rank() && d < 0; ++k)
+      if (shape.name(k) == dim_name) d = k;
+    if (d < 0) continue;
+    const std::string* axis = &axis_name;
     int a = mesh.axis_index(*axis);
     if (a < 0)
       return Status::invalid("rule " + shape.name(d) + ": " + *axis + ": '" + *axis +
                              "' is not an axis of the mesh " + mesh.to_string());
-    if (used[a]) continue;  // an earlier dim of this value took the axis
+    if (used[a]) continue;  // an earlier rule took the axis
     if (shape.size(d) % mesh.size(a) != 0)
       return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
                              std::to_string(mesh.size(a)) + " ways over mesh axis " + *axis +
@@ -409,8 +428,11 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
     return Status::invalid(where + " must be an object, got " + json_type_name(j));
   StrategyConfig c;
   JsonObjectReader r(j, where);
-  r.choice("mode", &c.mode, {"data", "semi", "hybrid"});
-  r.ignore({"mesh", "rules", "strategies"});
+  r.choice("mode", &c.mode, {"data", "semi", "hybrid", "auto"});
+  r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses"});
+  r.choice("search", &c.search, {"propagate", "full"});
+  r.integer("zero", &c.zero, 0, 3);
+  r.ignore({"mesh", "rules", "strategies", "pipeline", "recompute"});
   MF_RETURN_IF_ERROR(r.finish());
 
   if (j.contains("mesh")) {
@@ -475,6 +497,15 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
       c.strategies.emplace_back(it.key(), text);
     }
   }
+  if (!c.preset.empty()) {
+    if (!c.rules.rules.empty())
+      return Status::invalid(where + ".preset \"" + c.preset + "\" gives the rules; leave out " +
+                             where + ".rules (or the preset)");
+    c.rules = preset_rules(c.preset, c.mesh);
+  }
+  if (c.zero > 0 && c.mesh.axis_index("dp") < 0)
+    return Status::invalid(where + ".zero shards over the data-parallel axis, but the mesh " +
+                           c.mesh.to_string() + " has no axis named dp");
   if (c.mode == "data") {
     if (!c.rules.rules.empty())
       return Status::invalid(where + ".rules is not used in mode \"data\"; use \"semi\" or " +

@@ -72,8 +72,9 @@ struct DimRules {
 };
 
 // The layout of a value of `shape`: each dim named in the rules is Shard on
-// its axis, unless an earlier dim of the shape already took that axis (then
-// that dim stays replicated). A rule dim whose size the axis does not divide
+// its axis, unless an earlier rule already took that axis for this value
+// (then that dim stays replicated): rule order is priority, so
+// {heads: tp, seq: tp} shards heads where a value has both, seq elsewhere. A rule dim whose size the axis does not divide
 // is an error naming the dim, the sizes and the valid splits.
 Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape);
 
@@ -92,8 +93,19 @@ Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules
 
 // ---- 3. the "parallel" object of the run config ----
 
+// The rules of a named preset on a mesh (rules naming axes the mesh lacks are
+// left out): "dp" {batch: dp}; "megatron" {batch: dp, heads: tp, kv_heads: tp,
+// ffn: tp} (column-parallel QKV / fc1, row-parallel out-proj / fc2);
+// "megatron-sp" the same + {seq: tp} (norms, dropout and residuals on sequence
+// shards: all_gather / reduce_scatter in place of all_reduce); "ulysses"
+// {batch: dp, seq: cp} (attention gets its heads split by all_to_all).
+DimRules preset_rules(const std::string& preset, const Mesh& mesh);
+
 struct StrategyConfig {
-  std::string mode = "data";  // "data" | "semi" | "hybrid"
+  std::string mode = "data";  // "data" | "semi" | "hybrid" | "auto"
+  std::string preset;         // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
+  std::string search = "propagate";  // auto mode: "propagate" | "full"
+  int zero = 0;                      // ZeRO stage over the dp axis
   Mesh mesh = Mesh::line(1, "dp");
   bool has_mesh = false;
   DimRules rules;

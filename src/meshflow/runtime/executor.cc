@@ -10,10 +10,46 @@
 
 namespace meshflow {
 
-void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed) {
+// The global linear index of each local element of a block [off, off+local)
+// of a tensor with dims `global`, row by row (last dim contiguous).
+template <typename F>
+void for_each_global_index(const Shape& local, const std::vector<int64_t>& global,
+                           const std::vector<int64_t>& off, F&& f) {
+  const int r = local.rank();
+  if (r == 0) {
+    f(0, 0);
+    return;
+  }
+  std::vector<int64_t> stride(r, 1);
+  for (int d = r - 2; d >= 0; --d) stride[d] = stride[d + 1] * global[d + 1];
+  const int64_t row = local.size(r - 1), rows = local.numel() / std::max<int64_t>(row, 1);
+  std::vector<int64_t> idx(r, 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t base = off[r - 1];
+    for (int d = 0; d < r - 1; ++d) base += (idx[d] + off[d]) * stride[d];
+    for (int64_t k = 0; k < row; ++k) f(i * row + k, base + k);
+    for (int d = r - 2; d >= 0; --d) {  // next row
+      if (++idx[d] < local.size(d)) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed,
+                const std::vector<int64_t>& global_dims, const std::vector<int64_t>& global_offset) {
   float* p = t.data<float>();
   const int64_t n = t.numel();
   const uint64_t s = stream_seed(name, seed);
+  if (!global_dims.empty() && (init.kind == Init::Kind::kNormal || init.kind == Init::Kind::kUniform)) {
+    // A shard: each element draws the number of its global index, so the
+    // weights equal the single-device ones whatever the layout.
+    MF_CHECK_EQ(static_cast<int>(global_dims.size()), t.shape().rank()) << name;
+    const bool normal = init.kind == Init::Kind::kNormal;
+    for_each_global_index(t.shape(), global_dims, global_offset, [&](int64_t i, int64_t gi) {
+      p[i] = normal ? init.scale * normal01(s, gi) : init.scale * (2.f * uniform01(s, gi) - 1.f);
+    });
+    return;
+  }
   switch (init.kind) {
     case Init::Kind::kZeros:
       std::memset(p, 0, t.nbytes());
@@ -41,7 +77,8 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
       case OpKind::kParameter: {
         ValueId v = n.outputs[0];
         persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
-        initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed);
+        initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed, n.attrs.global_dims,
+                   n.attrs.global_offset);
         stats_.params += persistent_[v].nbytes();
         is_persistent[v] = 1;
         break;
@@ -110,7 +147,7 @@ void Executor::run(const std::vector<NodeId>& nodes,
                    const std::function<void(NodeId)>& after_node) {
   for (NodeId id : nodes) {
     const Node& n = g_.node(id);
-    KernelCall call{g_, n, {}, {}};
+    KernelCall call{g_, n, {}, {}, comms_};
     call.in.reserve(n.inputs.size());
     call.out.reserve(n.outputs.size());
     for (ValueId v : n.inputs) call.in.push_back(data(v));

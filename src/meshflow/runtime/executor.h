@@ -26,6 +26,8 @@
 
 namespace meshflow {
 
+class MeshComms;  // parallel/reshard_exec.h
+
 struct ExecutorOptions {
   uint64_t seed = 0;  // parameter init
   // Values that must stay readable after run() (besides loss and g.outputs).
@@ -82,6 +84,10 @@ class Executor {
   const std::vector<double>& seconds_by_kind() const { return seconds_by_kind_; }
   std::string profile_report() const;
 
+  // A partitioned program (parallel/partition.h): the communicators its
+  // collective nodes run on. Not owned; must outlive run().
+  void set_mesh_comms(const MeshComms* comms) { comms_ = comms; }
+
   const MemoryPlan& memory_plan() const { return plan_; }
   MemoryStats memory() const { return stats_; }
   void add_grad_accumulator_bytes(int64_t b) { stats_.grads += b; }
@@ -95,10 +101,15 @@ class Executor {
   MemoryPlan plan_;
   MemoryStats stats_;
   bool profiling_ = false;
+  const MeshComms* comms_ = nullptr;
   std::vector<double> seconds_by_kind_;
 };
 
-// Fills a tensor from its Init, seeded by (name, seed).
-void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed);
+// Fills a tensor from its Init, seeded by (name, seed). A shard of a larger
+// tensor (global_dims non-empty: the whole tensor's sizes, global_offset: the
+// shard's start per dim) gets exactly the elements the whole tensor has there.
+void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed,
+                const std::vector<int64_t>& global_dims = {},
+                const std::vector<int64_t>& global_offset = {});
 
 }  // namespace meshflow

@@ -105,8 +105,12 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   r.object("data", &data);
   r.object("train", &train);
   r.object("optimizer", &optim);
-  r.ignore({"model", "description"});
+  r.ignore({"model", "description", "parallel"});
   MF_RETURN_IF_ERROR(r.finish());
+  if (doc.contains("parallel")) {
+    MF_ASSIGN_OR_RETURN(rc.parallel, parse_strategy_config(doc.at("parallel"), "parallel"));
+    rc.has_parallel = true;
+  }
 
   const json& m = doc.at("model");
   if (m.is_string()) {

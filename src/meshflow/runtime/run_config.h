@@ -9,7 +9,8 @@
 //               "seed": 1, "log_every": 10, "eval_every": 500, "eval_batches": 20, "threads": 2},
 //     "optimizer": {"type": "adamw", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100,
 //                   "schedule": "cosine", "weight_decay": 0.1, "betas": [0.9, 0.95],
-//                   "eps": 1e-8, "grad_clip": 1.0}
+//                   "eps": 1e-8, "grad_clip": 1.0},
+//     "parallel": {"mode": "semi", "mesh": "dp=2,tp=2", "preset": "megatron", "zero": 1}
 //   }
 // Relative paths are resolved against the config file's directory, then the
 // current directory.
@@ -20,6 +21,7 @@
 
 #include "meshflow/config/json_reader.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/strategy.h"
 
 namespace meshflow {
 
@@ -52,6 +54,11 @@ struct RunConfig {
   TrainConfig train;
   OptimizerConfig optimizer;
   LrSchedule schedule;
+  // "parallel": how the ranks split the work (parallel/strategy.h). Absent or
+  // mode "data": data parallel over all ranks (runtime/grad_buckets.h).
+  // "semi" / "auto": the SPMD partitioner (parallel/partition.h).
+  StrategyConfig parallel;
+  bool has_parallel = false;
 };
 
 // Parses a whole run config. base_dir resolves relative paths.

@@ -14,6 +14,7 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/runtime/comm/transport.h"
 
 namespace meshflow {
 
@@ -79,6 +80,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   // The machine's threads are shared among the ranks running on it.
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
+  const bool partitioned = rc.has_parallel && rc.parallel.mode != "data";
+  if (partitioned) {
+    MF_RETURN_IF_ERROR(t->init_partitioned());
+    return t;
+  }
   if (tc.batch_size % (tc.micro_batches * t->world_) != 0)
     return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
                            " does not split into " + std::to_string(tc.micro_batches) +
@@ -120,19 +126,131 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   return t;
 }
 
+// The SPMD path: the whole graph, annotated and lowered for this rank.
+Status Trainer::init_partitioned() {
+  const TrainConfig& tc = rc_.train;
+  const StrategyConfig& pc = rc_.parallel;
+  const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(world_, "dp");
+  if (mesh.num_ranks() != world_)
+    return Status::invalid("parallel.mesh " + mesh.to_string() + " has " +
+                           std::to_string(mesh.num_ranks()) + " ranks but the job has " +
+                           std::to_string(world_) + "; run with --ranks " +
+                           std::to_string(mesh.num_ranks()) + " or change the mesh");
+  if (pc.mode == "hybrid")
+    return Status::invalid(
+        "parallel.mode \"hybrid\" (collectives placed by hand) is built through the C++ API "
+        "(ops/collective.cc on a per-rank graph); from a config use \"semi\" or \"auto\"");
+  if (pc.mode == "auto" && pc.search == "full")
+    return Status::invalid(
+        "parallel.search \"full\" plans with `meshflow plan MODEL --cluster ... --out PLAN.json`; "
+        "train that plan, or use \"search\": \"propagate\"");
+  if (tc.batch_size % tc.micro_batches != 0)
+    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
+                           " does not split into " + std::to_string(tc.micro_batches) +
+                           " micro-batches");
+  global_micro_batch_ = tc.batch_size / tc.micro_batches;
+  micro_batch_ = global_micro_batch_;  // the program's shapes say what each rank holds
+  Result<ModelGraph> m = build_model_from_json(rc_.model, global_micro_batch_, tc.seq_len);
+  if (!m.is_ok()) return m.status().with_context(rc_.model_source);
+  model_ = std::move(m).value();
+  Graph& g = model_.graph;
+  language_model_ = g.find("tokens") != kNoValue;
+  num_params_ = count_parameters(g);
+  append_backward(g);
+  append_optimizer(g, rc_.optimizer);
+  MF_RETURN_IF_ERROR(verify(g).with_context("training graph"));
+  MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
+
+  PartitionOptions o;
+  o.rules = pc.rules;
+  o.strategies = pc.strategies;
+  o.zero_stage = pc.zero;
+  o.zero_axis = mesh.axis_index("dp");
+  Result<Annotation> a = annotate(g, mesh, o);
+  if (!a.is_ok()) return a.status().with_context("parallel");
+  annotation_ = std::move(*a);
+  MF_ASSIGN_OR_RETURN(LocalProgram p, lower(g, annotation_, rank_, o.cost));
+  program_ = std::make_unique<LocalProgram>(std::move(p));
+  for (const Node& n : g.nodes())
+    if (n.kind == OpKind::kCrossEntropy) count_targets_ = g.value(n.inputs[1]).name;
+
+  std::shared_ptr<Communicator> world = comm_;
+  if (!world) {
+    self_comm_ = Communicator::world(make_local_transports(1)[0]);
+    world = self_comm_;
+  }
+  MF_ASSIGN_OR_RETURN(MeshComms mc, MeshComms::make(world, mesh));
+  mesh_comms_ = std::make_unique<MeshComms>(std::move(mc));
+  ExecutorOptions eo;
+  eo.seed = tc.seed;
+  executor_ = std::make_unique<Executor>(program_->graph, eo);
+  executor_->set_mesh_comms(mesh_comms_.get());
+  if (tc.micro_batches > 1) {  // accumulation only: the reductions are in the program
+    buckets_ = std::make_unique<GradientBuckets>(program_->graph,
+                                                 executor_->forward_backward_order(), nullptr,
+                                                 static_cast<int64_t>(tc.bucket_mib * (1 << 20)));
+    executor_->add_grad_accumulator_bytes(buckets_->bytes());
+  }
+  flops_per_micro_ = flops_of(program_->graph, executor_->forward_backward_order());
+  flops_optimizer_ = flops_of(program_->graph, executor_->optimizer_order());
+  return Status::ok();
+}
+
+Result<std::map<std::string, Tensor>> Trainer::gather_parameters() {
+  std::map<std::string, Tensor> out;
+  const Graph& pg = program_graph();
+  for (ValueId v : pg.parameters()) {
+    Tensor& local = executor_->storage(v);
+    if (!program_) {
+      out.emplace(pg.value(v).name, local);
+      continue;
+    }
+    const ValueId gv = program_->global_of[v];
+    const Layout& l = program_->layout[v];
+    const Mesh& mesh = program_->mesh;
+    Tensor whole(model_.graph.shape(gv), DType::F32);
+    std::vector<float> all(static_cast<size_t>(local.numel()) * mesh.num_ranks());
+    Communicator& world = *(comm_ ? comm_ : self_comm_);
+    MF_RETURN_IF_ERROR(world.all_gather(local.data<float>(), local.numel(), all.data()));
+    for (int r = 0; r < mesh.num_ranks(); ++r) {
+      Tensor block(local.shape(), DType::F32);
+      block.copy_from(all.data() + static_cast<size_t>(r) * local.numel());
+      place_block(block, mesh, l, r, &whole);
+    }
+    out.emplace(pg.value(v).name, std::move(whole));
+  }
+  return out;
+}
+
 float Trainer::all_reduce_mean(float v) {
-  if (world_ == 1) return v;
+  if (world_ == 1 || program_) return v;
   throw_if_error(comm_->all_reduce(&v, 1, ReduceOp::kSum));
   return v / static_cast<float>(world_);
 }
 
 void Trainer::feed_batch(const Batch& b) {
-  for (const auto& [name, tensor] : b.tensors) throw_if_error(executor_->feed(name, tensor));
+  if (!program_) {
+    for (const auto& [name, tensor] : b.tensors) throw_if_error(executor_->feed(name, tensor));
+    return;
+  }
+  // Partitioned: the batch is whole; each rank feeds its block of each input.
+  for (const auto& [name, tensor] : b.tensors) {
+    const ValueId gv = model_.graph.find(name);
+    MF_CHECK_NE(gv, kNoValue) << name;
+    const Layout& l = annotation_.produced(model_.graph, gv);
+    throw_if_error(executor_->feed(name, local_block(tensor, program_->mesh, l, rank_)));
+    if (name == count_targets_) {
+      const int32_t* t = tensor.data<int32_t>();
+      int64_t valid = 0;
+      for (int64_t i = 0; i < tensor.numel(); ++i) valid += t[i] >= 0;
+      executor_->feed_scalar("loss_count", static_cast<float>(valid));
+    }
+  }
 }
 
 StepResult Trainer::step() {
   const TrainConfig& tc = rc_.train;
-  const Graph& g = model_.graph;
+  const Graph& g = program_graph();
   Executor& ex = *executor_;
   const int m = tc.micro_batches;
   auto t0 = std::chrono::steady_clock::now();
@@ -141,8 +259,10 @@ StepResult Trainer::step() {
   double loss_sum = 0;
   // The backward seed averages over micro-batches and ranks, so the summed
   // (all-reduced) gradient is the gradient of the global batch's mean loss.
-  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m * world_));
-  const Shard shard{rank_, world_};
+  // (A partitioned program's loss is already the global batch's mean.)
+  const int dp_world = program_ ? 1 : world_;
+  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m * dp_world));
+  const Shard shard = program_ ? Shard{0, 1} : Shard{rank_, world_};
   for (int micro = 0; micro < m; ++micro) {
     BatchIndex at;
     at.seed = tc.seed;
@@ -152,7 +272,7 @@ StepResult Trainer::step() {
     feed_batch(value_or_throw(data_->train_batch(at, global_micro_batch_, shard)));
     // Dropout: one stream per micro-batch; this rank's rows draw their global
     // elements of it, so the masks are those of one device.
-    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), rank_};
+    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), program_ ? 0 : rank_};
     if (g.find("rng_offset") != kNoValue)
       throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
@@ -180,7 +300,7 @@ StepResult Trainer::step() {
 }
 
 EvalResult Trainer::evaluate() {
-  const Graph& g = model_.graph;
+  const Graph& g = program_graph();
   Executor& ex = *executor_;
   EvalResult e;
   double loss_sum = 0, correct = 0;
@@ -189,7 +309,8 @@ EvalResult Trainer::evaluate() {
   const int64_t per_batch =
       static_cast<int64_t>(global_micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
   ex.feed_scalar_i32("rng_offset", -1);  // evaluation: dropout off
-  for (EvalIterator it = data_->eval(global_micro_batch_, {rank_, world_}, rc_.train.eval_batches);
+  const Shard eval_shard = program_ ? Shard{0, 1} : Shard{rank_, world_};
+  for (EvalIterator it = data_->eval(global_micro_batch_, eval_shard, rc_.train.eval_batches);
        !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());
@@ -197,7 +318,7 @@ EvalResult Trainer::evaluate() {
     if (has_correct) correct += ex.scalar(g.outputs.at("correct"));
     ++batches;
   }
-  if (world_ > 1) {
+  if (world_ > 1 && !program_) {
     // Every rank evaluated its slice of the same batches: sum and average.
     float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
     throw_if_error(comm_->all_reduce(sums, 2, ReduceOp::kSum));
@@ -211,12 +332,39 @@ EvalResult Trainer::evaluate() {
   return e;
 }
 
-// Every rank holds the same weights: rank 0 writes.
+// Data parallel: every rank holds the same weights, rank 0 writes.
+// Partitioned: the shards are gathered (every rank takes part), rank 0 writes.
 Status Trainer::save_checkpoint(const std::string& path) {
-  return rank_ == 0 ? save_parameters(*executor_, path) : Status::ok();
+  if (!program_) return rank_ == 0 ? save_parameters(*executor_, path) : Status::ok();
+  MF_ASSIGN_OR_RETURN(auto whole, gather_parameters());
+  if (rank_ != 0) return Status::ok();
+  NamedTensors named;
+  for (auto& [name, t] : whole) named.emplace_back(name, std::move(t));
+  return write_safetensors(path, named);
 }
+
 Status Trainer::load_checkpoint(const std::string& path) {
-  return load_parameters(*executor_, path).status();
+  if (!program_) return load_parameters(*executor_, path).status();
+  MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
+  const Graph& pg = program_->graph;
+  // Check everything before changing anything.
+  for (ValueId v : pg.parameters()) {
+    const std::string& name = pg.value(v).name;
+    auto it = f.tensors.find(name);
+    const Shape& want = model_.graph.shape(program_->global_of[v]);
+    if (it == f.tensors.end())
+      return Status::not_found("checkpoint '" + path + "': parameter '" + name + "' is missing");
+    if (!it->second.shape().same_sizes(want) || it->second.dtype() != DType::F32)
+      return Status::invalid("checkpoint '" + path + "': parameter '" + name + "' has shape " +
+                             it->second.shape().to_string() + " in the file but " +
+                             want.to_string() + " in the model");
+  }
+  for (ValueId v : pg.parameters()) {
+    const Tensor& whole = f.tensors.at(pg.value(v).name);
+    Tensor block = local_block(whole, program_->mesh, program_->layout[v], rank_);
+    executor_->storage(v).copy_from(block.raw());
+  }
+  return Status::ok();
 }
 
 }  // namespace meshflow

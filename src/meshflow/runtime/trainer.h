@@ -18,6 +18,8 @@
 
 #include "meshflow/data/dataset.h"
 #include "meshflow/models/model.h"
+#include "meshflow/parallel/partition.h"
+#include "meshflow/parallel/reshard_exec.h"
 #include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/grad_buckets.h"
@@ -44,10 +46,13 @@ struct EvalResult {
 
 class Trainer {
  public:
-  // comm: the data-parallel group (all ranks of the job); null for one rank.
-  // Rank r trains on its 1/n slice of every global batch; gradients are
-  // averaged over the group (GradientBuckets), so every rank holds the same
-  // weights after every step.
+  // comm: all ranks of the job; null for one rank.
+  // Data parallel (no "parallel" section, or mode "data"): rank r trains on
+  // its 1/n slice of every global batch; gradients are averaged over the group
+  // (GradientBuckets), so every rank holds the same weights after every step.
+  // Semi / auto (the SPMD partitioner): the whole training graph is annotated
+  // and lowered to this rank's program (parallel/partition.h) on the mesh of
+  // rc.parallel; the collectives are nodes of that program.
   static Result<std::unique_ptr<Trainer>> create(const RunConfig& rc,
                                                  std::shared_ptr<Communicator> comm = nullptr);
 
@@ -57,7 +62,13 @@ class Trainer {
   Status load_checkpoint(const std::string& path);
 
   const RunConfig& config() const { return rc_; }
-  const Graph& graph() const { return model_.graph; }
+  const Graph& graph() const { return model_.graph; }  // the whole (global) training graph
+  // The graph this rank runs: its partitioned program, or graph().
+  const Graph& program_graph() const { return program_ ? program_->graph : model_.graph; }
+  const LocalProgram* program() const { return program_.get(); }
+  const Annotation* annotation() const { return program_ ? &annotation_ : nullptr; }
+  // Every parameter whole (gathered from the shards when partitioned), by name.
+  Result<std::map<std::string, Tensor>> gather_parameters();
   Executor& executor() { return *executor_; }
   bool is_language_model() const { return language_model_; }
   int rank() const { return rank_; }
@@ -69,6 +80,7 @@ class Trainer {
  private:
   Trainer() = default;
   void feed_batch(const Batch& b);
+  Status init_partitioned();
   float all_reduce_mean(float v);
 
   RunConfig rc_;
@@ -84,6 +96,12 @@ class Trainer {
   int global_micro_batch_ = 0;  // rows per micro-batch over all ranks
   double flops_per_micro_ = 0, flops_optimizer_ = 0;
   int step_ = 0;
+  // Partitioned (semi / auto) runs.
+  std::unique_ptr<LocalProgram> program_;
+  Annotation annotation_;
+  std::unique_ptr<MeshComms> mesh_comms_;
+  std::shared_ptr<Communicator> self_comm_;  // one rank run partitioned: a world of one
+  std::string count_targets_;                // the input whose valid entries "loss_count" counts
 };
 
 // Builds the model named by a model JSON ("model_type": "gpt2"|"llama", or

@@ -272,6 +272,29 @@ void dropout_kernel(const KernelCall& c) {
   }
   const uint64_t stream = dropout_stream(c.attrs().seed, offset);
   const float scale = 1.f / (1.f - p);
+  if (!c.attrs().global_dims.empty()) {
+    // A shard (parallel/partition.h): each element draws its global index's
+    // number, so the mask is the single-device one.
+    const Shape& s = c.out_shape(0);
+    const auto& gd = c.attrs().global_dims;
+    const auto& off = c.attrs().global_offset;
+    const int r = s.rank();
+    const int64_t row = s.size(r - 1), rows = n / row;
+    cpu::parallel_for(rows, row * 4, [=, &s, &gd, &off](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t rem = i, gbase = 0, stride = gd[r - 1];
+        for (int d = r - 2; d >= 0; --d) {
+          gbase += (rem % s.size(d) + off[d]) * stride;
+          rem /= s.size(d);
+          stride *= gd[d];
+        }
+        gbase += off[r - 1];
+        for (int64_t k = 0; k < row; ++k)
+          y[i * row + k] = dropout_keep(stream, base + gbase + k, p) ? x[i * row + k] * scale : 0.f;
+      }
+    });
+    return;
+  }
   // Captured by value: GCC vectorizes the counter hash (AVX-512 64-bit multiplies) only when
   // the pointers are not reloaded through the closure each iteration.
   cpu::parallel_for(n, 4, [=](int64_t lo, int64_t hi) {
@@ -289,11 +312,13 @@ void rope_kernel(const KernelCall& c) {
   float* y = c.out_f(0);
   const float theta = c.attrs().theta;
   const float sign = c.attrs().inverse ? -1.f : 1.f;
+  // A sequence shard (parallel/partition.h) starts at its global position.
+  const int64_t t0 = c.attrs().global_offset.empty() ? 0 : c.attrs().global_offset[1];
   std::vector<float> cos_t(T * half), sin_t(T * half);  // [T, D/2]
   for (int64_t i = 0; i < half; ++i) {
     const float inv_freq = 1.f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
     for (int64_t t = 0; t < T; ++t) {
-      const float a = static_cast<float>(t) * inv_freq;
+      const float a = static_cast<float>(t + t0) * inv_freq;
       cos_t[t * half + i] = std::cos(a);
       sin_t[t * half + i] = sign * std::sin(a);
     }

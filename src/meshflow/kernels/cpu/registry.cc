@@ -16,6 +16,7 @@ KernelTable build_table() {
   register_reduce_kernels(t);
   register_attention_kernels(t);
   register_optimizer_kernels(t);
+  register_collective_kernels(t);
   return t;
 }
 }  // namespace

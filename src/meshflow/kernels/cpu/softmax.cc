@@ -161,7 +161,8 @@ void cross_entropy_kernel(const KernelCall& c) {
   float* loss = c.out_f(0);
   float* lse = c.out_f(1);
   const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
-  const int64_t count = count_valid(c, t, rows, v);
+  int64_t count = count_valid(c, t, rows, v);
+  if (c.n.inputs.size() == 3) count = static_cast<int64_t>(*c.in_f(2));  // global count (sharded rows)
   cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) lse[r] = row_max_sum(x + r * v, v).lse();
   });
@@ -180,7 +181,8 @@ void cross_entropy_grad_kernel(const KernelCall& c) {
   const float dloss = *c.in_f(3);
   float* dx = c.out_f(0);
   const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
-  const int64_t count = count_valid(c, t, rows, v);
+  int64_t count = count_valid(c, t, rows, v);
+  if (c.n.inputs.size() == 5) count = static_cast<int64_t>(*c.in_f(4));  // global count (sharded rows)
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.f;
   cpu::parallel_for(rows, row_cost(v, 5), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {

@@ -1,0 +1,167 @@
+// Collectives: communication as graph nodes, so the memory plan, the executor,
+// `--profile`, `meshflow explain` and the cost model all see it. The
+// partitioner (parallel/partition.h) lowers each reshard step to one of these;
+// a user may also place them by hand in a per-rank (hybrid) program.
+// Each runs over the group of one mesh axis (attrs.mesh_axis, attrs.group_size
+// = n members, member c = coordinate c on that axis):
+//   all_gather(x)      axes {d}: out = concat over members of x along d     (dim d * n)
+//   reduce_scatter(x)  axes {d}: member c gets block c of d of the sum      (dim d / n)
+//   all_reduce(x)      out = sum over members                               (same shape)
+//   all_to_all(x)      axes {i, j}: block c of dim j goes to member c; the
+//                      blocks received are concatenated along i             (i * n, j / n)
+//   shard_slice(x)     axes {d}: keep this member's block of d, no traffic  (dim d / n)
+//   partial_mask(x)    member 0 keeps x, the others zero: R -> Partial      (same shape)
+//   assign(dst, src)   dst = src in place (no outputs; optimizer phase): the
+//                      write-back of a parameter updated as a shard (ZeRO-1/2)
+// Gradients follow "the loss is one replicated value": all_gather <->
+// shard_slice, reduce_scatter -> all_gather, all_reduce -> identity (each
+// addend's gradient is the replicated cotangent), all_to_all -> all_to_all
+// with i and j swapped, partial_mask -> identity.
+#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow {
+
+namespace {
+
+Status check_group(const Graph& g, const Node& n, int dims_needed) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
+  MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
+  if (n.attrs.mesh_axis < 0 || n.attrs.group_size < 1)
+    return Status::invalid(node_label(n) + ": needs a mesh axis and a group size >= 1 (got axis " +
+                           std::to_string(n.attrs.mesh_axis) + ", size " +
+                           std::to_string(n.attrs.group_size) + ")");
+  if (static_cast<int>(n.attrs.axes.size()) != dims_needed)
+    return Status::invalid(node_label(n) + ": needs " + std::to_string(dims_needed) +
+                           " tensor dim(s) in axes, got " + std::to_string(n.attrs.axes.size()));
+  const int rank = g.shape(n.inputs[0]).rank();
+  for (int64_t d : n.attrs.axes)
+    if (d < 0 || d >= rank)
+      return Status::invalid(node_label(n) + ": dim " + std::to_string(d) + " is not a dim of " +
+                             g.shape(n.inputs[0]).to_string());
+  return Status::ok();
+}
+
+Status divisible(const Node& n, const Shape& s, int d) {
+  if (s.size(d) % n.attrs.group_size != 0)
+    return Status::invalid(node_label(n) + ": dim " + s.name(d) + "=" + std::to_string(s.size(d)) +
+                           " of " + s.to_string() + " does not split " +
+                           std::to_string(n.attrs.group_size) + " ways");
+  return Status::ok();
+}
+
+Status infer_all_gather(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 1));
+  const Shape& s = g.shape(n.inputs[0]);
+  const int d = static_cast<int>(n.attrs.axes[0]);
+  outs->push_back(out_value(s.with_size(d, s.size(d) * n.attrs.group_size)));
+  return Status::ok();
+}
+
+Status infer_split(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 1));
+  const Shape& s = g.shape(n.inputs[0]);
+  const int d = static_cast<int>(n.attrs.axes[0]);
+  MF_RETURN_IF_ERROR(divisible(n, s, d));
+  outs->push_back(out_value(s.with_size(d, s.size(d) / n.attrs.group_size)));
+  return Status::ok();
+}
+
+Status infer_same(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 0));
+  outs->push_back(out_value(g.shape(n.inputs[0])));
+  return Status::ok();
+}
+
+Status infer_all_to_all(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 2));
+  const Shape& s = g.shape(n.inputs[0]);
+  const int i = static_cast<int>(n.attrs.axes[0]), j = static_cast<int>(n.attrs.axes[1]);
+  if (i == j) return Status::invalid(node_label(n) + ": the gathered and split dims must differ");
+  MF_RETURN_IF_ERROR(divisible(n, s, j));
+  Shape out = s.with_size(i, s.size(i) * n.attrs.group_size);
+  outs->push_back(out_value(out.with_size(j, s.size(j) / n.attrs.group_size)));
+  return Status::ok();
+}
+
+ValueId collective(GradContext& c, OpKind kind, ValueId x, const Node& like,
+                   std::vector<int64_t> axes) {
+  Attrs at;
+  at.mesh_axis = like.attrs.mesh_axis;
+  at.group_size = like.attrs.group_size;
+  at.axes = std::move(axes);
+  return c.b().op1(kind, {x}, at, std::string(op_name(kind)));
+}
+
+void grad_all_gather(GradContext& c, const Node& n) {
+  if (c.needs(0)) c.accumulate(0, collective(c, OpKind::kShardSlice, c.dout(0), n, n.attrs.axes));
+}
+void grad_reduce_scatter(GradContext& c, const Node& n) {
+  if (c.needs(0)) c.accumulate(0, collective(c, OpKind::kAllGather, c.dout(0), n, n.attrs.axes));
+}
+void grad_identity(GradContext& c, const Node&) {
+  if (c.needs(0)) c.accumulate(0, c.dout(0));
+}
+void grad_all_to_all(GradContext& c, const Node& n) {
+  if (c.needs(0))
+    c.accumulate(0, collective(c, OpKind::kAllToAll, c.dout(0), n, {n.attrs.axes[1], n.attrs.axes[0]}));
+}
+void grad_shard_slice(GradContext& c, const Node& n) {
+  if (c.needs(0)) c.accumulate(0, collective(c, OpKind::kAllGather, c.dout(0), n, n.attrs.axes));
+}
+
+// Bytes through this rank's links (ring algorithms): what explain and the
+// cost model report; no FLOPs but all_reduce's / reduce_scatter's additions.
+OpCost cost_collective(const Graph& g, const Node& n) {
+  const double in = 4.0 * static_cast<double>(g.shape(n.inputs[0]).numel());
+  const double out = 4.0 * static_cast<double>(g.shape(n.outputs[0]).numel());
+  const double k = static_cast<double>(n.attrs.group_size);
+  OpCost c;
+  switch (n.kind) {
+    case OpKind::kAllGather:
+      c.bytes = out * (k - 1) / k;
+      break;
+    case OpKind::kReduceScatter:
+      c.bytes = in * (k - 1) / k;
+      c.flops = in / 4 * (k - 1) / k;
+      break;
+    case OpKind::kAllReduce:
+      c.bytes = 2 * in * (k - 1) / k;
+      c.flops = in / 4 * (k - 1) / k;
+      break;
+    case OpKind::kAllToAll:
+      c.bytes = in * (k - 1) / k;
+      break;
+    default:
+      c.bytes = in + out;  // local copies
+      break;
+  }
+  return c;
+}
+
+Status infer_assign(const Graph& g, const Node& n, std::vector<Value>*) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
+  if (!g.shape(n.inputs[0]).same_sizes(g.shape(n.inputs[1])))
+    return Status::invalid(node_label(n) + ": source " + g.shape(n.inputs[1]).to_string() +
+                           " must have the destination's shape " + g.shape(n.inputs[0]).to_string());
+  return Status::ok();
+}
+
+}  // namespace
+
+bool is_collective(OpKind k) {
+  return k == OpKind::kAllGather || k == OpKind::kReduceScatter || k == OpKind::kAllReduce ||
+         k == OpKind::kAllToAll;
+}
+
+void register_collective_ops(OpTable& t) {
+  add_op(t, OpKind::kAllGather, 1, infer_all_gather, grad_all_gather, cost_collective);
+  add_op(t, OpKind::kReduceScatter, 1, infer_split, grad_reduce_scatter, cost_collective);
+  add_op(t, OpKind::kAllReduce, 1, infer_same, grad_identity, cost_collective);
+  add_op(t, OpKind::kAllToAll, 1, infer_all_to_all, grad_all_to_all, cost_collective);
+  add_op(t, OpKind::kShardSlice, 1, infer_split, grad_shard_slice, cost_collective);
+  add_op(t, OpKind::kPartialMask, 1, infer_same, grad_identity, cost_collective);
+  add_op(t, OpKind::kAssign, 2, infer_assign, nullptr, nullptr, /*mutates=*/1u);
+}
+
+}  // namespace meshflow
