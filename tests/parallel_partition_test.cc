@@ -21,8 +21,12 @@ namespace meshflow {
 namespace {
 
 json model_json(const std::string& model) {
-  json gpt = {{"model_type", "gpt2"}, {"n_layer", 2},      {"n_embd", 32},
-              {"n_head", 4},          {"n_positions", 16}, {"vocab_size", 256},
+  json gpt = {{"model_type", "gpt2"},
+              {"n_layer", 2},
+              {"n_embd", 32},
+              {"n_head", 4},
+              {"n_positions", 16},
+              {"vocab_size", 256},
               {"tie_word_embeddings", true}};
   json llama = {{"model_type", "llama"},    {"num_hidden_layers", 2},
                 {"hidden_size", 32},        {"num_attention_heads", 4},
@@ -36,19 +40,20 @@ json model_json(const std::string& model) {
 }
 
 RunConfig run(const std::string& model, int micro_batches, const json& parallel) {
-  json doc = {{"model", model_json(model)},
-              {"data", {{"dataset", "fortunes"}}},
-              {"train",
-               {{"steps", 3},
-                {"batch_size", 8},
-                {"micro_batches", micro_batches},
-                {"seq_len", 16},
-                {"threads", 1},
-                {"eval_batches", 2}}},
-              // GPT's key bias has an exactly-zero gradient (softmax is shift invariant),
-              // which Adam would turn rounding noise into steps on: GPT trains with SGD.
-              {"optimizer", model == "llama" ? json{{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}
-                                             : json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}};
+  json doc = {
+      {"model", model_json(model)},
+      {"data", {{"dataset", "fortunes"}}},
+      {"train",
+       {{"steps", 3},
+        {"batch_size", 8},
+        {"micro_batches", micro_batches},
+        {"seq_len", 16},
+        {"threads", 1},
+        {"eval_batches", 2}}},
+      // GPT's key bias has an exactly-zero gradient (softmax is shift invariant),
+      // which Adam would turn rounding noise into steps on: GPT trains with SGD.
+      {"optimizer", model == "llama" ? json{{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}
+                                     : json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}};
   if (!parallel.is_null()) doc["parallel"] = parallel;
   return value_or_throw(parse_run_config(doc, ""));
 }
@@ -119,17 +124,14 @@ TEST_P(PartitionPreset, SameLossesAndWeightsAsOneDevice) {
 
 INSTANTIATE_TEST_SUITE_P(
     Presets, PartitionPreset,
-    ::testing::Values(PresetCase{"gpt", "dp=2", "dp"}, PresetCase{"llama", "dp=4", "dp", 0, 2},
-                      PresetCase{"gpt", "tp=2", "megatron"},
-                      PresetCase{"llama", "dp=2,tp=2", "megatron"},
-                      PresetCase{"gpt", "dp=2,tp=2", "megatron-sp"},
-                      PresetCase{"llama", "tp=2", "megatron-sp"},
-                      PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp"},
-                      PresetCase{"llama", "cp=2", "ulysses"},
-                      PresetCase{"gpt", "dp=2,cp=2", "ulysses"},
-                      PresetCase{"llama", "dp=2", "dp", 1}, PresetCase{"gpt", "dp=2", "dp", 2, 2},
-                      PresetCase{"llama", "dp=2,tp=2", "megatron", 3},
-                      PresetCase{"gpt", "dp=4", "dp", 3, 2}),
+    ::testing::Values(
+        PresetCase{"gpt", "dp=2", "dp"}, PresetCase{"llama", "dp=4", "dp", 0, 2},
+        PresetCase{"gpt", "tp=2", "megatron"}, PresetCase{"llama", "dp=2,tp=2", "megatron"},
+        PresetCase{"gpt", "dp=2,tp=2", "megatron-sp"}, PresetCase{"llama", "tp=2", "megatron-sp"},
+        PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp"},
+        PresetCase{"llama", "cp=2", "ulysses"}, PresetCase{"gpt", "dp=2,cp=2", "ulysses"},
+        PresetCase{"llama", "dp=2", "dp", 1}, PresetCase{"gpt", "dp=2", "dp", 2, 2},
+        PresetCase{"llama", "dp=2,tp=2", "megatron", 3}, PresetCase{"gpt", "dp=4", "dp", 3, 2}),
     [](const auto& info) {
       const PresetCase& c = info.param;
       std::string mesh = c.mesh;

@@ -42,7 +42,10 @@ void expect_consistent(const Graph& g, const Node& n) {
         ++seen[d];
         const bool cut = (n.kind == OpKind::kSlice || n.kind == OpKind::kSliceGrad) &&
                          f.kind == ShardingRule::Factor::kNeedReplicate;
-        if (n.kind == OpKind::kReshape) {
+        // reshape's split groups and attention's GQA heads (query heads split with
+        // the kv heads: the factor's size is kv_heads) divide the dim.
+        if (n.kind == OpKind::kReshape || n.kind == OpKind::kAttention ||
+            n.kind == OpKind::kAttentionGrad) {
           EXPECT_EQ(s.size(d) % f.size, 0) << f.name;
         } else if (!cut) {
           EXPECT_EQ(s.size(d), f.size) << f.name << " on " << (input ? "input " : "output ") << i;
@@ -171,6 +174,15 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
     Attrs a = n.attrs;
     if (a.shape.rank() > 0 && !n.outputs.empty())
       a.shape = value_or_throw(local_shape(g.shape(n.outputs[0]), mesh, st.outputs[0]));
+    // What the partitioner tells kernels that need their place in the whole tensor.
+    if (n.kind == OpKind::kRope || n.kind == OpKind::kDropout || n.kind == OpKind::kDropoutGrad) {
+      const Shape& whole = g.shape(n.outputs[0]);
+      for (auto [first, last] : local_ranges(whole, mesh, st.outputs[0], rank)) {
+        a.global_offset.push_back(first);
+        (void)last;
+      }
+      for (int d = 0; d < whole.rank(); ++d) a.global_dims.push_back(whole.size(d));
+    }
     lb.op(n.kind, lin, a, n.name);
     std::vector<Tensor> lo = run_node(lg, lg.num_nodes() - 1, lt);
     // Sum the blocks of the ranks at coordinate 0 of every replicated axis.
@@ -642,13 +654,16 @@ TEST(ParallelShardingNumeric, MoreElementwise) {
   }
 }
 
-TEST(ParallelShardingNumeric, CrossEntropyStaysReplicated) {
+// With its rows sharded, each shard divides by the whole batch's count (the
+// input the partitioner adds), so the loss is Partial and the rows split.
+TEST(ParallelShardingNumeric, CrossEntropyRowsWithTheGlobalCount) {
   OpCase c;
   c.in(S({{"b", 4}, {"s", 6}, {"v", 5}}));
   c.ids(S({{"b", 4}, {"s", 6}}), 5);
+  c.in(Shape{}, 24.f, 24.f);  // every target is valid: 4 x 6
   NodeId id = c.op(OpKind::kCrossEntropy);
-  // Only the replicated strategy: a shard's mean loss is not a part of the mean.
-  EXPECT_EQ(enumerate_strategies(c.g, c.g.node(id), Mesh::line(2)).size(), 1u);
+  // Replicated, b split, s split; never v.
+  EXPECT_EQ(enumerate_strategies(c.g, c.g.node(id), Mesh::line(2)).size(), 3u);
   check_op(c, id);
 }
 

@@ -199,8 +199,8 @@ TEST(StrategyDimRules, ParseAndApplyToShapes) {
   Shape act{{"batch", 4}, {"seq", 8}, {"ffn", 64}};
   EXPECT_EQ(value_or_throw(apply_rules(r, m, act)), L("[S(0), S(2)]"));
   EXPECT_EQ(value_or_throw(apply_rules(r, m, Shape{{"hidden", 16}, {"ffn", 64}})), L("[R, S(1)]"));
-  // heads and ffn both want tp: the earlier dim keeps it, the later is replicated.
-  EXPECT_EQ(value_or_throw(apply_rules(r, m, Shape{{"heads", 4}, {"ffn", 64}})), L("[R, S(0)]"));
+  // ffn and heads both want tp: the earlier rule (ffn) takes it, heads is replicated.
+  EXPECT_EQ(value_or_throw(apply_rules(r, m, Shape{{"heads", 4}, {"ffn", 64}})), L("[R, S(1)]"));
   EXPECT_EQ(value_or_throw(apply_rules(r, m, Shape{})), L("[R, R]"));
   EXPECT_EQ(error_of(apply_rules(r, m, Shape{{"batch", 3}})),
             "[batch=3] dim 0 (batch=3) cannot be split 2 ways over mesh axis dp (rule batch: dp); "
@@ -331,7 +331,9 @@ TEST(StrategyConfigTest, ParsesFullObject) {
 TEST(StrategyConfigTest, ErrorsNameTheKey) {
   auto err = [](const char* text) { return error_of(parse_strategy_config(json::parse(text))); };
   EXPECT_HAS(err(R"j({"mdoe": "data"})j"), HasSubstr("mdoe"));
-  EXPECT_HAS(err(R"j({"mode": "auto"})j"), HasSubstr("parallel.mode"));
+  EXPECT_HAS(err(R"j({"mode": "magic"})j"), HasSubstr("parallel.mode"));
+  EXPECT_HAS(err(R"j({"preset": "fsdp"})j"), HasSubstr("parallel.preset"));
+  EXPECT_HAS(err(R"j({"mesh": "tp=2", "zero": 1})j"), HasSubstr("no axis named dp"));
   EXPECT_HAS(err(R"j({"mesh": {"dp": 0}})j"),
              HasSubstr("parallel.mesh.dp must be an integer >= 1 (the axis size), got 0"));
   EXPECT_HAS(err(R"j({"mesh": {"dp": "2"}})j"), HasSubstr("parallel.mesh.dp must be an integer"));

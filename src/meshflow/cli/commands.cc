@@ -195,17 +195,9 @@ int run_graph(const GraphOptions& o) {
     Result<RunConfig> rc = load_run_config(o.config, o.overrides);
     if (!rc.is_ok()) return user_error(rc.status());
     const TrainConfig& tc = rc->train;
-    Result<ModelGraph> m =
-        build_model_from_json(rc->model, tc.batch_size / tc.micro_batches, tc.seq_len);
-    if (!m.is_ok()) return user_error(m.status().with_context(rc->model_source));
+    Result<ModelGraph> m = build_training_graph(*rc, tc.batch_size / tc.micro_batches);
+    if (!m.is_ok()) return user_error(m.status());
     Graph& g = m->graph;
-    append_backward(g);
-    append_optimizer(g, rc->optimizer);
-    Status v = verify(g);
-    if (!v.is_ok()) {
-      std::fprintf(stderr, "meshflow: internal error: %s\n", v.message().c_str());
-      return 1;
-    }
     for (const Node& n : g.nodes()) {
       bool show = o.phase == "all" || (o.phase == "forward" && n.phase == Phase::kForward) ||
                   (o.phase == "backward" && n.phase == Phase::kBackward) ||

@@ -3,7 +3,8 @@
 //   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE] [--ranks N]
 //   mpirun -np N meshflow train CONFIG.json        (one rank per process, Open MPI)
 //   meshflow graph CONFIG.json [--phase all|forward|backward|optimizer]
-//   meshflow bench --calibrate [--out FILE] [--quick]   (cluster JSON of this machine, for the planner)
+//   meshflow bench --calibrate [--out FILE] [--quick]   (cluster JSON of this machine, for the
+//   planner)
 //
 // Exit codes: 0 success, 2 a user error (bad config, missing file, invalid
 // option) with a one-line message naming the thing and what is valid, 1 a
@@ -15,6 +16,8 @@
 
 #include "meshflow/cli/bench_command.h"
 #include "meshflow/cli/commands.h"
+#include "meshflow/cli/explain_command.h"
+#include "meshflow/cli/plan_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -52,11 +55,25 @@ int main(int argc, char** argv) {
 
   meshflow::cli::BenchOptions bench;
   CLI::App* bcmd = app.add_subcommand("bench", "Measure this machine for the planner");
-  bcmd->add_flag("--calibrate", bench.calibrate,
-                 "Measure SGEMM rate, memory bandwidth and local all_reduce alpha-beta; print a cluster JSON");
-  bcmd->add_option("--out", bench.out, "Write the cluster JSON to FILE (e.g. configs/clusters/local_cpu.json)");
+  bcmd->add_flag(
+      "--calibrate", bench.calibrate,
+      "Measure SGEMM rate, memory bandwidth and local all_reduce alpha-beta; print a cluster JSON");
+  bcmd->add_option("--out", bench.out,
+                   "Write the cluster JSON to FILE (e.g. configs/clusters/local_cpu.json)");
   bcmd->add_flag("--quick", bench.quick, "Smaller sizes (about 0.2 s)");
-  bcmd->add_option("--ranks", bench.ranks, "Local ranks for the all_reduce fit")->check(CLI::Range(2, 64));
+  bcmd->add_option("--ranks", bench.ranks, "Local ranks for the all_reduce fit")
+      ->check(CLI::Range(2, 64));
+
+  meshflow::cli::add_plan_commands(app);
+
+  meshflow::cli::ExplainOptions explain;
+  CLI::App* ecmd = app.add_subcommand(
+      "explain", "Show how the partitioner splits a run config: layouts and collectives");
+  ecmd->add_option("config", explain.config, "Run config JSON with a \"parallel\" section")
+      ->required();
+  ecmd->add_option("--set", explain.overrides, "Override any config key (repeatable)");
+  ecmd->add_option("--rank", explain.rank, "Whose program to show (default 0)");
+  ecmd->add_flag("!--no-nodes", explain.nodes, "Only the collectives and totals");
 
   try {
     app.parse(argc, argv);
@@ -67,5 +84,6 @@ int main(int argc, char** argv) {
   if (t->parsed()) return meshflow::cli::run_train(train);
   if (gcmd->parsed()) return meshflow::cli::run_graph(graph);
   if (bcmd->parsed()) return meshflow::cli::run_bench(bench);
+  if (ecmd->parsed()) return meshflow::cli::run_explain(explain);
   return 2;
 }

@@ -19,6 +19,7 @@
 // with i and j swapped, partial_mask -> identity.
 #include "meshflow/autodiff/grad_context.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/sharding_rule.h"
 
 namespace meshflow {
 
@@ -104,7 +105,8 @@ void grad_identity(GradContext& c, const Node&) {
 }
 void grad_all_to_all(GradContext& c, const Node& n) {
   if (c.needs(0))
-    c.accumulate(0, collective(c, OpKind::kAllToAll, c.dout(0), n, {n.attrs.axes[1], n.attrs.axes[0]}));
+    c.accumulate(
+        0, collective(c, OpKind::kAllToAll, c.dout(0), n, {n.attrs.axes[1], n.attrs.axes[0]}));
 }
 void grad_shard_slice(GradContext& c, const Node& n) {
   if (c.needs(0)) c.accumulate(0, collective(c, OpKind::kAllGather, c.dout(0), n, n.attrs.axes));
@@ -143,8 +145,17 @@ Status infer_assign(const Graph& g, const Node& n, std::vector<Value>*) {
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
   if (!g.shape(n.inputs[0]).same_sizes(g.shape(n.inputs[1])))
     return Status::invalid(node_label(n) + ": source " + g.shape(n.inputs[1]).to_string() +
-                           " must have the destination's shape " + g.shape(n.inputs[0]).to_string());
+                           " must have the destination's shape " +
+                           g.shape(n.inputs[0]).to_string());
   return Status::ok();
+}
+
+// Sharding: these ops live in per-rank programs, after partitioning (or in a
+// hand-written hybrid program); the partitioner never splits them again.
+ShardingRule sharding_local(const Graph& g, const Node& n) {
+  ShardingRule r = broadcast_rule(g, n, g.shape(n.inputs[0]));
+  for (auto& f : r.factors) f.kind = ShardingRule::Factor::kNeedReplicate;
+  return r;
 }
 
 }  // namespace
@@ -162,6 +173,9 @@ void register_collective_ops(OpTable& t) {
   add_op(t, OpKind::kShardSlice, 1, infer_split, grad_shard_slice, cost_collective);
   add_op(t, OpKind::kPartialMask, 1, infer_same, grad_identity, cost_collective);
   add_op(t, OpKind::kAssign, 2, infer_assign, nullptr, nullptr, /*mutates=*/1u);
+  for (OpKind k : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllReduce,
+                   OpKind::kAllToAll, OpKind::kShardSlice, OpKind::kPartialMask, OpKind::kAssign})
+    set_sharding(t, k, sharding_local);
 }
 
 }  // namespace meshflow

@@ -48,14 +48,17 @@ Layout zero_shard(const Layout& l, const Shape& shape, const Mesh& mesh, int axi
   return l;
 }
 
-bool is_update(OpKind k) { return op_def(k).mutates != 0; }
+bool is_update(OpKind k) {
+  return op_def(k).mutates != 0;
+}
 
 }  // namespace
 
 Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOptions& o) {
   MF_RETURN_IF_ERROR(o.rules.check(mesh));
   if (o.zero_stage < 0 || o.zero_stage > 3)
-    return Status::invalid("zero stage " + std::to_string(o.zero_stage) + " is not one of 0, 1, 2, 3");
+    return Status::invalid("zero stage " + std::to_string(o.zero_stage) +
+                           " is not one of 0, 1, 2, 3");
   if (o.zero_stage > 0 && (o.zero_axis < 0 || o.zero_axis >= mesh.num_axes()))
     return Status::invalid("ZeRO needs the data-parallel mesh axis; the mesh " + mesh.to_string() +
                            " has axes 0.." + std::to_string(mesh.num_axes() - 1));
@@ -139,8 +142,8 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     if (is_update(n.kind)) {
       const Layout l = update_layout(n);
       for (ValueId v : n.inputs)
-        st.inputs.push_back(g.shape(v).numel() == 1 && g.shape(v).rank() == 0 ? Layout::Replicated(na)
-                                                                              : l);
+        st.inputs.push_back(
+            g.shape(v).numel() == 1 && g.shape(v).rank() == 0 ? Layout::Replicated(na) : l);
       MF_RETURN_IF_ERROR(validate_strategy(g, n, mesh, st.inputs, st.outputs));
       a.why[id] = "optimizer";
       continue;
@@ -155,6 +158,26 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       st = u->second;
       a.why[id] = "user";
       continue;
+    }
+    // A Partial input the node is linear in stays Partial: the reduction is
+    // deferred to where a value must be whole (three backward partial sums
+    // added first cost one all_reduce, not three).
+    {
+      bool partial_in = false;
+      std::vector<Layout> ins;
+      for (ValueId v : n.inputs) {
+        ins.push_back(current(v));
+        partial_in |= ins.back().has_partial();
+      }
+      if (partial_in) {
+        auto outs = derive_output_layouts(g, n, mesh, ins);
+        if (outs.is_ok()) {
+          st.inputs = std::move(ins);
+          st.outputs = std::move(*outs);
+          a.why[id] = "deferred reduction";
+          continue;
+        }
+      }
     }
     // The rules' wish: every input in its dim-name layout.
     if (!o.rules.rules.empty()) {
@@ -240,18 +263,22 @@ class Lowering {
     if (g_.loss != kNoValue) {
       MF_ASSIGN_OR_RETURN(lg.loss, get(g_.loss, rep, g_.producer(g_.loss)));
     }
+    // Scalars (metrics, grad_norm) are made whole; larger outputs (logits)
+    // stay where they are: a rank reads its own block.
     for (const auto& [name, v] : g_.outputs) {
-      if (g_.value(v).dtype != DType::F32) {
+      if (g_.value(v).dtype != DType::F32 || g_.shape(v).numel() != 1) {
         lg.outputs[name] = p_.local_of[v];
         continue;
       }
       MF_ASSIGN_OR_RETURN(lg.outputs[name], get(v, rep, g_.producer(v)));
     }
     for (const auto& [param, grad] : g_.grad_of_param) {
-      const ValueId lgrad = grad_as_accumulated_.count(grad) ? grad_as_accumulated_[grad] : p_.local_of[grad];
+      const ValueId lgrad =
+          grad_as_accumulated_.count(grad) ? grad_as_accumulated_[grad] : p_.local_of[grad];
       lg.grad_of_param[p_.local_of[param]] = lgrad;
     }
-    MF_RETURN_IF_ERROR(verify(lg).with_context("partitioned program (rank " + std::to_string(rank_) + ")"));
+    MF_RETURN_IF_ERROR(
+        verify(lg).with_context("partitioned program (rank " + std::to_string(rank_) + ")"));
     return std::move(p_);
   }
 
@@ -350,7 +377,8 @@ class Lowering {
     in.kind = OpKind::kInput;
     in.name = "loss_count";
     in.attrs.shape = Shape{};
-    const NodeId id = add(in, {out_value(Shape{})}, kNoValue, {Layout::Replicated(mesh_.num_axes())});
+    const NodeId id =
+        add(in, {out_value(Shape{})}, kNoValue, {Layout::Replicated(mesh_.num_axes())});
     count_ = p_.graph.node(id).outputs[0];
     p_.added_inputs.push_back("loss_count");
     return count_;
@@ -459,7 +487,8 @@ class Lowering {
       // The reshard runs in the producer's phase (backward).
       MF_ASSIGN_OR_RETURN(ValueId shard, get(v, it->second, n));
       grad_as_accumulated_[v] = shard;
-      cache_[std::make_tuple(v, it->second.to_string(), static_cast<int>(Phase::kOptimizer))] = shard;
+      cache_[std::make_tuple(v, it->second.to_string(), static_cast<int>(Phase::kOptimizer))] =
+          shard;
     }
     return Status::ok();
   }
@@ -481,7 +510,8 @@ Result<LocalProgram> lower(const Graph& g, const Annotation& a, int rank,
                            const ReshardCostModel& cost) {
   if (static_cast<int>(a.node.size()) != g.num_nodes())
     return Status::invalid("annotation has " + std::to_string(a.node.size()) +
-                           " node strategies, the graph " + std::to_string(g.num_nodes()) + " nodes");
+                           " node strategies, the graph " + std::to_string(g.num_nodes()) +
+                           " nodes");
   if (rank < 0 || rank >= a.mesh.num_ranks())
     return Status::invalid("rank " + std::to_string(rank) + " is not on the mesh " +
                            a.mesh.to_string() + " (ranks 0.." +
@@ -536,9 +566,9 @@ Tensor local_block(const Tensor& whole, const Mesh& mesh, const Layout& layout, 
   MF_CHECK(!layout.has_partial()) << "a Partial layout has no blocks";
   Shape s = value_or_throw(local_shape(whole.shape(), mesh, layout));
   Tensor out(s, whole.dtype());
-  copy_box(whole.shape(), local_ranges(whole.shape(), mesh, layout, rank), dtype_size(whole.dtype()),
-           const_cast<char*>(static_cast<const char*>(whole.raw())), static_cast<char*>(out.raw()),
-           true);
+  copy_box(whole.shape(), local_ranges(whole.shape(), mesh, layout, rank),
+           dtype_size(whole.dtype()), const_cast<char*>(static_cast<const char*>(whole.raw())),
+           static_cast<char*>(out.raw()), true);
   return out;
 }
 

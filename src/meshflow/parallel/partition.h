@@ -18,10 +18,10 @@
 // inserts the all_reduce. Sequence-parallel norm weights get theirs the same way.
 //
 //   Mesh mesh = value_or_throw(Mesh::parse("dp=2,tp=2"));
-//   PartitionOptions o;  o.rules = value_or_throw(DimRules::parse("batch: dp, heads: tp, ffn: tp"));
-//   Annotation a = value_or_throw(annotate(g, mesh, o));
-//   LocalProgram p = value_or_throw(lower(g, a, rank));
-//   Executor ex(p.graph);  ex.set_mesh_comms(&comms);   // then feed local shards and run
+//   PartitionOptions o;  o.rules = value_or_throw(DimRules::parse("batch: dp, heads: tp, ffn:
+//   tp")); Annotation a = value_or_throw(annotate(g, mesh, o)); LocalProgram p =
+//   value_or_throw(lower(g, a, rank)); Executor ex(p.graph);  ex.set_mesh_comms(&comms);   // then
+//   feed local shards and run
 //
 // Every rank must run the same program (same nodes, same order): collectives
 // match by order. lower() is deterministic, so each rank lowers its own.

@@ -330,6 +330,18 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
   return r;
 }
 
+std::vector<std::pair<std::string, std::string>> preset_strategies(const std::string& preset,
+                                                                   const Mesh& mesh) {
+  if (preset != "ulysses" || mesh.axis_index("cp") < 0) return {};
+  // Ulysses: attention runs on all positions of a slice of the heads; the
+  // planner's all_to_all moves q, k, v from sequence shards to head shards and back.
+  const std::string b = mesh.axis_index("dp") >= 0 ? "dp" : "1";
+  const std::string qkv = "(" + b + ", cp, 1, 1)", lse = "(" + b + ", cp, 1)";
+  return {{"*.attn.core", "(" + qkv + ", " + qkv + ", " + qkv + ")"},
+          {"*.attn.core.grad.*",
+           "(" + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + lse + ")"}};
+}
+
 Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape) {
   std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
   std::vector<bool> used(mesh.num_axes(), false);
@@ -502,6 +514,7 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
       return Status::invalid(where + ".preset \"" + c.preset + "\" gives the rules; leave out " +
                              where + ".rules (or the preset)");
     c.rules = preset_rules(c.preset, c.mesh);
+    for (auto& st : preset_strategies(c.preset, c.mesh)) c.strategies.push_back(st);
   }
   if (c.zero > 0 && c.mesh.axis_index("dp") < 0)
     return Status::invalid(where + ".zero shards over the data-parallel axis, but the mesh " +

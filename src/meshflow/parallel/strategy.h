@@ -100,6 +100,10 @@ Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules
 // shards: all_gather / reduce_scatter in place of all_reduce); "ulysses"
 // {batch: dp, seq: cp} (attention gets its heads split by all_to_all).
 DimRules preset_rules(const std::string& preset, const Mesh& mesh);
+// The per-node split tuples a preset adds to its rules ("ulysses": the
+// attention core and its gradient on head shards over cp).
+std::vector<std::pair<std::string, std::string>> preset_strategies(const std::string& preset,
+                                                                   const Mesh& mesh);
 
 struct StrategyConfig {
   std::string mode = "data";  // "data" | "semi" | "hybrid" | "auto"

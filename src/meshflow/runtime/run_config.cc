@@ -43,7 +43,35 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.integer("save_every", &t->save_every, 0);
   r.number("bucket_mib", &t->bucket_mib, 1.0 / 1024, 4096);
   r.boolean("overlap_comm", &t->overlap_comm);
+  std::string recompute = "none";
+  r.choice("recompute", &recompute, {"none", "full", "selective", "ops"});
+  std::vector<int64_t> layers;
+  r.int_list("recompute_layers", &layers, 0);
+  r.ignore({"recompute_ops"});
   MF_RETURN_IF_ERROR(r.finish());
+  t->recompute.mode = recompute == "full"        ? RecomputePolicy::kFull
+                      : recompute == "selective" ? RecomputePolicy::kSelective
+                      : recompute == "ops"       ? RecomputePolicy::kOps
+                                                 : RecomputePolicy::kNone;
+  for (int64_t l : layers) t->recompute.layers.push_back(static_cast<int>(l));
+  if (j.contains("recompute_ops")) {
+    const json& ops = j.at("recompute_ops");
+    if (!ops.is_array())
+      return Status::invalid(
+          "train.recompute_ops must be a list of node names or globs like "
+          "[\"h.*.mlp.*\"], got " +
+          json_type_name(ops));
+    for (const json& o : ops) {
+      if (!o.is_string())
+        return Status::invalid("train.recompute_ops entries must be strings, got " +
+                               json_type_name(o));
+      t->recompute.op_names.push_back(o.get<std::string>());
+    }
+  }
+  if ((t->recompute.mode == RecomputePolicy::kOps) != !t->recompute.op_names.empty())
+    return Status::invalid(
+        "train.recompute \"ops\" goes with train.recompute_ops (a list of node names); give both "
+        "or neither");
   if (t->batch_size % t->micro_batches != 0)
     return Status::invalid(
         "train.batch_size=" + std::to_string(t->batch_size) +

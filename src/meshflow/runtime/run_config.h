@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/autodiff/recompute.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/strategy.h"
@@ -45,6 +46,10 @@ struct TrainConfig {
   int save_every = 0;
   float bucket_mib = 4.f;    // data parallel: gradient all-reduce bucket size
   bool overlap_comm = true;  // data parallel: start all-reduces during the backward
+  // Activation recomputation (autodiff/recompute.h): "recompute": "none" |
+  // "full" (every op of the blocks) | "selective" (the attention core) | "ops"
+  // (with "recompute_ops": [names or globs]); "recompute_layers": [blocks] (all if absent).
+  RecomputePolicy recompute;
 };
 
 struct RunConfig {

@@ -101,6 +101,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   t->language_model_ = g.find("tokens") != kNoValue;
   t->num_params_ = count_parameters(g);
   append_backward(g);
+  MF_RETURN_IF_ERROR(apply_recompute(g, tc.recompute).with_context("train.recompute"));
   append_optimizer(g, rc.optimizer);
   Status v = verify(g);
   if (!v.is_ok()) return Status::internal("training graph failed verification: " + v.message());
@@ -124,6 +125,27 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   t->flops_per_micro_ = flops_of(g, t->executor_->forward_backward_order());
   t->flops_optimizer_ = flops_of(g, t->executor_->optimizer_order());
   return t;
+}
+
+Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch) {
+  Result<ModelGraph> m = build_model_from_json(rc.model, micro_batch, rc.train.seq_len);
+  if (!m.is_ok()) return m.status().with_context(rc.model_source);
+  ModelGraph model = std::move(m).value();
+  append_backward(model.graph);
+  MF_RETURN_IF_ERROR(
+      apply_recompute(model.graph, rc.train.recompute).with_context("train.recompute"));
+  append_optimizer(model.graph, rc.optimizer);
+  MF_RETURN_IF_ERROR(verify(model.graph).with_context("training graph"));
+  return model;
+}
+
+PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
+  PartitionOptions o;
+  o.rules = pc.rules;
+  o.strategies = pc.strategies;
+  o.zero_stage = pc.zero;
+  o.zero_axis = mesh.axis_index("dp");
+  return o;
 }
 
 // The SPMD path: the whole graph, annotated and lowered for this rank.
@@ -150,22 +172,13 @@ Status Trainer::init_partitioned() {
                            " micro-batches");
   global_micro_batch_ = tc.batch_size / tc.micro_batches;
   micro_batch_ = global_micro_batch_;  // the program's shapes say what each rank holds
-  Result<ModelGraph> m = build_model_from_json(rc_.model, global_micro_batch_, tc.seq_len);
-  if (!m.is_ok()) return m.status().with_context(rc_.model_source);
-  model_ = std::move(m).value();
+  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, global_micro_batch_));
   Graph& g = model_.graph;
   language_model_ = g.find("tokens") != kNoValue;
   num_params_ = count_parameters(g);
-  append_backward(g);
-  append_optimizer(g, rc_.optimizer);
-  MF_RETURN_IF_ERROR(verify(g).with_context("training graph"));
   MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
 
-  PartitionOptions o;
-  o.rules = pc.rules;
-  o.strategies = pc.strategies;
-  o.zero_stage = pc.zero;
-  o.zero_axis = mesh.axis_index("dp");
+  const PartitionOptions o = partition_options(pc, mesh);
   Result<Annotation> a = annotate(g, mesh, o);
   if (!a.is_ok()) return a.status().with_context("parallel");
   annotation_ = std::move(*a);
@@ -186,9 +199,9 @@ Status Trainer::init_partitioned() {
   executor_ = std::make_unique<Executor>(program_->graph, eo);
   executor_->set_mesh_comms(mesh_comms_.get());
   if (tc.micro_batches > 1) {  // accumulation only: the reductions are in the program
-    buckets_ = std::make_unique<GradientBuckets>(program_->graph,
-                                                 executor_->forward_backward_order(), nullptr,
-                                                 static_cast<int64_t>(tc.bucket_mib * (1 << 20)));
+    buckets_ =
+        std::make_unique<GradientBuckets>(program_->graph, executor_->forward_backward_order(),
+                                          nullptr, static_cast<int64_t>(tc.bucket_mib * (1 << 20)));
     executor_->add_grad_accumulator_bytes(buckets_->bytes());
   }
   flops_per_micro_ = flops_of(program_->graph, executor_->forward_backward_order());

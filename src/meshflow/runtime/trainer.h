@@ -108,6 +108,13 @@ class Trainer {
 // "type": "mlp"|"gpt"|"llama") for a batch and sequence length.
 Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64_t seq);
 
+// The whole training graph of a run config (model + backward + optimizer) for
+// micro-batches of `micro_batch` rows.
+Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch);
+
+// The partitioner's options from the run config's "parallel" object.
+PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh);
+
 // The dataset a data config names, for a model (language model or classifier).
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,
                                               uint64_t seed);

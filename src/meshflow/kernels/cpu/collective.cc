@@ -17,8 +17,9 @@ namespace {
 Communicator& group(const KernelCall& c) {
   if (c.comms == nullptr)
     throw StatusError(Status::failed_precondition(
-        node_label(c.n) + ": a collective needs the mesh's communicators (run the program with "
-                          "Executor::set_mesh_comms)"));
+        node_label(c.n) +
+        ": a collective needs the mesh's communicators (run the program with "
+        "Executor::set_mesh_comms)"));
   Communicator& comm = c.comms->axis(c.attrs().mesh_axis);
   MF_CHECK_EQ(comm.size(), c.attrs().group_size) << node_label(c.n);
   return comm;
@@ -28,7 +29,9 @@ void check(const KernelCall& c, const Status& s) {
   if (!s.is_ok()) throw StatusError(s.with_context(node_label(c.n)));
 }
 
-int64_t numel_in(const KernelCall& c) { return c.in_shape(0).numel(); }
+int64_t numel_in(const KernelCall& c) {
+  return c.in_shape(0).numel();
+}
 
 void all_gather_kernel(const KernelCall& c) {
   Communicator& comm = group(c);

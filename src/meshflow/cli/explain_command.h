@@ -1,0 +1,26 @@
+// `meshflow explain CONFIG.json`: what the partitioner does with a run config:
+// each node's layouts (and why it got them), every collective inserted with
+// its bytes per rank, and per-step totals by kind and phase.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshflow/parallel/partition.h"
+
+namespace meshflow::cli {
+
+struct ExplainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int rank = 0;           // whose program to show (they differ only in offsets)
+  bool nodes = true;      // list every node's layouts
+  int micro_batches = 0;  // 0: from the config
+};
+int run_explain(const ExplainOptions& o);
+
+// The report for one lowered program (also used by tests).
+std::string explain_text(const Graph& g, const Annotation& a, const LocalProgram& p,
+                         bool list_nodes, int micro_batches);
+
+}  // namespace meshflow::cli

@@ -1,0 +1,283 @@
+#include "meshflow/cli/plan_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/plan/search.h"
+#include "meshflow/plan/simulate.h"
+
+namespace meshflow::cli {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using namespace meshflow::plan;
+
+int user_error(const std::string& msg) {
+  std::fprintf(stderr, "meshflow: error: %s\n", msg.c_str());
+  return 2;
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+std::string gib(double b) {
+  return fmt("%.1f", b / (1024.0 * 1024.0 * 1024.0));
+}
+std::string gbytes(double b) {
+  return fmt("%.2f GB", b / 1e9);
+}
+std::string secs(double s) {
+  return s >= 1 ? fmt("%.2f s", s) : fmt("%.1f ms", s * 1e3);
+}
+
+ojson plan_json(const StepCost& c) {
+  const Plan& p = c.plan;
+  ojson j;
+  j["label"] = plan_label(p);
+  j["degrees"] = {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"cp", p.cp}};
+  j["sp"] = p.sp;
+  j["virtual_stages"] = p.vp;
+  j["micro_batch"] = p.micro_batch;
+  j["num_micro_batches"] = p.num_micro_batches;
+  j["schedule"] = schedule_name(p.schedule);
+  j["recompute"] = recompute_name(p.recompute);
+  j["zero"] = p.zero;
+  j["step_time_s"] = c.step_time_s;
+  j["tokens_per_s"] = c.tokens_per_s;
+  j["tflops_per_gpu"] = c.tflops_per_gpu;
+  j["mfu"] = c.mfu;
+  j["memory_bytes_per_device"] = {
+      {"params", c.memory.params},           {"grads", c.memory.grads},
+      {"optimizer", c.memory.optimizer},     {"activations", c.memory.activations},
+      {"temporaries", c.memory.temporaries}, {"total", c.memory.total}};
+  j["usable_memory_bytes_per_device"] = c.usable_memory;
+  j["comm_bytes_per_step"] = {{"tensor_parallel", c.comm.tensor_parallel},
+                              {"context_parallel", c.comm.context_parallel},
+                              {"pipeline", c.comm.pipeline},
+                              {"data_parallel", c.comm.data_parallel},
+                              {"total", c.comm.total()}};
+  j["step_breakdown_s"] = {{"compute", c.compute_s}, {"recompute", c.recompute_s},
+                           {"tp_comm", c.tp_comm_s}, {"cp_comm", c.cp_comm_s},
+                           {"pp_comm", c.pp_comm_s}, {"bubble", c.bubble_s},
+                           {"dp_comm", c.dp_comm_s}, {"optimizer", c.optimizer_s}};
+  return j;
+}
+
+void print_plan(const StepCost& c) {
+  const MemoryBreakdown& m = c.memory;
+  std::printf(
+      "  step time       %s  (compute %s, recompute %s, tp comm %s, cp comm %s, "
+      "pp p2p %s, bubble %s, dp comm %s, optimizer %s)\n",
+      secs(c.step_time_s).c_str(), secs(c.compute_s).c_str(), secs(c.recompute_s).c_str(),
+      secs(c.tp_comm_s).c_str(), secs(c.cp_comm_s).c_str(), secs(c.pp_comm_s).c_str(),
+      secs(c.bubble_s).c_str(), secs(c.dp_comm_s).c_str(), secs(c.optimizer_s).c_str());
+  std::printf("  throughput      %.0f tokens/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
+              c.tflops_per_gpu, 100 * c.mfu);
+  std::printf(
+      "  memory/device   %s GiB of %s usable: params %s, grads %s, optimizer %s, "
+      "activations %s, temporaries %s\n",
+      gib(m.total).c_str(), gib(c.usable_memory).c_str(), gib(m.params).c_str(),
+      gib(m.grads).c_str(), gib(m.optimizer).c_str(), gib(m.activations).c_str(),
+      gib(m.temporaries).c_str());
+  std::printf(
+      "  comm/device     tensor-parallel %s, context-parallel %s, pipeline %s, "
+      "data-parallel %s per step\n",
+      gbytes(c.comm.tensor_parallel).c_str(), gbytes(c.comm.context_parallel).c_str(),
+      gbytes(c.comm.pipeline).c_str(), gbytes(c.comm.data_parallel).c_str());
+}
+
+// The run-config fragment `--out` writes (and `simulate` reads back).
+ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, int64_t gpus,
+                const std::string& attention, const StepCost& best) {
+  const Plan& p = best.plan;
+  ojson f;
+  f["description"] = "written by meshflow plan: " + plan_label(p);
+  f["model"] = ojson::parse(model.dump());
+  f["train"] = {{"batch_size", cm.job().global_batch},
+                {"seq_len", cm.job().seq},
+                {"micro_batches", p.num_micro_batches}};
+  ojson pipeline = {{"stages", p.pp},
+                    {"schedule", schedule_name(p.schedule)},
+                    {"micro_batches", p.num_micro_batches},
+                    {"virtual_stages", p.vp}};
+  f["parallel"] = {{"mesh", plan_mesh(p)},
+                   {"preset", "megatron"},
+                   {"pipeline", pipeline},
+                   {"recompute", recompute_name(p.recompute)},
+                   {"zero", p.zero}};
+  ojson planner;
+  planner["gpus"] = gpus;
+  planner["cluster"] = ojson::parse(cluster_to_json(cluster).dump());
+  planner["attention"] = attention;
+  planner["prediction"] = plan_json(best);
+  f["plan"] = planner;
+  return f;
+}
+
+Status write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return Status::invalid("cannot write " + path);
+  return Status::ok();
+}
+
+Result<AttentionKernel> parse_attention(const std::string& s) {
+  if (s == "fused") return AttentionKernel::kFused;
+  if (s == "materialized") return AttentionKernel::kMaterialized;
+  return Status::invalid("--attention must be fused or materialized, got '" + s + "'");
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& o) {
+  Result<json> mj = read_json_file(o.model);
+  if (!mj.is_ok()) return user_error(mj.status().message());
+  Result<ModelConfig> model = parse_model_config(*mj);
+  if (!model.is_ok()) return user_error(o.model + ": " + model.status().message());
+  if (!is_language_model(*model))
+    return user_error(o.model + ": the planner prices transformer language models (gpt2, llama)");
+  Result<Cluster> base = load_cluster(o.cluster);
+  if (!base.is_ok()) return user_error(base.status().message());
+  if (o.gpus < 1) return user_error("--gpus must be >= 1, got " + std::to_string(o.gpus));
+  Result<Cluster> cluster = with_devices(*base, o.gpus);
+  if (!cluster.is_ok()) return user_error(cluster.status().message());
+  Result<AttentionKernel> attention = parse_attention(o.attention);
+  if (!attention.is_ok()) return user_error(attention.status().message());
+  SearchOptions so;
+  so.top_k = o.top;
+  if (!o.fix.empty()) {
+    Result<FixedChoices> f = parse_fixed(o.fix);
+    if (!f.is_ok()) return user_error(f.status().message());
+    so.fixed = *f;
+  }
+  Result<TransformerDims> dims = transformer_dims(*model);
+  if (!dims.is_ok()) return user_error(dims.status().message());
+  TrainingJob job;
+  job.model = *model;
+  job.seq = o.seq > 0 ? o.seq : dims->max_seq;
+  job.global_batch = o.global_batch > 0 ? o.global_batch : std::max<int64_t>(512, o.gpus);
+  CostConstants k;
+  k.attention = *attention;
+  CostModel cm(job, *cluster, k);
+  if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
+  Result<SearchResult> r = search_plans(cm, o.gpus, so);
+  if (!r.is_ok()) return user_error(r.status().message());
+
+  const ModelSummary sum = summarize(*model, job.seq);
+  const StepCost& best = r->plans[0];
+  if (o.json) {
+    ojson j;
+    j["model"] = o.model;
+    j["model_summary"] = sum.text;
+    j["parameters"] = sum.parameters;
+    j["cluster"] = cluster->name;
+    j["device"] = cluster->device.name;
+    j["gpus"] = o.gpus;
+    j["global_batch"] = job.global_batch;
+    j["seq"] = job.seq;
+    j["dtype"] = std::string(dtype_name(cm.compute_dtype()));
+    j["fixed"] = so.fixed.to_string();
+    ojson plans = ojson::array();
+    for (size_t i = 0; i < r->plans.size(); ++i) {
+      ojson pj = plan_json(r->plans[i]);
+      if (i > 0) pj["why_slower"] = explain_loss(best, r->plans[i]);
+      plans.push_back(pj);
+    }
+    j["plans"] = plans;
+    j["plans_evaluated"] = r->evaluated;
+    j["plans_valid"] = r->valid;
+    j["plans_fitting"] = r->fitting;
+    j["search_time_s"] = r->search_time_s;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("model    %s: %s\n", o.model.c_str(), sum.text.c_str());
+    std::printf("cluster  %s: %lld x %s (%d nodes x %d), %s mixed precision\n",
+                cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
+                cluster->nodes, cluster->devices_per_node,
+                std::string(dtype_name(cm.compute_dtype())).c_str());
+    std::printf("job      global batch %lld x seq %lld%s\n",
+                static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
+                so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
+    std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n\n",
+                static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
+                static_cast<long long>(r->fitting), r->search_time_s);
+    std::printf("best plan: %s\n", plan_label(best.plan).c_str());
+    print_plan(best);
+    for (size_t i = 1; i < r->plans.size(); ++i) {
+      std::printf("\nrunner-up #%zu: %s\n", i + 1, plan_label(r->plans[i].plan).c_str());
+      std::printf("  loses by        %s\n", explain_loss(best, r->plans[i]).c_str());
+      print_plan(r->plans[i]);
+    }
+  }
+  if (!o.out.empty()) {
+    const ojson f = plan_file(*mj, *cluster, cm, o.gpus, o.attention, best);
+    Status s = write_text(o.out, f.dump(2) + "\n");
+    if (!s.is_ok()) return user_error(s.message());
+    if (!o.json) std::printf("\nwrote %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
+int run_simulate(const SimulateOptions& o) {
+  Result<json> f = read_json_file(o.plan);
+  if (!f.is_ok()) return user_error(f.status().message());
+  Result<PlannedRun> run = parse_plan_file(*f);
+  if (!run.is_ok()) return user_error(o.plan + ": " + run.status().message());
+  CostModel cm(run->job, run->cluster, run->constants);
+  if (!cm.status().is_ok()) return user_error(o.plan + ": " + cm.status().message());
+  Result<StepCost> c = cm.price(run->plan);
+  if (!c.is_ok()) return user_error(o.plan + ": " + c.status().message());
+  if (!c->fits)
+    std::fprintf(stderr, "meshflow: warning: the plan needs %s GiB per device, %s GiB usable\n",
+                 gib(c->memory.total).c_str(), gib(c->usable_memory).c_str());
+  SimulatedStep sim = simulate_step(*c);
+  std::printf("plan      %s\n", plan_label(run->plan).c_str());
+  std::printf("predicted %s per step (cost model), %s (simulated timeline); bubble %.1f%%\n",
+              secs(c->step_time_s).c_str(), secs(sim.step_time_s).c_str(),
+              100 * sim.bubble_fraction);
+  if (o.trace.empty()) return 0;
+  Status s = sim.trace.write(o.trace);
+  if (!s.is_ok()) return user_error(s.message());
+  std::printf("wrote %s (%zu spans; open in ui.perfetto.dev or chrome://tracing)\n",
+              o.trace.c_str(), sim.trace.num_spans());
+  return 0;
+}
+
+void add_plan_commands(CLI::App& app) {
+  auto po = std::make_shared<PlanOptions>();
+  CLI::App* p = app.add_subcommand("plan", "Find the best parallel plan for a model on a cluster");
+  p->add_option("model", po->model, "Model config JSON (Hugging Face keys, configs/models/)")
+      ->required();
+  p->add_option("--cluster", po->cluster, "Cluster JSON (configs/clusters/)")->required();
+  p->add_option("--gpus", po->gpus, "Number of devices")->required();
+  p->add_option("--global-batch", po->global_batch,
+                "Sequences per optimizer step (default: max(512, gpus))");
+  p->add_option("--seq", po->seq, "Sequence length (default: the model's maximum positions)");
+  p->add_option("--top", po->top, "Runners-up to show")->check(CLI::Range(0, 100));
+  p->add_flag("--json", po->json, "Print one JSON object (plans, search_time_s, ...)");
+  p->add_option("--out", po->out, "Write the best plan as a run config fragment");
+  p->add_option("--fix", po->fix,
+                "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero "
+                "(e.g. tp=8,pp=4,schedule=1f1b)");
+  p->add_option("--attention", po->attention,
+                "Attention kernel: fused (FlashAttention) or materialized (Megatron-LM 2021)");
+  p->callback([po]() { std::exit(run_plan(*po)); });
+
+  auto so = std::make_shared<SimulateOptions>();
+  CLI::App* s = app.add_subcommand("simulate", "Chrome trace of one predicted step of a plan");
+  s->add_option("plan", so->plan, "Plan file written by meshflow plan --out")->required();
+  s->add_option("--trace", so->trace, "Write the Chrome trace (JSON) to FILE");
+  s->callback([so]() { std::exit(run_simulate(*so)); });
+}
+
+}  // namespace meshflow::cli

@@ -1,0 +1,48 @@
+// `meshflow plan` and `meshflow simulate`: the planner on the command line.
+//
+//   meshflow plan configs/models/gpt3_175b.json --cluster configs/clusters/dgx_a100_80gb.json
+//       --gpus 1024 --global-batch 1536 [--seq 2048] [--top 3] [--json] [--out plan.json]
+//       [--fix tp=8,pp=8,schedule=interleaved]
+//   meshflow simulate plan.json --trace step.json      (Chrome trace of one predicted step)
+//
+// plan prints the best plan and K runners-up (degrees, micro-batching,
+// schedule, recompute, ZeRO stage, step time, tokens/s, TFLOP/s, MFU, memory
+// per device, communication per step, why each runner-up loses); --json prints
+// the same as one object (keys in docs/planner.md, read by other tools);
+// --out writes the best plan as a run config fragment (model, train, parallel)
+// that `meshflow train` and `meshflow simulate` read. Exit codes: 0 ok, 2 a
+// user error (bad file, impossible request: the message says what would fit).
+#pragma once
+
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace meshflow::cli {
+
+struct PlanOptions {
+  std::string model;    // model config JSON (Hugging Face keys)
+  std::string cluster;  // cluster JSON (configs/clusters/)
+  int64_t gpus = 0;
+  int64_t global_batch = 0;  // 0: max(512, gpus)
+  int64_t seq = 0;           // 0: the model's maximum positions
+  int top = 3;
+  bool json = false;
+  std::string out;
+  std::string fix;                  // "tp=8,pp=4"
+  std::string attention = "fused";  // fused | materialized (Megatron-LM 2021 kernels)
+};
+int run_plan(const PlanOptions& o);
+
+struct SimulateOptions {
+  std::string plan;   // a file written by `meshflow plan --out`
+  std::string trace;  // Chrome trace destination
+};
+int run_simulate(const SimulateOptions& o);
+
+// Registers the `plan` and `simulate` subcommands (main.cc calls this once).
+void add_plan_commands(CLI::App& app);
+
+}  // namespace meshflow::cli

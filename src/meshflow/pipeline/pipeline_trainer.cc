@@ -1,0 +1,630 @@
+#include "meshflow/pipeline/pipeline_trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "meshflow/autodiff/autodiff.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/optim/optimizer.h"
+#include "meshflow/runtime/grad_buckets.h"
+
+namespace meshflow {
+
+Result<PipelineConfig> parse_pipeline_config(const json& j) {
+  PipelineConfig pc;
+  JsonObjectReader r(j, "pipeline");
+  r.integer("stages", &pc.stages, 1);
+  r.int_list("layers_per_stage", &pc.layers_per_stage, 1);
+  std::string schedule = "1f1b";
+  r.choice("schedule", &schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  r.integer("micro_batches", &pc.micro_batches, 1);
+  r.integer("virtual_stages", &pc.virtual_stages, 1);
+  MF_RETURN_IF_ERROR(r.finish());
+  MF_ASSIGN_OR_RETURN(pc.schedule, parse_schedule_kind(schedule));
+  if (!pc.layers_per_stage.empty() &&
+      static_cast<int>(pc.layers_per_stage.size()) != pc.stages * pc.virtual_stages)
+    return Status::invalid(
+        "pipeline.layers_per_stage has " + std::to_string(pc.layers_per_stage.size()) +
+        " entries; give one per " +
+        "model chunk: stages x virtual_stages = " + std::to_string(pc.stages * pc.virtual_stages));
+  // Schedule constraints (micro-batches vs stages, virtual stages) come back now, not mid-run.
+  MF_RETURN_IF_ERROR(
+      make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}).status());
+  return pc;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Channels are keyed by (peer stage, kind); outgoing ones by (peer + kOutgoing, kind).
+constexpr int kOutgoing = 1 << 16;
+
+// Microseconds since a process-wide origin (shared by every rank's thread).
+double now_us() {
+  static const Clock::time_point origin = Clock::now();
+  return std::chrono::duration<double, std::micro>(Clock::now() - origin).count();
+}
+
+int64_t value_bytes(const Graph& g, ValueId v) {
+  return g.shape(v).numel() * static_cast<int64_t>(dtype_size(g.value(v).dtype));
+}
+
+// One direction of one kind of message to one peer, on its own 2-rank group
+// (sender = group rank 0). The sender thread sends queued messages in order.
+class Channel {
+ public:
+  explicit Channel(std::shared_ptr<Communicator> comm, bool sender) : comm_(std::move(comm)) {
+    if (sender) thread_ = std::thread([this] { loop(); });
+  }
+  ~Channel() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void push(std::vector<float> msg) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(msg));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  // Waits until every queued message is sent; the first send error.
+  Status flush() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return pending_ == 0; });
+    return status_;
+  }
+  Status recv(float* data, int64_t count) { return comm_->recv(data, count, 0); }
+  struct Sent {
+    int micro, chunk;
+    double start_us, end_us;
+  };
+  std::vector<Sent> take_sent() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::exchange(sent_, {});
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::vector<float> msg = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      const double t0 = now_us();
+      Status s = status_.is_ok() ? comm_->send(msg.data(), static_cast<int64_t>(msg.size()), 1)
+                                 : Status::ok();
+      const double t1 = now_us();
+      lk.lock();
+      if (status_.is_ok() && !s.is_ok()) status_ = s;
+      sent_.push_back({static_cast<int>(msg[0]), static_cast<int>(msg[1]), t0, t1});
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+  std::shared_ptr<Communicator> comm_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<float>> queue_;
+  std::vector<Sent> sent_;
+  int pending_ = 0;
+  bool stop_ = false;
+  Status status_;
+};
+
+// One stashed tensor per entry of ChunkProgram::stash (or weight_stash).
+struct Stash {
+  std::vector<std::vector<char>> data;
+  std::vector<char> live;
+};
+
+}  // namespace
+
+struct PipelineTrainer::Impl {
+  RunConfig rc;
+  ModelGraph model;  // the full training graph (for FLOPs and messages)
+  PipelineSplit split;
+  std::unique_ptr<Dataset> data;
+  std::shared_ptr<Communicator> world, pp, dp;
+  int p = 1, ndp = 1, m = 1;
+  int micro_rows = 0, global_micro_rows = 0;
+  bool language_model = true;
+  double flops_per_micro = 0, flops_optimizer = 0;
+  int step = 0;
+  TraceWriter* trace = nullptr;
+  int track_compute = -1, track_send = -1;
+
+  struct Local {
+    const ChunkProgram* program = nullptr;
+    std::unique_ptr<Executor> ex;
+    std::unique_ptr<GradientBuckets> buckets;
+    std::vector<int> stash_index, weight_index;  // value id -> entry, -1
+    std::map<int, Stash> stash, weight_stash;    // by micro-batch
+    int live_micro = 0;
+  };
+  std::vector<Local> locals;  // this rank's chunks, in chunk order
+  std::vector<int> local_of;  // chunk -> index in locals, -1
+  std::map<std::pair<int, int>, std::unique_ptr<Channel>> channels;  // (peer stage, kind)
+  std::map<int, Batch> batches;  // this step's micro-batches, by index
+  std::vector<float> buffer;
+  int64_t stash_bytes = 0;
+  int stash_entries = 0;
+  double loss_sum = 0;
+
+  Local& local(int chunk) {
+    MF_CHECK_GE(local_of[chunk], 0) << "chunk " << chunk << " is not on this rank";
+    return locals[local_of[chunk]];
+  }
+  void span(const std::string& name, const char* category, double t0, int micro, int chunk) {
+    if (!trace) return;
+    trace->span(track_compute, name, category, t0, now_us() - t0,
+                {{"micro_batch", std::to_string(micro)}, {"chunk", std::to_string(chunk)}});
+  }
+  const Batch& batch(int micro) {
+    auto it = batches.find(micro);
+    if (it != batches.end()) return it->second;
+    BatchIndex at;
+    at.seed = rc.train.seed;
+    at.step = step;
+    at.micro = micro;
+    at.micro_batches = m;
+    Shard shard{dp ? dp->rank() : 0, ndp};
+    return batches[micro] = value_or_throw(data->train_batch(at, global_micro_rows, shard));
+  }
+  void feed_inputs(Local& l, int micro) {
+    const Graph& g = l.program->graph;
+    for (const auto& [name, t] : batch(micro).tensors)
+      if (g.find(name) != kNoValue) throw_if_error(l.ex->feed(name, t));
+    if (g.find("rng_offset") != kNoValue) {
+      const int32_t rng[2] = {static_cast<int32_t>(step * m + micro), dp ? dp->rank() : 0};
+      throw_if_error(l.ex->feed_data("rng_offset", rng, sizeof rng));
+    }
+  }
+
+  // Messages: [micro, chunk, payload of each value in order].
+  std::vector<float> pack(Local& l, const std::vector<ValueId>& values, int micro, int chunk) {
+    const Graph& g = l.program->graph;
+    int64_t n = 2;
+    for (ValueId v : values) n += value_bytes(g, v) / 4;
+    std::vector<float> msg(n);
+    msg[0] = static_cast<float>(micro);
+    msg[1] = static_cast<float>(chunk);
+    int64_t at = 2;
+    for (ValueId v : values) {
+      std::memcpy(msg.data() + at, l.ex->data(v), value_bytes(g, v));
+      at += value_bytes(g, v) / 4;
+    }
+    return msg;
+  }
+  void unpack(Local& l, const std::vector<ValueId>& values, const float* msg) {
+    const Graph& g = l.program->graph;
+    int64_t at = 2;
+    for (ValueId v : values) {
+      std::memcpy(l.ex->data(v), msg + at, value_bytes(g, v));
+      at += value_bytes(g, v) / 4;
+    }
+  }
+  void receive(Local& l, const std::vector<ValueId>& values, int micro, int chunk, int peer,
+               int kind, const char* what) {
+    const Graph& g = l.program->graph;
+    int64_t n = 2;
+    for (ValueId v : values) n += value_bytes(g, v) / 4;
+    buffer.resize(n);
+    const double t0 = now_us();
+    throw_if_error(channels.at({peer, kind})->recv(buffer.data(), n));
+    if (trace)
+      trace->span(track_compute, std::string(what) + " mb=" + std::to_string(micro), "recv", t0,
+                  now_us() - t0,
+                  {{"micro_batch", std::to_string(micro)}, {"from_stage", std::to_string(peer)}});
+    MF_CHECK(static_cast<int>(buffer[0]) == micro && static_cast<int>(buffer[1]) == chunk)
+        << what << " for mb=" << micro << " chunk=" << chunk << " received mb=" << buffer[0]
+        << " chunk=" << buffer[1];
+    unpack(l, values, buffer.data());
+  }
+
+  void save(Local& l, std::map<int, Stash>& where, const std::vector<ValueId>& values,
+            const std::vector<char>* keep, int micro) {
+    const Graph& g = l.program->graph;
+    Stash& s = where[micro];
+    s.data.resize(values.size());
+    s.live.assign(values.size(), 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (keep && !(*keep)[i]) continue;
+      const int64_t b = value_bytes(g, values[i]);
+      s.data[i].resize(b);
+      std::memcpy(s.data[i].data(), l.ex->data(values[i]), b);
+      s.live[i] = 1;
+      stash_bytes += b;
+    }
+  }
+  // Frees the entries not flagged in keep (all when keep is null).
+  void release(std::map<int, Stash>& where, const std::vector<char>* keep, int micro) {
+    auto it = where.find(micro);
+    if (it == where.end()) return;
+    Stash& s = it->second;
+    bool any = false;
+    for (size_t i = 0; i < s.data.size(); ++i) {
+      if (s.live[i] && (!keep || !(*keep)[i])) {
+        stash_bytes -= static_cast<int64_t>(s.data[i].size());
+        std::vector<char>().swap(s.data[i]);
+        s.live[i] = 0;
+      }
+      any = any || s.live[i];
+    }
+    if (!any) where.erase(it);
+  }
+
+  // Runs nodes one by one, first copying back each stashed input it reads.
+  void run_backward(Local& l, const std::vector<NodeId>& nodes, int micro) {
+    Executor& ex = *l.ex;
+    const Graph& g = l.program->graph;
+    Stash* fwd = l.stash.count(micro) ? &l.stash[micro] : nullptr;
+    Stash* bwd = l.weight_stash.count(micro) ? &l.weight_stash[micro] : nullptr;
+    std::vector<char> restored_f(fwd ? fwd->data.size() : 0, 0),
+        restored_w(bwd ? bwd->data.size() : 0, 0);
+    std::vector<NodeId> one(1);
+    for (NodeId id : nodes) {
+      for (ValueId v : g.node(id).inputs) {
+        const int wi = l.weight_index[v], fi = l.stash_index[v];
+        if (wi >= 0 && bwd && bwd->live[wi] && !restored_w[wi]) {
+          std::memcpy(ex.data(v), bwd->data[wi].data(), bwd->data[wi].size());
+          restored_w[wi] = 1;
+        } else if (fi >= 0 && !(wi >= 0 && bwd && bwd->live[wi])) {
+          MF_CHECK(fwd && fwd->live[fi]) << "stash of '" << g.value(v).name << "' for mb " << micro
+                                         << " was freed before its backward";
+          if (!restored_f[fi]) {
+            std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size());
+            restored_f[fi] = 1;
+          }
+        }
+      }
+      one[0] = id;
+      ex.run(one, [&](NodeId n) { l.buckets->on_node(ex, n, micro, m); });
+    }
+  }
+
+  void note_stash(int chunk_local) {
+    StashStats& st = *stats;
+    st.peak_bytes = std::max(st.peak_bytes, stash_bytes);
+    st.peak_entries = std::max(st.peak_entries, stash_entries);
+    st.peak_per_chunk[chunk_local] =
+        std::max(st.peak_per_chunk[chunk_local], locals[chunk_local].live_micro);
+  }
+  StashStats* stats = nullptr;
+
+  void run_action(const Action& a, const Schedule& s) {
+    const int c = a.chunk, mb = a.micro, C = s.num_chunks();
+    switch (a.kind) {
+      case ActionKind::kRecvAct: {
+        Local& l = local(c);
+        receive(l, l.program->act_in, mb, c, a.peer, 0, "recv_act");
+        break;
+      }
+      case ActionKind::kRecvGrad: {
+        Local& l = local(c);
+        receive(l, l.program->grad_in, mb, c, a.peer, 1, "recv_grad");
+        break;
+      }
+      case ActionKind::kSendAct:
+      case ActionKind::kSendGrad: {
+        const bool act = a.kind == ActionKind::kSendAct;
+        Local& l = local(c);
+        channels.at({a.peer, act ? 0 : 1})
+            ->push(
+                pack(l, act ? l.program->act_out : l.program->grad_out, mb, act ? c + 1 : c - 1));
+        break;
+      }
+      case ActionKind::kForward: {
+        Local& l = local(c);
+        const double t0 = now_us();
+        feed_inputs(l, mb);
+        l.ex->run(l.program->forward);
+        if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
+        save(l, l.stash, l.program->stash, nullptr, mb);
+        ++l.live_micro;
+        ++stash_entries;
+        note_stash(local_of[c]);
+        // The next chunk on this rank (one stage, several chunks): hand over directly.
+        if (c + 1 < C && s.rank_of_chunk(c + 1) == s.rank_of_chunk(c)) {
+          Local& next = local(c + 1);
+          std::vector<float> msg = pack(l, l.program->act_out, mb, c + 1);
+          unpack(next, next.program->act_in, msg.data());
+        }
+        span("F mb=" + std::to_string(mb) + " c=" + std::to_string(c), "forward", t0, mb, c);
+        break;
+      }
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: {
+        Local& l = local(c);
+        const bool split = a.kind == ActionKind::kBackwardInput;
+        const double t0 = now_us();
+        run_backward(l, split ? l.program->backward_input : l.program->backward, mb);
+        if (split) {
+          save(l, l.weight_stash, l.program->weight_stash, nullptr, mb);
+          release(l.stash, &l.program->stash_for_weight, mb);
+        } else {
+          release(l.stash, nullptr, mb);
+          --l.live_micro;
+          --stash_entries;
+        }
+        if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c)) {
+          Local& prev = local(c - 1);
+          std::vector<float> msg = pack(l, l.program->grad_out, mb, c - 1);
+          unpack(prev, prev.program->grad_in, msg.data());
+        }
+        note_stash(local_of[c]);
+        span(std::string(split ? "Bi" : "B") + " mb=" + std::to_string(mb) +
+                 " c=" + std::to_string(c),
+             "backward", t0, mb, c);
+        break;
+      }
+      case ActionKind::kBackwardWeight: {
+        Local& l = local(c);
+        const double t0 = now_us();
+        run_backward(l, l.program->backward_weight, mb);
+        release(l.stash, nullptr, mb);
+        release(l.weight_stash, nullptr, mb);
+        --l.live_micro;
+        --stash_entries;
+        span("W mb=" + std::to_string(mb) + " c=" + std::to_string(c), "weight_grad", t0, mb, c);
+        break;
+      }
+    }
+  }
+};
+
+PipelineTrainer::PipelineTrainer() : impl_(new Impl) {}
+PipelineTrainer::~PipelineTrainer() = default;
+
+const ChunkProgram& PipelineTrainer::chunk_program(int local) const {
+  return *impl_->locals.at(local).program;
+}
+Executor& PipelineTrainer::executor(int local) {
+  return *impl_->locals.at(local).ex;
+}
+
+void PipelineTrainer::set_trace(TraceWriter* trace) {
+  Impl& im = *impl_;
+  im.trace = trace;
+  if (!trace) return;
+  const int w = im.world ? im.world->rank() : 0;
+  const std::string name = "rank " + std::to_string(w) + " (stage " + std::to_string(stage_) +
+                           ", dp " + std::to_string(dp_rank_) + ")";
+  im.track_compute = trace->track(w, name, 0, "compute");
+  im.track_send = trace->track(w, name, 1, "send");
+}
+
+std::vector<std::pair<std::string, const Tensor*>> PipelineTrainer::parameters() {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (auto& l : impl_->locals)
+    for (ValueId p : l.program->graph.parameters())
+      out.push_back({l.program->graph.value(p).name, &l.ex->storage(p)});
+  return out;
+}
+
+MemoryStats PipelineTrainer::memory() const {
+  MemoryStats m;
+  for (const auto& l : impl_->locals) {
+    MemoryStats s = l.ex->memory();
+    m.params += s.params;
+    m.grads += s.grads;
+    m.optimizer += s.optimizer;
+    m.inputs += s.inputs;
+    m.arena += s.arena;
+  }
+  return m;
+}
+
+Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
+    const RunConfig& rc, const PipelineConfig& pc, std::shared_ptr<Communicator> world,
+    TraceWriter* trace) {
+  std::unique_ptr<PipelineTrainer> t(new PipelineTrainer());
+  Impl& im = *t->impl_;
+  im.rc = rc;
+  im.world = world;
+  t->pc_ = pc;
+  const int world_size = world ? world->size() : 1, me = world ? world->rank() : 0;
+  im.p = pc.stages;
+  if (world_size % pc.stages != 0)
+    return Status::invalid("pipeline.stages=" + std::to_string(pc.stages) +
+                           " does not divide the " + std::to_string(world_size) +
+                           " ranks of the job (ranks = stages x data-parallel replicas)");
+  im.ndp = world_size / pc.stages;
+  t->stage_ = me % pc.stages;
+  t->dp_rank_ = me / pc.stages;
+  im.m = pc.micro_batches;
+  const TrainConfig& tc = rc.train;
+  if (tc.micro_batches != 1 && tc.micro_batches != pc.micro_batches)
+    return Status::invalid(
+        "train.micro_batches=" + std::to_string(tc.micro_batches) +
+        " differs from pipeline.micro_batches=" + std::to_string(pc.micro_batches) +
+        "; set only pipeline.micro_batches (or both to the same number)");
+  if (tc.batch_size % (im.m * im.ndp) != 0)
+    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
+                           " does not split into " + std::to_string(im.m) + " micro-batches on " +
+                           std::to_string(im.ndp) + " data-parallel replicas; use a multiple of " +
+                           std::to_string(im.m * im.ndp));
+  MF_ASSIGN_OR_RETURN(t->schedule_,
+                      make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}));
+  im.global_micro_rows = tc.batch_size / im.m;
+  im.micro_rows = im.global_micro_rows / im.ndp;
+  const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
+  set_compute_threads(std::max(1, threads / ranks_on_this_machine(world.get())));
+
+  // The training graph Trainer builds, then its split.
+  Result<ModelGraph> m = build_model_from_json(rc.model, im.micro_rows, tc.seq_len);
+  if (!m.is_ok()) return m.status().with_context(rc.model_source);
+  im.model = std::move(m).value();
+  Graph& g = im.model.graph;
+  im.language_model = g.find("tokens") != kNoValue;
+  append_backward(g);
+  append_optimizer(g, rc.optimizer);
+  MF_ASSIGN_OR_RETURN(im.split,
+                      split_pipeline(g, pc.stages * pc.virtual_stages, pc.layers_per_stage));
+  for (const Node& n : g.nodes()) {
+    if (n.phase == Phase::kForward || n.phase == Phase::kBackward)
+      im.flops_per_micro += op_cost(g, n).flops;
+    if (n.phase == Phase::kOptimizer) im.flops_optimizer += op_cost(g, n).flops;
+  }
+  MF_ASSIGN_OR_RETURN(im.data, make_dataset(rc.data, im.language_model, tc.seq_len, tc.seed));
+
+  // Groups: this replica's pipeline, this stage's data-parallel group, and one
+  // 2-rank group per (sender, receiver, kind) between neighbouring stages.
+  const int p = pc.stages, d = t->dp_rank_, s = t->stage_;
+  if (world && world_size > 1) {
+    std::vector<int> pp_ranks, dp_ranks;
+    for (int i = 0; i < p; ++i) pp_ranks.push_back(d * p + i);
+    for (int i = 0; i < im.ndp; ++i) dp_ranks.push_back(i * p + s);
+    MF_ASSIGN_OR_RETURN(im.pp, world->split(pp_ranks));
+    MF_ASSIGN_OR_RETURN(im.dp, world->split(dp_ranks));
+    if (im.ndp == 1) im.dp = nullptr;
+  }
+  if (world && world_size > 1 && p > 1) {
+    for (int kind = 0; kind < 2; ++kind)
+      for (int src = 0; src < p; ++src)
+        for (int dst = 0; dst < p; ++dst) {
+          const bool neighbours = dst == (src + 1) % p || dst == (src + p - 1) % p;
+          if (dst == src || !neighbours || (s != src && s != dst)) continue;
+          MF_ASSIGN_OR_RETURN(auto comm, world->split({d * p + src, d * p + dst}));
+          // Keyed by (peer, kind); this rank sends on it when it is src.
+          const int peer = s == src ? dst : src;
+          auto ch = std::make_unique<Channel>(comm, s == src);
+          if (s == src)
+            im.channels[{peer + kOutgoing, kind}] = std::move(ch);  // outgoing
+          else
+            im.channels[{peer, kind}] = std::move(ch);  // incoming
+        }
+  }
+
+  // This rank's chunks and their executors.
+  const int C = t->schedule_.num_chunks();
+  im.local_of.assign(C, -1);
+  for (int c = 0; c < C; ++c) {
+    if (t->schedule_.rank_of_chunk(c) != s) continue;
+    t->local_chunks_.push_back(c);
+    im.local_of[c] = static_cast<int>(im.locals.size());
+    Impl::Local l;
+    l.program = &im.split.chunks[c];
+    ExecutorOptions eo;
+    eo.seed = tc.seed;
+    eo.fetch = l.program->keep_alive();
+    l.ex = std::make_unique<Executor>(l.program->graph, eo);
+    std::vector<NodeId> order = l.program->forward;
+    order.insert(order.end(), l.program->backward.begin(), l.program->backward.end());
+    l.buckets = std::make_unique<GradientBuckets>(l.program->graph, order, im.dp,
+                                                  static_cast<int64_t>(tc.bucket_mib * (1 << 20)),
+                                                  tc.overlap_comm);
+    l.ex->add_grad_accumulator_bytes(l.buckets->bytes());
+    const int nv = l.program->graph.num_values();
+    l.stash_index.assign(nv, -1);
+    l.weight_index.assign(nv, -1);
+    for (size_t i = 0; i < l.program->stash.size(); ++i)
+      l.stash_index[l.program->stash[i]] = static_cast<int>(i);
+    for (size_t i = 0; i < l.program->weight_stash.size(); ++i)
+      l.weight_index[l.program->weight_stash[i]] = static_cast<int>(i);
+    t->stash_stats_.bytes_per_micro_batch += l.program->stash_bytes(t->schedule_.split_backward());
+    im.locals.push_back(std::move(l));
+  }
+  t->stash_stats_.peak_per_chunk.assign(im.locals.size(), 0);
+  im.stats = &t->stash_stats_;
+  t->set_trace(trace);
+  return t;
+}
+
+StepResult PipelineTrainer::step() {
+  Impl& im = *impl_;
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.lr = im.rc.schedule.at(im.step);
+  im.loss_sum = 0;
+  im.batches.clear();
+  for (auto& l : im.locals)
+    l.ex->feed_scalar("loss_scale", 1.f / static_cast<float>(im.m * im.ndp));
+
+  // The schedule. Sends go to the outgoing channel (peer + kOutgoing).
+  for (const Action& a : schedule_.ranks[stage_]) {
+    if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+      Action out = a;
+      out.peer += kOutgoing;
+      im.run_action(out, schedule_);
+    } else {
+      im.run_action(a, schedule_);
+    }
+  }
+  for (auto& [key, ch] : im.channels) {
+    throw_if_error(ch->flush());
+    if (im.trace && key.first >= kOutgoing)
+      for (const auto& sent : ch->take_sent())
+        im.trace->span(im.track_send,
+                       std::string(key.second == 0 ? "send_act" : "send_grad") +
+                           " mb=" + std::to_string(sent.micro),
+                       "send", sent.start_us, sent.end_us - sent.start_us,
+                       {{"micro_batch", std::to_string(sent.micro)},
+                        {"to_stage", std::to_string(key.first - kOutgoing)}});
+  }
+
+  // Gradients: data-parallel all-reduce per chunk, then the global norm.
+  double tc0 = now_us();
+  for (auto& l : im.locals) {
+    throw_if_error(l.buckets->finish(*l.ex));
+    r.comm_wait_seconds += l.buckets->last_wait_seconds();
+  }
+  std::vector<float> squares(im.split.norm_order.size(), 0.f);
+  std::map<std::string, int> norm_index;
+  for (size_t i = 0; i < im.split.norm_order.size(); ++i)
+    norm_index[im.split.norm_order[i]] = static_cast<int>(i);
+  for (auto& l : im.locals) {
+    l.ex->run(l.program->sum_squares);
+    for (const auto& [name, v] : l.program->norm_out)
+      squares[norm_index.at(name)] = l.ex->scalar(v);
+  }
+  if (im.pp && im.p > 1)
+    throw_if_error(
+        im.pp->all_reduce(squares.data(), static_cast<int64_t>(squares.size()), ReduceOp::kSum));
+  if (im.trace) im.trace->span(im.track_compute, "grad sync", "collective", tc0, now_us() - tc0);
+  const double to0 = now_us();
+  for (auto& l : im.locals) {
+    for (const auto& [name, v] : l.program->norm_in)
+      *static_cast<float*>(l.ex->data(v)) = squares[norm_index.at(name)];
+    l.ex->feed_scalar("lr", r.lr);
+    l.ex->feed_scalar("step", static_cast<float>(im.step + 1));
+    l.ex->run(l.program->update);
+    if (l.program->graph.outputs.count("grad_norm"))
+      r.grad_norm = l.ex->scalar(l.program->graph.outputs.at("grad_norm"));
+    l.ex->unbind_all();
+  }
+  if (im.trace) im.trace->span(im.track_compute, "optimizer", "optimizer", to0, now_us() - to0);
+
+  // Loss: the last stage has it; every rank returns the replicas' mean.
+  float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};
+  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(loss, 1, ReduceOp::kSum));
+  if (im.dp) {
+    throw_if_error(im.dp->all_reduce(loss, 1, ReduceOp::kSum));
+    loss[0] /= static_cast<float>(im.ndp);
+  }
+  ++im.step;
+  r.step = im.step;
+  r.loss = loss[0];
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.items =
+      static_cast<int64_t>(im.rc.train.batch_size) * (im.language_model ? im.rc.train.seq_len : 1);
+  r.flops = im.flops_per_micro * im.m + im.flops_optimizer;  // one replica's step
+  return r;
+}
+
+}  // namespace meshflow

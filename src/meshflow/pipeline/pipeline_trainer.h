@@ -1,0 +1,108 @@
+// PipelineTrainer: pipeline-parallel training of one rank of a job of
+// stages x dp ranks. The training graph Trainer would build is split into
+// model chunks (stage_graph.h); this rank runs the chunks of its stage through
+// the schedule's action list (schedule.h), sending activations and gradients
+// to its neighbours, stashing each micro-batch's activations until its
+// backward, and updating its own parameters. Same losses and weights as the
+// one-device Trainer with the same micro-batches (to f32 rounding).
+//
+//   MF_ASSIGN_OR_RETURN(PipelineConfig pc, parse_pipeline_config(doc["pipeline"]));
+//   run_local_ranks(pc.stages * dp, [&](const std::shared_ptr<Transport>& t) -> Status {
+//     TraceWriter trace;                                    // optional, one per rank
+//     MF_ASSIGN_OR_RETURN(auto pt, PipelineTrainer::create(rc, pc, Communicator::world(t),
+//                                                          &trace));
+//     for (int s = 0; s < rc.train.steps; ++s) StepResult r = pt->step();
+//     return Status::ok();   // then merge the per-rank traces and write one file
+//   });
+//
+// Rank layout: world rank w is stage w % stages of data-parallel replica
+// w / stages. Replicas average their gradients per chunk (GradientBuckets
+// over the dp group), like Trainer does. Micro-batches: pipeline.micro_batches
+// (train.micro_batches must be 1 or the same number); batch_size must divide
+// by micro_batches x dp. Every rank returns the same StepResult.loss.
+//
+// Messages: one sender thread per (peer, activations|gradients) channel, so a
+// send never blocks the schedule; receives block. Each message starts with
+// (micro-batch, chunk), checked on receipt.
+//
+// Not supported yet: evaluation and checkpoints through the pipeline (read
+// parameters() instead), tied embeddings across stages (split_pipeline refuses
+// them), tensor parallel inside a stage.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/core/trace.h"
+#include "meshflow/pipeline/schedule.h"
+#include "meshflow/pipeline/stage_graph.h"
+#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/runtime/run_config.h"
+#include "meshflow/runtime/trainer.h"
+
+namespace meshflow {
+
+// The run config's "pipeline" section:
+//   {"stages": 2, "layers_per_stage": [2, 2], "schedule": "1f1b", "micro_batches": 8,
+//    "virtual_stages": 1}
+// layers_per_stage has one entry per model chunk (stages x virtual_stages
+// entries; chunk c runs on stage c % stages); absent: balanced.
+struct PipelineConfig {
+  int stages = 1;
+  std::vector<int64_t> layers_per_stage;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int micro_batches = 1;
+  int virtual_stages = 1;
+};
+
+// Strict: unknown keys and bad values are errors naming the key and what is valid.
+Result<PipelineConfig> parse_pipeline_config(const json& j);
+
+// Measured activation-stash memory of one rank.
+struct StashStats {
+  int64_t peak_bytes = 0;             // high-water mark of stashed bytes over all steps
+  int peak_entries = 0;               // most (micro-batch, chunk) stashes alive at once
+  std::vector<int> peak_per_chunk;    // per local chunk: most micro-batches stashed at once
+  int64_t bytes_per_micro_batch = 0;  // sum over local chunks of one micro-batch's stash
+};
+
+class PipelineTrainer {
+ public:
+  // world: all stages x dp ranks of the job. trace (optional, owned by the
+  // caller, used only by this rank's thread): F/B/W/send/recv/optimizer spans.
+  static Result<std::unique_ptr<PipelineTrainer>> create(const RunConfig& rc,
+                                                         const PipelineConfig& pc,
+                                                         std::shared_ptr<Communicator> world,
+                                                         TraceWriter* trace = nullptr);
+  ~PipelineTrainer();
+
+  StepResult step();
+
+  int stage() const { return stage_; }
+  int dp_rank() const { return dp_rank_; }
+  const Schedule& schedule() const { return schedule_; }
+  const PipelineConfig& pipeline_config() const { return pc_; }
+  const std::vector<int>& chunks() const { return local_chunks_; }  // this rank's model chunks
+  const ChunkProgram& chunk_program(int local) const;
+  Executor& executor(int local);
+  // This rank's parameters (name -> current values).
+  std::vector<std::pair<std::string, const Tensor*>> parameters();
+  const StashStats& stash_stats() const { return stash_stats_; }
+  // Sum over this rank's chunk executors (parameters, grads, optimizer state, arena).
+  MemoryStats memory() const;
+  void set_trace(TraceWriter* trace);
+
+ private:
+  struct Impl;
+  PipelineTrainer();
+  std::unique_ptr<Impl> impl_;
+  PipelineConfig pc_;
+  Schedule schedule_;
+  int stage_ = 0, dp_rank_ = 0;
+  std::vector<int> local_chunks_;
+  StashStats stash_stats_;
+};
+
+}  // namespace meshflow

@@ -1,0 +1,401 @@
+#include "meshflow/pipeline/schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "meshflow/core/check.h"
+
+namespace meshflow {
+
+std::string_view schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZbH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+Result<ScheduleKind> parse_schedule_kind(const std::string& name) {
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZbH1})
+    if (name == schedule_name(k)) return k;
+  return Status::invalid("unknown pipeline schedule \"" + name +
+                         "\"; valid: \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"");
+}
+
+std::string_view action_name(ActionKind k) {
+  switch (k) {
+    case ActionKind::kForward:
+      return "F";
+    case ActionKind::kBackward:
+      return "B";
+    case ActionKind::kBackwardInput:
+      return "Bi";
+    case ActionKind::kBackwardWeight:
+      return "W";
+    case ActionKind::kSendAct:
+      return "send_act";
+    case ActionKind::kRecvAct:
+      return "recv_act";
+    case ActionKind::kSendGrad:
+      return "send_grad";
+    case ActionKind::kRecvGrad:
+      return "recv_grad";
+  }
+  return "?";
+}
+
+bool is_compute(ActionKind k) {
+  return k == ActionKind::kForward || k == ActionKind::kBackward ||
+         k == ActionKind::kBackwardInput || k == ActionKind::kBackwardWeight;
+}
+
+std::string to_string(const Action& a) {
+  std::string s = std::string(action_name(a.kind)) + "(mb=" + std::to_string(a.micro) +
+                  ",c=" + std::to_string(a.chunk);
+  if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad)
+    s += "->r" + std::to_string(a.peer);
+  if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad)
+    s += "<-r" + std::to_string(a.peer);
+  return s + ")";
+}
+
+namespace {
+
+using Order = std::vector<Action>;  // compute actions of one rank
+
+Action F(int mb, int c) {
+  return {ActionKind::kForward, mb, c, -1};
+}
+Action B(int mb, int c) {
+  return {ActionKind::kBackward, mb, c, -1};
+}
+
+Order gpipe_order(int r, int m) {
+  Order o;
+  for (int mb = 0; mb < m; ++mb) o.push_back(F(mb, r));
+  for (int mb = 0; mb < m; ++mb) o.push_back(B(mb, r));
+  return o;
+}
+
+// Warm-up forwards, then one F / one B, then the remaining B; fwd/bwd give the
+// k-th forward and backward of this rank.
+template <class Fwd, class Bwd>
+Order one_f_one_b(int warmup, int total, Fwd fwd, Bwd bwd) {
+  Order o;
+  warmup = std::min(warmup, total);
+  for (int k = 0; k < warmup; ++k) o.push_back(fwd(k));
+  for (int k = 0; k < total - warmup; ++k) {
+    o.push_back(fwd(warmup + k));
+    o.push_back(bwd(k));
+  }
+  for (int k = total - warmup; k < total; ++k) o.push_back(bwd(k));
+  return o;
+}
+
+// Megatron-LM's interleaved 1F1B (m % p == 0 when v > 1). The k-th forward of
+// a rank runs local chunk (k / p) % v of micro-batch group k / (p v); the
+// k-th backward walks the chunks in reverse.
+Order interleaved_order(int r, int p, int m, int v) {
+  auto mb_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto local_chunk = [&](int k) { return (k % (p * v)) / p; };
+  return one_f_one_b((p - r - 1) * 2 + (v - 1) * p, m * v,
+                     [&](int k) { return F(mb_of(k), local_chunk(k) * p + r); },
+                     [&](int k) { return B(mb_of(k), (v - 1 - local_chunk(k)) * p + r); });
+}
+
+// ZB-H1 by list scheduling in unit time steps (F = Bi = W = 1, no latency).
+// A rank that is free picks, in this order: its next F if 1F1B's rule allows
+// it (F - Bi < p - r) and at most p micro-batches would then hold activations
+// (F - W <= p); else its next BackwardInput if its inputs are there; else a
+// pending W. (Of the six priority orders this one reaches the (p-1)-unit
+// bubble for every m >= p tried.)
+std::vector<Order> zb_h1_orders(int p, int m) {
+  constexpr int kNever = 1 << 30;
+  std::vector<Order> orders(p);
+  std::vector<std::vector<int>> f_done(p, std::vector<int>(m, kNever)), b_done = f_done;
+  std::vector<int> next_f(p, 0), next_b(p, 0), next_w(p, 0), free_at(p, 0);
+  int finished = 0;
+  for (int t = 0; finished < p; ++t) {
+    MF_CHECK_LT(t, 16 * (m + p) + 64) << "zb-h1 list scheduling did not finish";
+    for (int r = 0; r < p; ++r) {
+      if (free_at[r] > t || next_w[r] == m) continue;
+      const int fb = next_b[r], ff = next_f[r];
+      const bool b_ready = fb < ff && f_done[r][fb] <= t && (r == p - 1 || b_done[r + 1][fb] <= t);
+      const bool f_ready =
+          ff < m && ff - fb < p - r && ff - next_w[r] < p && (r == 0 || f_done[r - 1][ff] <= t);
+      if (f_ready) {
+        orders[r].push_back(F(ff, r));
+        f_done[r][ff] = t + 1;
+        ++next_f[r];
+      } else if (b_ready) {
+        orders[r].push_back({ActionKind::kBackwardInput, fb, r, -1});
+        b_done[r][fb] = t + 1;
+        ++next_b[r];
+      } else if (next_w[r] < next_b[r]) {
+        orders[r].push_back({ActionKind::kBackwardWeight, next_w[r], r, -1});
+        if (++next_w[r] == m) ++finished;
+      } else {
+        continue;
+      }
+      free_at[r] = t + 1;
+    }
+  }
+  return orders;
+}
+
+// Adds the sends and receives around each compute action: a Recv right before
+// the action that needs the data, a Send right after the action that makes it.
+std::vector<Action> with_messages(const Order& order, int r, const Schedule& s) {
+  const int last = s.num_chunks() - 1;
+  std::vector<Action> out;
+  for (const Action& a : order) {
+    const int c = a.chunk;
+    const bool fwd = a.kind == ActionKind::kForward;
+    const bool bwd = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput;
+    if (fwd && c > 0 && s.rank_of_chunk(c - 1) != r)
+      out.push_back({ActionKind::kRecvAct, a.micro, c, s.rank_of_chunk(c - 1)});
+    if (bwd && c < last && s.rank_of_chunk(c + 1) != r)
+      out.push_back({ActionKind::kRecvGrad, a.micro, c, s.rank_of_chunk(c + 1)});
+    out.push_back(a);
+    if (fwd && c < last && s.rank_of_chunk(c + 1) != r)
+      out.push_back({ActionKind::kSendAct, a.micro, c, s.rank_of_chunk(c + 1)});
+    if (bwd && c > 0 && s.rank_of_chunk(c - 1) != r)
+      out.push_back({ActionKind::kSendGrad, a.micro, c, s.rank_of_chunk(c - 1)});
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Schedule> make_schedule(const ScheduleOptions& o) {
+  const std::string name(schedule_name(o.kind));
+  const int p = o.stages, m = o.micro_batches, v = o.virtual_stages;
+  if (p < 1) return Status::invalid("pipeline.stages must be >= 1, got " + std::to_string(p));
+  if (m < 1)
+    return Status::invalid("pipeline.micro_batches must be >= 1, got " + std::to_string(m));
+  if (v < 1)
+    return Status::invalid("pipeline.virtual_stages must be >= 1, got " + std::to_string(v));
+  if (v > 1 && o.kind != ScheduleKind::kInterleaved)
+    return Status::invalid("pipeline.virtual_stages=" + std::to_string(v) + " needs schedule " +
+                           "\"interleaved\"; schedule \"" + name +
+                           "\" runs one chunk per rank (virtual_stages 1)");
+  if (v > 1 && m % p != 0)
+    return Status::invalid(
+        "pipeline schedule \"interleaved\" with virtual_stages=" + std::to_string(v) +
+        " needs micro_batches divisible by stages=" + std::to_string(p) +
+        ", got micro_batches=" + std::to_string(m) + "; use " +
+        std::to_string(std::max(p, m / p * p)) + " or " + std::to_string((m / p + 1) * p));
+  Schedule s;
+  s.options = o;
+  std::vector<Order> orders(p);
+  if (o.kind == ScheduleKind::kZbH1) {
+    orders = zb_h1_orders(p, m);
+  } else {
+    for (int r = 0; r < p; ++r) {
+      if (o.kind == ScheduleKind::kGPipe)
+        orders[r] = gpipe_order(r, m);
+      else if (o.kind == ScheduleKind::k1F1B || v == 1)
+        orders[r] = one_f_one_b(
+            p - r - 1, m, [&](int k) { return F(k, r); }, [&](int k) { return B(k, r); });
+      else
+        orders[r] = interleaved_order(r, p, m, v);
+    }
+  }
+  s.ranks.resize(p);
+  for (int r = 0; r < p; ++r) s.ranks[r] = with_messages(orders[r], r, s);
+  // Every schedule made here must run: a failure is a bug in the rules above.
+  Result<SimResult> check = simulate(s);
+  MF_CHECK(check.is_ok()) << "schedule " << name << " p=" << p << " m=" << m << " v=" << v
+                          << " does not run: " << check.status().message();
+  return s;
+}
+
+namespace {
+
+enum class Kind { kAct, kGrad };
+struct Message {
+  int micro, chunk;  // the chunk that receives it
+  double arrival;
+};
+
+struct RankState {
+  std::set<std::pair<int, int>> f, b, w, act, grad;  // (mb, chunk) done / available
+  double clock = 0, busy = 0;
+  int live = 0, peak = 0;
+  size_t pc = 0;
+};
+
+std::string where(int r, size_t i, const Action& a) {
+  return "rank " + std::to_string(r) + " action " + std::to_string(i) + " " + to_string(a);
+}
+
+}  // namespace
+
+Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
+  const int p = s.options.stages, m = s.options.micro_batches, C = s.num_chunks();
+  if (static_cast<int>(s.ranks.size()) != p)
+    return Status::invalid("schedule has " + std::to_string(s.ranks.size()) +
+                           " rank lists for stages=" + std::to_string(p));
+  const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
+  const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
+  const bool split = s.split_backward();
+  std::map<std::tuple<int, int, Kind>, std::deque<Message>> channels;  // (src, dst, kind)
+  std::vector<RankState> st(p);
+  SimResult res;
+  res.start.resize(p);
+  for (int r = 0; r < p; ++r) res.start[r].assign(s.ranks[r].size(), 0.0);
+
+  // Executes rank r's next action; returns false when it must wait for a message.
+  auto step = [&](int r) -> Result<bool> {
+    RankState& rs = st[r];
+    const size_t i = rs.pc;
+    const Action& a = s.ranks[r][i];
+    const std::pair<int, int> key{a.micro, a.chunk};
+    auto fail = [&](const std::string& why) {
+      return Status::invalid(where(r, i, a) + ": " + why);
+    };
+    if (a.micro < 0 || a.micro >= m || a.chunk < 0 || a.chunk >= C)
+      return fail("micro-batch or chunk out of range (m=" + std::to_string(m) +
+                  ", chunks=" + std::to_string(C) + ")");
+    if (s.rank_of_chunk(a.chunk) != r)
+      return fail("chunk " + std::to_string(a.chunk) + " runs on rank " +
+                  std::to_string(s.rank_of_chunk(a.chunk)));
+    const bool local_prev = a.chunk > 0 && s.rank_of_chunk(a.chunk - 1) == r;
+    const bool local_next = a.chunk < C - 1 && s.rank_of_chunk(a.chunk + 1) == r;
+    res.start[r][i] = rs.clock;
+    double cost = 0;
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (rs.f.count(key)) return fail("repeated forward");
+        if (a.chunk > 0 && !rs.act.count(key)) return fail("its input activation is not here yet");
+        rs.f.insert(key);
+        if (local_next) rs.act.insert({a.micro, a.chunk + 1});
+        rs.peak = std::max(rs.peak, ++rs.live);
+        cost = costs.forward;
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        if ((a.kind == ActionKind::kBackwardInput) != split)
+          return fail(split ? "this schedule splits B into Bi and W" : "Bi needs zb-h1");
+        if (rs.b.count(key)) return fail("repeated backward");
+        if (!rs.f.count(key)) return fail("backward before its forward");
+        if (a.chunk < C - 1 && !rs.grad.count(key))
+          return fail("its output gradient is not here yet");
+        rs.b.insert(key);
+        if (local_prev) rs.grad.insert({a.micro, a.chunk - 1});
+        if (!split) --rs.live;
+        cost = split ? bi : costs.backward;
+        break;
+      case ActionKind::kBackwardWeight:
+        if (!split) return fail("W needs zb-h1");
+        if (rs.w.count(key)) return fail("repeated weight-gradient");
+        if (!rs.b.count(key)) return fail("weight-gradient before its input-gradient");
+        rs.w.insert(key);
+        --rs.live;
+        cost = bw;
+        break;
+      case ActionKind::kSendAct:
+      case ActionKind::kSendGrad: {
+        const bool act = a.kind == ActionKind::kSendAct;
+        const int to_chunk = act ? a.chunk + 1 : a.chunk - 1;
+        if (to_chunk < 0 || to_chunk >= C || a.peer != s.rank_of_chunk(to_chunk) || a.peer == r)
+          return fail("peer must be the rank of chunk " + std::to_string(to_chunk));
+        if (!(act ? rs.f : rs.b).count(key)) return fail("send before the data is computed");
+        channels[{r, a.peer, act ? Kind::kAct : Kind::kGrad}].push_back(
+            {a.micro, to_chunk, rs.clock + costs.p2p});
+        break;
+      }
+      case ActionKind::kRecvAct:
+      case ActionKind::kRecvGrad: {
+        const bool act = a.kind == ActionKind::kRecvAct;
+        const int from_chunk = act ? a.chunk - 1 : a.chunk + 1;
+        if (from_chunk < 0 || from_chunk >= C || a.peer != s.rank_of_chunk(from_chunk))
+          return fail("peer must be the rank of chunk " + std::to_string(from_chunk));
+        auto& q = channels[{a.peer, r, act ? Kind::kAct : Kind::kGrad}];
+        if (q.empty()) return false;
+        const Message msg = q.front();
+        if (msg.micro != a.micro || msg.chunk != a.chunk)
+          return fail("crossed: the next message on this channel is for mb=" +
+                      std::to_string(msg.micro) + " chunk=" + std::to_string(msg.chunk));
+        q.pop_front();
+        rs.clock = std::max(rs.clock, msg.arrival);
+        res.start[r][i] = rs.clock;
+        (act ? rs.act : rs.grad).insert(key);
+        break;
+      }
+    }
+    rs.clock += cost;
+    rs.busy += cost;
+    ++rs.pc;
+    return true;
+  };
+
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r)
+      while (st[r].pc < s.ranks[r].size()) {
+        MF_ASSIGN_OR_RETURN(bool ran, step(r));
+        if (!ran) break;
+        progress = true;
+      }
+  }
+  std::string blocked;
+  for (int r = 0; r < p; ++r)
+    if (st[r].pc < s.ranks[r].size())
+      blocked += "; " + where(r, st[r].pc, s.ranks[r][st[r].pc]) + " waits";
+  if (!blocked.empty()) return Status::invalid("deadlock" + blocked);
+  for (const auto& [ch, q] : channels)
+    if (!q.empty())
+      return Status::invalid("rank " + std::to_string(std::get<0>(ch)) +
+                             " sent a message to rank " + std::to_string(std::get<1>(ch)) +
+                             " that is never received");
+  for (int c = 0; c < C; ++c) {
+    const RankState& rs = st[s.rank_of_chunk(c)];
+    for (int mb = 0; mb < m; ++mb) {
+      const std::pair<int, int> key{mb, c};
+      const std::string what = "(mb=" + std::to_string(mb) + ", chunk=" + std::to_string(c) + ")";
+      if (!rs.f.count(key)) return Status::invalid("no forward for " + what);
+      if (!rs.b.count(key)) return Status::invalid("no backward for " + what);
+      if (split && !rs.w.count(key)) return Status::invalid("no weight-gradient for " + what);
+    }
+  }
+  double busy = 0;
+  for (int r = 0; r < p; ++r) {
+    res.makespan = std::max(res.makespan, st[r].clock);
+    res.busy.push_back(st[r].busy);
+    res.peak_in_flight.push_back(st[r].peak);
+    busy += st[r].busy;
+  }
+  res.bubble_fraction = res.makespan > 0 ? 1.0 - busy / (p * res.makespan) : 0.0;
+  return res;
+}
+
+double ideal_bubble_fraction(const ScheduleOptions& o, const SimCosts& c) {
+  const double p = o.stages, m = o.micro_batches, v = o.virtual_stages;
+  switch (o.kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::k1F1B:
+      return (p - 1) / (m + p - 1);
+    case ScheduleKind::kInterleaved:
+      return (p - 1) / (v * m + p - 1);
+    case ScheduleKind::kZbH1: {
+      const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
+      const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+      const double bubble = (p - 1) * std::max(0.0, c.forward + bi - w);
+      return bubble / (m * (c.forward + bi + w) + bubble);
+    }
+  }
+  return 0;
+}
+
+}  // namespace meshflow

@@ -1,0 +1,315 @@
+#include "meshflow/pipeline/stage_graph.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "meshflow/core/check.h"
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow {
+
+namespace {
+
+bool is_source(OpKind k) {
+  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
+}
+
+// Inputs fed once per step (not per micro-batch): never stashed.
+bool step_constant(const std::string& name) {
+  return name == "loss_scale" || name == "lr" || name == "step" || name.rfind("pp.sumsq.", 0) == 0;
+}
+
+std::string chunk_str(int c) {
+  return "chunk " + std::to_string(c);
+}
+
+}  // namespace
+
+std::vector<ValueId> ChunkProgram::keep_alive() const {
+  std::vector<ValueId> v;
+  for (const auto* list : {&act_out, &grad_out, &stash, &weight_stash})
+    v.insert(v.end(), list->begin(), list->end());
+  for (const auto& [name, id] : norm_out) v.push_back(id);
+  return v;
+}
+
+int64_t ChunkProgram::stash_bytes(bool split_backward) const {
+  int64_t b = 0;
+  for (const auto* list : {&stash, &weight_stash})
+    for (ValueId v : (list == &stash || split_backward) ? *list : std::vector<ValueId>{})
+      b += graph.shape(v).numel() * static_cast<int64_t>(dtype_size(graph.value(v).dtype));
+  return b;
+}
+
+Result<std::vector<int>> layers_per_chunk(int num_layers, int num_chunks,
+                                          const std::vector<int64_t>& requested) {
+  if (num_chunks < 1)
+    return Status::invalid("pipeline: the number of model chunks must be >= 1, got " +
+                           std::to_string(num_chunks));
+  std::vector<int> out;
+  if (!requested.empty()) {
+    if (static_cast<int>(requested.size()) != num_chunks)
+      return Status::invalid("pipeline.layers_per_stage has " + std::to_string(requested.size()) +
+                             " entries, but the pipeline has " + std::to_string(num_chunks) +
+                             " model chunks (stages x virtual_stages); give one entry per chunk");
+    int64_t sum = 0;
+    for (size_t i = 0; i < requested.size(); ++i) {
+      if (requested[i] < 1)
+        return Status::invalid("pipeline.layers_per_stage[" + std::to_string(i) + "] is " +
+                               std::to_string(requested[i]) +
+                               ": every stage needs at least one layer");
+      sum += requested[i];
+      out.push_back(static_cast<int>(requested[i]));
+    }
+    if (sum != num_layers)
+      return Status::invalid("pipeline.layers_per_stage sums to " + std::to_string(sum) +
+                             " layers, but the model has " + std::to_string(num_layers) +
+                             " layers; the entries must add up to " + std::to_string(num_layers));
+    return out;
+  }
+  if (num_layers < num_chunks)
+    return Status::invalid("the model has " + std::to_string(num_layers) +
+                           " layers, fewer than the " + std::to_string(num_chunks) +
+                           " pipeline chunks (stages x virtual_stages); every chunk needs at "
+                           "least one layer, so use at most " +
+                           std::to_string(num_layers) + " chunks");
+  for (int c = 0; c < num_chunks; ++c)
+    out.push_back(num_layers / num_chunks + (c < num_layers % num_chunks ? 1 : 0));
+  return out;
+}
+
+Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
+                                     const std::vector<int64_t>& layers) {
+  PipelineSplit split;
+  for (const Node& n : g.nodes()) split.num_layers = std::max(split.num_layers, n.layer + 1);
+  if (split.num_layers == 0)
+    return Status::invalid(
+        "pipeline: the model has no layer-tagged blocks (node.layer), so it cannot be split "
+        "into stages");
+  MF_ASSIGN_OR_RETURN(std::vector<int> per_chunk,
+                      layers_per_chunk(split.num_layers, num_chunks, layers));
+  std::vector<int> chunk_of_layer;
+  for (int c = 0; c < num_chunks; ++c)
+    for (int i = 0; i < per_chunk[c]; ++i) chunk_of_layer.push_back(c);
+
+  const int nn = g.num_nodes(), nv = g.num_values();
+  constexpr int kSkip = -2, kAll = -3;
+  std::vector<int> node_chunk(nn, -1), value_chunk(nv, -1);
+  std::map<ValueId, ValueId> param_of_grad;
+  for (const auto& [p, grad] : g.grad_of_param) param_of_grad[grad] = p;
+
+  // Parameters read by forward nodes of two chunks (tied embeddings).
+  std::map<ValueId, std::set<int>> param_chunks;
+  for (NodeId id = 0; id < nn; ++id) {
+    const Node& n = g.node(id);
+    if (is_source(n.kind)) continue;
+    int c = -1;
+    if (n.phase == Phase::kMetric) {
+      c = kSkip;
+    } else if (n.phase == Phase::kForward) {
+      c = n.layer >= 0 ? chunk_of_layer[n.layer] : 0;
+      for (ValueId v : n.inputs) {
+        const int vc = value_chunk[v];
+        if (vc < 0) continue;
+        if (n.layer < 0) c = std::max(c, vc);
+        if (vc > c)
+          return Status::invalid("pipeline: forward node " + node_label(n) + " (layer " +
+                                 std::to_string(n.layer) + ", " + chunk_str(c) +
+                                 ") reads a value made in " + chunk_str(vc) +
+                                 "; layers must feed forward in index order");
+      }
+      for (ValueId v : n.inputs)
+        if (g.producer(v).kind == OpKind::kParameter) param_chunks[v].insert(c);
+    } else if (n.phase == Phase::kBackward) {
+      if (n.layer >= 0) {
+        c = chunk_of_layer[n.layer];
+      } else {
+        c = num_chunks - 1;
+        for (ValueId v : n.inputs)
+          if (value_chunk[v] >= 0) c = std::min(c, value_chunk[v]);
+      }
+    } else {  // optimizer
+      if (n.kind == OpKind::kClipCoef) {
+        c = kAll;
+      } else {
+        for (ValueId v : n.inputs) {
+          auto it = param_of_grad.find(v);
+          if (it != param_of_grad.end()) c = value_chunk[v];
+        }
+        MF_CHECK_GE(c, 0) << "optimizer node " << node_label(n) << " reads no gradient";
+      }
+    }
+    node_chunk[id] = c;
+    for (ValueId v : n.outputs) value_chunk[v] = c;
+  }
+  for (const auto& [p, chunks] : param_chunks)
+    if (chunks.size() > 1)
+      return Status::invalid(
+          "pipeline: parameter '" + g.value(p).name + "' is read by " + chunk_str(*chunks.begin()) +
+          " and " + chunk_str(*chunks.rbegin()) +
+          " (tied embeddings shared by the first and last stage are not supported yet); set "
+          "\"tie_word_embeddings\": false in the model config, or use one stage");
+
+  // Messages: act[b] goes chunk b -> b+1, grad[b] goes chunk b+1 -> b.
+  std::vector<std::set<ValueId>> act(num_chunks), grad(num_chunks);
+  for (NodeId id = 0; id < nn; ++id) {
+    const Node& n = g.node(id);
+    const int c = node_chunk[id];
+    if (c < 0 || n.phase == Phase::kOptimizer) continue;
+    for (ValueId v : n.inputs) {
+      const int vc = value_chunk[v];
+      if (vc < 0 || vc == c) continue;
+      const bool fwd_value = g.producer(v).phase == Phase::kForward;
+      if (fwd_value && vc < c) {
+        for (int b = vc; b < c; ++b) act[b].insert(v);
+      } else if (!fwd_value && vc > c && n.phase == Phase::kBackward) {
+        for (int b = c; b < vc; ++b) grad[b].insert(v);
+      } else {
+        return Status::invalid("pipeline: " + std::string(phase_name(n.phase)) + " node " +
+                               node_label(n) + " in " + chunk_str(c) + " reads " +
+                               std::string(phase_name(g.producer(v).phase)) + " value '" +
+                               g.value(v).name + "' of " + chunk_str(vc) +
+                               ", which cannot flow there through the pipeline");
+      }
+    }
+  }
+  // The clip node's inputs, in its order, give the norm exchange order.
+  const Node* clip = nullptr;
+  for (const Node& n : g.nodes())
+    if (n.kind == OpKind::kClipCoef) clip = &n;
+  if (clip)
+    for (ValueId sq : clip->inputs)
+      split.norm_order.push_back(g.value(param_of_grad.at(g.producer(sq).inputs[0])).name);
+
+  int first_layer = 0;
+  for (int k = 0; k < num_chunks; ++k) {
+    ChunkProgram cp;
+    cp.chunk = k;
+    cp.first_layer = first_layer;
+    cp.num_layers = per_chunk[k];
+    first_layer += per_chunk[k];
+    Graph& out = cp.graph;
+    std::vector<ValueId> map(nv, kNoValue);
+    auto boundary = [&](ValueId v, const std::string& prefix, Phase phase) {
+      Node in;
+      in.kind = OpKind::kInput;
+      in.name = prefix + std::to_string(v);
+      in.phase = phase;
+      in.attrs.shape = g.shape(v);
+      Value type = g.value(v);
+      type.name = in.name;
+      NodeId id = out.add_node(in, {type});
+      return map[v] = out.node(id).outputs[0];
+    };
+    if (k > 0)
+      for (ValueId v : act[k - 1]) cp.act_in.push_back(boundary(v, "pp.act.", Phase::kForward));
+    for (ValueId v : grad[k]) cp.grad_in.push_back(boundary(v, "pp.grad.", Phase::kBackward));
+    std::vector<char> in_w;  // per new node: a W node
+    for (NodeId id = 0; id < nn; ++id) {
+      const Node& n = g.node(id);
+      if (node_chunk[id] != k && node_chunk[id] != kAll) continue;
+      Node copy = n;
+      for (ValueId& v : copy.inputs) {
+        if (map[v] == kNoValue) {
+          const Node& src = g.producer(v);
+          if (is_source(src.kind)) {
+            Node s = src;
+            NodeId sid = out.add_node(s, {g.value(v)});
+            map[v] = out.node(sid).outputs[0];
+          } else if (n.kind == OpKind::kClipCoef) {
+            const std::string pname = g.value(param_of_grad.at(src.inputs[0])).name;
+            Node in;
+            in.kind = OpKind::kInput;
+            in.name = "pp.sumsq." + pname;
+            in.phase = Phase::kOptimizer;
+            NodeId sid = out.add_node(in, {Value{in.name, Shape{}, DType::F32}});
+            map[v] = out.node(sid).outputs[0];
+            cp.norm_in.push_back({pname, map[v]});
+          } else {
+            MF_CHECK(false) << "pipeline split: " << node_label(n) << " in " << chunk_str(k)
+                            << " reads '" << g.value(v).name << "' with no route";
+          }
+        }
+        v = map[v];
+      }
+      std::vector<Value> types;
+      for (ValueId v : n.outputs) types.push_back(g.value(v));
+      NodeId nid = out.add_node(copy, types);
+      for (size_t i = 0; i < n.outputs.size(); ++i) map[n.outputs[i]] = out.node(nid).outputs[i];
+      switch (n.phase) {
+        case Phase::kForward:
+          cp.forward.push_back(nid);
+          break;
+        case Phase::kBackward:
+          cp.backward.push_back(nid);
+          break;
+        default:
+          (n.kind == OpKind::kSumSquares ? cp.sum_squares : cp.update).push_back(nid);
+          if (n.kind == OpKind::kSumSquares)
+            cp.norm_out.push_back({g.value(param_of_grad.at(n.inputs[0])).name, map[n.outputs[0]]});
+          break;
+      }
+    }
+    for (ValueId v : act[k]) cp.act_out.push_back(map[v]);
+    if (k > 0)
+      for (ValueId v : grad[k - 1]) cp.grad_out.push_back(map[v]);
+    for (ValueId v : cp.act_out) MF_CHECK_NE(v, kNoValue);
+    for (ValueId v : cp.grad_out) MF_CHECK_NE(v, kNoValue);
+    if (g.loss != kNoValue && map[g.loss] != kNoValue) out.loss = cp.loss = map[g.loss];
+    for (const auto& [p, gr] : g.grad_of_param)
+      if (map[p] != kNoValue && map[gr] != kNoValue) out.grad_of_param[map[p]] = map[gr];
+    if (g.outputs.count("grad_norm") && map[g.outputs.at("grad_norm")] != kNoValue)
+      out.outputs["grad_norm"] = map[g.outputs.at("grad_norm")];
+
+    // Bi / W: walk the backward in reverse; a node is W when nothing but W
+    // nodes (and the optimizer) reads its outputs and none is sent on.
+    const std::set<ValueId> sent(cp.grad_out.begin(), cp.grad_out.end());
+    std::vector<char> is_w(out.num_nodes(), 0), is_bwd(out.num_nodes(), 0);
+    for (NodeId id : cp.backward) is_bwd[id] = 1;
+    std::vector<std::vector<NodeId>> readers(out.num_values());
+    for (NodeId id : cp.backward)
+      for (ValueId v : out.node(id).inputs) readers[v].push_back(id);
+    for (auto it = cp.backward.rbegin(); it != cp.backward.rend(); ++it) {
+      bool w = true;
+      for (ValueId v : out.node(*it).outputs) {
+        if (sent.count(v)) w = false;
+        for (NodeId r : readers[v]) w = w && is_w[r];
+      }
+      is_w[*it] = w;
+    }
+    for (NodeId id : cp.backward) (is_w[id] ? cp.backward_weight : cp.backward_input).push_back(id);
+
+    // Stash: what the backward reads that the forward (or the inputs fed
+    // with it) produced; and, zb, what W reads that Bi produced.
+    const std::set<ValueId> grad_in(cp.grad_in.begin(), cp.grad_in.end());
+    std::map<ValueId, std::pair<bool, bool>> use;  // value -> (read by Bi, read by W)
+    std::set<ValueId> weight_stash;
+    for (NodeId id : cp.backward) {
+      for (ValueId v : out.node(id).inputs) {
+        const Node& src = out.producer(v);
+        const bool fed =
+            src.kind == OpKind::kInput && !step_constant(src.name) && !grad_in.count(v);
+        if (fed || (!is_source(src.kind) && src.phase == Phase::kForward))
+          (is_w[id] ? use[v].second : use[v].first) = true;
+        const bool made_by_bi =
+            !is_source(src.kind) && src.phase == Phase::kBackward && !is_w[out.value(v).producer];
+        if (is_w[id] && (grad_in.count(v) || made_by_bi)) weight_stash.insert(v);
+      }
+    }
+    for (const auto& [v, u] : use) {
+      cp.stash.push_back(v);
+      cp.stash_for_input.push_back(u.first);
+      cp.stash_for_weight.push_back(u.second);
+    }
+    cp.weight_stash.assign(weight_stash.begin(), weight_stash.end());
+    Status s = verify(out);
+    if (!s.is_ok())
+      return Status::internal("pipeline " + chunk_str(k) +
+                              " graph failed verification: " + s.message());
+    split.chunks.push_back(std::move(cp));
+  }
+  return split;
+}
+
+}  // namespace meshflow

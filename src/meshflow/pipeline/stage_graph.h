@@ -1,0 +1,99 @@
+// Splitting a training graph (forward + backward + optimizer, as Trainer
+// builds it) into pipeline chunks: one small Graph per model chunk, holding
+// that chunk's forward, backward and optimizer nodes plus copies of the
+// sources (parameters, optimizer state, inputs) they read. Values that cross
+// a chunk boundary become Inputs of the receiving chunk ("pp.act.<id>",
+// "pp.grad.<id>") and are listed, in one fixed order, as the messages the
+// runtime sends.
+//
+//   MF_ASSIGN_OR_RETURN(PipelineSplit split, split_pipeline(g, /*num_chunks=*/4, {}));
+//   const ChunkProgram& c = split.chunks[1];
+//   Executor ex(c.graph, {.seed = 1, .fetch = c.keep_alive()});
+//   ex.run(c.forward);   // after feeding c.act_in from chunk 0's c.act_out
+//
+// Which chunk a node belongs to:
+//   forward   node.layer >= 0: the chunk holding that layer; layer -1: the
+//             latest chunk among its inputs' producers (embedding -> chunk 0,
+//             final norm / head / loss -> the last chunk).
+//   backward  node.layer >= 0 (autodiff tags a gradient node with its forward
+//             node's layer): that layer's chunk; layer -1: the earliest chunk
+//             among its inputs' producers (the head's gradient -> the last
+//             chunk, the embedding's gradient -> chunk 0).
+//   optimizer the chunk of the parameter's gradient; the clip-coefficient node
+//             (global gradient norm) is copied into every chunk, reading the
+//             other chunks' sums of squares from Inputs "pp.sumsq.<param>"
+//             that the runtime fills (all-reduce over the pipeline).
+//   metrics   left out (evaluation runs on one device).
+// Invariants checked (Status on violation): forward values flow to the same
+// or later chunks, gradients to the same or earlier chunks, and a backward
+// node reads forward values of its own chunk (or ones sent to it). A
+// parameter read by forward nodes of two chunks (tied embeddings across the
+// first and last stage) is refused with a message saying so.
+//
+// Zero-bubble split: a backward node is a weight-gradient node (W) when each
+// of its outputs is a parameter's gradient or read only by W nodes, and the
+// chunk's outgoing gradient message does not depend on it; the others are
+// input-gradient nodes (Bi). In chunk 0 nothing waits for an input gradient,
+// so its whole backward is W.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/status.h"
+#include "meshflow/ir/graph.h"
+
+namespace meshflow {
+
+struct ChunkProgram {
+  int chunk = 0;
+  int first_layer = 0, num_layers = 0;  // layers [first_layer, first_layer + num_layers)
+  Graph graph;
+  // Node orders (ids in graph), each in graph order.
+  std::vector<NodeId> forward, backward;  // backward = backward_input + backward_weight
+  std::vector<NodeId> backward_input, backward_weight;
+  std::vector<NodeId> sum_squares;  // this chunk's gradients' sums of squares
+  std::vector<NodeId> update;       // clip coefficient + parameter updates
+  // Messages (value ids in graph, in message order; matching lists of the
+  // neighbour chunk have the same shapes in the same order).
+  std::vector<ValueId> act_in;    // Inputs fed from chunk - 1's act_out
+  std::vector<ValueId> act_out;   // sent to chunk + 1 after the forward
+  std::vector<ValueId> grad_in;   // Inputs fed from chunk + 1's grad_out
+  std::vector<ValueId> grad_out;  // sent to chunk - 1 after the (input) backward
+  // Stash: values the forward (or inputs fed with it) leaves for the
+  // backward of the same micro-batch, saved per micro-batch in flight.
+  std::vector<ValueId> stash;
+  std::vector<char> stash_for_weight;  // per stash entry: read by a W node (kept until W)
+  std::vector<char> stash_for_input;   // per stash entry: read by a Bi node
+  // Zero-bubble: values Bi makes (or grad_in) that W reads later.
+  std::vector<ValueId> weight_stash;
+  ValueId loss = kNoValue;  // the last chunk: the micro-batch loss
+  // Sums of squares: own (parameter name, value) and the Inputs for the others.
+  std::vector<std::pair<std::string, ValueId>> norm_out, norm_in;
+
+  // Values the executor must keep readable after a run (messages, stash, norms).
+  std::vector<ValueId> keep_alive() const;
+  // Per-micro-batch stash bytes: the forward stash, plus the W stash when the
+  // backward is split (zb-h1).
+  int64_t stash_bytes(bool split_backward) const;
+};
+
+struct PipelineSplit {
+  int num_layers = 0;
+  std::vector<ChunkProgram> chunks;
+  // Parameter names in the order the clip node reads their sums of squares.
+  std::vector<std::string> norm_order;
+};
+
+// Layers per chunk: the user's list (one entry per chunk, each >= 1, summing
+// to num_layers), or an even split (the first num_layers % num_chunks chunks
+// get one more layer). Errors name the sizes and what would be valid.
+Result<std::vector<int>> layers_per_chunk(int num_layers, int num_chunks,
+                                          const std::vector<int64_t>& requested);
+
+// Splits g (forward + backward + optimizer). layers: as for layers_per_chunk.
+Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
+                                     const std::vector<int64_t>& layers = {});
+
+}  // namespace meshflow

@@ -1,0 +1,498 @@
+#include "meshflow/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "meshflow/core/check.h"
+#include "meshflow/ops/op_def.h"
+
+namespace meshflow::plan {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+bool is_source(OpKind k) {
+  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
+}
+
+// A node runs on tensor-parallel shards when a value it touches has a dim the
+// Megatron split cuts (heads, kv_heads, ffn, vocab); else it is in the
+// replicated region that sequence parallelism splits along seq instead.
+bool in_tp_region(const Graph& g, const Node& n) {
+  auto cut = [&](ValueId v) {
+    for (const Dim& d : g.shape(v).dims())
+      if (d.name == "heads" || d.name == "kv_heads" || d.name == "ffn" || d.name == "vocab")
+        return true;
+    return false;
+  };
+  for (ValueId v : n.inputs)
+    if (cut(v)) return true;
+  for (ValueId v : n.outputs)
+    if (cut(v)) return true;
+  return false;
+}
+
+// Causal query-key pairs of one (batch, head) when the queries are the last
+// `tq` of `tk` positions (what the attention OpDef prices for a cp shard).
+double causal_pairs_last(int64_t tq, int64_t tk) {
+  return double(tq) * double(tk - tq) + double(tq) * double(tq + 1) / 2;
+}
+
+// Backward nodes off the input-gradient chain: the W of zero-bubble
+// schedules. The chain (B) is every backward node the embedding's gradient
+// depends on, i.e. what carries the gradient from the loss down to the model's
+// input; the rest only produces weight gradients.
+std::vector<bool> weight_grad_nodes(const Graph& g) {
+  std::vector<bool> on_chain(g.num_nodes(), false);
+  std::vector<NodeId> stack;
+  for (NodeId i = 0; i < g.num_nodes(); ++i)
+    if (g.node(i).kind == OpKind::kEmbeddingGrad) stack.push_back(i);
+  while (!stack.empty()) {
+    const NodeId i = stack.back();
+    stack.pop_back();
+    if (on_chain[i] || g.node(i).phase != Phase::kBackward) continue;
+    on_chain[i] = true;
+    for (ValueId v : g.node(i).inputs) stack.push_back(g.value(v).producer);
+  }
+  std::vector<bool> w(g.num_nodes(), false);
+  for (NodeId i = 0; i < g.num_nodes(); ++i)
+    w[i] = g.node(i).phase == Phase::kBackward && !on_chain[i];
+  return w;
+}
+
+}  // namespace
+
+CostConstants megatron2021_constants() {
+  CostConstants k;
+  k.attention = AttentionKernel::kMaterialized;
+  k.overlap_grad_reduce = false;
+  return k;
+}
+
+double CostModel::compute_time_s(double flops) const {
+  return cluster_.matmul_time_s(flops, dtype_) / k_.matmul_efficiency_scale;
+}
+
+double CostModel::roofline_time_s(double flops, double bytes) const {
+  return std::max(compute_time_s(flops), cluster_.memory_time_s(bytes));
+}
+
+CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
+    : job_(std::move(job)), cluster_(std::move(cluster)), k_(constants) {
+  dtype_ = cluster_.device.peak_flops.bf16 > 0 ? DType::BF16 : DType::F32;
+  Result<TransformerDims> d = transformer_dims(job_.model);
+  if (!d.is_ok()) {
+    status_ = d.status();
+    return;
+  }
+  dims_ = *d;
+  const ModelSummary sum = summarize(job_.model, job_.seq);
+  num_parameters_ = sum.parameters;
+  forward_flops_per_token_ = sum.forward_flops_per_token;
+  if (job_.seq < 1 || job_.seq > dims_.max_seq)
+    status_ = Status::invalid("seq=" + str(job_.seq) + " must be in [1, " + str(dims_.max_seq) +
+                              "] (the model's maximum positions)");
+  else if (job_.global_batch < 1)
+    status_ = Status::invalid("global batch must be >= 1, got " + str(job_.global_batch));
+}
+
+int64_t CostModel::num_parameters() const {
+  return num_parameters_;
+}
+
+double CostModel::model_flops_per_token() const {
+  return 3 * forward_flops_per_token_;
+}
+
+Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const {
+  MF_RETURN_IF_ERROR(status_);
+  const auto key = std::make_tuple(tp, cp, micro_batch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return *it->second;
+  }
+  LocalShape shape{micro_batch, job_.seq, tp, cp};
+  MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
+  const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
+  const std::vector<bool> wgrad = weight_grad_nodes(g);
+  LayerCost lc;
+  // Times split by region so price() can apply sequence parallelism.
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    if (is_source(n.kind)) {
+      if (n.kind == OpKind::kParameter) {
+        const int64_t e = g.shape(n.outputs[0]).numel();
+        if (n.layer == 0)
+          lc.layer_params += e;
+        else if (n.name.find("embed") != std::string::npos || n.name.rfind("wte", 0) == 0 ||
+                 n.name.rfind("wpe", 0) == 0)
+          lc.embed_params += e;
+        else
+          lc.head_params += e;
+      }
+      continue;
+    }
+    if (n.phase != Phase::kForward && n.phase != Phase::kBackward) continue;
+    ++lc.nodes;
+    const OpCost c = op_cost(g, n);
+    double t = 0;
+    if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+      const bool fwd = n.kind == OpKind::kAttention;
+      const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
+      const Shape& k = g.shape(n.inputs[fwd ? 1 : 2]);
+      const int64_t tq = q.size(2), tk = k.size(2);
+      const double rows = double(q.size(0)) * double(q.size(1));
+      if (k_.attention == AttentionKernel::kMaterialized) {
+        // Batched GEMMs over all tq x tk scores (the mask is applied after), the
+        // score matrix streamed through memory between them.
+        const double scores = rows * double(tq) * double(tk);
+        const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
+        const double per_score =
+            fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
+        t = compute_time_s(gemm_flops / 2) * 2 +
+            cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
+      } else {
+        // A cp shard's queries are load-balanced (Megatron's zigzag split): the
+        // average causal work, not the last shard's that the OpDef sees.
+        const double ratio =
+            cp > 1 ? (double(tk) * double(tk + 1) / 2 / double(cp)) / causal_pairs_last(tq, tk)
+                   : 1.0;
+        t = roofline_time_s(c.flops * ratio, c.bytes * byte_scale);
+      }
+      if (fwd && n.layer == 0) lc.attention_core_s += t;
+    } else {
+      t = roofline_time_s(c.flops, c.bytes * byte_scale);
+    }
+    const bool tp_region = in_tp_region(g, n);
+    const bool embed = n.kind == OpKind::kEmbedding || n.kind == OpKind::kEmbeddingGrad ||
+                       n.name.rfind("embed", 0) == 0 || n.name.rfind("embd_drop", 0) == 0;
+    if (n.layer == 0) {
+      // Replicated-region time is kept apart (price() divides it by tp under sp).
+      double* slot = n.phase == Phase::kForward ? &lc.forward_s
+                     : wgrad[i]                 ? &lc.weight_grad_s
+                                                : &lc.backward_s;
+      double* rep = n.phase == Phase::kForward ? &lc.forward_replicated_s
+                    : wgrad[i]                 ? &lc.weight_grad_replicated_s
+                                               : &lc.backward_replicated_s;
+      *(tp_region ? slot : rep) += t;
+    } else if (embed) {
+      (n.phase == Phase::kForward ? lc.embed_fwd_s : lc.embed_bwd_s) += t;
+    } else {
+      (n.phase == Phase::kForward ? lc.head_fwd_s : (wgrad[i] ? lc.head_wgrad_s : lc.head_bwd_s)) +=
+          t;
+    }
+  }
+  auto shared = std::make_shared<const LayerCost>(lc);
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_.emplace(key, shared);
+  return lc;
+}
+
+std::string CostModel::invalid_reason(const Plan& p) const {
+  if (!status_.is_ok()) return status_.message();
+  const TransformerDims& d = dims_;
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.vp < 1 || p.micro_batch < 1 ||
+      p.num_micro_batches < 1)
+    return "every degree, the micro-batch and the micro-batch count must be >= 1";
+  if (p.devices() > cluster_.total_devices())
+    return "dp*tp*pp*cp = " + str(p.devices()) + " devices, the cluster has " +
+           str(cluster_.total_devices());
+  if (p.dp * p.micro_batch * p.num_micro_batches != job_.global_batch)
+    return "dp * micro_batch * num_micro_batches = " + str(p.dp) + "*" + str(p.micro_batch) + "*" +
+           str(p.num_micro_batches) + " must equal the global batch " + str(job_.global_batch);
+  Status s = check_local_shape(d, LocalShape{p.micro_batch, job_.seq, p.tp, p.cp});
+  if (!s.is_ok()) return s.message();
+  if (p.sp && p.tp == 1) return "sp (sequence parallelism) needs tp > 1";
+  if (p.sp && (job_.seq / p.cp) % p.tp != 0)
+    return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
+           ", which does not divide it";
+  if (p.pp > d.layers) return "pp=" + str(p.pp) + " exceeds the " + str(d.layers) + " layers";
+  if (p.zero < 0 || p.zero > 3) return "zero must be 0, 1, 2 or 3, got " + str(p.zero);
+  if (p.pp == 1 && p.schedule != Schedule::kOneFOneB)
+    return std::string("pp=1 has no pipeline schedule (use 1f1b), got ") +
+           schedule_name(p.schedule);
+  if (p.schedule == Schedule::kInterleaved) {
+    if (p.vp < 2) return "the interleaved schedule needs vp >= 2 virtual stages";
+    if (d.layers % (p.pp * p.vp) != 0)
+      return "interleaved: pp*vp = " + str(p.pp * p.vp) + " must divide the " + str(d.layers) +
+             " layers";
+    if (p.num_micro_batches % p.pp != 0)
+      return "interleaved: the micro-batch count " + str(p.num_micro_batches) +
+             " must be a multiple of pp=" + str(p.pp);
+  } else if (p.vp != 1) {
+    return "vp > 1 needs the interleaved schedule, got " + std::string(schedule_name(p.schedule));
+  }
+  return "";
+}
+
+double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
+                              AttentionKernel attention, double act_bytes) {
+  // Korthikanti et al. 2022, in units of 2 bytes (16-bit) per element, for s
+  // local tokens (seq / cp), b sequences, h hidden, t = tp.
+  const double s = double(seq) / double(p.cp), b = double(p.micro_batch), h = double(d.hidden),
+               t = double(p.tp), a = double(d.heads), f = double(d.ffn),
+               kv = double(d.kv_heads) * double(d.head_dim);
+  const double sbh = s * b * h, e = act_bytes / 2.0;  // e scales 16-bit counts to act_bytes
+  if (p.recompute == Recompute::kFull) return 2 * sbh * e / (p.sp ? t : 1.0);
+  // Replicated region: two norm inputs (4), the QKV and MLP inputs (2 + 2),
+  // and 1-byte dropout masks after attention and the MLP (1 + 1).
+  const double masks = d.dropout ? 2 * sbh : 0;
+  const double replicated = (8 * sbh) * e + masks;
+  // Tensor-parallel region: Q (2sbh), K and V (2 x 2 s b kv), the output
+  // projection's input (2sbh); the MLP's ffn-wide tensors: GeLU input and
+  // output (2 x 2sbf) for GPT, gate, up and their product (3 x 2sbf) for SwiGLU.
+  const double ffn_tensors = d.llama ? 3 : 2;
+  const double split = (4 * sbh + 4 * s * b * kv + ffn_tensors * 2 * s * b * f) * e;
+  // Attention scores: softmax output (2), dropout mask (1) and output (2) per
+  // element when materialized (the dropout ones only with dropout); fused
+  // attention keeps only the f32 log-sum-exp per row.
+  const double score_bytes = d.dropout ? 5 : 2;
+  double scores = attention == AttentionKernel::kMaterialized
+                      ? score_bytes * e * a * s * double(seq) * b
+                      : 4 * a * s * b;
+  if (p.recompute == Recompute::kSelective) scores = 0;
+  return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
+}
+
+Result<StepCost> CostModel::price(const Plan& p) const {
+  const std::string why = invalid_reason(p);
+  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
+  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch));
+  const TransformerDims& d = dims_;
+  const Cluster& cl = cluster_;
+  const double act = double(dtype_size(dtype_));
+  const bool mixed = dtype_ != DType::F32;
+  const double m = double(p.num_micro_batches), pp = double(p.pp), v = double(p.vp);
+  const double s_local = double(job_.seq) / double(p.cp);
+
+  StepCost r;
+  r.plan = p;
+
+  // ---- one layer, one micro-batch: compute + tp/cp collectives
+  const double rep = p.sp ? double(p.tp) : 1.0;
+  const double f_layer = lc.forward_s + lc.forward_replicated_s / rep;
+  const double b_layer = lc.backward_s + lc.backward_replicated_s / rep;
+  const double w_layer = lc.weight_grad_s + lc.weight_grad_replicated_s / rep;
+  const Link& tp_link = cl.link_for_axis(p.tp, 1);
+  const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
+  // 2 all_reduce (or all_gather + reduce_scatter, the same time and bytes) each way.
+  const double tp_fwd = 2 * cl.collective_time_s(Collective::kAllReduce, p.tp, act_buf, tp_link);
+  const double tp_bwd = tp_fwd;
+  const double ring_ar = p.tp > 1 ? 2.0 * double(p.tp - 1) / double(p.tp) : 0.0;
+  const double tp_bytes_layer_fwd = 2 * ring_ar * act_buf;
+  const Link& cp_link = cl.link_for_axis(p.cp, p.tp);
+  const double kv_local = double(std::max<int64_t>(1, d.kv_heads / p.tp)) * double(d.head_dim);
+  const double kv_buf = 2.0 * double(p.micro_batch) * double(job_.seq) * kv_local * act;
+  const double cp_fwd = cl.collective_time_s(Collective::kAllGather, p.cp, kv_buf, cp_link);
+  const double cp_bwd = cl.collective_time_s(Collective::kReduceScatter, p.cp, kv_buf, cp_link);
+  const double ring_ag = p.cp > 1 ? double(p.cp - 1) / double(p.cp) : 0.0;
+  const double cp_bytes_layer = 2 * ring_ag * kv_buf;
+
+  // ---- stages: layers per stage, first (embedding) and last (head) stage
+  const int64_t ls_int = (d.layers + p.pp - 1) / p.pp;
+  const double ls = double(ls_int);
+  const double emb_ar = cl.collective_time_s(Collective::kAllReduce, p.tp, act_buf, tp_link);
+  double recompute_layer = 0;
+  if (p.recompute == Recompute::kFull) recompute_layer = f_layer + tp_fwd + cp_fwd;
+  if (p.recompute == Recompute::kSelective) recompute_layer = lc.attention_core_s;
+  StageTimes base;
+  base.forward_s = ls * (f_layer + tp_fwd + cp_fwd);
+  base.backward_s = ls * (b_layer + tp_bwd + cp_bwd + recompute_layer);
+  base.weight_grad_s = ls * w_layer;
+  base.recompute_s = ls * recompute_layer;
+  base.tp_comm_s = ls * (tp_fwd + tp_bwd + (p.recompute == Recompute::kFull ? tp_fwd : 0));
+  base.cp_comm_s = ls * (cp_fwd + cp_bwd + (p.recompute == Recompute::kFull ? cp_fwd : 0));
+  StageTimes first = base, last = base;
+  first.forward_s += lc.embed_fwd_s + emb_ar;
+  first.backward_s += lc.embed_bwd_s;
+  first.tp_comm_s += emb_ar;
+  auto add_head = [&](StageTimes& st) {
+    st.forward_s += lc.head_fwd_s;
+    st.backward_s += lc.head_bwd_s;
+    st.weight_grad_s += lc.head_wgrad_s;
+  };
+  if (p.pp == 1) {
+    add_head(first);
+    last = first;
+  } else {
+    add_head(last);
+  }
+  auto total = [](const StageTimes& st) { return st.forward_s + st.backward_s + st.weight_grad_s; };
+  StageTimes st = total(first) >= total(last) ? first : last;
+
+  // ---- pipeline: p2p sends (Megatron's scatter/gather: 1/tp of the activation)
+  const int64_t pp_stride = p.tp * p.cp * p.dp;
+  const Link& pp_link = cl.link_for_axis(p.pp, pp_stride);
+  const double p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
+  st.p2p_s = 0;
+  if (p.pp > 1) {
+    st.p2p_s =
+        cl.collective_time_s(Collective::kSendRecv, 2, p2p_bytes, pp_link) / k_.p2p_efficiency;
+    if (k_.p2p_scatter_gather)
+      st.p2p_s += cl.collective_time_s(Collective::kAllGather, p.tp, act_buf, tp_link);
+  }
+  r.stage = st;
+  const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s, T = F + B + W;
+  const double p2p_mb = 2 * v * st.p2p_s;  // per micro-batch: activation out, gradient back
+  const double steady = m * (T + p2p_mb);
+  double pipeline = steady;
+  if (p.pp > 1) {
+    switch (p.schedule) {
+      case Schedule::kGPipe:
+      case Schedule::kOneFOneB:
+        pipeline = (m + pp - 1) * (T + p2p_mb);
+        break;
+      case Schedule::kInterleaved:
+        pipeline = (m * v + pp - 1) * (T + p2p_mb) / v;
+        break;
+      case Schedule::kZeroBubbleH1:
+        // Qi et al. 2023: ZB-H1 (1F1B's memory) leaves (p-1)(F+B-W);
+        // (p-1)(F+B-2W) is ZB-H2's, which needs about twice the activations.
+        pipeline = steady + (pp - 1) * (std::max(0.0, F + B - W) + 2 * st.p2p_s);
+        break;
+    }
+  }
+  r.bubble_s = pipeline - steady;
+  r.pp_comm_s = m * p2p_mb;
+  r.recompute_s = m * st.recompute_s;
+  r.tp_comm_s = m * st.tp_comm_s;
+  r.cp_comm_s = m * st.cp_comm_s;
+  r.compute_s = m * T - r.recompute_s - r.tp_comm_s - r.cp_comm_s;
+
+  // ---- parameters per rank on the first and the last stage
+  const double layer_params = double(lc.layer_params);
+  double p_first = ls * layer_params + double(lc.embed_params);
+  double p_last = ls * layer_params + double(lc.head_params);
+  if (p.pp == 1) {
+    p_first += double(lc.head_params);
+    p_last = p_first;
+  } else if (d.tied) {
+    p_last += double((d.vocab + p.tp - 1) / p.tp) * double(d.hidden);  // the table's copy
+  }
+  const double p_stage = std::max(p_first, p_last);
+
+  // ---- data parallel over the dp * cp replicas of each weight
+  const int64_t replicas = p.dp * p.cp;
+  const Link& dp_link = cl.link_for_axis(replicas, p.tp);
+  const double grad_bytes = p_stage * act;  // gradients reduce in the compute dtype
+  const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
+  const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
+  double dp_exposed = 0, dp_bytes = 0;
+  if (p.zero == 0) {
+    const double t = cl.collective_time_s(Collective::kAllReduce, replicas, grad_bytes, dp_link);
+    dp_exposed = std::max(0.0, t - window);
+    dp_bytes = 2 * ring_dp * grad_bytes;
+  } else if (p.zero <= 2) {
+    const double rs =
+        cl.collective_time_s(Collective::kReduceScatter, replicas, grad_bytes, dp_link);
+    const double ag =
+        cl.collective_time_s(Collective::kAllGather, replicas, p_stage * act, dp_link);
+    dp_exposed = std::max(0.0, rs - window) + ag;
+    dp_bytes = ring_dp * (grad_bytes + p_stage * act);
+  } else {
+    // ZeRO-3: every micro-batch gathers each layer's weights for forward and
+    // again for backward and reduce-scatters its gradients (one collective per
+    // layer, so the ring latency counts per layer), prefetched under compute.
+    const double calls = ls + 1;  // the layers and the embedding/head
+    const double ag = calls * cl.collective_time_s(Collective::kAllGather, replicas,
+                                                   p_stage * act / calls, dp_link);
+    const double rs = calls * cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                                   grad_bytes / calls, dp_link);
+    dp_exposed = m * std::max(0.0, 2 * ag + rs - T);
+    dp_bytes = m * ring_dp * (2 * p_stage * act + grad_bytes);
+  }
+  r.dp_comm_s = dp_exposed;
+
+  // ---- optimizer: memory-bound AdamW over the parameters this rank updates
+  const double p_update = p.zero >= 1 ? p_stage / double(replicas) : p_stage;
+  r.optimizer_s = cl.memory_time_s(
+      p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+  r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
+
+  // ---- memory (bytes per device; the worse of the first and the last stage)
+  // Mixed precision: 16-bit weights (2) and gradients (2), f32 master weights and
+  // Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
+  const double w_b = act, g_b = act, o_b = mixed ? 12.0 : 8.0;
+  const double nrep = double(replicas);
+  auto states = [&](double params, MemoryBreakdown& mb) {
+    mb.params = params * w_b / (p.zero >= 3 ? nrep : 1.0);
+    mb.grads = params * g_b / (p.zero >= 2 ? nrep : 1.0);
+    mb.optimizer = params * o_b / (p.zero >= 1 ? nrep : 1.0);
+  };
+  const double act_layer = layer_activation_bytes(d, p, job_.seq, k_.attention, act);
+  double in_flight = 1;
+  if (p.pp > 1) {
+    switch (p.schedule) {
+      case Schedule::kGPipe:
+        in_flight = m;
+        break;
+      case Schedule::kOneFOneB:
+      case Schedule::kZeroBubbleH1:
+        in_flight = std::min(m, pp);
+        break;
+      case Schedule::kInterleaved:
+        in_flight = std::min(m, pp) * (1 + (pp - 1) / (pp * m));
+        break;
+    }
+  }
+  const double last_in_flight = p.schedule == Schedule::kGPipe ? m : 1.0;
+  const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
+                           (act + (d.dropout ? 1.0 : 0.0)) / (p.sp ? double(p.tp) : 1.0);
+  // Temporaries: the recompute working set (one layer's full activations),
+  // ZeRO-3's gathered weights of two layers (current + prefetch), f32 logits
+  // and their gradient on the head stage.
+  Plan no_rc = p;
+  no_rc.recompute = Recompute::kNone;
+  const double rc_ws = p.recompute == Recompute::kFull
+                           ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act)
+                           : 0.0;
+  const double z3_ws = p.zero >= 3 ? 2 * layer_params * w_b : 0.0;
+  const double logits =
+      2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
+  MemoryBreakdown mf, ml;
+  states(p_first, mf);
+  states(p_last, ml);
+  mf.activations = in_flight * (ls * act_layer + embed_act);
+  ml.activations = last_in_flight * ls * act_layer;
+  mf.temporaries = rc_ws + z3_ws + (p.pp == 1 ? logits : 0.0);
+  ml.temporaries = rc_ws + z3_ws + logits;
+  for (MemoryBreakdown* mb : {&mf, &ml})
+    mb->total = mb->params + mb->grads + mb->optimizer + mb->activations + mb->temporaries;
+  r.memory = mf.total >= ml.total ? mf : ml;
+  r.usable_memory = k_.usable_memory_fraction * double(cl.device.memory_bytes);
+  r.fits = r.memory.total <= r.usable_memory;
+
+  // ---- communication bytes per device per step
+  const double layers_comm = ls * m;
+  r.comm.tensor_parallel =
+      layers_comm * tp_bytes_layer_fwd * (p.recompute == Recompute::kFull ? 3 : 2) +
+      m * ring_ar * act_buf;
+  r.comm.context_parallel =
+      layers_comm * cp_bytes_layer * (p.recompute == Recompute::kFull ? 1.5 : 1);
+  r.comm.pipeline = p.pp > 1 ? m * 2 * v * p2p_bytes : 0.0;
+  r.comm.data_parallel = dp_bytes;
+
+  // ---- throughput
+  const double tokens = double(job_.global_batch) * double(job_.seq);
+  const double fwd_token = model_flops_per_token() / 3;
+  const double head_token = 2.0 * double(d.hidden) * double(d.vocab);
+  const double layers_fwd_token = fwd_token - head_token;
+  r.model_flops = 3 * fwd_token * tokens;
+  double extra = 0;
+  if (p.recompute == Recompute::kFull) extra = layers_fwd_token;
+  if (p.recompute == Recompute::kSelective)
+    extra = 4.0 * double(d.layers) * double(job_.seq) * double(d.hidden);
+  r.hardware_flops = r.model_flops + extra * tokens;
+  const double n = double(p.devices());
+  r.tokens_per_s = tokens / r.step_time_s;
+  r.tflops_per_gpu = r.hardware_flops / r.step_time_s / n / 1e12;
+  r.mfu = r.model_flops / r.step_time_s / (n * cl.peak_flops(dtype_));
+  return r;
+}
+
+}  // namespace meshflow::plan

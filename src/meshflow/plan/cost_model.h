@@ -1,0 +1,228 @@
+// CostModel: the predicted step time, memory and communication of a Plan for
+// training a transformer language model on a Cluster.
+//
+//   TrainingJob job{model_config, /*global_batch=*/1536, /*seq=*/2048};
+//   CostModel cm(job, cluster);                       // cluster sized to the plan's devices
+//   MF_ASSIGN_OR_RETURN(StepCost c, cm.price(plan));  // c.step_time_s, c.memory.total, ...
+//
+// How a step is priced (docs/planner.md has the derivation and the sources):
+//   1. One layer's per-rank program (plan/local_graph.h: the model builders' ops
+//      at local shapes micro_batch x seq/cp, heads/tp, ffn/tp) is priced node by
+//      node from each OpDef's cost: a roofline of its FLOPs (at the cluster's
+//      size-dependent matmul efficiency) and its bytes (at memory bandwidth),
+//      scaled to the compute dtype. Backward nodes split into input-gradient (B)
+//      and weight-gradient (W) work. Cached per (tp, cp, micro_batch): all layers
+//      are the same, so a 96-layer model costs one graph.
+//   2. A stage = its layers x that + the Megatron tensor-parallel collectives
+//      (2 all_reduce forward + 2 backward per layer, or all_gather +
+//      reduce_scatter with sequence parallelism), context-parallel K/V
+//      all_gather/reduce_scatter, embedding (first stage), head + loss (last).
+//      Recompute adds the forward (full) or the attention core (selective) to B.
+//   3. The schedule: m (F + B + W) + the bubble: (p-1)(F+B+W) for GPipe/1F1B,
+//      /v for interleaved, (p-1)(F+B-W) for ZB-H1; point-to-point sends on the
+//      pp link; the gradient reduce over dp*cp ranks (ring, on the link the axis
+//      maps to) overlapped with the last micro-batch's backward; ZeRO-3's
+//      per-micro-batch gathers overlapped with compute; the optimizer as
+//      memory-bound work.
+//   4. Memory per device (the worst of the first and last stage): parameters,
+//      gradients, optimizer state per ZeRO stage, activations per micro-batch in
+//      flight (Korthikanti et al. 2022), temporaries (logits, recompute working set).
+//
+// Mesh order (rank = ((pp * dp + d) * cp + c) * tp + t: tp innermost, pp
+// outermost, as Megatron-LM) decides which link each axis uses.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "meshflow/core/dtype.h"
+#include "meshflow/core/status.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/plan/cluster.h"
+#include "meshflow/plan/local_graph.h"
+#include "meshflow/plan/plan.h"
+
+namespace meshflow::plan {
+
+struct TrainingJob {
+  ModelConfig model;
+  int64_t global_batch = 1;  // sequences per optimizer step
+  int64_t seq = 1;
+};
+
+// How attention runs on the device: fused (FlashAttention: scores stay on chip,
+// causal half skipped, as the attention OpDef prices it) or the 2021 Megatron-LM
+// way (two batched GEMMs over the full seq x seq scores, written to memory, a
+// fused scale-mask-softmax and a dropout between them).
+enum class AttentionKernel { kFused, kMaterialized };
+
+// Every constant of the cost model that is not in the Cluster file. Each is a
+// property of the software stack (what the kernels and the framework do), taken
+// from a published description; none is tuned to a published throughput.
+struct CostConstants {
+  // THE ONE FITTED CONSTANT. The fraction of the cluster's matmul efficiency
+  // curve (Calculon's A100 table: 0.95 of peak from 128 GFLOP per call) that
+  // training GEMMs sustain: a single scalar for every matmul of every plan,
+  // fitted once by least squares of log(predicted / published) over the ten
+  // rows of Megatron-LM 2021 Table 1 (tests/plan_reference_test.cc prints the
+  // refit; docs/planner.md). It stands for what the datasheet peak does not
+  // show: clocks below boost under sustained load, cuBLAS tile and wave
+  // quantization, kernel launch gaps.
+  double matmul_efficiency_scale = 0.78;
+  AttentionKernel attention = AttentionKernel::kFused;
+  // kMaterialized: bytes moved per element of the [heads, seq, seq] score
+  // matrix, 16-bit. Forward: QK^T writes it (2), the fused scale-mask-softmax
+  // reads and writes (4), dropout reads, writes and stores its mask (5), the
+  // PV GEMM reads (2) = 13. Backward: dP written (2), dropout-backward reads
+  // dP and the mask and writes (5), softmax-backward reads dP', P and writes
+  // dS (6), the dQ/dK GEMMs read dS (4), the dV GEMM reads P (2) = 19.
+  double materialized_fwd_bytes_per_score = 13;
+  double materialized_bwd_bytes_per_score = 19;
+  // Gradients reduce in buckets while the last micro-batch's backward runs
+  // (PyTorch DDP, Megatron overlap_grad_reduce). false: after it.
+  bool overlap_grad_reduce = true;
+  // Bytes of device memory the optimizer step streams per parameter it updates:
+  // AdamW reads grad, master weight, m, v (4 x 4) and writes master, m, v (3 x 4),
+  // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28.
+  double adam_bytes_per_param_mixed = 30;
+  double adam_bytes_per_param_f32 = 28;
+  // The part of device memory a plan may use: the rest goes to the CUDA context,
+  // communicator buffers and allocator fragmentation (PyTorch typically reserves
+  // 5-10% above allocated).
+  double usable_memory_fraction = 0.92;
+  // Fraction of a link's bandwidth a p2p send reaches relative to a ring step
+  // (1: the same effective bandwidth as collectives).
+  double p2p_efficiency = 1.0;
+  // Megatron-LM's scatter/gather optimization: each p2p send carries 1/tp of the
+  // activation and the receiver all_gathers it over the tp link (2021 paper, Sec. 4.1).
+  bool p2p_scatter_gather = true;
+};
+
+// The software stack of Narayanan et al. 2021 (the published Table 1 runs):
+// unfused attention with materialized scores, gradients reduced after the
+// pipeline flush (no overlap). The fitted constant is the default's.
+CostConstants megatron2021_constants();
+
+// Bytes per device, for the worst pipeline stage.
+struct MemoryBreakdown {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double activations = 0;
+  double temporaries = 0;
+  double total = 0;
+};
+
+// Bytes one device sends per step (the full buffer of each collective it joins).
+struct CommBreakdown {
+  double tensor_parallel = 0;   // tp all_reduce / all_gather + reduce_scatter
+  double context_parallel = 0;  // cp K/V all_gather + reduce_scatter
+  double pipeline = 0;          // p2p activations and gradients
+  double data_parallel = 0;     // gradient reduce, ZeRO gathers
+  double total() const { return tensor_parallel + context_parallel + pipeline + data_parallel; }
+};
+
+// One micro-batch through one pipeline stage (all its layers; a chunk is 1/vp of it).
+struct StageTimes {
+  double forward_s = 0;      // F, with its tp/cp collectives and the embedding/head
+  double backward_s = 0;     // B: input gradients (+ recompute), with collectives
+  double weight_grad_s = 0;  // W: weight gradients
+  double recompute_s = 0;    // the part of B that is recompute
+  double tp_comm_s = 0;      // the part of F + B that is tp collectives
+  double cp_comm_s = 0;      // the part of F + B that is cp collectives
+  double p2p_s = 0;          // one send of an activation (or its gradient) to the next stage
+};
+
+struct StepCost {
+  Plan plan;
+  double step_time_s = 0;
+  // Where the step goes, on the slowest stage; sums to step_time_s.
+  double compute_s = 0;  // m x (F + B + W) less the collectives and recompute in them
+  double recompute_s = 0;
+  double tp_comm_s = 0;
+  double cp_comm_s = 0;
+  double pp_comm_s = 0;  // exposed p2p
+  double bubble_s = 0;
+  double dp_comm_s = 0;  // exposed gradient reduce / ZeRO gathers
+  double optimizer_s = 0;
+  StageTimes stage;  // per micro-batch, the slowest stage
+  MemoryBreakdown memory;
+  CommBreakdown comm;
+  bool fits = false;  // memory.total <= usable device memory
+  double usable_memory = 0;
+  double tokens_per_s = 0;
+  double model_flops = 0;     // per step: 3 x forward FLOPs (no recompute), all devices
+  double hardware_flops = 0;  // per step, counting recompute (Megatron's convention)
+  double tflops_per_gpu = 0;  // hardware_flops / step / devices / 1e12
+  double mfu = 0;             // model_flops / step / (devices x peak)
+};
+
+// The priced forward/backward of one layer (or of the embedding+head) per micro-batch.
+struct LayerCost {
+  // Tensor-parallel region (nodes on heads/ffn shards) and replicated region
+  // (norms, residuals, dropout: what sequence parallelism splits by tp).
+  double forward_s = 0, backward_s = 0, weight_grad_s = 0;
+  double forward_replicated_s = 0, backward_replicated_s = 0, weight_grad_replicated_s = 0;
+  double attention_core_s = 0;              // forward of the attention op (selective recompute)
+  double embed_fwd_s = 0, embed_bwd_s = 0;  // embedding (first stage)
+  double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // final norm, lm_head, loss
+  int64_t layer_params = 0;                                 // per rank
+  int64_t embed_params = 0;                                 // per rank (word + position table)
+  int64_t head_params = 0;  // per rank (final norm + lm_head; the table copy when tied)
+  int nodes = 0;            // nodes priced (forward + backward of the one-layer program)
+};
+
+class CostModel {
+ public:
+  // `cluster` must have at least as many devices as the plans priced use;
+  // collectives choose links by the mesh order above.
+  CostModel(TrainingJob job, Cluster cluster, CostConstants constants = {});
+
+  const TrainingJob& job() const { return job_; }
+  const Cluster& cluster() const { return cluster_; }
+  const CostConstants& constants() const { return k_; }
+  const TransformerDims& dims() const { return dims_; }
+  DType compute_dtype() const { return dtype_; }
+  // An error when the job is not a transformer LM or seq exceeds the model's maximum.
+  const Status& status() const { return status_; }
+
+  // Why `p` is not a valid plan for this job ("" when it is).
+  std::string invalid_reason(const Plan& p) const;
+  // The cost of a valid plan (errors say why a plan is invalid).
+  Result<StepCost> price(const Plan& p) const;
+  // One layer's cost at these local shapes (built and priced once, then cached).
+  Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const;
+
+  // Parameters of the whole model (all stages, unsharded).
+  int64_t num_parameters() const;
+  // Model FLOPs per token (3 x forward, attention at full seq x seq).
+  double model_flops_per_token() const;
+
+ private:
+  // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale),
+  // and the roofline of an op with that compute and `bytes` of memory traffic.
+  double compute_time_s(double flops) const;
+  double roofline_time_s(double flops, double bytes) const;
+
+  TrainingJob job_;
+  Cluster cluster_;
+  CostConstants k_;
+  TransformerDims dims_;
+  DType dtype_ = DType::F32;
+  int64_t num_parameters_ = 0;
+  double forward_flops_per_token_ = 0;
+  Status status_;
+  mutable std::mutex mu_;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const LayerCost>> cache_;
+};
+
+// Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,
+// generalized to the model's ffn and kv heads; see docs/planner.md).
+double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
+                              AttentionKernel attention, double act_bytes);
+
+}  // namespace meshflow::plan

@@ -1,0 +1,65 @@
+#include "meshflow/plan/plan.h"
+
+namespace meshflow::plan {
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGPipe:
+      return "gpipe";
+    case Schedule::kOneFOneB:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+    case Schedule::kZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+Result<Schedule> parse_schedule(const std::string& s) {
+  for (Schedule x :
+       {Schedule::kGPipe, Schedule::kOneFOneB, Schedule::kInterleaved, Schedule::kZeroBubbleH1})
+    if (s == schedule_name(x)) return x;
+  return Status::invalid("schedule must be one of gpipe, 1f1b, interleaved, zb-h1, got '" + s +
+                         "'");
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+Result<Recompute> parse_recompute(const std::string& s) {
+  for (Recompute x : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+    if (s == recompute_name(x)) return x;
+  return Status::invalid("recompute must be one of none, selective, full, got '" + s + "'");
+}
+
+std::string plan_label(const Plan& p) {
+  std::string s = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp);
+  if (p.sp) s += "+sp";
+  s += " pp=" + std::to_string(p.pp);
+  if (p.cp > 1) s += " cp=" + std::to_string(p.cp);
+  if (p.vp > 1) s += " vp=" + std::to_string(p.vp);
+  s += " mb=" + std::to_string(p.micro_batch) + "x" + std::to_string(p.num_micro_batches);
+  s += " " + std::string(schedule_name(p.schedule)) + " " + recompute_name(p.recompute) + " zero" +
+       std::to_string(p.zero);
+  return s;
+}
+
+std::string plan_mesh(const Plan& p) {
+  std::string s = "dp=" + std::to_string(p.dp);
+  if (p.tp > 1) s += ",tp=" + std::to_string(p.tp);
+  if (p.pp > 1) s += ",pp=" + std::to_string(p.pp);
+  if (p.cp > 1) s += ",cp=" + std::to_string(p.cp);
+  return s;
+}
+
+}  // namespace meshflow::plan

@@ -1,0 +1,56 @@
+// Plan: one way to train a transformer on a cluster, as the planner prices it
+// and `meshflow plan --out` writes it: the mesh degrees (data, tensor,
+// pipeline, context), sequence parallelism, the pipeline schedule with its
+// virtual stages, micro-batching, the recompute policy and the ZeRO stage.
+//
+//   Plan p;  p.dp = 16; p.tp = 8; p.pp = 8; p.vp = 2;
+//   p.micro_batch = 1; p.num_micro_batches = 96;
+//   p.schedule = Schedule::kInterleaved; p.recompute = Recompute::kFull;
+//   std::string s = plan_label(p);   // "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0"
+//
+// Invariant (the search only makes such plans; validate_plan says why not):
+// dp * tp * pp * cp = the number of devices; vp > 1 only with kInterleaved;
+// pp == 1 uses kOneFOneB (no pipeline: one stage, micro-batches accumulate).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshflow/core/status.h"
+
+namespace meshflow::plan {
+
+enum class Schedule { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
+enum class Recompute { kNone, kSelective, kFull };
+
+// "gpipe", "1f1b", "interleaved", "zb-h1" and back.
+const char* schedule_name(Schedule s);
+Result<Schedule> parse_schedule(const std::string& s);
+// "none", "selective", "full" and back.
+const char* recompute_name(Recompute r);
+Result<Recompute> parse_recompute(const std::string& s);
+
+struct Plan {
+  int64_t dp = 1;                 // data-parallel replicas
+  int64_t tp = 1;                 // tensor-parallel (Megatron: heads and ffn split)
+  int64_t pp = 1;                 // pipeline stages
+  int64_t cp = 1;                 // context-parallel (sequence split across ranks, ring attention)
+  bool sp = false;                // sequence parallelism inside the tp group (Korthikanti 2022)
+  int64_t vp = 1;                 // virtual stages (model chunks) per pipeline rank
+  int64_t micro_batch = 1;        // sequences per micro-batch (per data-parallel replica)
+  int64_t num_micro_batches = 1;  // per step per replica: global_batch / (dp * micro_batch)
+  Schedule schedule = Schedule::kOneFOneB;
+  Recompute recompute = Recompute::kNone;
+  int zero = 0;  // ZeRO stage 0..3, over the dp * cp replicas
+
+  int64_t devices() const { return dp * tp * pp * cp; }
+  bool operator==(const Plan&) const = default;
+};
+
+// One line: "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0" (cp, sp only when used).
+std::string plan_label(const Plan& p);
+// The mesh string of `meshflow train`'s parallel config: "dp=16,tp=8,pp=8" (size-1 axes
+// other than dp left out).
+std::string plan_mesh(const Plan& p);
+
+}  // namespace meshflow::plan

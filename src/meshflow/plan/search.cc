@@ -1,0 +1,322 @@
+#include "meshflow/plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <utility>
+
+namespace meshflow::plan {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+Result<int64_t> parse_int(const std::string& key, const std::string& v, int64_t min) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < min)
+    return Status::invalid("--fix " + key + " must be an integer >= " + str(min) + ", got '" + v +
+                           "'");
+  return static_cast<int64_t>(x);
+}
+
+}  // namespace
+
+bool FixedChoices::matches(const Plan& p) const {
+  return (!dp || *dp == p.dp) && (!tp || *tp == p.tp) && (!pp || *pp == p.pp) &&
+         (!cp || *cp == p.cp) && (!vp || *vp == p.vp) &&
+         (!micro_batch || *micro_batch == p.micro_batch) && (!sp || *sp == p.sp) &&
+         (!schedule || *schedule == p.schedule) && (!recompute || *recompute == p.recompute) &&
+         (!zero || *zero == p.zero);
+}
+
+std::string FixedChoices::to_string() const {
+  std::string s;
+  auto add = [&](const std::string& kv) { s += (s.empty() ? "" : ",") + kv; };
+  if (dp) add("dp=" + str(*dp));
+  if (tp) add("tp=" + str(*tp));
+  if (pp) add("pp=" + str(*pp));
+  if (cp) add("cp=" + str(*cp));
+  if (sp) add(std::string("sp=") + (*sp ? "true" : "false"));
+  if (vp) add("vp=" + str(*vp));
+  if (micro_batch) add("micro_batch=" + str(*micro_batch));
+  if (schedule) add(std::string("schedule=") + schedule_name(*schedule));
+  if (recompute) add(std::string("recompute=") + recompute_name(*recompute));
+  if (zero) add("zero=" + str(*zero));
+  return s;
+}
+
+Result<FixedChoices> parse_fixed(const std::string& text) {
+  FixedChoices f;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) {
+      if (end == text.size()) break;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return Status::invalid("--fix takes key=value items separated by commas, got '" + item + "'");
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "dp" || key == "tp" || key == "pp" || key == "cp" || key == "vp" ||
+        key == "micro_batch") {
+      MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 1));
+      (key == "dp"   ? f.dp
+       : key == "tp" ? f.tp
+       : key == "pp" ? f.pp
+       : key == "cp" ? f.cp
+       : key == "vp" ? f.vp
+                     : f.micro_batch) = x;
+    } else if (key == "zero") {
+      MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 0));
+      if (x > 3) return Status::invalid("--fix zero must be 0, 1, 2 or 3, got " + v);
+      f.zero = static_cast<int>(x);
+    } else if (key == "sp") {
+      if (v != "true" && v != "false" && v != "1" && v != "0")
+        return Status::invalid("--fix sp must be true or false, got '" + v + "'");
+      f.sp = v == "true" || v == "1";
+    } else if (key == "schedule") {
+      Result<Schedule> s = parse_schedule(v);
+      if (!s.is_ok()) return s.status().with_context("--fix");
+      f.schedule = *s;
+    } else if (key == "recompute") {
+      Result<Recompute> r = parse_recompute(v);
+      if (!r.is_ok()) return r.status().with_context("--fix");
+      f.recompute = *r;
+    } else {
+      return Status::invalid("--fix: unknown key '" + key +
+                             "'; valid: dp, tp, pp, cp, sp, vp, micro_batch, schedule, "
+                             "recompute, zero");
+    }
+  }
+  return f;
+}
+
+namespace {
+
+// Calls visit(plan) for every plan of the search space on `devices` devices
+// that `fixed` allows (not yet checked against the model: price() does that).
+template <typename Visit>
+void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Visit visit) {
+  const TransformerDims& d = cm.dims();
+  const FixedChoices& fx = o.fixed;
+  const int64_t gb = cm.job().global_batch, seq = cm.job().seq;
+  const int64_t per_node = cm.cluster().devices_per_node;
+  for (int64_t tp : divisors(devices)) {
+    if (fx.tp ? tp != *fx.tp : (tp > per_node || d.heads % tp != 0 || d.ffn % tp != 0)) continue;
+    for (int64_t cp : divisors(devices / tp)) {
+      if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || seq % cp != 0)) continue;
+      for (int64_t pp : divisors(devices / (tp * cp))) {
+        if (fx.pp ? pp != *fx.pp : pp > d.layers) continue;
+        const int64_t dp = devices / (tp * cp * pp);
+        if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
+        const int64_t replica_batch = gb / dp;
+        for (int64_t mb : divisors(replica_batch)) {
+          if (fx.micro_batch ? mb != *fx.micro_batch : mb > o.max_micro_batch) continue;
+          Plan p;
+          p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
+          p.num_micro_batches = replica_batch / mb;
+          std::vector<std::pair<Schedule, int64_t>> schedules;
+          if (pp == 1) {
+            schedules.push_back({Schedule::kOneFOneB, 1});
+          } else {
+            for (Schedule s : {Schedule::kGPipe, Schedule::kOneFOneB, Schedule::kZeroBubbleH1})
+              schedules.push_back({s, 1});
+            if (p.num_micro_batches % pp == 0)
+              for (int64_t vp : divisors(d.layers / std::max<int64_t>(1, pp)))
+                if (vp >= 2 && vp <= o.max_vp && d.layers % (pp * vp) == 0)
+                  schedules.push_back({Schedule::kInterleaved, vp});
+          }
+          for (const auto& [sched, vp] : schedules) {
+            p.schedule = sched;
+            p.vp = vp;
+            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+              p.sp = sp == 1;
+              for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+                p.recompute = rc;
+                const int max_zero = dp * cp > 1 ? 3 : 0;
+                for (int z = 0; z <= max_zero; ++z) {
+                  p.zero = z;
+                  if (fx.matches(p)) visit(p);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+bool faster(const StepCost& a, const StepCost& b) {
+  if (a.step_time_s != b.step_time_s) return a.step_time_s < b.step_time_s;
+  return a.memory.total < b.memory.total;
+}
+
+}  // namespace
+
+Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
+                                  const SearchOptions& options) {
+  MF_RETURN_IF_ERROR(cm.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (devices < 1 || devices > cm.cluster().total_devices())
+    return Status::invalid("devices=" + str(devices) + " must be in [1, " +
+                           str(cm.cluster().total_devices()) + "] (the cluster's size)");
+  SearchResult r;
+  const size_t keep = static_cast<size_t>(std::max(0, options.top_k)) + 1;
+  std::string first_invalid;
+  std::optional<StepCost> least_memory;  // over valid plans that do not fit
+  enumerate(cm, devices, options, [&](const Plan& p) {
+    ++r.evaluated;
+    const std::string why = cm.invalid_reason(p);
+    if (!why.empty()) {
+      if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
+      return;
+    }
+    Result<StepCost> c = cm.price(p);
+    if (!c.is_ok()) {
+      if (first_invalid.empty()) first_invalid = c.status().message();
+      return;
+    }
+    ++r.valid;
+    if (!c->fits) {
+      if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
+      return;
+    }
+    ++r.fitting;
+    if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
+    // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
+    for (const StepCost& k : r.plans)
+      if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
+    auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
+    r.plans.insert(at, *c);
+    if (r.plans.size() > keep) r.plans.pop_back();
+  });
+  r.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string pinned =
+      options.fixed.to_string().empty() ? "" : " with --fix " + options.fixed.to_string();
+  const TransformerDims& d = cm.dims();
+  if (r.valid == 0) {
+    std::string msg = "no valid plan on " + str(devices) + " devices" + pinned + ": ";
+    if (r.evaluated == 0) {
+      msg += "no dp*tp*pp*cp = " + str(devices) +
+             " with tp <= " + str(cm.cluster().devices_per_node) +
+             " dividing heads=" + str(d.heads) + ", pp <= layers=" + str(d.layers) +
+             " and dp dividing the global batch " + str(cm.job().global_batch);
+      // Which device counts near this one would factor.
+      std::vector<int64_t> ok;
+      for (int64_t n = std::max<int64_t>(1, devices / 2); n <= devices * 2 && ok.size() < 6; ++n) {
+        if (n > cm.cluster().total_devices() && n != devices) break;
+        if (cm.job().global_batch % n == 0 || devices % n == 0) {
+          if (n != devices && cm.job().global_batch % (n / std::gcd(n, int64_t(8))) == 0)
+            ok.push_back(n);
+        }
+      }
+      if (!ok.empty()) {
+        msg += "; device counts that factor with this batch include";
+        for (int64_t n : ok) msg += " " + str(n);
+      }
+    } else {
+      msg += first_invalid;
+    }
+    return Status::invalid(msg);
+  }
+  if (r.fitting == 0) {
+    const StepCost& lm = *least_memory;
+    std::string msg = "the model (" + str(cm.num_parameters()) + " parameters) does not fit on " +
+                      str(devices) + " devices" + pinned + ": the plan needing the least memory (" +
+                      plan_label(lm.plan) + ") needs " + gib(lm.memory.total) +
+                      " per device (params " + gib(lm.memory.params) + ", grads " +
+                      gib(lm.memory.grads) + ", optimizer " + gib(lm.memory.optimizer) +
+                      ", activations " + gib(lm.memory.activations) + ", temporaries " +
+                      gib(lm.memory.temporaries) + "); usable per device: " + gib(lm.usable_memory);
+    // The smallest multiple of this device count (up to 64x) on which it fits.
+    if (options.fixed.to_string().empty()) {
+      for (int64_t factor = 2; factor <= 64; factor *= 2) {
+        const int64_t n = devices * factor;
+        Result<Cluster> bigger = with_devices(cm.cluster(), n);
+        if (!bigger.is_ok()) continue;
+        Cluster c = *bigger;
+        if (c.total_devices() < n) c.nodes = static_cast<int>(n / c.devices_per_node);
+        CostModel cm2(cm.job(), c, cm.constants());
+        SearchOptions o2 = options;
+        o2.top_k = 0;
+        Result<SearchResult> r2 = search_plans(cm2, n, o2);
+        if (r2.is_ok()) {
+          msg += "; it fits on " + str(n) + " devices (" + plan_label(r2->plans[0].plan) + ", " +
+                 gib(r2->plans[0].memory.total) + " per device)";
+          break;
+        }
+      }
+    }
+    return Status::invalid(msg);
+  }
+  return r;
+}
+
+std::string explain_loss(const StepCost& best, const StepCost& other) {
+  struct Part {
+    const char* name;
+    double delta;
+  };
+  std::vector<Part> parts = {
+      {"compute", other.compute_s - best.compute_s},
+      {"recompute", other.recompute_s - best.recompute_s},
+      {"tensor-parallel comm", other.tp_comm_s - best.tp_comm_s},
+      {"context-parallel comm", other.cp_comm_s - best.cp_comm_s},
+      {"pipeline p2p", other.pp_comm_s - best.pp_comm_s},
+      {"pipeline bubble", other.bubble_s - best.bubble_s},
+      {"data-parallel comm (exposed)", other.dp_comm_s - best.dp_comm_s},
+      {"optimizer", other.optimizer_s - best.optimizer_s},
+  };
+  std::sort(parts.begin(), parts.end(),
+            [](const Part& a, const Part& b) { return a.delta > b.delta; });
+  const double total = other.step_time_s - best.step_time_s;
+  char buf[96];
+  std::snprintf(buf, sizeof buf,
+                "%+.1f%% step time: ", 100.0 * total / std::max(1e-30, best.step_time_s));
+  std::string s = buf;
+  int shown = 0;
+  for (const Part& p : parts) {
+    if (p.delta <= 0.002 * best.step_time_s || shown == 3) break;
+    std::snprintf(buf, sizeof buf, "%s%+.1f ms %s", shown ? ", " : "", p.delta * 1e3, p.name);
+    s += buf;
+    ++shown;
+  }
+  const Part& gain = parts.back();
+  if (gain.delta < -0.002 * best.step_time_s) {
+    std::snprintf(buf, sizeof buf, "%s(saves %.1f ms %s)", shown ? " " : "", -gain.delta * 1e3,
+                  gain.name);
+    s += buf;
+    ++shown;
+  }
+  if (shown == 0) s += "within noise of the best";
+  return s;
+}
+
+}  // namespace meshflow::plan

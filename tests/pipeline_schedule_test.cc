@@ -1,0 +1,150 @@
+// Pipeline schedules: every schedule for p in {1,2,4}, m in 1..8, v in {1,2}
+// runs in the simulator without deadlock or crossed messages, runs each
+// (micro-batch, chunk) forward and backward (and weight-gradient) exactly
+// once after its dependencies, and meets the textbook bubble fractions.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "meshflow/pipeline/schedule.h"
+
+namespace meshflow {
+namespace {
+
+const ScheduleKind kAll[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                             ScheduleKind::kZbH1};
+
+bool valid(ScheduleKind k, int p, int m, int v) {
+  if (v > 1 && k != ScheduleKind::kInterleaved) return false;
+  return v == 1 || m % p == 0;
+}
+
+TEST(PipelineSchedule, EveryScheduleRunsAndCoversEachMicroBatchOnce) {
+  int checked = 0;
+  for (ScheduleKind k : kAll)
+    for (int p : {1, 2, 4})
+      for (int m = 1; m <= 8; ++m)
+        for (int v : {1, 2}) {
+          SCOPED_TRACE(std::string(schedule_name(k)) + " p=" + std::to_string(p) +
+                       " m=" + std::to_string(m) + " v=" + std::to_string(v));
+          Result<Schedule> s = make_schedule({k, p, m, v});
+          if (!valid(k, p, m, v)) {
+            EXPECT_FALSE(s.is_ok());
+            continue;
+          }
+          ASSERT_TRUE(s.is_ok()) << s.status().message();
+          Result<SimResult> r = simulate(*s);
+          ASSERT_TRUE(r.is_ok()) << r.status().message();
+          // Exactly one F and one B (Bi + W) per (mb, chunk), on the chunk's rank.
+          std::map<std::tuple<int, int, ActionKind>, int> count;
+          for (int rank = 0; rank < p; ++rank)
+            for (const Action& a : s->ranks[rank])
+              if (is_compute(a.kind)) {
+                EXPECT_EQ(s->rank_of_chunk(a.chunk), rank);
+                ++count[{a.micro, a.chunk, a.kind}];
+              }
+          const bool split = k == ScheduleKind::kZbH1;
+          for (int c = 0; c < p * v; ++c)
+            for (int mb = 0; mb < m; ++mb) {
+              EXPECT_EQ((count[{mb, c, ActionKind::kForward}]), 1);
+              if (split) {
+                EXPECT_EQ((count[{mb, c, ActionKind::kBackwardInput}]), 1);
+                EXPECT_EQ((count[{mb, c, ActionKind::kBackwardWeight}]), 1);
+              } else {
+                EXPECT_EQ((count[{mb, c, ActionKind::kBackward}]), 1);
+              }
+            }
+          EXPECT_EQ(count.size(), static_cast<size_t>(p * v * m * (split ? 3 : 2)));
+          ++checked;
+        }
+  EXPECT_EQ(checked, 4 * 3 * 8 + 8 + 4 + 2);  // v=1: all; interleaved v=2: m % p == 0
+}
+
+TEST(PipelineSchedule, OneFOneBKeepsAtMostPMicroBatchesInFlight) {
+  for (int p : {2, 4})
+    for (int m = 1; m <= 8; ++m) {
+      Schedule s = value_or_throw(make_schedule({ScheduleKind::k1F1B, p, m, 1}));
+      SimResult r = value_or_throw(simulate(s));
+      for (int rank = 0; rank < p; ++rank)
+        EXPECT_LE(r.peak_in_flight[rank], std::min(m, p - rank)) << "p=" << p << " m=" << m;
+      EXPECT_EQ(r.peak_in_flight[0], std::min(m, p));
+      Schedule g = value_or_throw(make_schedule({ScheduleKind::kGPipe, p, m, 1}));
+      EXPECT_EQ(value_or_throw(simulate(g)).peak_in_flight[0], m);
+      Schedule z = value_or_throw(make_schedule({ScheduleKind::kZbH1, p, m, 1}));
+      SimResult zr = value_or_throw(simulate(z));
+      for (int rank = 0; rank < p; ++rank) EXPECT_LE(zr.peak_in_flight[rank], std::min(m, p));
+    }
+}
+
+TEST(PipelineSchedule, BubbleFractionsMatchTheFormulas) {
+  const SimCosts unit;  // F = 1, B = 2 (Bi = W = 1)
+  for (int p : {2, 4})
+    for (int m : {1, 2, 4, 8}) {
+      for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        SimResult r = value_or_throw(simulate(value_or_throw(make_schedule({k, p, m, 1}))));
+        EXPECT_NEAR(r.bubble_fraction, ideal_bubble_fraction({k, p, m, 1}), 1e-12)
+            << schedule_name(k) << " p=" << p << " m=" << m;
+        EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (m + p - 1));
+      }
+      if (m % p == 0) {
+        ScheduleOptions o{ScheduleKind::kInterleaved, p, m, 2};
+        SimResult r = value_or_throw(simulate(value_or_throw(make_schedule(o))));
+        EXPECT_NEAR(r.bubble_fraction, ideal_bubble_fraction(o), 1e-12) << "p=" << p << " m=" << m;
+      }
+      ScheduleOptions z{ScheduleKind::kZbH1, p, m, 1};
+      SimResult r = value_or_throw(simulate(value_or_throw(make_schedule(z))));
+      SimResult one =
+          value_or_throw(simulate(value_or_throw(make_schedule({ScheduleKind::k1F1B, p, m, 1}))));
+      // Bubble time (makespan minus the per-rank work 3m): (p-1) for zb-h1, 3(p-1) for 1f1b.
+      if (m >= p) {
+        EXPECT_DOUBLE_EQ(r.makespan - 3.0 * m, (one.makespan - 3.0 * m) / 3)
+            << "p=" << p << " m=" << m;
+        EXPECT_NEAR(r.bubble_fraction, ideal_bubble_fraction(z), 1e-12) << "p=" << p << " m=" << m;
+      }
+    }
+}
+
+TEST(PipelineSchedule, SimulatorFindsDeadlocksAndCrossedMessages) {
+  Schedule s = value_or_throw(make_schedule({ScheduleKind::k1F1B, 2, 2, 1}));
+  // Rank 1 waits for mb 1 before mb 0: the messages cross.
+  Schedule crossed = s;
+  std::swap(crossed.ranks[1][0], crossed.ranks[1][4]);  // recv_act mb 0 <-> recv_act mb 1
+  Result<SimResult> r = simulate(crossed);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("crossed"), std::string::npos) << r.status().message();
+  // Rank 0 receives a gradient before it sends the activation it depends on.
+  Schedule dead = s;
+  std::vector<Action>& r0 = dead.ranks[0];
+  auto recv = std::find_if(r0.begin(), r0.end(),
+                           [](const Action& a) { return a.kind == ActionKind::kRecvGrad; });
+  Action moved = *recv;
+  r0.erase(recv);
+  r0.insert(r0.begin(), moved);
+  r = simulate(dead);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("deadlock"), std::string::npos) << r.status().message();
+  // A missing backward.
+  Schedule missing = s;
+  missing.ranks[1].pop_back();
+  r = simulate(missing);
+  ASSERT_FALSE(r.is_ok());
+}
+
+TEST(PipelineSchedule, ClearErrors) {
+  auto msg = [](ScheduleOptions o) { return make_schedule(o).status().message(); };
+  EXPECT_NE(msg({ScheduleKind::k1F1B, 0, 4, 1}).find("stages must be >= 1"), std::string::npos);
+  EXPECT_NE(msg({ScheduleKind::k1F1B, 2, 0, 1}).find("micro_batches must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(msg({ScheduleKind::kInterleaved, 2, 4, 0}).find("virtual_stages must be >= 1"),
+            std::string::npos);
+  std::string m = msg({ScheduleKind::kInterleaved, 4, 6, 2});
+  EXPECT_NE(m.find("divisible by stages=4"), std::string::npos) << m;
+  EXPECT_NE(m.find("use 4 or 8"), std::string::npos) << m;
+  m = msg({ScheduleKind::k1F1B, 2, 4, 2});
+  EXPECT_NE(m.find("needs schedule \"interleaved\""), std::string::npos) << m;
+  EXPECT_NE(parse_schedule_kind("zb").status().message().find("\"zb-h1\""), std::string::npos);
+  EXPECT_EQ(value_or_throw(parse_schedule_kind("zb-h1")), ScheduleKind::kZbH1);
+}
+
+}  // namespace
+}  // namespace meshflow

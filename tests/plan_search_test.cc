@@ -1,0 +1,334 @@
+// The planner: cost model invariants, the search (time at cluster scale,
+// --fix pinning, impossible requests with an answer saying what would fit),
+// and `meshflow plan` / `meshflow simulate` as a user runs them (the real
+// binary, as tests/cli_test.cc does): the --json keys other tools read, --out
+// and the Chrome trace.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/core/check.h"
+#include "meshflow/plan/search.h"
+#include "meshflow/plan/simulate.h"
+
+namespace meshflow::plan {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string source_dir() {
+  const char* e = std::getenv("MESHFLOW_SOURCE_DIR");
+  return e ? e : MESHFLOW_SOURCE_DIR_DEFAULT;
+}
+
+ModelConfig load_model(const std::string& name) {
+  Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
+  MF_CHECK(j.is_ok()) << j.status().message();
+  Result<ModelConfig> m = parse_model_config(*j);
+  MF_CHECK(m.is_ok()) << m.status().message();
+  return *m;
+}
+
+Cluster cluster(const std::string& name, int64_t gpus) {
+  Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + name);
+  MF_CHECK(c.is_ok()) << c.status().message();
+  Result<Cluster> n = with_devices(*c, gpus);
+  MF_CHECK(n.is_ok()) << n.status().message();
+  return *n;
+}
+
+TEST(PlanModels, ShippedConfigsParseWithTheirSizes) {
+  struct Want {
+    const char* file;
+    double billions;  // published parameter count
+  };
+  for (const Want& w :
+       {Want{"gpt3_350m.json", 0.35}, Want{"gpt3_1.3b.json", 1.3}, Want{"gpt3_2.7b.json", 2.7},
+        Want{"gpt3_6.7b.json", 6.7}, Want{"gpt3_13b.json", 13}, Want{"gpt3_175b.json", 175},
+        Want{"gpt_1t.json", 1008}, Want{"llama2_7b.json", 6.74}, Want{"llama2_13b.json", 13.0},
+        Want{"llama2_70b.json", 69.0}, Want{"llama3_8b.json", 8.03},
+        Want{"llama3_70b.json", 70.6}}) {
+    const ModelConfig m = load_model(w.file);
+    const double b = double(summarize(m, 2048).parameters) / 1e9;
+    EXPECT_NEAR(b / w.billions, 1.0, 0.06) << w.file << ": " << b << "B";
+  }
+}
+
+TEST(PlanCostModel, LayerGraphIsTheModelsLayerAtLocalShapes) {
+  // One layer of gpt3_1.3b at tp=1: its priced forward FLOPs equal the
+  // model's per-layer count; at tp=4 each rank holds a quarter of the weights.
+  const ModelConfig m = load_model("gpt3_1.3b.json");
+  Result<Graph> g1 = build_local_layer_graph(m, {1, 2048, 1, 1});
+  Result<Graph> g4 = build_local_layer_graph(m, {1, 2048, 4, 1});
+  ASSERT_TRUE(g1.is_ok() && g4.is_ok());
+  auto layer_params = [](const Graph& g) {
+    int64_t n = 0;
+    for (const Node& nd : g.nodes())
+      if (nd.kind == OpKind::kParameter && nd.layer == 0) n += g.shape(nd.outputs[0]).numel();
+    return n;
+  };
+  const int64_t h = 2048;
+  EXPECT_EQ(layer_params(*g1), 12 * h * h + 13 * h);
+  EXPECT_NEAR(double(layer_params(*g4)), double(12 * h * h) / 4, 13.0 * h);
+  Result<Graph> bad = build_local_layer_graph(m, {1, 2048, 3, 1});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("tp=3 does not divide heads=16"), std::string::npos);
+}
+
+TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {
+  CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 256, 2048},
+               cluster("dgx_a100_80gb.json", 64));
+  Plan p;
+  p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 32;
+  p.recompute = Recompute::kSelective;
+  double last = 1e300;
+  for (int z = 0; z <= 3; ++z) {
+    p.zero = z;
+    Result<StepCost> c = cm.price(p);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    EXPECT_LT(c->memory.total, last) << "zero " << z;
+    last = c->memory.total;
+  }
+  p.zero = 0;
+  Result<StepCost> none = cm.price(p);
+  p.recompute = Recompute::kFull;
+  Result<StepCost> full = cm.price(p);
+  ASSERT_TRUE(none.is_ok() && full.is_ok());
+  EXPECT_LT(full->memory.activations, none->memory.activations);
+  EXPECT_GT(full->step_time_s, none->step_time_s);
+  EXPECT_GT(full->tflops_per_gpu, 0);
+  // Mixed precision: 16 bytes of model state per parameter without ZeRO.
+  const double states = none->memory.params + none->memory.grads + none->memory.optimizer;
+  EXPECT_NEAR(states / (none->memory.params / 2), 16.0, 1e-9);
+}
+
+TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
+  CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
+               cluster("dgx_a100_80gb.json", 1024));
+  Plan p;
+  p.dp = 16, p.tp = 8, p.pp = 8, p.micro_batch = 1, p.num_micro_batches = 96;
+  p.recompute = Recompute::kFull;
+  p.schedule = Schedule::kOneFOneB;
+  StepCost one = *cm.price(p);
+  p.schedule = Schedule::kInterleaved;
+  p.vp = 2;
+  StepCost inter = *cm.price(p);
+  p.schedule = Schedule::kZeroBubbleH1;
+  p.vp = 1;
+  StepCost zb = *cm.price(p);
+  EXPECT_NEAR(inter.bubble_s / one.bubble_s, 0.5, 0.05);
+  EXPECT_LT(zb.bubble_s, one.bubble_s);
+  // 1F1B: (p-1)/(m+p-1) of the pipeline is bubble.
+  const double pipeline = one.step_time_s - one.dp_comm_s - one.optimizer_s;
+  EXPECT_NEAR(one.bubble_s / pipeline, 7.0 / 103.0, 1e-6);
+  // The simulated timeline agrees with the closed form for 1F1B.
+  p.schedule = Schedule::kOneFOneB;
+  SimulatedStep sim = simulate_step(one);
+  EXPECT_NEAR(sim.step_time_s / one.step_time_s, 1.0, 0.01);
+  EXPECT_GT(sim.trace.num_spans(), size_t(8 * 96 * 2));
+}
+
+TEST(PlanSearch, Gpt3On1024GpusIsFast) {
+  CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
+               cluster("dgx_a100_80gb.json", 1024));
+  Result<SearchResult> r = search_plans(cm, 1024, SearchOptions{});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  std::printf(
+      "GPT-3 175B on 1024 A100: %lld plans priced (%lld fit) in %.3f s; best %s, %.1f s/step\n",
+      static_cast<long long>(r->evaluated), static_cast<long long>(r->fitting), r->search_time_s,
+      plan_label(r->plans[0].plan).c_str(), r->plans[0].step_time_s);
+  EXPECT_LT(r->search_time_s, 5.0);  // the bound is 1 s in Release
+  EXPECT_EQ(r->plans.size(), 4u);
+  for (size_t i = 1; i < r->plans.size(); ++i)
+    EXPECT_GE(r->plans[i].step_time_s, r->plans[0].step_time_s);
+  EXPECT_TRUE(r->plans[0].fits);
+}
+
+TEST(PlanSearch, OneTrillionOn3072GpusIsFast) {
+  CostModel cm(TrainingJob{load_model("gpt_1t.json"), 3072, 2048},
+               cluster("dgx_a100_80gb.json", 3072));
+  Result<SearchResult> r = search_plans(cm, 3072, SearchOptions{});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  std::printf("GPT 1T on 3072 A100: %lld plans priced (%lld fit) in %.3f s; best %s\n",
+              static_cast<long long>(r->evaluated), static_cast<long long>(r->fitting),
+              r->search_time_s, plan_label(r->plans[0].plan).c_str());
+  EXPECT_LT(r->search_time_s, 10.0);
+}
+
+TEST(PlanSearch, FixPinsEveryChoice) {
+  CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 512, 2048},
+               cluster("dgx_a100_80gb.json", 128));
+  Result<FixedChoices> all = parse_fixed(
+      "dp=8,tp=4,pp=4,cp=1,sp=true,vp=2,micro_batch=2,schedule=interleaved,recompute=selective,"
+      "zero=1");
+  ASSERT_TRUE(all.is_ok()) << all.status().message();
+  SearchOptions o;
+  o.fixed = *all;
+  Result<SearchResult> r = search_plans(cm, 128, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->evaluated, 1);
+  ASSERT_EQ(r->plans.size(), 1u);
+  const Plan& p = r->plans[0].plan;
+  EXPECT_EQ(plan_label(p), "dp=8 tp=4+sp pp=4 vp=2 mb=2x32 interleaved selective zero1");
+  // Partly pinned: every plan returned keeps the pins.
+  Result<FixedChoices> some = parse_fixed("tp=2,recompute=full");
+  ASSERT_TRUE(some.is_ok());
+  o.fixed = *some;
+  o.top_k = 5;
+  r = search_plans(cm, 128, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  for (const StepCost& c : r->plans) {
+    EXPECT_EQ(c.plan.tp, 2);
+    EXPECT_EQ(c.plan.recompute, Recompute::kFull);
+  }
+}
+
+TEST(PlanSearch, FixErrorsNameTheKey) {
+  auto msg = [](const std::string& text) {
+    Result<FixedChoices> f = parse_fixed(text);
+    EXPECT_FALSE(f.is_ok()) << text;
+    return f.is_ok() ? "" : f.status().message();
+  };
+  EXPECT_NE(msg("tq=4").find("unknown key 'tq'; valid: dp, tp, pp, cp, sp, vp"), std::string::npos);
+  EXPECT_NE(msg("tp=0").find("--fix tp must be an integer >= 1"), std::string::npos);
+  EXPECT_NE(msg("schedule=2f2b").find("gpipe, 1f1b, interleaved, zb-h1"), std::string::npos);
+  EXPECT_NE(msg("zero=4").find("zero must be 0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(msg("tp").find("key=value"), std::string::npos);
+}
+
+TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
+  // 175B on 8 GPUs: does not fit at any plan; the answer names the memory
+  // needed and a device count that fits.
+  CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 64, 2048},
+               cluster("dgx_a100_80gb.json", 8));
+  Result<SearchResult> r = search_plans(cm, 8, SearchOptions{});
+  ASSERT_FALSE(r.is_ok());
+  const std::string m = r.status().message();
+  EXPECT_NE(m.find("does not fit on 8 devices"), std::string::npos) << m;
+  EXPECT_NE(m.find("GiB per device"), std::string::npos) << m;
+  EXPECT_NE(m.find("it fits on"), std::string::npos) << m;
+  std::printf("%s\n", m.c_str());
+  // A device count that does not fill whole nodes.
+  Result<Cluster> c = with_devices(cluster("dgx_a100_80gb.json", 8), 12);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("e.g. 8 or 16"), std::string::npos);
+  // Pins no plan can meet: the message says why.
+  SearchOptions o;
+  Result<FixedChoices> f = parse_fixed("tp=3");
+  ASSERT_TRUE(f.is_ok());
+  o.fixed = *f;
+  CostModel small(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
+                  cluster("dgx_a100_80gb.json", 12 * 8));
+  r = search_plans(small, 96, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("tp=3 does not divide heads=16"), std::string::npos)
+      << r.status().message();
+}
+
+// ---- the binary
+
+struct CliRun {
+  int code = -1;
+  std::string output;
+};
+
+CliRun run(const std::string& args) {
+  const char* bin = std::getenv("MESHFLOW_BIN");
+  const std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+class PlanCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshflow_plan_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string model(const std::string& f) { return source_dir() + "/configs/models/" + f; }
+  std::string dgx() { return source_dir() + "/configs/clusters/dgx_a100_80gb.json"; }
+  fs::path dir_;
+};
+
+TEST_F(PlanCli, JsonKeysOtherToolsRead) {
+  CliRun r = run("plan " + model("gpt3_175b.json") + " --cluster " + dgx() +
+                 " --gpus 1024 --global-batch 1536 --seq 2048 --top 2 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json j = json::parse(r.output);
+  ASSERT_TRUE(j.contains("search_time_s"));
+  ASSERT_EQ(j["plans"].size(), 3u);
+  for (const json& p : j["plans"]) {
+    for (const char* k : {"dp", "tp", "pp", "cp"}) EXPECT_TRUE(p["degrees"].contains(k)) << k;
+    for (const char* k : {"micro_batch", "num_micro_batches", "schedule", "recompute", "zero",
+                          "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                          "memory_bytes_per_device", "comm_bytes_per_step"})
+      EXPECT_TRUE(p.contains(k)) << k;
+    for (const char* k : {"params", "grads", "optimizer", "activations", "total"})
+      EXPECT_TRUE(p["memory_bytes_per_device"].contains(k)) << k;
+    EXPECT_EQ(p["degrees"]["dp"].get<int64_t>() * p["degrees"]["tp"].get<int64_t>() *
+                  p["degrees"]["pp"].get<int64_t>() * p["degrees"]["cp"].get<int64_t>(),
+              1024);
+  }
+  EXPECT_TRUE(j["plans"][1].contains("why_slower"));
+}
+
+TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
+  const std::string out = (dir_ / "plan.json").string(), trace = (dir_ / "trace.json").string();
+  CliRun r = run("plan " + model("llama2_70b.json") + " --cluster " + dgx() +
+                 " --gpus 256 --global-batch 512 --seq 4096 --top 2 --out " + out +
+                 " --fix pp=8,schedule=1f1b");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* s : {"best plan:", "runner-up #2", "loses by", "memory/device", "MFU"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  Result<json> f = read_json_file(out);
+  ASSERT_TRUE(f.is_ok());
+  const json& par = (*f)["parallel"];
+  EXPECT_EQ(par["preset"], "megatron");
+  EXPECT_EQ(par["pipeline"]["stages"], 8);
+  EXPECT_EQ(par["pipeline"]["schedule"], "1f1b");
+  for (const char* k : {"mesh", "recompute", "zero"}) EXPECT_TRUE(par.contains(k)) << k;
+  r = run("simulate " + out + " --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Result<json> t = read_json_file(trace);
+  ASSERT_TRUE(t.is_ok());
+  const std::string text = t->dump();
+  for (const char* s : {"\"stage 7\"", "\"bubble\"", "\"forward\"", "\"send\"", "optimizer"})
+    EXPECT_NE(text.find(s), std::string::npos) << s;
+}
+
+TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
+  CliRun r = run("plan " + model("gpt3_175b.json") + " --cluster " + dgx() + " --gpus 8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("does not fit on 8 devices"), std::string::npos) << r.output;
+  r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 12");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("do not fill whole nodes"), std::string::npos) << r.output;
+  r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --fix tq=2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("unknown key 'tq'"), std::string::npos) << r.output;
+  r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --seq 9000");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("seq=9000"), std::string::npos) << r.output;
+  r = run("simulate " + model("gpt3_1.3b.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("plan file"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace meshflow::plan
