@@ -444,7 +444,8 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses"});
   r.choice("search", &c.search, {"propagate", "full"});
   r.integer("zero", &c.zero, 0, 3);
-  r.ignore({"mesh", "rules", "strategies", "pipeline", "recompute"});
+  r.ignore({"mesh", "rules", "strategies", "pipeline"});
+  r.choice("recompute", &c.recompute, {"", "none", "full", "selective"});
   MF_RETURN_IF_ERROR(r.finish());
 
   if (j.contains("mesh")) {
@@ -508,6 +509,13 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
         }
       c.strategies.emplace_back(it.key(), text);
     }
+  }
+  if (j.contains("pipeline")) {
+    if (!j.at("pipeline").is_object())
+      return Status::invalid(where + ".pipeline must be an object like {\"stages\": 2, " +
+                             "\"schedule\": \"1f1b\", \"micro_batches\": 8}, got " +
+                             json_type_name(j.at("pipeline")));
+    c.pipeline = j.at("pipeline");
   }
   if (!c.preset.empty()) {
     if (!c.rules.rules.empty())

@@ -110,6 +110,11 @@ struct StrategyConfig {
   std::string preset;         // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
   std::string search = "propagate";  // auto mode: "propagate" | "full"
   int zero = 0;                      // ZeRO stage over the dp axis
+  // "pipeline": {...} (pipeline/pipeline_trainer.h parse_pipeline_config), kept raw here.
+  nlohmann::json pipeline;
+  // "recompute": "none" | "full" | "selective" as a plan writes it (the same
+  // as train.recompute; "" when absent).
+  std::string recompute;
   Mesh mesh = Mesh::line(1, "dp");
   bool has_mesh = false;
   DimRules rules;
