@@ -65,9 +65,10 @@ struct Trace {
   MemoryStats memory;
 };
 
-Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
+Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm,
+            const PartitionOptions* given = nullptr) {
   Trace t;
-  auto trainer = value_or_throw(Trainer::create(rc, comm));
+  auto trainer = value_or_throw(Trainer::create(rc, comm, given));
   for (int s = 0; s < rc.train.steps; ++s) t.losses.push_back(trainer->step().loss);
   t.eval_loss = trainer->evaluate().loss;
   t.weights = value_or_throw(trainer->gather_parameters());
@@ -97,10 +98,11 @@ void expect_same(const Trace& single, const std::vector<Trace>& ranks, const std
   }
 }
 
-std::vector<Trace> train_ranks(const RunConfig& rc, int ranks) {
+std::vector<Trace> train_ranks(const RunConfig& rc, int ranks,
+                               const PartitionOptions* given = nullptr) {
   std::vector<Trace> per_rank(ranks);
   Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
-    per_rank[t->rank()] = train(rc, Communicator::world(t));
+    per_rank[t->rank()] = train(rc, Communicator::world(t), given);
     return Status::ok();
   });
   EXPECT_TRUE(s.is_ok()) << s.message();
@@ -143,6 +145,152 @@ INSTANTIATE_TEST_SUITE_P(
       return c.model + "_" + mesh + "_" + preset + "_zero" + std::to_string(c.zero) + "_m" +
              std::to_string(c.micro_batches);
     });
+
+// ---- random strategies: any valid assignment trains like one device ----
+
+// 200 assignments: a random mesh of 2-8 ranks (1-3 axes), a random valid
+// strategy for every node and a random stored layout for every source, two
+// training steps, GPT (with dropout) and LLaMA alternating.
+TEST(PartitionRandom, TwoHundredStrategyAssignmentsMatchOneDevice) {
+  const std::vector<std::string> meshes = {"x=2",          "x=4",           "a=2,b=2",
+                                           "x=8",          "a=2,b=4",       "a=4,b=2",
+                                           "a=2,b=2,c=2"};
+  std::map<std::string, Trace> single;
+  int checked = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const std::string model = seed % 2 ? "llama" : "gpt_dropout";
+    const std::string mesh_text = meshes[seed % meshes.size()];
+    json par = {{"mode", "semi"}, {"mesh", mesh_text}};
+    RunConfig rc = run(model, seed % 3 == 0 ? 2 : 1, par);
+    rc.train.steps = 2;
+    RunConfig rc1 = rc;
+    rc1.has_parallel = false;
+    const std::string key = model + std::to_string(rc.train.micro_batches);
+    if (!single.count(key)) single[key] = train(rc1, nullptr);
+    // The graph the trainer will build, to draw strategies for.
+    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size / rc.train.micro_batches));
+    PartitionOptions o = random_strategies(m.graph, rc.parallel.mesh, seed);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + model + " on " + mesh_text);
+    // Not a vacuous draw: most nodes really are split somewhere.
+    int split = 0;
+    for (const auto& [id, st] : o.fixed) {
+      bool any = false;
+      for (const Layout& l : st.inputs) any |= !l.is_replicated();
+      split += any;
+    }
+    EXPECT_GT(split, static_cast<int>(o.fixed.size()) / 2) << "of " << o.fixed.size();
+    expect_same(single[key], train_ranks(rc, rc.parallel.mesh.num_ranks(), &o),
+                "random " + std::to_string(seed));
+    if (HasFailure()) return;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 200);
+}
+
+// ---- structure: the collectives the textbook plans have ----
+
+int count(const LocalProgram& p, OpKind kind, Phase phase, const std::string& axis,
+          const std::string& name_part = "") {
+  int c = 0;
+  for (const CollectiveRecord& r : p.collectives)
+    if (r.kind == kind && r.phase == phase && r.mesh_axis == axis &&
+        (name_part.empty() || r.value.find(name_part) != std::string::npos ||
+         r.consumer.find(name_part) != std::string::npos))
+      ++c;
+  return c;
+}
+
+LocalProgram lowered(const std::string& model, const std::string& mesh, const std::string& preset,
+                     int zero = 0) {
+  json par = {{"mode", "semi"}, {"mesh", mesh}, {"preset", preset}, {"zero", zero}};
+  RunConfig rc = run(model, 1, par);
+  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+  Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
+  return value_or_throw(lower(m.graph, a, 0));
+}
+
+// Megatron tensor parallel: per block one all_reduce after the row-parallel
+// attention projection and one after fc2 in the forward, and one each for the
+// inputs' gradients in the backward; nothing else on tp.
+TEST(PartitionStructure, MegatronHasOneAllReducePerBlockHalf) {
+  for (const std::string model : {"gpt", "llama"}) {
+    LocalProgram p = lowered(model, "dp=2,tp=2", "megatron");
+    const int layers = 2;
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kForward, "tp", "mlp"), layers) << model;
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kForward, "tp"), 2 * layers) << model;
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kBackward, "tp"), 2 * layers) << model;
+    for (OpKind k : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllToAll})
+      for (Phase ph : {Phase::kForward, Phase::kBackward})
+        EXPECT_EQ(count(p, k, ph, "tp"), 0) << model << " " << op_name(k);
+    // Data parallel: the gradients reduce over dp once per step, in the optimizer phase.
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kForward, "dp"), 1) << "the loss";
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kBackward, "dp"), 0) << model;
+    EXPECT_GT(count(p, OpKind::kAllReduce, Phase::kOptimizer, "dp"), 0) << model;
+  }
+}
+
+// Megatron TP + SP: all_gather before the column-parallel matmuls and
+// reduce_scatter after the row-parallel ones, no activation all_reduce on tp.
+TEST(PartitionStructure, SequenceParallelUsesGatherAndReduceScatter) {
+  for (const std::string model : {"gpt", "llama"}) {
+    LocalProgram p = lowered(model, "tp=2", "megatron-sp");
+    const int layers = 2;
+    EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "tp"), 2 * layers) << model;
+    EXPECT_EQ(count(p, OpKind::kReduceScatter, Phase::kForward, "tp"), 2 * layers) << model;
+    EXPECT_EQ(count(p, OpKind::kReduceScatter, Phase::kBackward, "tp"), 2 * layers) << model;
+    // Only the scalar loss is all-reduced in the forward/backward.
+    for (const CollectiveRecord& r : p.collectives)
+      if (r.kind == OpKind::kAllReduce && r.phase != Phase::kOptimizer)
+        EXPECT_TRUE(r.bytes_per_rank <= 8) << model << ": " << r.value << " for " << r.consumer;
+    // The norm weights' gradients reduce over the sequence shards (tp) by reshard.
+    EXPECT_GT(count(p, OpKind::kAllReduce, Phase::kOptimizer, "tp", "norm"), 0) << model;
+  }
+}
+
+// Ulysses: q, k, v go from sequence shards to head shards and the output back.
+TEST(PartitionStructure, UlyssesUsesAllToAll) {
+  LocalProgram p = lowered("llama", "cp=2", "ulysses");
+  EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "cp"), 4 * 2);
+  EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "cp"), 0);
+}
+
+// ---- ZeRO: model-state memory per rank, measured ----
+
+// f32 AdamW: 4 B params + 4 B grads + 8 B moments = 16 B/param. With one
+// micro-batch the gradients live in the arena (not persistent), so the
+// measured persistent state is params + optimizer: ZeRO-0 12, ZeRO-1/2 4+8/N,
+// ZeRO-3 12/N bytes per parameter (up to the parameters whose dims don't split).
+TEST(PartitionZero, OptimizerAndParameterBytesShrinkByTheTextbookFractions) {
+  const int n = 4;
+  auto bytes = [&](int zero) {
+    json par = {{"mode", "semi"}, {"mesh", "dp=4"}, {"preset", "dp"}, {"zero", zero}};
+    RunConfig rc = run("llama", 2, par);
+    rc.train.steps = 1;
+    return train_ranks(rc, n)[1].memory;
+  };
+  const MemoryStats z0 = bytes(0), z1 = bytes(1), z2 = bytes(2), z3 = bytes(3);
+  const double P = static_cast<double>(z0.params) / 4;  // parameters
+  std::printf("bytes/param  params  grads  optimizer  (N=%d)\n", n);
+  for (auto [name, m] : {std::pair{"zero0", z0}, {"zero1", z1}, {"zero2", z2}, {"zero3", z3}})
+    std::printf("%-6s       %6.2f  %5.2f  %9.2f\n", name, m.params / P, m.grads / P,
+                m.optimizer / P);
+  EXPECT_NEAR(z0.optimizer / P, 8.0, 0.05);
+  EXPECT_NEAR(z1.optimizer / P, 8.0 / n, 0.05);
+  EXPECT_NEAR(z1.params / P, 4.0, 0.01);
+  // ZeRO-2: the gradient accumulators (2 micro-batches) hold shards.
+  EXPECT_NEAR(z0.grads / P, 4.0, 0.05);
+  EXPECT_NEAR(z1.grads / P, 4.0, 0.05);
+  EXPECT_NEAR(z2.grads / P, 4.0 / n, 0.05);
+  EXPECT_NEAR(z3.params / P, 4.0 / n, 0.05);
+  EXPECT_NEAR(z3.optimizer / P, 8.0 / n, 0.05);
+  // The textbook totals (params + grads + moments, f32 Adam).
+  auto total = [&](const MemoryStats& m) { return (m.params + m.grads + m.optimizer) / P; };
+  EXPECT_NEAR(total(z0), 16.0, 0.1);
+  EXPECT_NEAR(total(z1), 8.0 + 8.0 / n, 0.1);
+  EXPECT_NEAR(total(z2), 4.0 + 12.0 / n, 0.1);
+  EXPECT_NEAR(total(z3), 16.0 / n, 0.1);
+}
 
 }  // namespace
 }  // namespace meshflow

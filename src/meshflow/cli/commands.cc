@@ -6,12 +6,16 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/pipeline/pipeline_trainer.h"
 #include "meshflow/runtime/comm/local_world.h"
 #include "meshflow/runtime/comm/mpi_transport.h"
 #include "meshflow/runtime/progress.h"
@@ -54,36 +58,137 @@ FaultInjection fault_from_env(int rank) {
   return f;
 }
 
+// The pipeline section of a run config, checked against the rest of the
+// "parallel" object and the job's size; nullopt when the run has no pipeline
+// (absent, or 1 stage: then pipeline.micro_batches is gradient accumulation).
+Result<std::optional<PipelineConfig>> pipeline_of(RunConfig* rc, int world) {
+  if (!rc->has_parallel || rc->parallel.pipeline.is_null()) return std::optional<PipelineConfig>();
+  const StrategyConfig& par = rc->parallel;
+  Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
+  if (!parsed.is_ok()) return parsed.status().with_context("parallel");
+  PipelineConfig pc = *parsed;
+  if (pc.stages == 1) {
+    if (rc->train.micro_batches == 1) rc->train.micro_batches = pc.micro_batches;
+    return std::optional<PipelineConfig>();
+  }
+  int dp = 0;
+  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
+    if (a.name == "dp") {
+      dp = a.size;
+    } else if (a.name == "pp") {
+      if (a.size != pc.stages)
+        return Status::invalid("parallel.mesh has pp=" + std::to_string(a.size) +
+                               " but parallel.pipeline.stages=" + std::to_string(pc.stages) +
+                               "; make them equal (or leave pp out of the mesh)");
+    } else if (a.size > 1) {
+      return Status::invalid(
+          "parallel.mesh axis " + a.name + "=" + std::to_string(a.size) +
+          " with parallel.pipeline: a pipeline runs its stages data parallel only for now "
+          "(mesh axes dp and pp); tensor, context or sequence parallel inside a stage (tp, cp, "
+          "sp; presets megatron, megatron-sp, ulysses) is not supported yet");
+    }
+  }
+  if (!par.strategies.empty() && par.preset.empty())
+    return Status::invalid(
+        "parallel.strategies with parallel.pipeline: per-op split strategies inside a pipeline "
+        "stage are not supported yet; the stages run data parallel (leave out strategies)");
+  if (par.zero > 0)
+    return Status::invalid("parallel.zero=" + std::to_string(par.zero) +
+                           " with parallel.pipeline is not supported yet; ZeRO runs on the "
+                           "partitioned path (\"mode\": \"semi\" without a pipeline)");
+  const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
+  if (need == 0 || need != world)
+    return Status::invalid(
+        "parallel.pipeline has " + std::to_string(pc.stages) + " stages" +
+        (dp > 0 ? " and the mesh dp=" + std::to_string(dp) +
+                      ", so the job needs stages x dp = " + std::to_string(need) + " ranks"
+                : ", so the job needs a multiple of " + std::to_string(pc.stages) + " ranks") +
+        ", but it has " + std::to_string(world) + "; run with --ranks " +
+        std::to_string(need > 0 ? need : pc.stages) + " (or mpirun -np " +
+        std::to_string(need > 0 ? need : pc.stages) + ")");
+  return std::optional<PipelineConfig>(pc);
+}
+
+// What the training loop drives on one rank: the one-program Trainer (data
+// parallel or partitioned) or the PipelineTrainer. Collective calls
+// (evaluate, save) are made by every rank.
+struct RankTrainer {
+  std::unique_ptr<Trainer> single;
+  std::unique_ptr<PipelineTrainer> pipe;
+
+  StepResult step() { return pipe ? pipe->step() : single->step(); }
+  EvalResult evaluate() { return pipe ? pipe->evaluate() : single->evaluate(); }
+  Status save(const std::string& path) {
+    return pipe ? pipe->save_checkpoint(path) : single->save_checkpoint(path);
+  }
+  Status load(const std::string& path) {
+    return pipe ? pipe->load_checkpoint(path) : single->load_checkpoint(path);
+  }
+  // Executor memory, plus the pipeline's measured activation stash.
+  int64_t peak_bytes() const {
+    return pipe ? pipe->memory().total() + pipe->stash_stats().peak_bytes : single->peak_bytes();
+  }
+  int64_t num_parameters() const {
+    return pipe ? pipe->num_parameters() : single->num_parameters();
+  }
+  bool language_model() const {
+    return pipe ? pipe->is_language_model() : single->is_language_model();
+  }
+};
+
 // One rank's training run. Rank 0 (the main rank) reports progress and
-// writes metrics and checkpoints; every rank computes.
-Status train_rank(const TrainOptions& o, const RunConfig& rc, std::shared_ptr<Communicator> comm) {
+// writes metrics and checkpoints; every rank computes. trace: optional, this
+// rank's writer.
+Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communicator> comm,
+                  TraceWriter* trace) {
   const bool main_rank = !comm || comm->rank() == 0;
+  const int world = comm ? comm->size() : 1;
   ProgressReporter progress(o.quiet || !main_rank);
+  MF_ASSIGN_OR_RETURN(std::optional<PipelineConfig> pc, pipeline_of(&rc, world));
   if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics));
-  MF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> created, Trainer::create(rc, comm));
-  Trainer& trainer = *created;
-  trainer.executor().set_profiling(o.profile);
-  if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load_checkpoint(o.init));
+  RankTrainer trainer;
+  std::string how;  // how the ranks split the work, for the first message
+  int micro_batches = rc.train.micro_batches;
+  double flops_scale = world;  // StepResult::flops -> the whole job's FLOPs
+  if (pc) {
+    MF_ASSIGN_OR_RETURN(trainer.pipe, PipelineTrainer::create(rc, *pc, comm, trace));
+    micro_batches = pc->micro_batches;
+    flops_scale = world / pc->stages;  // flops are one replica's step
+    how = "pipeline " + std::to_string(pc->stages) + " stages x dp " +
+          std::to_string(world / pc->stages) + ", " +
+          std::string(schedule_name(pc->schedule)) +
+          (pc->virtual_stages > 1 ? " v=" + std::to_string(pc->virtual_stages) : "");
+  } else {
+    MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));
+    trainer.single->executor().set_profiling(o.profile);
+    trainer.single->set_trace(trace);
+    if (trainer.single->program()) flops_scale = 1;  // a partitioned program is 1/world
+    how = trainer.single->program() ? "partitioned, mesh " + rc.parallel.mesh.to_string()
+                                    : "data parallel";
+  }
+  if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load(o.init));
   const TrainConfig& tc = rc.train;
-  const int world = trainer.world_size();
   progress.message(
       "meshflow: " + rc.model_source + ": " + std::to_string(trainer.num_parameters()) +
       " parameters; " + std::to_string(tc.steps) + " steps of batch " +
       std::to_string(tc.batch_size) +
-      (tc.micro_batches > 1 ? " (" + std::to_string(tc.micro_batches) + " micro-batches)" : "") +
-      (world > 1 ? " on " + std::to_string(world) + " ranks (" +
-                       std::string(comm->transport().backend()) + ", data parallel)"
-                 : "") +
-      "; memory planned " + format_bytes(trainer.peak_bytes()) + (world > 1 ? " per rank" : ""));
+      (micro_batches > 1 ? " (" + std::to_string(micro_batches) + " micro-batches)" : "") +
+      (world > 1 || pc ? " on " + std::to_string(world) + " ranks (" +
+                             std::string(comm->transport().backend()) + ", " + how + ")"
+                       : "") +
+      "; memory planned " + format_bytes(trainer.peak_bytes()) +
+      (world > 1 ? (pc ? " on rank 0 (stage 0)" : " per rank") : ""));
 
   double window_s = 0, window_flops = 0, window_wait = 0;
   int64_t window_items = 0;
-  const FaultInjection fault = fault_from_env(trainer.rank());
+  int steps_done = 0;
+  const FaultInjection fault = fault_from_env(comm ? comm->rank() : 0);
   for (int s = 0; s < tc.steps; ++s) {
     if (fault.step == s) fault.trigger();
     StepResult r = trainer.step();
+    steps_done = r.step;
     window_s += r.seconds;
-    window_flops += r.flops * world;
+    window_flops += r.flops * flops_scale;
     window_items += r.items;
     window_wait += r.comm_wait_seconds;
     bool last = s + 1 == tc.steps;
@@ -95,7 +200,7 @@ Status train_rank(const TrainOptions& o, const RunConfig& rc, std::shared_ptr<Co
       rep.lr = r.lr;
       rep.grad_norm = r.grad_norm;
       rep.items_per_s = window_s > 0 ? window_items / window_s : 0;
-      rep.items_are_tokens = trainer.is_language_model();
+      rep.items_are_tokens = trainer.language_model();
       rep.gflops = window_s > 0 ? window_flops / window_s / 1e9 : 0;
       rep.peak_bytes = trainer.peak_bytes();
       rep.comm_wait_fraction = window_s > 0 && world > 1 ? window_wait / window_s : -1;
@@ -112,17 +217,49 @@ Status train_rank(const TrainOptions& o, const RunConfig& rc, std::shared_ptr<Co
       progress.eval({r.step, e.loss, e.accuracy});
     }
     if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
-      MF_RETURN_IF_ERROR(trainer.save_checkpoint(tc.checkpoint));
+      MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
   }
   EvalResult e = trainer.evaluate();
-  progress.eval({trainer.steps_done(), e.loss, e.accuracy});
+  progress.eval({steps_done, e.loss, e.accuracy});
   if (!tc.checkpoint.empty()) {
-    MF_RETURN_IF_ERROR(trainer.save_checkpoint(tc.checkpoint));
+    MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
     progress.message("meshflow: wrote checkpoint " + tc.checkpoint);
   }
   progress.finish();
-  if (o.profile && main_rank)
-    std::fprintf(stderr, "kernel time by op:\n%s", trainer.executor().profile_report().c_str());
+  if (o.profile && main_rank && trainer.single)
+    std::fprintf(stderr, "kernel time by op:\n%s",
+                 trainer.single->executor().profile_report().c_str());
+  return Status::ok();
+}
+
+// Under mpirun each process holds its rank's trace: ranks send theirs (JSON
+// text, 4 bytes per float) to rank 0, which writes one file of all events.
+Status write_trace_mpi(Communicator& comm, const TraceWriter& trace, const std::string& path) {
+  std::string text = trace.to_json();
+  if (comm.rank() != 0) {
+    float len[2];
+    const int64_t n = static_cast<int64_t>(text.size());
+    std::memcpy(len, &n, sizeof n);
+    MF_RETURN_IF_ERROR(comm.send(len, 2, 0));
+    text.resize((text.size() + 3) / 4 * 4, ' ');
+    return comm.send(reinterpret_cast<const float*>(text.data()),
+                     static_cast<int64_t>(text.size() / 4), 0);
+  }
+  json merged = json::parse(text);
+  for (int r = 1; r < comm.size(); ++r) {
+    float len[2];
+    MF_RETURN_IF_ERROR(comm.recv(len, 2, r));
+    int64_t n = 0;
+    std::memcpy(&n, len, sizeof n);
+    std::vector<float> buf((n + 3) / 4);
+    MF_RETURN_IF_ERROR(comm.recv(buf.data(), static_cast<int64_t>(buf.size()), r));
+    json other = json::parse(std::string(reinterpret_cast<const char*>(buf.data()), n));
+    for (json& e : other["traceEvents"]) merged["traceEvents"].push_back(std::move(e));
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << merged.dump();
+  f.close();
+  if (!f) return Status::invalid("--trace " + path + ": cannot write the file");
   return Status::ok();
 }
 
@@ -148,6 +285,18 @@ int train_impl(const TrainOptions& o) {
                                         dir.string() + "' does not exist or is not writable"));
   }
 
+  // parallel.recompute (as `meshflow plan --out` writes it) is train.recompute.
+  const std::string& prc = rc->parallel.recompute;
+  if (!prc.empty() && prc != "none") {
+    RecomputePolicy& tr = rc->train.recompute;
+    const RecomputePolicy::Mode mode =
+        prc == "full" ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
+    if (tr.mode != RecomputePolicy::kNone && tr.mode != mode)
+      return user_error(Status::invalid("parallel.recompute \"" + prc +
+                                        "\" differs from train.recompute; give one of them"));
+    tr.mode = mode;
+  }
+
   if (launched_by_mpirun()) {
     if (o.ranks > 1)
       return user_error(
@@ -157,7 +306,10 @@ int train_impl(const TrainOptions& o) {
     if (!t.is_ok()) return exit_code(t.status());
     Status s;
     try {
-      s = train_rank(o, *rc, Communicator::world(*t));
+      std::shared_ptr<Communicator> world = Communicator::world(*t);
+      TraceWriter trace;
+      s = train_rank(o, *rc, world, o.trace.empty() ? nullptr : &trace);
+      if (s.is_ok() && !o.trace.empty()) s = write_trace_mpi(*world, trace, o.trace);
     } catch (const StatusError& e) {
       s = e.status();
     } catch (const std::exception& e) {
@@ -167,13 +319,24 @@ int train_impl(const TrainOptions& o) {
       (*t)->abort(s.message());  // stops every rank, exits non-zero
     return s.is_ok() ? 0 : exit_code(s);
   }
+  std::vector<TraceWriter> traces(std::max(1, o.ranks));
+  Status s;
   if (o.ranks <= 1) {
-    Status s = train_rank(o, *rc, nullptr);
-    return s.is_ok() ? 0 : exit_code(s);
+    s = train_rank(o, *rc, nullptr, o.trace.empty() ? nullptr : &traces[0]);
+  } else {
+    s = run_local_ranks(o.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+      auto comm = Communicator::world(t);
+      return train_rank(o, *rc, comm, o.trace.empty() ? nullptr : &traces[comm->rank()]);
+    });
   }
-  Status s = run_local_ranks(o.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
-    return train_rank(o, *rc, Communicator::world(t));
-  });
+  if (s.is_ok() && !o.trace.empty()) {
+    TraceWriter all;
+    for (const TraceWriter& t : traces) all.merge(t);
+    s = all.write(o.trace);
+    if (s.is_ok() && !o.quiet)
+      std::fprintf(stderr, "meshflow: wrote trace %s (%zu spans; open in ui.perfetto.dev)\n",
+                   o.trace.c_str(), all.num_spans());
+  }
   return s.is_ok() ? 0 : exit_code(s);
 }
 

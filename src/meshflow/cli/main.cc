@@ -1,6 +1,7 @@
 // meshflow command line.
 //
 //   meshflow train CONFIG.json [--steps N] [--set key=value]... [--metrics FILE] [--ranks N]
+//                  [--trace FILE]
 //   mpirun -np N meshflow train CONFIG.json        (one rank per process, Open MPI)
 //   meshflow graph CONFIG.json [--phase all|forward|backward|optimizer]
 //   meshflow bench --calibrate [--out FILE] [--quick]   (cluster JSON of this machine, for the
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
   t->add_option("--checkpoint", train.checkpoint,
                 "Write a safetensors checkpoint of the weights at the end");
   t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
+  t->add_option("--trace", train.trace,
+                "Write a Chrome trace (all ranks in one file; ui.perfetto.dev) of every step");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
   t->add_option(

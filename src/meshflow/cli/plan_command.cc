@@ -102,18 +102,29 @@ ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, 
   ojson f;
   f["description"] = "written by meshflow plan: " + plan_label(p);
   f["model"] = ojson::parse(model.dump());
+  // A run config `meshflow train` reads: byte-level text data (the planner
+  // does not pick a dataset), the plan's batch and micro-batches (the
+  // pipeline's when there is one), and its parallel layout.
+  f["data"] = {{"dataset", "fortunes"}};
   f["train"] = {{"batch_size", cm.job().global_batch},
                 {"seq_len", cm.job().seq},
-                {"micro_batches", p.num_micro_batches}};
+                {"micro_batches", p.pp > 1 ? 1 : p.num_micro_batches}};
   ojson pipeline = {{"stages", p.pp},
                     {"schedule", schedule_name(p.schedule)},
                     {"micro_batches", p.num_micro_batches},
                     {"virtual_stages", p.vp}};
-  f["parallel"] = {{"mesh", plan_mesh(p)},
-                   {"preset", "megatron"},
-                   {"pipeline", pipeline},
-                   {"recompute", recompute_name(p.recompute)},
-                   {"zero", p.zero}};
+  // Tensor / context parallel run on the partitioner ("semi" with a preset);
+  // dp (and pp) alone on the data-parallel / pipeline path.
+  const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
+  ojson par;
+  if (spmd) par["mode"] = "semi";
+  par["mesh"] = plan_mesh(p);
+  if (p.tp > 1 || p.cp > 1)
+    par["preset"] = p.cp > 1 ? "ulysses" : (p.sp ? "megatron-sp" : "megatron");
+  par["pipeline"] = pipeline;
+  par["recompute"] = recompute_name(p.recompute);
+  par["zero"] = p.zero;
+  f["parallel"] = par;
   ojson planner;
   planner["gpus"] = gpus;
   planner["cluster"] = ojson::parse(cluster_to_json(cluster).dump());

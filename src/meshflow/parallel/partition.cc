@@ -413,13 +413,10 @@ class Lowering {
       out.name = g_.value(v).name;
       outs.push_back(out);
     }
+    // attrs.shape is always an output's target shape (reshape, broadcast_to,
+    // sum_to, slice_grad, embedding_grad): its local one.
+    if (n.attrs.shape.rank() > 0 && !outs.empty()) ln.attrs.shape = outs[0].shape;
     switch (n.kind) {
-      case OpKind::kReshape:
-      case OpKind::kBroadcastTo:
-      case OpKind::kSumTo:
-      case OpKind::kSliceGrad:
-        ln.attrs.shape = outs[0].shape;
-        break;
       case OpKind::kDropout:
       case OpKind::kDropoutGrad:
       case OpKind::kRope:

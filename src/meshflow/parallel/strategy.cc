@@ -337,8 +337,8 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
   // planner's all_to_all moves q, k, v from sequence shards to head shards and back.
   const std::string b = mesh.axis_index("dp") >= 0 ? "dp" : "1";
   const std::string qkv = "(" + b + ", cp, 1, 1)", lse = "(" + b + ", cp, 1)";
-  return {{"*.attn.core", "(" + qkv + ", " + qkv + ", " + qkv + ")"},
-          {"*.attn.core.grad.*",
+  return {{"*attn.core", "(" + qkv + ", " + qkv + ", " + qkv + ")"},
+          {"*attn.core.grad.*",
            "(" + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + lse + ")"}};
 }
 

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/autodiff/recompute.h"
+#include "meshflow/io/safetensors.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/grad_buckets.h"
@@ -145,6 +147,9 @@ struct PipelineTrainer::Impl {
   int micro_rows = 0, global_micro_rows = 0;
   bool language_model = true;
   double flops_per_micro = 0, flops_optimizer = 0;
+  int64_t num_params = 0;
+  int threads_per_rank = 1;
+  std::unique_ptr<Trainer> eval_trainer;  // rank 0: the one-device model evaluate() runs
   int step = 0;
   TraceWriter* trace = nullptr;
   int track_compute = -1, track_send = -1;
@@ -417,6 +422,100 @@ std::vector<std::pair<std::string, const Tensor*>> PipelineTrainer::parameters()
   return out;
 }
 
+int64_t PipelineTrainer::num_parameters() const { return impl_->num_params; }
+bool PipelineTrainer::is_language_model() const { return impl_->language_model; }
+
+// Replica 0's stages send their chunks' parameters (chunk order, graph order
+// within a chunk, one message per stage) to world rank 0, which knows every
+// chunk's parameter list from the split.
+Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
+  Impl& im = *impl_;
+  std::map<std::string, Tensor> out;
+  if (dp_rank_ != 0) return out;
+  const int me = im.world ? im.world->rank() : 0;
+  if (me != 0) {
+    std::vector<float> msg;
+    for (auto& [name, t] : parameters())
+      msg.insert(msg.end(), t->data<float>(), t->data<float>() + t->numel());
+    MF_RETURN_IF_ERROR(im.world->send(msg.data(), static_cast<int64_t>(msg.size()), 0));
+    return out;
+  }
+  for (auto& [name, t] : parameters()) out.emplace(name, t->clone());
+  for (int s = 1; s < im.p; ++s) {
+    std::vector<std::pair<std::string, Shape>> expect;
+    int64_t n = 0;
+    for (int c = 0; c < schedule_.num_chunks(); ++c) {
+      if (schedule_.rank_of_chunk(c) != s) continue;
+      const Graph& g = im.split.chunks[c].graph;
+      for (ValueId v : g.parameters()) {
+        expect.push_back({g.value(v).name, g.shape(v)});
+        n += g.shape(v).numel();
+      }
+    }
+    std::vector<float> msg(n);
+    MF_RETURN_IF_ERROR(im.world->recv(msg.data(), n, s));
+    int64_t at = 0;
+    for (auto& [name, shape] : expect) {
+      Tensor t(shape, DType::F32);
+      t.copy_from(msg.data() + at);
+      at += shape.numel();
+      out.emplace(name, std::move(t));
+    }
+  }
+  return out;
+}
+
+EvalResult PipelineTrainer::evaluate() {
+  Impl& im = *impl_;
+  std::map<std::string, Tensor> params = value_or_throw(gather_parameters());
+  const int me = im.world ? im.world->rank() : 0;
+  if (me != 0) return {};
+  if (!im.eval_trainer) {
+    RunConfig erc = im.rc;
+    erc.has_parallel = false;
+    erc.parallel = StrategyConfig{};
+    erc.train.micro_batches = im.m;
+    erc.train.recompute = RecomputePolicy{};
+    im.eval_trainer = value_or_throw(Trainer::create(erc, nullptr));
+    set_compute_threads(im.threads_per_rank);  // create() took all of the machine's threads
+  }
+  Executor& ex = im.eval_trainer->executor();
+  const Graph& g = im.eval_trainer->graph();
+  for (ValueId v : g.parameters()) {
+    auto it = params.find(g.value(v).name);
+    MF_CHECK(it != params.end()) << "parameter '" << g.value(v).name << "' not gathered";
+    ex.storage(v).copy_from(it->second.raw());
+  }
+  return im.eval_trainer->evaluate();
+}
+
+Status PipelineTrainer::save_checkpoint(const std::string& path) {
+  MF_ASSIGN_OR_RETURN(auto whole, gather_parameters());
+  if ((impl_->world ? impl_->world->rank() : 0) != 0) return Status::ok();
+  NamedTensors named;
+  for (auto& [name, t] : whole) named.emplace_back(name, std::move(t));
+  return write_safetensors(path, named);
+}
+
+Status PipelineTrainer::load_checkpoint(const std::string& path) {
+  MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
+  std::vector<std::pair<std::string, Tensor*>> params;
+  for (auto& l : impl_->locals)
+    for (ValueId p : l.program->graph.parameters())
+      params.push_back({l.program->graph.value(p).name, &l.ex->storage(p)});
+  for (auto& [name, t] : params) {  // check everything before changing anything
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end())
+      return Status::not_found("checkpoint '" + path + "': parameter '" + name + "' is missing");
+    if (!it->second.shape().same_sizes(t->shape()) || it->second.dtype() != DType::F32)
+      return Status::invalid("checkpoint '" + path + "': parameter '" + name + "' has shape " +
+                             it->second.shape().to_string() + " in the file but " +
+                             t->shape().to_string() + " in the model");
+  }
+  for (auto& [name, t] : params) t->copy_from(f.tensors.at(name).raw());
+  return Status::ok();
+}
+
 MemoryStats PipelineTrainer::memory() const {
   MemoryStats m;
   for (const auto& l : impl_->locals) {
@@ -464,7 +563,8 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   im.global_micro_rows = tc.batch_size / im.m;
   im.micro_rows = im.global_micro_rows / im.ndp;
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
-  set_compute_threads(std::max(1, threads / ranks_on_this_machine(world.get())));
+  im.threads_per_rank = std::max(1, threads / ranks_on_this_machine(world.get()));
+  set_compute_threads(im.threads_per_rank);
 
   // The training graph Trainer builds, then its split.
   Result<ModelGraph> m = build_model_from_json(rc.model, im.micro_rows, tc.seq_len);
@@ -472,7 +572,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   im.model = std::move(m).value();
   Graph& g = im.model.graph;
   im.language_model = g.find("tokens") != kNoValue;
+  im.num_params = count_parameters(g);
   append_backward(g);
+  MF_RETURN_IF_ERROR(apply_recompute(g, tc.recompute).with_context("train.recompute"));
   append_optimizer(g, rc.optimizer);
   MF_ASSIGN_OR_RETURN(im.split,
                       split_pipeline(g, pc.stages * pc.virtual_stages, pc.layers_per_stage));

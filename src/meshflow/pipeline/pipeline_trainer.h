@@ -25,11 +25,17 @@
 // send never blocks the schedule; receives block. Each message starts with
 // (micro-batch, chunk), checked on receipt.
 //
-// Not supported yet: evaluation and checkpoints through the pipeline (read
-// parameters() instead), tied embeddings across stages (split_pipeline refuses
-// them), tensor parallel inside a stage.
+// Recomputation: rc.train.recompute is applied to the training graph before
+// the split (as Trainer does), so each chunk recomputes its own blocks.
+// Evaluation and checkpoints gather the stages' parameters to world rank 0
+// (every rank calls them); evaluation then runs the one-device Trainer there,
+// so the whole model must fit on rank 0.
+//
+// Not supported yet: tied embeddings across stages (split_pipeline refuses
+// them), tensor parallel inside a stage, ZeRO.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +85,18 @@ class PipelineTrainer {
   ~PipelineTrainer();
 
   StepResult step();
+  // Collective over the world: rank 0 gets every parameter whole, by name
+  // (the other ranks an empty map).
+  Result<std::map<std::string, Tensor>> gather_parameters();
+  // Collective: rank 0 evaluates on held-out data (train.eval_batches
+  // batches of one micro-batch each); the other ranks get an empty result.
+  EvalResult evaluate();
+  // Collective: rank 0 writes a safetensors file of every parameter.
+  Status save_checkpoint(const std::string& path);
+  // Each rank loads its own parameters from the file (names and shapes checked).
+  Status load_checkpoint(const std::string& path);
+  int64_t num_parameters() const;  // of the whole model
+  bool is_language_model() const;
 
   int stage() const { return stage_; }
   int dp_rank() const { return dp_rank_; }

@@ -118,6 +118,28 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices) {
   return r;
 }
 
+Result<Cluster> share_machine(const Cluster& machine, int64_t ranks) {
+  if (machine.total_devices() != 1)
+    return Status::invalid("cluster '" + machine.name + "' has " +
+                           std::to_string(machine.total_devices()) +
+                           " devices; sharing a machine among local ranks needs a one-device "
+                           "cluster (the whole machine, as meshflow bench --calibrate writes)");
+  if (ranks < 1 || ranks > 4096)
+    return Status::invalid("local ranks must be in [1, 4096], got " + std::to_string(ranks));
+  Cluster r = machine;
+  const double share = 1.0 / static_cast<double>(ranks);
+  r.nodes = 1;
+  r.devices_per_node = static_cast<int>(ranks);
+  PeakFlops& p = r.device.peak_flops;
+  for (double* f : {&p.f32, &p.tf32, &p.bf16, &p.f16}) *f *= share;
+  r.device.memory_bandwidth_bytes_per_s *= share;
+  r.device.memory_bytes = static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
+  for (EfficiencyPoint& e : r.device.matmul_efficiency) e.gflop *= share;
+  r.inter_node = r.intra_node;
+  if (ranks > 1) r.name = machine.name + " x" + std::to_string(ranks) + " ranks";
+  return r;
+}
+
 // ---------------------------------------------------------------- parsing
 
 namespace {

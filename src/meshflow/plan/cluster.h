@@ -113,6 +113,17 @@ struct Cluster {
 // devices / devices_per_node nodes. Anything else is an error saying what fits.
 Result<Cluster> with_devices(const Cluster& c, int64_t devices);
 
+// `ranks` in-process ranks sharing one machine described by a one-device
+// cluster (configs/clusters/local_cpu.json: the whole CPU socket as one
+// device), as `meshflow train --ranks N` runs them: the trainer gives each rank
+// threads / ranks of the cores, so each rank is a device with 1/ranks of the
+// peak FLOP/s, of the memory bandwidth and of the memory. A matmul call of F
+// FLOPs on a 1/ranks share does the per-core work of a call of ranks x F on the
+// whole machine, so the efficiency curve's call sizes scale by 1/ranks. The
+// ranks form one node; both links stay the calibrated in-process transport.
+// REQUIRES machine.total_devices() == 1 (errors otherwise), ranks >= 1.
+Result<Cluster> share_machine(const Cluster& machine, int64_t ranks);
+
 // Reads a cluster from its JSON (strict: unknown keys, wrong types and
 // out-of-range values are errors naming the key and what is valid).
 Result<Cluster> parse_cluster(const json& j);

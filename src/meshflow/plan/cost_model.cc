@@ -4,8 +4,10 @@
 #include <cmath>
 #include <vector>
 
+#include "meshflow/autodiff/recompute.h"
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/runtime/memory_plan.h"
 
 namespace meshflow::plan {
 
@@ -71,6 +73,67 @@ CostConstants megatron2021_constants() {
   k.attention = AttentionKernel::kMaterialized;
   k.overlap_grad_reduce = false;
   return k;
+}
+
+CostConstants meshflow_cpu_constants() {
+  CostConstants k;
+  k.matmul_efficiency_scale = 1.0;
+  k.overlap_grad_reduce = false;
+  k.zero3_prefetch = false;
+  k.memory_model = MemoryModel::kStaticArena;
+  return k;
+}
+
+namespace {
+
+// The executor's arena for a local program (runtime/executor.cc): sources have
+// their own storage, the loss and the parameter gradients stay alive to the
+// end, everything else is planned over the graph order.
+double static_arena_bytes(const Graph& g) {
+  std::vector<char> persistent(g.num_values(), 0), keep(g.num_values(), 0);
+  std::vector<NodeId> order;
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    order.push_back(i);
+    if (is_source(n.kind))
+      for (ValueId v : n.outputs) persistent[v] = 1;
+  }
+  if (g.loss != kNoValue) keep[g.loss] = 1;
+  for (const auto& [param, grad] : g.grad_of_param)
+    if (!persistent[grad]) keep[grad] = 1;
+  return double(plan_memory(g, order, persistent, keep).arena_bytes);
+}
+
+}  // namespace
+
+Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
+  MF_RETURN_IF_ERROR(status_);
+  const auto key = std::make_tuple(p.tp, p.cp, p.micro_batch, p.sp, int(p.recompute));
+  std::pair<double, double> a;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = arena_cache_.find(key);
+    if (it != arena_cache_.end()) a = it->second, cached = true;
+  }
+  if (!cached) {
+    double bytes[2] = {0, 0};
+    for (int64_t n = 1; n <= 2; ++n) {
+      LocalShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, n};
+      MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
+      if (p.recompute != Recompute::kNone) {
+        RecomputePolicy rp;
+        rp.mode = p.recompute == Recompute::kFull ? RecomputePolicy::kFull
+                                                  : RecomputePolicy::kSelective;
+        MF_RETURN_IF_ERROR(apply_recompute(g, rp).with_context("pricing recompute"));
+      }
+      bytes[n - 1] = static_arena_bytes(g);
+    }
+    a = {bytes[0], bytes[1]};
+    std::lock_guard<std::mutex> lock(mu_);
+    arena_cache_.emplace(key, a);
+  }
+  return a.first + double(layers - 1) * (a.second - a.first);
 }
 
 double CostModel::compute_time_s(double flops) const {
@@ -395,16 +458,31 @@ Result<StepCost> CostModel::price(const Plan& p) const {
     dp_exposed = std::max(0.0, rs - window) + ag;
     dp_bytes = ring_dp * (grad_bytes + p_stage * act);
   } else {
-    // ZeRO-3: every micro-batch gathers each layer's weights for forward and
-    // again for backward and reduce-scatters its gradients (one collective per
-    // layer, so the ring latency counts per layer), prefetched under compute.
-    const double calls = ls + 1;  // the layers and the embedding/head
-    const double ag = calls * cl.collective_time_s(Collective::kAllGather, replicas,
-                                                   p_stage * act / calls, dp_link);
-    const double rs = calls * cl.collective_time_s(Collective::kReduceScatter, replicas,
-                                                   grad_bytes / calls, dp_link);
-    dp_exposed = m * std::max(0.0, 2 * ag + rs - T);
-    dp_bytes = m * ring_dp * (2 * p_stage * act + grad_bytes);
+    // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
+    // before it runs and freed after it, its gradients reduce-scattered after
+    // its backward, every micro-batch: one gather per layer in the forward,
+    // one before the recomputed forward (full recompute), one before the
+    // backward, and one reduce_scatter (the embedding/head count as one more
+    // layer). The collectives share one communication stream, so a layer's
+    // run one after another; with the next layer's collectives prefetched
+    // while this one computes (depth 1), each layer of a pass takes
+    // max(compute, collectives), and the first gather of each pass and the
+    // last reduce_scatter have nothing to hide behind. Without overlap
+    // (zero3_prefetch false: meshflow's program runs them as nodes) all of it
+    // is exposed.
+    const double calls = ls + 1;
+    const double ag = cl.collective_time_s(Collective::kAllGather, replicas,
+                                           p_stage * act / calls, dp_link);
+    const double rs = cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                           grad_bytes / calls, dp_link);
+    const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
+    double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
+    if (k_.zero3_prefetch) {
+      fwd = calls * std::max(0.0, ag - F / calls) + ag;
+      bwd = calls * std::max(0.0, bwd_gathers * ag + rs - (B + W) / calls) + ag + rs;
+    }
+    dp_exposed = m * (fwd + bwd);
+    dp_bytes = m * ring_dp * ((1 + bwd_gathers) * p_stage * act + grad_bytes);
   }
   r.dp_comm_s = dp_exposed;
 
@@ -457,10 +535,24 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   MemoryBreakdown mf, ml;
   states(p_first, mf);
   states(p_last, ml);
-  mf.activations = in_flight * (ls * act_layer + embed_act);
-  ml.activations = last_in_flight * ls * act_layer;
-  mf.temporaries = rc_ws + z3_ws + (p.pp == 1 ? logits : 0.0);
-  ml.temporaries = rc_ws + z3_ws + logits;
+  if (k_.memory_model == MemoryModel::kStaticArena) {
+    // meshflow's executor: the arena holds activations, gradients and
+    // temporaries together (activations); persistent gradient accumulators
+    // exist only with micro-batching; the fed token and target ids (i32) are
+    // the temporaries.
+    MF_ASSIGN_OR_RETURN(const double arena, arena_bytes(p, ls_int));
+    const double ids = 2 * 4.0 * double(p.micro_batch) * double(job_.seq);
+    for (MemoryBreakdown* mb : {&mf, &ml}) {
+      if (p.num_micro_batches == 1) mb->grads = 0;
+      mb->activations = (mb == &mf ? in_flight : last_in_flight) * arena;
+      mb->temporaries = ids;
+    }
+  } else {
+    mf.activations = in_flight * (ls * act_layer + embed_act);
+    ml.activations = last_in_flight * ls * act_layer;
+    mf.temporaries = rc_ws + z3_ws + (p.pp == 1 ? logits : 0.0);
+    ml.temporaries = rc_ws + z3_ws + logits;
+  }
   for (MemoryBreakdown* mb : {&mf, &ml})
     mb->total = mb->params + mb->grads + mb->optimizer + mb->activations + mb->temporaries;
   r.memory = mf.total >= ml.total ? mf : ml;

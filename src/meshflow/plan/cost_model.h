@@ -60,6 +60,19 @@ struct TrainingJob {
 // fused scale-mask-softmax and a dropout between them).
 enum class AttentionKernel { kFused, kMaterialized };
 
+// How the software stack holds activations and temporaries, which decides the
+// memory model:
+//   kMegatron     PyTorch/Megatron-LM: 16-bit activations kept per layer as
+//                 Korthikanti et al. 2022 count them, allocated on demand.
+//   kStaticArena  meshflow's executor (runtime/executor.h): every transient
+//                 value of the per-rank program in one arena laid out before
+//                 the first step by the static memory planner
+//                 (runtime/memory_plan.h), gradients included. The cost model
+//                 runs that planner over the local program of one and of two
+//                 blocks (plan/local_graph.h, with the plan's recompute pass)
+//                 and extrapolates linearly to the stage's blocks.
+enum class MemoryModel { kMegatron, kStaticArena };
+
 // Every constant of the cost model that is not in the Cluster file. Each is a
 // property of the software stack (what the kernels and the framework do), taken
 // from a published description; none is tuned to a published throughput.
@@ -85,6 +98,10 @@ struct CostConstants {
   // Gradients reduce in buckets while the last micro-batch's backward runs
   // (PyTorch DDP, Megatron overlap_grad_reduce). false: after it.
   bool overlap_grad_reduce = true;
+  // ZeRO-3 prefetches the next layer's weight gather (and runs the previous
+  // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
+  // stage 3 does; false: the collectives run between the layers' compute.
+  bool zero3_prefetch = true;
   // Bytes of device memory the optimizer step streams per parameter it updates:
   // AdamW reads grad, master weight, m, v (4 x 4) and writes master, m, v (3 x 4),
   // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28.
@@ -100,12 +117,21 @@ struct CostConstants {
   // Megatron-LM's scatter/gather optimization: each p2p send carries 1/tp of the
   // activation and the receiver all_gathers it over the tp link (2021 paper, Sec. 4.1).
   bool p2p_scatter_gather = true;
+  MemoryModel memory_model = MemoryModel::kMegatron;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
 // unfused attention with materialized scores, gradients reduced after the
 // pipeline flush (no overlap). The fitted constant is the default's.
 CostConstants megatron2021_constants();
+
+// meshflow's own CPU runtime on a calibrated cluster (configs/clusters/local_cpu.json,
+// shared among in-process ranks with share_machine): the calibration's SGEMM
+// curve is already the achieved rate, so matmul_efficiency_scale = 1 (the A100
+// fit stands for what a datasheet peak hides; a measured curve hides nothing);
+// memory from the static arena; gradient reductions run as collective nodes of
+// the program after the backward (no overlap); f32 AdamW (28 B/param).
+CostConstants meshflow_cpu_constants();
 
 // Bytes per device, for the worst pipeline stage.
 struct MemoryBreakdown {
@@ -196,6 +222,12 @@ class CostModel {
   Result<StepCost> price(const Plan& p) const;
   // One layer's cost at these local shapes (built and priced once, then cached).
   Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const;
+  // MemoryModel::kStaticArena: bytes of the executor's arena for one rank's
+  // program of `layers` blocks (+ embedding, head, loss) at the plan's local
+  // shapes and recompute policy: the static memory planner run over the local
+  // program of one and of two blocks, extrapolated linearly (planned once per
+  // (tp, cp, micro_batch, sp, recompute), then cached).
+  Result<double> arena_bytes(const Plan& p, int64_t layers) const;
 
   // Parameters of the whole model (all stages, unsharded).
   int64_t num_parameters() const;
@@ -218,6 +250,9 @@ class CostModel {
   Status status_;
   mutable std::mutex mu_;
   mutable std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const LayerCost>> cache_;
+  // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::pair<double, double>>
+      arena_cache_;
 };
 
 // Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,

@@ -69,6 +69,10 @@ Status check_local_shape(const TransformerDims& d, const LocalShape& s) {
   if (s.seq % s.cp != 0)
     return Status::invalid("cp=" + str(s.cp) + " does not divide seq=" + str(s.seq) +
                            " (context parallelism splits the sequence)");
+  if (s.sp && (s.tp < 2 || (s.seq / s.cp) % s.tp != 0))
+    return Status::invalid("sp splits the local seq " + str(s.seq / s.cp) + " by tp=" + str(s.tp) +
+                           ", which needs tp > 1 dividing it");
+  if (s.layers < 1) return Status::invalid("layers must be >= 1, got " + str(s.layers));
   if (s.seq > d.max_seq)
     return Status::invalid("seq=" + str(s.seq) + " exceeds the model's maximum " + str(d.max_seq));
   return Status::ok();
@@ -102,6 +106,17 @@ Result<Graph> build_local_layer_graph(const ModelConfig& model, const LocalShape
       if (s.cp == 1) return kv;
       return b.concat(std::vector<ValueId>(static_cast<size_t>(s.cp), kv), 2, name);
     };
+    // Sequence parallelism: the replicated region holds seq / tp tokens; a
+    // concat of tp copies stands for the all_gather into a tensor-parallel
+    // region, a slice for the reduce_scatter out of it.
+    const int64_t Ts = s.sp ? T / s.tp : T;
+    auto gather_sp = [&](ValueId v, const std::string& name) {
+      if (!s.sp) return v;
+      return b.concat(std::vector<ValueId>(static_cast<size_t>(s.tp), v), 1, name);
+    };
+    auto scatter_sp = [&](ValueId v, const std::string& name) {
+      return s.sp ? b.slice(v, 1, 0, Ts, name) : v;
+    };
     ValueId tokens = b.input("tokens", Shape{{"batch", B}, {"seq", T}}, DType::I32);
     ValueId targets = b.input("targets", Shape{{"batch", B}, {"seq", T}}, DType::I32);
     const std::string embed_name = d.llama ? "model.embed_tokens" : "wte";
@@ -109,17 +124,20 @@ Result<Graph> build_local_layer_graph(const ModelConfig& model, const LocalShape
     ValueId x = b.embedding(table, tokens, embed_name);  // [B,T,C]
     if (!d.llama) {
       ValueId wpe = param("wpe.weight", Shape{{"positions", T}, hidden}, w);
-      x = dropout(b.add(x, wpe, "embed"), "embd_drop");
+      x = b.add(x, wpe, "embed");
     }
+    x = scatter_sp(x, "embed_scatter");
+    if (!d.llama) x = dropout(x, "embd_drop");
 
-    {
-      auto block = b.scope(d.llama ? "model.layers.0" : "h.0", 0);
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const std::string prefix = (d.llama ? "model.layers." : "h.") + str(layer);
+      auto block = b.scope(prefix, static_cast<int>(layer));
       auto norm = [&](ValueId v, const std::string& name) {
         if (d.llama) return b.rms_norm(v, param(name + ".weight", Shape{hidden}, Init::ones()));
         return b.layer_norm(v, param(name + ".weight", Shape{hidden}, Init::ones()),
                             param(name + ".bias", Shape{hidden}, Init::zeros()), 1e-5f, name);
       };
-      ValueId a = norm(x, d.llama ? "input_layernorm" : "ln_1");
+      ValueId a = gather_sp(norm(x, d.llama ? "input_layernorm" : "ln_1"), "ln_1_gather");
       ValueId o;
       {
         auto attn = b.scope(d.llama ? "self_attn" : "attn");
@@ -139,13 +157,14 @@ Result<Graph> build_local_layer_graph(const ModelConfig& model, const LocalShape
         const std::string out = d.llama ? "o_proj" : "c_proj";
         o = b.matmul(y, param(out + ".weight", Shape{heads, head_dim, hidden}, w), {.contract = 2},
                      out);  // [B,T,C]
+        o = scatter_sp(o, out + ".scatter");
         if (!d.llama) {
           o = b.bias_add(o, param(out + ".bias", Shape{hidden}, Init::zeros()), out + ".bias_add");
           o = dropout(o, "resid_drop");
         }
       }
       x = b.add(x, o, "residual_attn");
-      ValueId h = norm(x, d.llama ? "post_attention_layernorm" : "ln_2");
+      ValueId h = gather_sp(norm(x, d.llama ? "post_attention_layernorm" : "ln_2"), "ln_2_gather");
       {
         auto mlp = b.scope("mlp");
         if (d.llama) {
@@ -153,15 +172,17 @@ Result<Graph> build_local_layer_graph(const ModelConfig& model, const LocalShape
               b.matmul(h, param("gate_proj.weight", Shape{hidden, ffn}, w), {}, "gate_proj");
           ValueId up = b.matmul(h, param("up_proj.weight", Shape{hidden, ffn}, w), {}, "up_proj");
           ValueId act = b.mul(b.silu(gate, "silu"), up, "swiglu");  // [B,T,F]
-          h = b.matmul(act, param("down_proj.weight", Shape{ffn, hidden}, w), {}, "down_proj");
+          h = scatter_sp(
+              b.matmul(act, param("down_proj.weight", Shape{ffn, hidden}, w), {}, "down_proj"),
+              "down_proj.scatter");
         } else {
           ValueId w1 = param("c_fc.weight", Shape{hidden, ffn}, w);
           ValueId b1 = param("c_fc.bias", Shape{ffn}, Init::zeros());
           h = b.gelu(b.bias_add(b.matmul(h, w1, {}, "c_fc"), b1, "c_fc.bias_add"), "gelu");
           ValueId w2 = param("c_proj.weight", Shape{ffn, hidden}, w);
           ValueId b2 = param("c_proj.bias", Shape{hidden}, Init::zeros());
-          h = dropout(b.bias_add(b.matmul(h, w2, {}, "c_proj"), b2, "c_proj.bias_add"),
-                      "resid_drop");
+          h = scatter_sp(b.matmul(h, w2, {}, "c_proj"), "c_proj.scatter");
+          h = dropout(b.bias_add(h, b2, "c_proj.bias_add"), "resid_drop");
         }
       }
       x = b.add(x, h, "residual_mlp");
@@ -174,6 +195,7 @@ Result<Graph> build_local_layer_graph(const ModelConfig& model, const LocalShape
       x = b.layer_norm(x, param("ln_f.weight", Shape{hidden}, Init::ones()),
                        param("ln_f.bias", Shape{hidden}, Init::zeros()), 1e-5f, "ln_f");
     }
+    x = gather_sp(x, "ln_f_gather");
     // The vocab-parallel head: each rank's logits are [B,T,V/tp].
     ValueId logits =
         d.tied ? b.matmul(x, table, {.trans_b = true}, "lm_head")

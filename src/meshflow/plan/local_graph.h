@@ -6,7 +6,8 @@
 // to the full seq). It is a whole training graph of a one-layer model
 // (embedding -> block 0 -> head -> loss, then append_backward), so every
 // forward and backward node of a layer is there, with node.layer = 0, and the
-// embedding/head/loss nodes with node.layer = -1.
+// embedding/head/loss nodes with node.layer = -1 (with LocalShape::layers > 1,
+// blocks 0, 1, ... in order).
 //
 //   LocalShape s{.micro_batch = 2, .seq = 2048, .tp = 8, .cp = 1};
 //   MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(model, s));
@@ -29,6 +30,15 @@ struct LocalShape {
   int64_t seq = 1;  // the full sequence; the queries of one rank are seq / cp
   int64_t tp = 1;
   int64_t cp = 1;
+  // Sequence parallelism (tp > 1): the replicated region (embedding output,
+  // norms, residuals, dropout) on seq / tp shards, a concat standing for the
+  // all_gather before each tensor-parallel region and a slice for the
+  // reduce_scatter after it (what the megatron-sp program holds).
+  bool sp = false;
+  // Transformer blocks (node.layer 0 .. layers-1). The time model prices block
+  // 0 of a one-block program; the static-arena memory model plans a one- and
+  // a two-block program and extrapolates.
+  int64_t layers = 1;
 };
 
 // The sizes a language model's planner needs, read from its config.

@@ -133,7 +133,8 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   r.object("data", &data);
   r.object("train", &train);
   r.object("optimizer", &optim);
-  r.ignore({"model", "description", "parallel"});
+  // "plan": the planner's metadata in a `meshflow plan --out` file (cluster, prediction).
+  r.ignore({"model", "description", "parallel", "plan"});
   MF_RETURN_IF_ERROR(r.finish());
   if (doc.contains("parallel")) {
     MF_ASSIGN_OR_RETURN(rc.parallel, parse_strategy_config(doc.at("parallel"), "parallel"));

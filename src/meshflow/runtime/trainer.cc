@@ -62,6 +62,13 @@ Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language
 }
 
 namespace {
+// Microseconds since a process-wide origin (the trace's clock; every rank thread shares it).
+double trace_now_us() {
+  static const std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin)
+      .count();
+}
+
 double flops_of(const Graph& g, const std::vector<NodeId>& order) {
   double f = 0;
   for (NodeId id : order) f += op_cost(g, g.node(id)).flops;
@@ -70,7 +77,8 @@ double flops_of(const Graph& g, const std::vector<NodeId>& order) {
 }  // namespace
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
-                                                 std::shared_ptr<Communicator> comm) {
+                                                 std::shared_ptr<Communicator> comm,
+                                                 const PartitionOptions* partition) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->rc_ = rc;
   t->comm_ = comm;
@@ -80,9 +88,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   // The machine's threads are shared among the ranks running on it.
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
-  const bool partitioned = rc.has_parallel && rc.parallel.mode != "data";
+  const bool partitioned = (rc.has_parallel && rc.parallel.mode != "data") || partition;
   if (partitioned) {
-    MF_RETURN_IF_ERROR(t->init_partitioned());
+    MF_RETURN_IF_ERROR(t->init_partitioned(partition));
     return t;
   }
   if (tc.batch_size % (tc.micro_batches * t->world_) != 0)
@@ -149,7 +157,7 @@ PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
 }
 
 // The SPMD path: the whole graph, annotated and lowered for this rank.
-Status Trainer::init_partitioned() {
+Status Trainer::init_partitioned(const PartitionOptions* given) {
   const TrainConfig& tc = rc_.train;
   const StrategyConfig& pc = rc_.parallel;
   const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(world_, "dp");
@@ -178,7 +186,7 @@ Status Trainer::init_partitioned() {
   num_params_ = count_parameters(g);
   MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
 
-  const PartitionOptions o = partition_options(pc, mesh);
+  const PartitionOptions o = given ? *given : partition_options(pc, mesh);
   Result<Annotation> a = annotate(g, mesh, o);
   if (!a.is_ok()) return a.status().with_context("parallel");
   annotation_ = std::move(*a);
@@ -289,18 +297,21 @@ StepResult Trainer::step() {
     if (g.find("rng_offset") != kNoValue)
       throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
-      ex.run(ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); });
+      run_traced(ex.forward_backward_order(),
+                 [&](NodeId id) { buckets_->on_node(ex, id, micro, m); }, micro);
     else
-      ex.run(ex.forward_backward_order());
+      run_traced(ex.forward_backward_order(), {}, micro);
     loss_sum += ex.scalar(g.loss);
   }
   if (buckets_) {
+    const double wait0 = trace_ ? trace_now_us() : 0;
     throw_if_error(buckets_->finish(ex));
+    if (trace_) trace_span("gradient all-reduce (wait)", "collective", wait0, -1);
     r.comm_wait_seconds = buckets_->last_wait_seconds();
   }
   ex.feed_scalar("lr", r.lr);
   ex.feed_scalar("step", static_cast<float>(step_ + 1));
-  ex.run(ex.optimizer_order());
+  run_traced(ex.optimizer_order(), {}, -1);
   r.grad_norm = ex.scalar(g.outputs.at("grad_norm"));
   ex.unbind_all();
   ++step_;
@@ -378,6 +389,65 @@ Status Trainer::load_checkpoint(const std::string& path) {
     executor_->storage(v).copy_from(block.raw());
   }
   return Status::ok();
+}
+
+// ---- Trace hook (meshflow train --trace) ----
+
+void Trainer::set_trace(TraceWriter* trace) {
+  trace_ = trace;
+  if (trace_) trace_track_ = trace_->track(rank_, "rank " + std::to_string(rank_), 0, "compute");
+}
+
+void Trainer::trace_span(const std::string& name, const char* category, double start_us,
+                         int micro) {
+  std::vector<std::pair<std::string, std::string>> args;
+  if (micro >= 0) args.push_back({"micro_batch", std::to_string(micro)});
+  trace_->span(trace_track_, name, category, start_us, trace_now_us() - start_us,
+               std::move(args));
+}
+
+// Consecutive nodes of one phase make one span ("forward mb=0", "backward
+// mb=0", "optimizer"); each collective node gets its own span named after it.
+void Trainer::run_traced(const std::vector<NodeId>& order,
+                         const std::function<void(NodeId)>& after_node, int micro) {
+  Executor& ex = *executor_;
+  if (!trace_) {
+    ex.run(order, after_node);
+    return;
+  }
+  const Graph& g = ex.graph();
+  const std::string mb = micro >= 0 ? " mb=" + std::to_string(micro) : "";
+  double seg_start = trace_now_us(), prev_end = seg_start;
+  Phase seg_phase = Phase::kForward;
+  bool open = false;
+  auto flush = [&](double end) {
+    if (!open) return;
+    const char* phase = seg_phase == Phase::kForward    ? "forward"
+                        : seg_phase == Phase::kBackward ? "backward"
+                        : seg_phase == Phase::kOptimizer ? "optimizer"
+                                                         : "metric";
+    std::vector<std::pair<std::string, std::string>> args;
+    if (micro >= 0) args.push_back({"micro_batch", std::to_string(micro)});
+    trace_->span(trace_track_, phase + mb, phase, seg_start, end - seg_start, std::move(args));
+    open = false;
+  };
+  ex.run(order, [&](NodeId id) {
+    if (after_node) after_node(id);
+    const double t = trace_now_us();
+    const Node& n = g.node(id);
+    if (is_collective(n.kind)) {
+      flush(prev_end);
+      trace_->span(trace_track_, std::string(op_name(n.kind)) + " " + n.name, "collective",
+                   prev_end, t - prev_end, {{"node", n.name}});
+    } else if (!open || n.phase != seg_phase) {
+      flush(prev_end);
+      seg_start = prev_end;
+      seg_phase = n.phase;
+      open = true;
+    }
+    prev_end = t;
+  });
+  flush(prev_end);
 }
 
 }  // namespace meshflow

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "meshflow/core/trace.h"
 #include "meshflow/data/dataset.h"
 #include "meshflow/models/model.h"
 #include "meshflow/parallel/partition.h"
@@ -53,8 +54,12 @@ class Trainer {
   // Semi / auto (the SPMD partitioner): the whole training graph is annotated
   // and lowered to this rank's program (parallel/partition.h) on the mesh of
   // rc.parallel; the collectives are nodes of that program.
+  // partition (optional, C++ API of semi-auto): strategies and layouts given
+  // directly (PartitionOptions::fixed / source_layouts); used with
+  // rc.parallel's mesh, instead of its rules and split tuples.
   static Result<std::unique_ptr<Trainer>> create(const RunConfig& rc,
-                                                 std::shared_ptr<Communicator> comm = nullptr);
+                                                 std::shared_ptr<Communicator> comm = nullptr,
+                                                 const PartitionOptions* partition = nullptr);
 
   StepResult step();
   EvalResult evaluate();
@@ -76,12 +81,21 @@ class Trainer {
   int64_t num_parameters() const { return num_params_; }
   int64_t peak_bytes() const { return executor_->memory().total(); }
   int steps_done() const { return step_; }
+  // Chrome trace of each step (meshflow train --trace): per micro-batch a
+  // forward and a backward span, one span per collective node, the gradient
+  // all-reduce wait and the optimizer, on track "rank <r>". Not owned; null
+  // turns it off. One writer per rank (merge them at the end).
+  void set_trace(TraceWriter* trace);
 
  private:
   Trainer() = default;
   void feed_batch(const Batch& b);
-  Status init_partitioned();
+  Status init_partitioned(const PartitionOptions* given);
   float all_reduce_mean(float v);
+  // Trace hook: ex.run(order, after_node) with spans when a trace is set.
+  void run_traced(const std::vector<NodeId>& order, const std::function<void(NodeId)>& after_node,
+                  int micro);
+  void trace_span(const std::string& name, const char* category, double start_us, int micro);
 
   RunConfig rc_;
   ModelGraph model_;
@@ -101,6 +115,8 @@ class Trainer {
   Annotation annotation_;
   std::unique_ptr<MeshComms> mesh_comms_;
   std::shared_ptr<Communicator> self_comm_;  // one rank run partitioned: a world of one
+  TraceWriter* trace_ = nullptr;  // set_trace
+  int trace_track_ = -1;
   std::string count_targets_;                // the input whose valid entries "loss_count" counts
 };
 

@@ -1,0 +1,132 @@
+#include "meshflow/plan/auto_plan.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "meshflow/models/from_config.h"
+
+namespace meshflow::plan {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+bool faster(const StepCost& a, const StepCost& b) {
+  if (a.step_time_s != b.step_time_s) return a.step_time_s < b.step_time_s;
+  return a.memory.total < b.memory.total;
+}
+
+}  // namespace
+
+Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local) {
+  if (ranks < 1) return Status::invalid("auto parallel: --ranks must be >= 1, got " + str(ranks));
+  MF_ASSIGN_OR_RETURN(ModelConfig model, parse_model_config(rc.model));
+  const TrainConfig& tc = rc.train;
+  MF_ASSIGN_OR_RETURN(Cluster cluster, share_machine(local, ranks));
+  const CostModel cm(TrainingJob{model, tc.batch_size, tc.seq_len}, cluster,
+                     meshflow_cpu_constants());
+  if (!cm.status().is_ok()) return cm.status().with_context("auto parallel");
+  const TransformerDims& d = cm.dims();
+  const int64_t m = std::max(1, tc.micro_batches);
+
+  // A recompute policy the config already sets is pinned; "ops" is priced as none.
+  std::vector<Recompute> policies = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  if (tc.recompute.mode == RecomputePolicy::kFull) policies = {Recompute::kFull};
+  if (tc.recompute.mode == RecomputePolicy::kSelective) policies = {Recompute::kSelective};
+  if (tc.recompute.mode == RecomputePolicy::kOps) policies = {Recompute::kNone};
+
+  LocalAutoPlan out;
+  std::string first_invalid;
+  for (int64_t tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp != 0) continue;
+    const int64_t dp = ranks / tp;
+    if (tc.batch_size % (dp * m) != 0) {
+      if (first_invalid.empty())
+        first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +
+                        " does not split into " + str(m) + " micro-batches x " + str(dp) +
+                        " replicas";
+      continue;
+    }
+    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+      for (Recompute rcp : policies) {
+        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+          Plan p;
+          p.dp = dp, p.tp = tp, p.sp = sp == 1;
+          p.micro_batch = tc.batch_size / (dp * m);
+          p.num_micro_batches = m;
+          p.recompute = rcp;
+          p.zero = zero;
+          const std::string why = cm.invalid_reason(p);
+          if (!why.empty()) {
+            if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
+            continue;
+          }
+          Result<StepCost> c = cm.price(p);
+          if (!c.is_ok()) {
+            if (first_invalid.empty()) first_invalid = c.status().message();
+            continue;
+          }
+          out.candidates.push_back(*c);
+        }
+      }
+    }
+  }
+  if (out.candidates.empty())
+    return Status::invalid("auto parallel: no dp x tp plan of " + str(ranks) + " ranks is valid (" +
+                           str(d.heads) + " heads, ffn " + str(d.ffn) + ", batch " +
+                           str(tc.batch_size) + "): " + first_invalid);
+  const StepCost* best = nullptr;
+  const StepCost* least_memory = nullptr;
+  for (const StepCost& c : out.candidates) {
+    if (!least_memory || c.memory.total < least_memory->memory.total) least_memory = &c;
+    if (c.fits && (!best || faster(c, *best))) best = &c;
+  }
+  if (!best) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.2f GiB per rank, %.2f GiB usable",
+                  least_memory->memory.total / (1 << 30), least_memory->usable_memory / (1 << 30));
+    return Status::invalid("auto parallel: no plan on " + str(ranks) +
+                           " local ranks fits memory; the smallest (" +
+                           plan_label(least_memory->plan) + ") needs " + buf);
+  }
+  out.best = *best;
+  const Plan& p = best->plan;
+  out.parallel = {{"mode", "semi"},
+                  {"mesh", "dp=" + str(p.dp) + (p.tp > 1 ? ",tp=" + str(p.tp) : "")},
+                  {"preset", p.tp == 1 ? "dp" : (p.sp ? "megatron-sp" : "megatron")},
+                  {"zero", p.zero},
+                  {"recompute", recompute_name(p.recompute)}};
+  return out;
+}
+
+Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local) {
+  MF_ASSIGN_OR_RETURN(LocalAutoPlan a, plan_local_run(rc, ranks, local));
+  return a.parallel;
+}
+
+Result<Cluster> load_local_cluster(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!path.empty()) return load_cluster(path);
+  if (const char* env = std::getenv("MESHFLOW_LOCAL_CLUSTER"); env && *env)
+    return load_cluster(env);
+  const std::string rel = "configs/clusters/local_cpu.json";
+  std::vector<std::string> tried = {rel};
+  if (fs::exists(rel)) return load_cluster(rel);
+  // The source tree: this file is <root>/src/meshflow/plan/auto_plan.cc.
+  const fs::path here(__FILE__);
+  if (here.is_absolute()) {
+    const fs::path root = here.parent_path().parent_path().parent_path().parent_path();
+    const fs::path p = root / rel;
+    tried.push_back(p.string());
+    if (fs::exists(p)) return load_cluster(p.string());
+  }
+  std::string where;
+  for (const std::string& t : tried) where += (where.empty() ? "" : ", ") + t;
+  return Status::not_found(
+      "no local cluster file (tried $MESHFLOW_LOCAL_CLUSTER, " + where +
+      "); write one with `meshflow bench --calibrate --out configs/clusters/local_cpu.json`");
+}
+
+}  // namespace meshflow::plan

@@ -1,0 +1,53 @@
+// Auto mode for local runs: `"parallel": {"mode": "auto", "search": "full"}`
+// with `meshflow train CONFIG --ranks N`. The planner prices every
+// data/tensor-parallel split of the N in-process ranks (mesh dp x tp, the
+// Megatron preset with or without sequence parallelism), each ZeRO stage and
+// recompute policy, for this model and batch on this machine's calibrated
+// cluster shared among the ranks (share_machine, meshflow_cpu_constants), and
+// returns the fastest plan that fits as the "parallel" object of the semi mode
+// the Trainer runs. No pipeline or context parallelism (the semi-auto trainer
+// runs neither).
+//
+//   MF_ASSIGN_OR_RETURN(Cluster local, load_local_cluster());        // configs/clusters/local_cpu.json
+//   MF_ASSIGN_OR_RETURN(json par, auto_parallel_section(rc, 4, local));
+//   // par = {"mode": "semi", "mesh": "dp=2,tp=2", "preset": "megatron", "zero": 1,
+//   //        "recompute": "none"}
+//   rc.parallel = value_or_throw(parse_strategy_config(par));
+//
+// The micro-batch count is the config's train.micro_batches (the plan's
+// micro-batch = batch_size / (dp x micro_batches)); recompute "none" means the
+// plan adds none (train.recompute, when set, still applies).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/status.h"
+#include "meshflow/plan/cluster.h"
+#include "meshflow/plan/cost_model.h"
+#include "meshflow/runtime/run_config.h"
+
+namespace meshflow::plan {
+
+struct LocalAutoPlan {
+  nlohmann::json parallel;           // the semi-mode "parallel" object of the best plan
+  StepCost best;                     // its prediction
+  std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
+};
+
+// The fastest fitting plan for `rc`'s model, train.batch_size, train.seq_len
+// and train.micro_batches on `ranks` local ranks of the one-device cluster
+// `local` (ties: less memory). Errors: a model the planner cannot price (not a
+// transformer LM), no dp x tp split valid for the batch and heads, nothing fits.
+Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
+
+// plan_local_run(...).parallel.
+Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local);
+
+// This machine's cluster file: `path` when given; else $MESHFLOW_LOCAL_CLUSTER;
+// else configs/clusters/local_cpu.json under the current directory, then under
+// the source tree this library was built from. Errors list the places tried.
+Result<Cluster> load_local_cluster(const std::string& path = "");
+
+}  // namespace meshflow::plan

@@ -1,0 +1,255 @@
+// `meshflow train` with a pipeline, with --trace, and on a `meshflow plan
+// --out` file, as a user runs them: the real binary (MESHFLOW_BIN, set by
+// CMake). Checks exit codes, the progress/metrics output, the merged Chrome
+// trace (valid JSON, the expected span names per rank) and that a pipeline
+// run's losses match the one-device run with the same micro-batches.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CliRun {
+  int code = -1;
+  std::string output;  // stdout + stderr
+};
+
+CliRun run(const std::string& args) {
+  const char* bin = std::getenv("MESHFLOW_BIN");
+  std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string source_dir() {
+  const char* s = std::getenv("MESHFLOW_SOURCE_DIR");
+  return s ? s : MESHFLOW_SOURCE_DIR_DEFAULT;
+}
+
+class PipelineCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshflow_pipecli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string write(const json& j, const std::string& name = "run.json") {
+    std::ofstream(path(name)) << j.dump(2);
+    return path(name);
+  }
+
+  // A 4-layer GPT (untied embeddings: one stage holds each), 3 steps.
+  static json gpt_run() {
+    return {{"model",
+             {{"model_type", "gpt2"},
+              {"n_layer", 4},
+              {"n_embd", 32},
+              {"n_head", 2},
+              {"n_positions", 16},
+              {"vocab_size", 256},
+              {"tie_word_embeddings", false}}},
+            {"data", {{"dataset", "fortunes"}}},
+            {"train",
+             {{"steps", 3},
+              {"batch_size", 8},
+              {"seq_len", 16},
+              {"threads", 1},
+              {"eval_batches", 1},
+              {"log_every", 1}}},
+            {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"grad_clip", 1.0}}}};
+  }
+  static json pipeline(int stages, const std::string& schedule, int micro_batches) {
+    return {{"stages", stages}, {"schedule", schedule}, {"micro_batches", micro_batches}};
+  }
+
+  fs::path dir_;
+};
+
+std::vector<json> read_lines(const std::string& p) {
+  std::vector<json> out;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+std::vector<double> losses(const std::string& metrics) {
+  std::vector<double> out;
+  for (const json& j : read_lines(metrics))
+    if (j.contains("loss") && !j.contains("eval")) out.push_back(j["loss"].get<double>());
+  return out;
+}
+
+// Span names ("ph": "X") of a trace file, and the pids they are on.
+struct TraceSpans {
+  std::vector<std::string> names;
+  std::set<int> pids;
+  bool has_prefix(const std::string& prefix) const {
+    for (const std::string& n : names)
+      if (n.rfind(prefix, 0) == 0) return true;
+    return false;
+  }
+};
+
+TraceSpans read_trace(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json doc = json::parse(ss.str());  // throws (fails the test) on invalid JSON
+  TraceSpans t;
+  EXPECT_TRUE(doc.contains("traceEvents"));
+  for (const json& e : doc["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    t.names.push_back(e["name"].get<std::string>());
+    t.pids.insert(e["pid"].get<int>());
+  }
+  return t;
+}
+
+TEST_F(PipelineCli, TrainsTwoStagesTimesTwoReplicasWithTraceEvalAndCheckpoint) {
+  json j = gpt_run();
+  j["parallel"] = {{"mesh", "dp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
+  const std::string cfg = write(j);
+  CliRun r = run("train " + cfg + " --ranks 4 --trace " + path("trace.json") + " --metrics " +
+                 path("m.jsonl") + " --checkpoint " + path("w.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline 2 stages x dp 2, 1f1b"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(path("w.safetensors")));
+  std::vector<json> lines = read_lines(path("m.jsonl"));
+  ASSERT_EQ(lines.size(), 4u);  // 3 steps + the final eval
+  EXPECT_TRUE(lines.back().contains("eval"));
+  EXPECT_GT(lines.back()["eval"]["loss"].get<double>(), 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GT(lines[i]["tokens_per_s"].get<double>(), 0);
+    EXPECT_GT(lines[i]["peak_bytes"].get<double>(), 0);
+  }
+
+  TraceSpans t = read_trace(path("trace.json"));
+  EXPECT_EQ(t.pids, (std::set<int>{0, 1, 2, 3}));
+  for (const char* s : {"F mb=0 c=0", "F mb=1 c=1", "B mb=0 c=1", "B mb=1 c=0", "recv_act mb=0",
+                        "recv_grad mb=1", "send_act mb=0", "send_grad mb=1", "grad sync",
+                        "optimizer"})
+    EXPECT_TRUE(t.has_prefix(s)) << s;
+
+  // The weights continue from the checkpoint (--init), through the pipeline.
+  r = run("train " + cfg + " --ranks 4 --steps 1 --init " + path("w.safetensors"));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Same micro-batches, same losses: 2 stages x 2 replicas (m = 2) against one
+// rank with train.micro_batches = 2; and zb-h1 with recompute on 2 stages.
+TEST_F(PipelineCli, LossesMatchOneRank) {
+  json one = gpt_run();
+  one["train"]["micro_batches"] = 2;
+  ASSERT_EQ(run("train " + write(one, "one.json") + " --metrics " + path("one.jsonl")).code, 0);
+  json pipe = gpt_run();
+  pipe["parallel"] = {{"mesh", "dp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
+  CliRun r = run("train " + write(pipe, "pipe.json") + " --ranks 4 --metrics " + path("p.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  json zb = gpt_run();
+  zb["train"]["micro_batches"] = 2;
+  zb["parallel"] = {{"pipeline", pipeline(2, "zb-h1", 2)}, {"recompute", "full"}};
+  r = run("train " + write(zb, "zb.json") + " --ranks 2 --metrics " + path("zb.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<double> a = losses(path("one.jsonl")), b = losses(path("p.jsonl")),
+                            c = losses(path("zb.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(a[i])) << "step " << i + 1;
+    EXPECT_NEAR(a[i], c[i], 1e-4 * std::abs(a[i])) << "step " << i + 1;
+  }
+}
+
+TEST_F(PipelineCli, DataParallelTraceHasForwardBackwardOptimizerPerMicroBatch) {
+  json j = gpt_run();
+  j["train"]["micro_batches"] = 2;
+  CliRun r = run("train " + write(j) + " --ranks 2 --steps 1 --trace " + path("t.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  TraceSpans t = read_trace(path("t.json"));
+  EXPECT_EQ(t.pids, (std::set<int>{0, 1}));
+  for (const char* s : {"forward mb=0", "backward mb=0", "forward mb=1", "backward mb=1",
+                        "gradient all-reduce (wait)", "optimizer"})
+    EXPECT_TRUE(t.has_prefix(s)) << s;
+}
+
+TEST_F(PipelineCli, PartitionedTraceHasOneSpanPerCollective) {
+  json j = gpt_run();
+  j["parallel"] = {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}};
+  CliRun r = run("train " + write(j) + " --ranks 2 --steps 1 --trace " + path("t.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  TraceSpans t = read_trace(path("t.json"));
+  EXPECT_TRUE(t.has_prefix("forward mb=0")) << r.output;
+  EXPECT_TRUE(t.has_prefix("all_reduce ")) << "no collective span";
+}
+
+TEST_F(PipelineCli, UnsupportedCombinationsAndWrongRankCountsAreUserErrors) {
+  json j = gpt_run();
+  j["parallel"] = {{"mode", "semi"},
+                   {"mesh", "dp=1,tp=2"},
+                   {"preset", "megatron"},
+                   {"pipeline", pipeline(2, "1f1b", 2)}};
+  CliRun r = run("train " + write(j) + " --ranks 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("tp=2 with parallel.pipeline"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not supported yet"), std::string::npos) << r.output;
+
+  j["parallel"] = {{"mesh", "dp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
+  r = run("train " + write(j) + " --ranks 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("run with --ranks 4"), std::string::npos) << r.output;
+
+  j["parallel"] = {{"pipeline", pipeline(2, "1f1b", 2)}, {"recompute", "full"}};
+  j["train"]["recompute"] = "selective";
+  r = run("train " + write(j) + " --ranks 2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.recompute"), std::string::npos) << r.output;
+}
+
+// `meshflow plan --out` writes a run config `meshflow train` takes.
+TEST_F(PipelineCli, PlanFileTrains) {
+  const std::string model = source_dir() + "/configs/models/gpt_bytes_small.json";
+  const std::string cluster = source_dir() + "/configs/clusters/local_cpu.json";
+  CliRun r = run("plan " + model + " --cluster " + cluster +
+                 " --gpus 1 --global-batch 2 --seq 32 --out " + path("plan.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("train " + path("plan.json") + " --steps 1 --set train.eval_batches=1 --threads 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/1"), std::string::npos) << r.output;
+
+  // A plan for more devices than the job has: a clear message.
+  r = run("plan " + model + " --cluster " + cluster +
+          " --gpus 4 --global-batch 8 --seq 32 --fix pp=2,tp=1 --out " + path("plan4.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("train " + path("plan4.json") + " --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("run with --ranks 4"), std::string::npos) << r.output;
+}
+
+}  // namespace

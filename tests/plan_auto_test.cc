@@ -1,0 +1,147 @@
+// Auto mode for local runs (plan/auto_plan.h): the planner picks a dp/tp/ZeRO/
+// recompute plan for N in-process ranks of this machine's calibrated cluster,
+// returned as a semi-mode "parallel" object the Trainer runs; and the pieces it
+// stands on: share_machine (ranks sharing the cores) and the static-arena
+// memory model (the executor's own memory planner over the local program).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "meshflow/plan/auto_plan.h"
+#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/runtime/trainer.h"
+
+namespace meshflow::plan {
+namespace {
+
+json small_gpt() {
+  return {{"model_type", "gpt2"}, {"n_layer", 2},        {"n_embd", 64},
+          {"n_head", 4},          {"n_positions", 64},   {"vocab_size", 256},
+          {"tie_word_embeddings", true}};
+}
+
+RunConfig run_config(const json& parallel, int batch = 8, int micro_batches = 1) {
+  json doc = {{"model", small_gpt()},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train",
+               {{"steps", 1},
+                {"batch_size", batch},
+                {"micro_batches", micro_batches},
+                {"seq_len", 32},
+                {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};
+  if (!parallel.is_null()) doc["parallel"] = parallel;
+  return value_or_throw(parse_run_config(doc, ""));
+}
+
+Cluster local() {
+  Result<Cluster> c = load_local_cluster();
+  EXPECT_TRUE(c.is_ok()) << c.status().message();
+  return c.is_ok() ? *c : Cluster{};
+}
+
+TEST(PlanAuto, ShareMachineSplitsTheDevice) {
+  const Cluster m = local();
+  const Cluster c = value_or_throw(share_machine(m, 4));
+  EXPECT_EQ(c.total_devices(), 4);
+  EXPECT_EQ(c.nodes, 1);
+  EXPECT_DOUBLE_EQ(c.device.peak_flops.f32, m.device.peak_flops.f32 / 4);
+  EXPECT_DOUBLE_EQ(c.device.memory_bandwidth_bytes_per_s, m.device.memory_bandwidth_bytes_per_s / 4);
+  // The same per-core work has the same efficiency: a call 4x smaller on a quarter.
+  EXPECT_DOUBLE_EQ(c.matmul_efficiency(1e8), m.matmul_efficiency(4e8));
+  Cluster two = m;
+  two.devices_per_node = 2;
+  Result<Cluster> bad = share_machine(two, 2);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("one-device cluster"), std::string::npos);
+}
+
+TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
+  const Cluster m = local();
+  const RunConfig rc = run_config(json{{"mode", "auto"}, {"search", "full"}});
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE("ranks=" + std::to_string(ranks));
+    Result<LocalAutoPlan> a = plan_local_run(rc, ranks, m);
+    ASSERT_TRUE(a.is_ok()) << a.status().message();
+    const json& par = a->parallel;
+    EXPECT_EQ(par["mode"], "semi");
+    Result<StrategyConfig> sc = parse_strategy_config(par);
+    ASSERT_TRUE(sc.is_ok()) << sc.status().message() << "\n" << par.dump();
+    EXPECT_EQ(sc->mesh.num_ranks(), ranks) << par.dump();
+    const Plan& p = a->best.plan;
+    EXPECT_EQ(p.dp * p.tp, ranks);
+    EXPECT_EQ(p.pp, 1);
+    EXPECT_TRUE(a->best.fits);
+    // Every dp x tp split (and sp, ZeRO, recompute) was priced; the best is the fastest.
+    std::set<int64_t> tps;
+    for (const StepCost& c : a->candidates) {
+      tps.insert(c.plan.tp);
+      if (c.fits) {
+        EXPECT_LE(a->best.step_time_s, c.step_time_s) << plan_label(c.plan);
+      }
+    }
+    EXPECT_EQ(static_cast<int>(tps.size()), ranks == 1 ? 1 : (ranks == 2 ? 2 : 3));
+    if (ranks > 1) {
+      const bool has_zero3 = std::any_of(a->candidates.begin(), a->candidates.end(),
+                                         [](const StepCost& c) { return c.plan.zero == 3; });
+      EXPECT_TRUE(has_zero3);
+    }
+    Result<json> section = auto_parallel_section(rc, ranks, m);
+    ASSERT_TRUE(section.is_ok());
+    EXPECT_EQ(*section, par);
+  }
+}
+
+TEST(PlanAuto, ChosenPlanTrains) {
+  const Cluster m = local();
+  RunConfig rc = run_config(json{{"mode", "auto"}, {"search", "full"}});
+  const json par = value_or_throw(auto_parallel_section(rc, 2, m));
+  RunConfig run = run_config(par);
+  if (par["recompute"] == "full") run.train.recompute.mode = RecomputePolicy::kFull;
+  if (par["recompute"] == "selective") run.train.recompute.mode = RecomputePolicy::kSelective;
+  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
+    MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(run, Communicator::world(t)));
+    const StepResult r = tr->step();
+    if (!(r.loss > 0)) return Status::internal("loss " + std::to_string(r.loss));
+    return Status::ok();
+  });
+  EXPECT_TRUE(s.is_ok()) << s.message() << "\n" << par.dump();
+}
+
+TEST(PlanAuto, ErrorsSayWhy) {
+  const Cluster m = local();
+  // batch 6 does not split over 4 data-parallel replicas, and 3 ranks: tp=3 does not divide 4 heads.
+  const RunConfig rc = run_config(json(), 6);
+  Result<LocalAutoPlan> a = plan_local_run(rc, 3, m);
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_NE(a.status().message().find("no dp x tp plan of 3 ranks"), std::string::npos)
+      << a.status().message();
+  Result<Cluster> missing = load_local_cluster("/nonexistent/cluster.json");
+  EXPECT_FALSE(missing.is_ok());
+}
+
+// The static-arena memory model against the executor: one rank, the whole
+// per-rank memory (parameters, optimizer state, inputs, arena) predicted from
+// the planner's local program within 10%.
+TEST(PlanAuto, StaticArenaMemoryMatchesTheExecutor) {
+  const Cluster m = local();
+  for (const char* recompute : {"none", "full"}) {
+    SCOPED_TRACE(recompute);
+    RunConfig rc = run_config(json{{"mode", "semi"}, {"mesh", "dp=1"}, {"preset", "dp"}});
+    Plan p;
+    p.micro_batch = 8;
+    p.recompute = value_or_throw(parse_recompute(recompute));
+    if (p.recompute == Recompute::kFull) rc.train.recompute.mode = RecomputePolicy::kFull;
+    auto tr = value_or_throw(Trainer::create(rc));
+    const double measured = static_cast<double>(tr->executor().memory().total());
+    const CostModel cm(TrainingJob{value_or_throw(parse_model_config(small_gpt())), 8, 32},
+                       value_or_throw(share_machine(m, 1)), meshflow_cpu_constants());
+    const StepCost c = value_or_throw(cm.price(p));
+    EXPECT_NEAR(c.memory.total / measured, 1.0, 0.10)
+        << "predicted " << c.memory.total << " measured " << measured;
+  }
+}
+
+}  // namespace
+}  // namespace meshflow::plan
