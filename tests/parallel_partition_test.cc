@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
@@ -253,6 +254,64 @@ TEST(PartitionStructure, UlyssesUsesAllToAll) {
   LocalProgram p = lowered("llama", "cp=2", "ulysses");
   EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "cp"), 4 * 2);
   EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "cp"), 0);
+}
+
+// ---- sharding propagation (issue 6 §3) ----
+
+// Only the embedding lookup and the matmuls of each block are configured
+// (MindSpore's principles: weights, dimension-changing and boundary ops);
+// every other op, the whole backward and the optimizer get the strategy with
+// the least reshard cost. The forward and backward collectives are the
+// Megatron preset's, and training matches one device.
+json propagate_section(const std::string& model) {
+  const std::string in = "(dp, 1, 1)", heads_in = "(dp, 1, tp, 1)";
+  json st;
+  if (model == "gpt") {
+    st = {{"wte", "((1, 1), (dp, 1))"},
+          {"h.*.attn.q_proj", "(" + in + ", (1, tp, 1))"},
+          {"h.*.attn.k_proj", "(" + in + ", (1, tp, 1))"},
+          {"h.*.attn.v_proj", "(" + in + ", (1, tp, 1))"},
+          {"h.*.attn.c_proj", "(" + heads_in + ", (tp, 1, 1))"},
+          {"h.*.mlp.c_fc", "(" + in + ", (1, tp))"},
+          {"h.*.mlp.c_proj", "((dp, 1, tp), (tp, 1))"}};
+  } else {
+    const std::string l = "model.layers.*.";
+    st = {{"model.embed_tokens", "((1, 1), (dp, 1))"},
+          {l + "self_attn.q_proj", "(" + in + ", (1, tp, 1))"},
+          {l + "self_attn.k_proj", "(" + in + ", (1, tp, 1))"},
+          {l + "self_attn.v_proj", "(" + in + ", (1, tp, 1))"},
+          {l + "self_attn.o_proj", "(" + heads_in + ", (tp, 1, 1))"},
+          {l + "mlp.gate_proj", "(" + in + ", (1, tp))"},
+          {l + "mlp.up_proj", "(" + in + ", (1, tp))"},
+          {l + "mlp.down_proj", "((dp, 1, tp), (tp, 1))"}};
+  }
+  return {{"mode", "auto"}, {"search", "propagate"}, {"mesh", "dp=2,tp=2"}, {"strategies", st}};
+}
+
+std::multiset<std::string> fwd_bwd_collectives(const LocalProgram& p) {
+  std::multiset<std::string> s;
+  for (const CollectiveRecord& r : p.collectives)
+    if (r.phase == Phase::kForward || r.phase == Phase::kBackward)
+      s.insert(std::string(op_name(r.kind)) + "(" + r.mesh_axis + ") " + r.value + " " +
+               r.before.to_string() + "->" + r.after.to_string());
+  return s;
+}
+
+TEST(PartitionPropagation, MatmulStrategiesAloneReproduceMegatron) {
+  for (const std::string model : {"gpt", "llama"}) {
+    RunConfig rc = run(model, 1, propagate_section(model));
+    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+    const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+    Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
+    int propagated = 0;
+    for (const std::string& why : a.why) propagated += why == "propagated" || why == "deferred reduction";
+    EXPECT_GT(propagated, m.graph.num_nodes() / 2) << model;
+    const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
+    const LocalProgram megatron = lowered(model, "dp=2,tp=2", "megatron");
+    EXPECT_EQ(fwd_bwd_collectives(p), fwd_bwd_collectives(megatron)) << model;
+    const Trace single = train(run(model, 1, nullptr), nullptr);
+    expect_same(single, train_ranks(rc, 4), model + " propagated");
+  }
 }
 
 // ---- ZeRO: model-state memory per rank, measured ----

@@ -151,9 +151,9 @@ TEST_F(PipelineCli, TrainsTwoStagesTimesTwoReplicasWithTraceEvalAndCheckpoint) {
 
   TraceSpans t = read_trace(path("trace.json"));
   EXPECT_EQ(t.pids, (std::set<int>{0, 1, 2, 3}));
-  for (const char* s : {"F mb=0 c=0", "F mb=1 c=1", "B mb=0 c=1", "B mb=1 c=0", "recv_act mb=0",
-                        "recv_grad mb=1", "send_act mb=0", "send_grad mb=1", "grad sync",
-                        "optimizer"})
+  for (const char* s :
+       {"F mb=0 c=0", "F mb=1 c=1", "B mb=0 c=1", "B mb=1 c=0", "recv_act mb=0", "recv_grad mb=1",
+        "send_act mb=0", "send_grad mb=1", "grad sync", "optimizer"})
     EXPECT_TRUE(t.has_prefix(s)) << s;
 
   // The weights continue from the checkpoint (--init), through the pipeline.
@@ -245,7 +245,7 @@ TEST_F(PipelineCli, PlanFileTrains) {
 
   // A plan for more devices than the job has: a clear message.
   r = run("plan " + model + " --cluster " + cluster +
-          " --gpus 4 --global-batch 8 --seq 32 --fix pp=2,tp=1 --out " + path("plan4.json"));
+          " --gpus 4 --global-batch 8 --seq 32 --fix pp=2,tp=1,zero=0 --out " + path("plan4.json"));
   ASSERT_EQ(r.code, 0) << r.output;
   r = run("train " + path("plan4.json") + " --steps 1");
   EXPECT_EQ(r.code, 2) << r.output;

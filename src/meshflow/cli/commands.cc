@@ -155,14 +155,12 @@ Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communica
     micro_batches = pc->micro_batches;
     flops_scale = world / pc->stages;  // flops are one replica's step
     how = "pipeline " + std::to_string(pc->stages) + " stages x dp " +
-          std::to_string(world / pc->stages) + ", " +
-          std::string(schedule_name(pc->schedule)) +
+          std::to_string(world / pc->stages) + ", " + std::string(schedule_name(pc->schedule)) +
           (pc->virtual_stages > 1 ? " v=" + std::to_string(pc->virtual_stages) : "");
   } else {
     MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));
     trainer.single->executor().set_profiling(o.profile);
     trainer.single->set_trace(trace);
-    if (trainer.single->program()) flops_scale = 1;  // a partitioned program is 1/world
     how = trainer.single->program() ? "partitioned, mesh " + rc.parallel.mesh.to_string()
                                     : "data parallel";
   }
@@ -304,6 +302,9 @@ int train_impl(const TrainOptions& o) {
                           " with mpirun: the ranks are mpirun's processes (-np); drop --ranks"));
     Result<std::shared_ptr<Transport>> t = make_mpi_transport();
     if (!t.is_ok()) return exit_code(t.status());
+    RunConfig checked = *rc;  // a pipeline's rank count, before any rank starts
+    Status pipe = pipeline_of(&checked, (*t)->size()).status();
+    if (!pipe.is_ok()) return user_error(pipe);
     Status s;
     try {
       std::shared_ptr<Communicator> world = Communicator::world(*t);
@@ -319,6 +320,9 @@ int train_impl(const TrainOptions& o) {
       (*t)->abort(s.message());  // stops every rank, exits non-zero
     return s.is_ok() ? 0 : exit_code(s);
   }
+  RunConfig checked = *rc;  // a pipeline's rank count, before any rank starts
+  Status pipe = pipeline_of(&checked, std::max(1, o.ranks)).status();
+  if (!pipe.is_ok()) return user_error(pipe);
   std::vector<TraceWriter> traces(std::max(1, o.ranks));
   Status s;
   if (o.ranks <= 1) {

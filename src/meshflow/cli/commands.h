@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string init;
   bool quiet = false;
   bool profile = false;
-  int ranks = 1;  // in-process ranks (local backend); under mpirun the job's processes
+  int ranks = 1;      // in-process ranks (local backend); under mpirun the job's processes
   std::string trace;  // Chrome trace of every rank, merged into this file
 };
 int run_train(const TrainOptions& o);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <unordered_map>
@@ -75,6 +76,28 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
   }
   CostCache cost(mesh, o.cost);
 
+  // User split tuples, resolved per node.
+  std::map<NodeId, ShardingStrategy> user;
+  for (NodeId id = 0; id < g.num_nodes(); ++id) {
+    const Node& n = g.node(id);
+    if (n.inputs.empty() || n.name.empty()) continue;
+    for (const auto& [pattern, text] : o.strategies) {
+      if (pattern != n.name && !glob_match(pattern, n.name)) continue;
+      MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g, id, mesh, text));
+      user[id] = std::move(st);
+      break;
+    }
+  }
+
+  // Sharding propagation's first principle (../shared/seeds/003): a weight
+  // without a layout of its own takes the one its configured consumer reads.
+  std::map<ValueId, Layout> from_user;
+  for (const auto& [id, st] : user) {
+    const Node& n = g.node(id);
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (g.producer(n.inputs[i]).kind == OpKind::kParameter && !from_user.count(n.inputs[i]))
+        from_user[n.inputs[i]] = st.inputs[i];
+  }
   // Stored layouts of the sources. Optimizer state follows its parameter
   // (the update mutates both in place, so they must be split alike).
   std::vector<Layout> stored(g.num_values(), Layout::Replicated(na));
@@ -84,6 +107,7 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     const ValueId v = n.outputs[0];
     const NodeId id = g.value(v).producer;
     Layout l = desired[v];
+    if (o.rules.rules.empty() && from_user.count(v)) l = from_user[v];
     if (auto it = o.source_layouts.find(v); it != o.source_layouts.end()) {
       l = it->second;
     } else if (auto f = o.fixed.find(id); f != o.fixed.end() && !f->second.outputs.empty()) {
@@ -112,18 +136,12 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       if ((op_def(n.kind).mutates >> i) & 1u) stored[n.inputs[i]] = l;
   }
 
-  // User split tuples, resolved per node.
-  std::map<NodeId, ShardingStrategy> user;
-  for (NodeId id = 0; id < g.num_nodes(); ++id) {
-    const Node& n = g.node(id);
-    if (n.inputs.empty() || n.name.empty()) continue;
-    for (const auto& [pattern, text] : o.strategies) {
-      if (pattern != n.name && !glob_match(pattern, n.name)) continue;
-      MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g, id, mesh, text));
-      user[id] = std::move(st);
-      break;
-    }
-  }
+  // Where optimizer updates will read their (non-source) inputs: the gradients.
+  std::map<ValueId, Layout> update_reads;
+  for (const Node& n : g.nodes())
+    if (is_update(n.kind))
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (!g.producer(n.inputs[i]).inputs.empty()) update_reads[n.inputs[i]] = update_layout(n);
 
   Annotation a;
   a.mesh = mesh;
@@ -193,6 +211,20 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     }
     // Propagation: the strategy with the least reshard cost from where the
     // inputs are, plus from where the outputs land to where the rules want them.
+    // The layout an output would like to keep: its like-shaped input's (made
+    // whole where that input is Partial).
+    std::optional<Layout> wish;
+    auto stay_with = [&](const Node& n, ValueId out) -> const Layout* {
+      for (ValueId v : n.inputs) {
+        if (!(g.shape(v) == g.shape(out))) continue;
+        Layout l = current(v);
+        for (int ax = 0; ax < na; ++ax)
+          if (l.at(ax).is_partial()) l = l.with(ax, Placement::Replicate());
+        wish = l;
+        return &*wish;
+      }
+      return nullptr;
+    };
     std::vector<ShardingStrategy> cands;
     {
       std::vector<Layout> ins;
@@ -205,11 +237,26 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     int best_i = -1;
     for (size_t c = 0; c < cands.size(); ++c) {
       double total = 0;
-      for (size_t i = 0; i < n.inputs.size() && total < best; ++i)
+      for (size_t i = 0; i < n.inputs.size() && total < best; ++i) {
+        // Free when an optimizer update will read the value there anyway
+        // (the reshard is made once per phase and shared).
+        auto later = update_reads.find(n.inputs[i]);
+        if (later != update_reads.end() && later->second == cands[c].inputs[i] &&
+            n.phase == Phase::kOptimizer)
+          continue;
         total += cost(g.shape(n.inputs[i]), current(n.inputs[i]), cands[c].inputs[i]);
-      if (!o.rules.rules.empty())
+      }
+      if (!o.rules.rules.empty()) {
         for (size_t i = 0; i < n.outputs.size() && total < best; ++i)
           total += cost(g.shape(n.outputs[i]), cands[c].outputs[i], desired[n.outputs[i]]);
+      } else {
+        // No rules: an output wishes to stay where its like-named whole input
+        // is (a residual stream keeps its layout), so a reduce_scatter that
+        // must be undone by an all_gather later is priced as such.
+        for (size_t i = 0; i < n.outputs.size() && total < best; ++i)
+          if (const Layout* w = stay_with(n, n.outputs[i]))
+            total += cost(g.shape(n.outputs[i]), cands[c].outputs[i], *w);
+      }
       if (total < best) {
         best = total;
         best_i = static_cast<int>(c);

@@ -303,6 +303,30 @@ struct PipelineTrainer::Impl {
     }
   }
 
+  Tensor& param(Local& l, const std::string& name) {
+    const ValueId v = l.program->graph.find(name);
+    MF_CHECK_NE(v, kNoValue) << "chunk " << l.program->chunk << " has no parameter " << name;
+    return l.ex->storage(v);
+  }
+  // Tied parameters: the owner chunk's updated values replace the copies
+  // (same order on every rank of the pipeline: one message per copy).
+  void sync_tied(const Schedule& s, int stage) {
+    for (const PipelineSplit::Tied& t : split.tied) {
+      const int owner_rank = s.rank_of_chunk(t.owner);
+      for (int c : t.copies) {
+        const int copy_rank = s.rank_of_chunk(c);
+        Tensor* src = stage == owner_rank ? &param(local(t.owner), t.name) : nullptr;
+        Tensor* dst = stage == copy_rank ? &param(local(c), t.name) : nullptr;
+        if (src && dst)
+          dst->copy_from(src->raw());
+        else if (src)
+          throw_if_error(pp->send(src->data<float>(), src->numel(), copy_rank));
+        else if (dst)
+          throw_if_error(pp->recv(dst->data<float>(), dst->numel(), owner_rank));
+      }
+    }
+  }
+
   void note_stash(int chunk_local) {
     StashStats& st = *stats;
     st.peak_bytes = std::max(st.peak_bytes, stash_bytes);
@@ -422,8 +446,12 @@ std::vector<std::pair<std::string, const Tensor*>> PipelineTrainer::parameters()
   return out;
 }
 
-int64_t PipelineTrainer::num_parameters() const { return impl_->num_params; }
-bool PipelineTrainer::is_language_model() const { return impl_->language_model; }
+int64_t PipelineTrainer::num_parameters() const {
+  return impl_->num_params;
+}
+bool PipelineTrainer::is_language_model() const {
+  return impl_->language_model;
+}
 
 // Replica 0's stages send their chunks' parameters (chunk order, graph order
 // within a chunk, one message per stage) to world rank 0, which knows every
@@ -711,6 +739,12 @@ StepResult PipelineTrainer::step() {
     l.ex->unbind_all();
   }
   if (im.trace) im.trace->span(im.track_compute, "optimizer", "optimizer", to0, now_us() - to0);
+  if (!im.split.tied.empty()) {
+    const double tt0 = now_us();
+    im.sync_tied(schedule_, stage_);
+    if (im.trace)
+      im.trace->span(im.track_compute, "tied embedding sync", "collective", tt0, now_us() - tt0);
+  }
 
   // Loss: the last stage has it; every rank returns the replicas' mean.
   float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};

@@ -31,8 +31,12 @@
 // (every rank calls them); evaluation then runs the one-device Trainer there,
 // so the whole model must fit on rank 0.
 //
-// Not supported yet: tied embeddings across stages (split_pipeline refuses
-// them), tensor parallel inside a stage, ZeRO.
+// Tied embeddings (GPT's wte read by the first and the last stage): the last
+// stage's gradient contribution travels with the gradient messages to stage
+// 0, which owns the update; after each update stage 0 sends the new values
+// to the last stage's copy (PipelineSplit::tied).
+//
+// Not supported yet: tensor parallel inside a stage, ZeRO.
 #pragma once
 
 #include <map>

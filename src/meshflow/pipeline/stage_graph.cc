@@ -143,13 +143,17 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
     node_chunk[id] = c;
     for (ValueId v : n.outputs) value_chunk[v] = c;
   }
-  for (const auto& [p, chunks] : param_chunks)
-    if (chunks.size() > 1)
-      return Status::invalid(
-          "pipeline: parameter '" + g.value(p).name + "' is read by " + chunk_str(*chunks.begin()) +
-          " and " + chunk_str(*chunks.rbegin()) +
-          " (tied embeddings shared by the first and last stage are not supported yet); set "
-          "\"tie_word_embeddings\": false in the model config, or use one stage");
+  // Tied parameters: every reading chunk holds a copy; the gradient's chunk owns the update.
+  for (const auto& [p, chunks] : param_chunks) {
+    if (chunks.size() < 2) continue;
+    auto gi = g.grad_of_param.find(p);
+    if (gi == g.grad_of_param.end()) continue;  // not trained: the copies never change
+    PipelineSplit::Tied t{g.value(p).name, value_chunk[gi->second], {}};
+    MF_CHECK_GE(t.owner, 0) << "gradient of tied parameter '" << t.name << "' has no chunk";
+    for (int c : chunks)
+      if (c != t.owner) t.copies.push_back(c);
+    split.tied.push_back(std::move(t));
+  }
 
   // Messages: act[b] goes chunk b -> b+1, grad[b] goes chunk b+1 -> b.
   std::vector<std::set<ValueId>> act(num_chunks), grad(num_chunks);

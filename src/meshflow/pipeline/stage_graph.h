@@ -28,7 +28,7 @@
 // or later chunks, gradients to the same or earlier chunks, and a backward
 // node reads forward values of its own chunk (or ones sent to it). A
 // parameter read by forward nodes of two chunks (tied embeddings across the
-// first and last stage) is refused with a message saying so.
+// first and last stage) is copied into both and listed in PipelineSplit::tied.
 //
 // Zero-bubble split: a backward node is a weight-gradient node (W) when each
 // of its outputs is a parameter's gradient or read only by W nodes, and the
@@ -84,6 +84,18 @@ struct PipelineSplit {
   std::vector<ChunkProgram> chunks;
   // Parameter names in the order the clip node reads their sums of squares.
   std::vector<std::string> norm_order;
+  // Parameters read by forward nodes of several chunks (tied embeddings:
+  // chunk 0's lookup and the last chunk's head). Every reading chunk holds a
+  // copy; the gradient contributions flow, as gradient messages, to the chunk
+  // of the summed gradient (the owner, chunk 0 for embeddings), which alone keeps
+  // optimizer state and updates it; the runtime then copies the updated
+  // values to the other readers.
+  struct Tied {
+    std::string name;
+    int owner = 0;
+    std::vector<int> copies;
+  };
+  std::vector<Tied> tied;
 };
 
 // Layers per chunk: the user's list (one entry per chunk, each >= 1, summing

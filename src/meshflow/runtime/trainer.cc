@@ -297,8 +297,9 @@ StepResult Trainer::step() {
     if (g.find("rng_offset") != kNoValue)
       throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
-      run_traced(ex.forward_backward_order(),
-                 [&](NodeId id) { buckets_->on_node(ex, id, micro, m); }, micro);
+      run_traced(
+          ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); },
+          micro);
     else
       run_traced(ex.forward_backward_order(), {}, micro);
     loss_sum += ex.scalar(g.loss);
@@ -402,8 +403,7 @@ void Trainer::trace_span(const std::string& name, const char* category, double s
                          int micro) {
   std::vector<std::pair<std::string, std::string>> args;
   if (micro >= 0) args.push_back({"micro_batch", std::to_string(micro)});
-  trace_->span(trace_track_, name, category, start_us, trace_now_us() - start_us,
-               std::move(args));
+  trace_->span(trace_track_, name, category, start_us, trace_now_us() - start_us, std::move(args));
 }
 
 // Consecutive nodes of one phase make one span ("forward mb=0", "backward
@@ -422,8 +422,8 @@ void Trainer::run_traced(const std::vector<NodeId>& order,
   bool open = false;
   auto flush = [&](double end) {
     if (!open) return;
-    const char* phase = seg_phase == Phase::kForward    ? "forward"
-                        : seg_phase == Phase::kBackward ? "backward"
+    const char* phase = seg_phase == Phase::kForward     ? "forward"
+                        : seg_phase == Phase::kBackward  ? "backward"
                         : seg_phase == Phase::kOptimizer ? "optimizer"
                                                          : "metric";
     std::vector<std::pair<std::string, std::string>> args;

@@ -115,9 +115,9 @@ class Trainer {
   Annotation annotation_;
   std::unique_ptr<MeshComms> mesh_comms_;
   std::shared_ptr<Communicator> self_comm_;  // one rank run partitioned: a world of one
-  TraceWriter* trace_ = nullptr;  // set_trace
+  TraceWriter* trace_ = nullptr;             // set_trace
   int trace_track_ = -1;
-  std::string count_targets_;                // the input whose valid entries "loss_count" counts
+  std::string count_targets_;  // the input whose valid entries "loss_count" counts
 };
 
 // Builds the model named by a model JSON ("model_type": "gpt2"|"llama", or
