@@ -153,9 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
 // strategy for every node and a random stored layout for every source, two
 // training steps, GPT (with dropout) and LLaMA alternating.
 TEST(PartitionRandom, TwoHundredStrategyAssignmentsMatchOneDevice) {
-  const std::vector<std::string> meshes = {"x=2",          "x=4",           "a=2,b=2",
-                                           "x=8",          "a=2,b=4",       "a=4,b=2",
-                                           "a=2,b=2,c=2"};
+  const std::vector<std::string> meshes = {"x=2",     "x=4",     "a=2,b=2",    "x=8",
+                                           "a=2,b=4", "a=4,b=2", "a=2,b=2,c=2"};
   std::map<std::string, Trace> single;
   int checked = 0;
   for (uint64_t seed = 0; seed < 200; ++seed) {
@@ -169,7 +168,8 @@ TEST(PartitionRandom, TwoHundredStrategyAssignmentsMatchOneDevice) {
     const std::string key = model + std::to_string(rc.train.micro_batches);
     if (!single.count(key)) single[key] = train(rc1, nullptr);
     // The graph the trainer will build, to draw strategies for.
-    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size / rc.train.micro_batches));
+    ModelGraph m =
+        value_or_throw(build_training_graph(rc, rc.train.batch_size / rc.train.micro_batches));
     PartitionOptions o = random_strategies(m.graph, rc.parallel.mesh, seed);
     SCOPED_TRACE("seed " + std::to_string(seed) + " " + model + " on " + mesh_text);
     // Not a vacuous draw: most nodes really are split somewhere.
@@ -304,7 +304,8 @@ TEST(PartitionPropagation, MatmulStrategiesAloneReproduceMegatron) {
     const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
     Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
     int propagated = 0;
-    for (const std::string& why : a.why) propagated += why == "propagated" || why == "deferred reduction";
+    for (const std::string& why : a.why)
+      propagated += why == "propagated" || why == "deferred reduction";
     EXPECT_GT(propagated, m.graph.num_nodes() / 2) << model;
     const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
     const LocalProgram megatron = lowered(model, "dp=2,tp=2", "megatron");

@@ -172,6 +172,30 @@ ValueId Builder::transpose(ValueId x, std::vector<int64_t> perm, const std::stri
   return op1(OpKind::kTranspose, {x}, at, name);
 }
 
+namespace {
+Attrs group_attrs(int axis, int group, std::vector<int64_t> dims) {
+  Attrs at;
+  at.mesh_axis = axis;
+  at.group_size = group;
+  at.axes = std::move(dims);
+  return at;
+}
+}  // namespace
+
+ValueId Builder::all_reduce(ValueId x, int axis, int group, const std::string& name) {
+  return op1(OpKind::kAllReduce, {x}, group_attrs(axis, group, {}), name);
+}
+ValueId Builder::all_gather(ValueId x, int dim, int axis, int group, const std::string& name) {
+  return op1(OpKind::kAllGather, {x}, group_attrs(axis, group, {dim}), name);
+}
+ValueId Builder::reduce_scatter(ValueId x, int dim, int axis, int group, const std::string& name) {
+  return op1(OpKind::kReduceScatter, {x}, group_attrs(axis, group, {dim}), name);
+}
+ValueId Builder::all_to_all(ValueId x, int gather_dim, int split_dim, int axis, int group,
+                            const std::string& name) {
+  return op1(OpKind::kAllToAll, {x}, group_attrs(axis, group, {gather_dim, split_dim}), name);
+}
+
 ValueId Builder::reshape(ValueId x, Shape target, const std::string& name) {
   Attrs at;
   at.shape = std::move(target);

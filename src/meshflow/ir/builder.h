@@ -117,6 +117,15 @@ class Builder {
   // x: [batch, seq, heads, head_dim]; rotates pairs (i, i + head_dim/2) by pos*theta^(-2i/d).
   ValueId rope(ValueId x, float theta = 10000.f, const std::string& name = "");
 
+  // Collectives over the group of mesh axis `axis` (of `group` ranks), for
+  // per-rank programs written by hand (hybrid parallel, like shard_map);
+  // ops/collective.cc has their semantics and gradients.
+  ValueId all_reduce(ValueId x, int axis, int group, const std::string& name = "");
+  ValueId all_gather(ValueId x, int dim, int axis, int group, const std::string& name = "");
+  ValueId reduce_scatter(ValueId x, int dim, int axis, int group, const std::string& name = "");
+  ValueId all_to_all(ValueId x, int gather_dim, int split_dim, int axis, int group,
+                     const std::string& name = "");
+
  private:
   friend class Scope;
   Graph& g_;

@@ -29,8 +29,8 @@ Status check_group(const Graph& g, const Node& n, int dims_needed) {
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
   // Moves (gather, all_to_all, slice) carry any 4-byte dtype bit for bit
   // (token ids too); reductions need f32.
-  const bool moves = n.kind == OpKind::kAllGather || n.kind == OpKind::kAllToAll ||
-                     n.kind == OpKind::kShardSlice;
+  const bool moves =
+      n.kind == OpKind::kAllGather || n.kind == OpKind::kAllToAll || n.kind == OpKind::kShardSlice;
   if (!moves || g.value(n.inputs[0]).dtype != DType::I32)
     MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
   if (n.attrs.mesh_axis < 0 || n.attrs.group_size < 1)
@@ -60,7 +60,8 @@ Status infer_all_gather(const Graph& g, const Node& n, std::vector<Value>* outs)
   MF_RETURN_IF_ERROR(check_group(g, n, 1));
   const Shape& s = g.shape(n.inputs[0]);
   const int d = static_cast<int>(n.attrs.axes[0]);
-  outs->push_back(out_value(s.with_size(d, s.size(d) * n.attrs.group_size), g.value(n.inputs[0]).dtype));
+  outs->push_back(
+      out_value(s.with_size(d, s.size(d) * n.attrs.group_size), g.value(n.inputs[0]).dtype));
   return Status::ok();
 }
 
@@ -69,7 +70,8 @@ Status infer_split(const Graph& g, const Node& n, std::vector<Value>* outs) {
   const Shape& s = g.shape(n.inputs[0]);
   const int d = static_cast<int>(n.attrs.axes[0]);
   MF_RETURN_IF_ERROR(divisible(n, s, d));
-  outs->push_back(out_value(s.with_size(d, s.size(d) / n.attrs.group_size), g.value(n.inputs[0]).dtype));
+  outs->push_back(
+      out_value(s.with_size(d, s.size(d) / n.attrs.group_size), g.value(n.inputs[0]).dtype));
   return Status::ok();
 }
 
@@ -86,7 +88,8 @@ Status infer_all_to_all(const Graph& g, const Node& n, std::vector<Value>* outs)
   if (i == j) return Status::invalid(node_label(n) + ": the gathered and split dims must differ");
   MF_RETURN_IF_ERROR(divisible(n, s, j));
   Shape out = s.with_size(i, s.size(i) * n.attrs.group_size);
-  outs->push_back(out_value(out.with_size(j, s.size(j) / n.attrs.group_size), g.value(n.inputs[0]).dtype));
+  outs->push_back(
+      out_value(out.with_size(j, s.size(j) / n.attrs.group_size), g.value(n.inputs[0]).dtype));
   return Status::ok();
 }
 

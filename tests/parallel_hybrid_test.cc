@@ -1,0 +1,163 @@
+// Hybrid parallel: a per-rank program written by hand with collectives on
+// local shards (like JAX's shard_map or Megatron's f/g operators), trained by
+// meshflow's own autodiff through the collectives, gives the loss and the
+// gradients (as shards) of the one-device program.
+#include <gtest/gtest.h>
+
+#include "grad_check.h"
+#include "meshflow/autodiff/autodiff.h"
+#include "meshflow/ir/builder.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/partition.h"
+#include "meshflow/parallel/reshard_exec.h"
+#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/runtime/executor.h"
+
+namespace meshflow {
+namespace {
+
+constexpr int64_t B = 8, C = 16, F = 32;
+
+// The parameter `name` of global shape `whole`, of which this program holds
+// the block `layout` of rank `rank` (its init draws the whole tensor's numbers).
+ValueId shard_param(Builder& b, const std::string& name, const Shape& whole, const Mesh& mesh,
+                    const Layout& layout, int rank) {
+  Shape local = value_or_throw(local_shape(whole, mesh, layout));
+  ValueId p = b.parameter(name, local, Init::normal(0.5f));
+  Node& n = b.graph().mutable_node(b.graph().value(p).producer);
+  for (auto [first, last] : local_ranges(whole, mesh, layout, rank)) {
+    n.attrs.global_offset.push_back(first);
+    (void)last;
+  }
+  for (int d = 0; d < whole.rank(); ++d) n.attrs.global_dims.push_back(whole.size(d));
+  return p;
+}
+
+// loss = mean((gelu(x W1) W2)^2); on tp ranks W1 is split by columns and W2 by
+// rows (Megatron's MLP): y = all_reduce(gelu(x W1_r) W2_r).
+Graph mlp(int tp, int rank) {
+  Graph g;
+  Builder b(g);
+  const Mesh mesh = Mesh::line(tp, "tp");
+  ValueId x = b.input("x", Shape{{"batch", B}, {"hidden", C}});
+  ValueId w1 = shard_param(b, "w1", Shape{{"hidden", C}, {"ffn", F}}, mesh,
+                           value_or_throw(Layout::parse("[S(1)]")), rank);
+  ValueId w2 = shard_param(b, "w2", Shape{{"ffn", F}, {"hidden", C}}, mesh,
+                           value_or_throw(Layout::parse("[S(0)]")), rank);
+  ValueId y = b.matmul(b.gelu(b.matmul(x, w1)), w2);
+  if (tp > 1) y = b.all_reduce(y, /*axis=*/0, tp, "g");  // Megatron's g: sum the partials
+  g.loss = b.reduce_mean(b.mul(y, y), {0, 1}, false, "loss");
+  append_backward(g);
+  return g;
+}
+
+TEST(Hybrid, HandWrittenTensorParallelMlpMatchesOneDevice) {
+  const Tensor x = testing::random_tensor(Shape{{"batch", B}, {"hidden", C}}, 7);
+  auto run = [&](Executor& ex) {
+    throw_if_error(ex.feed("x", x));
+    ex.feed_scalar("loss_scale", 1.f);
+    ex.run(ex.forward_backward_order());
+  };
+  Graph g1 = mlp(1, 0);
+  Executor one(g1);
+  run(one);
+  const float want_loss = one.scalar(g1.loss);
+  const int tp = 2;
+  std::vector<float> losses(tp);
+  Status s = run_local_ranks(tp, [&](const std::shared_ptr<Transport>& t) -> Status {
+    const int rank = t->rank();
+    const Mesh mesh = Mesh::line(tp, "tp");
+    MF_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::make(Communicator::world(t), mesh));
+    Graph g = mlp(tp, rank);
+    Executor ex(g);
+    ex.set_mesh_comms(&comms);
+    run(ex);
+    losses[rank] = ex.scalar(g.loss);
+    // Each rank's gradient is its block of the one-device gradient.
+    for (auto [name, layout] : {std::pair{"w1", "[S(1)]"}, {"w2", "[S(0)]"}}) {
+      const ValueId p1 = g1.find(name), p = g.find(name);
+      Tensor whole(g1.shape(p1), DType::F32);
+      whole.copy_from(one.data(g1.grad_of_param.at(p1)));
+      Tensor want = local_block(whole, mesh, value_or_throw(Layout::parse(layout)), rank);
+      EXPECT_LT(testing::max_rel_diff(static_cast<const float*>(ex.data(g.grad_of_param.at(p))),
+                                      want.data<float>(), want.numel()),
+                1e-5)
+          << name << " rank " << rank;
+    }
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  for (int r = 0; r < tp; ++r) EXPECT_NEAR(losses[r], want_loss, 1e-5 * want_loss) << r;
+}
+
+// The gradient of each collective, on two ranks: for loss = sum(P * C) of a
+// whole P [8, 6] (C fixed), each rank's parameter gets its share of dP = C.
+//   all_gather:     p_r = block r of P (rows);   y = all_gather(p_r) = P
+//   reduce_scatter: p_r an addend of P;          y = block r of sum_r p_r
+//   all_to_all:     p_r = block r of P (rows);   y = block r of P (columns)
+TEST(Hybrid, GradientsOfTheCollectives) {
+  const Shape whole{{"a", 8}, {"b", 6}};
+  const Tensor c = testing::random_tensor(whole, 3);
+  const Mesh mesh = Mesh::line(2, "x");
+  const Layout rows = value_or_throw(Layout::parse("[S(0)]"));
+  const Layout cols = value_or_throw(Layout::parse("[S(1)]"));
+  for (OpKind kind : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllToAll}) {
+    Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
+      const int r = t->rank();
+      MF_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::make(Communicator::world(t), mesh));
+      Graph g;
+      Builder b(g);
+      const Shape pshape =
+          kind == OpKind::kReduceScatter ? whole : local_block(c, mesh, rows, r).shape();
+      ValueId p = b.parameter("p", pshape, Init::normal(1.f));
+      ValueId y;
+      Layout y_layout = Layout::Replicated(1);
+      if (kind == OpKind::kAllGather) {
+        y = b.all_gather(p, 0, 0, 2);
+      } else if (kind == OpKind::kReduceScatter) {
+        y = b.reduce_scatter(p, 0, 0, 2);
+        y_layout = rows;
+      } else {
+        y = b.all_to_all(p, 0, 1, 0, 2);
+        y_layout = cols;
+      }
+      const Tensor cy = local_block(c, mesh, y_layout, r);
+      ValueId cv = b.input("c", cy.shape());
+      ValueId l = b.reduce_sum(b.mul(y, cv), {0, 1});
+      // A sharded y's loss is a part of the whole loss: sum the parts.
+      g.loss = y_layout.is_replicated() ? l : b.all_reduce(l, 0, 2, "loss");
+      append_backward(g);
+      Executor ex(g);
+      ex.set_mesh_comms(&comms);
+      MF_RETURN_IF_ERROR(ex.feed("c", cy));
+      ex.feed_scalar("loss_scale", 1.f);
+      ex.run(ex.forward_backward_order());
+      const Tensor want = kind == OpKind::kReduceScatter ? c : local_block(c, mesh, rows, r);
+      const float* got = static_cast<const float*>(ex.data(g.grad_of_param.at(p)));
+      EXPECT_LT(testing::max_rel_diff(got, want.data<float>(), want.numel()), 1e-6)
+          << op_name(kind) << " rank " << r;
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+  }
+}
+
+TEST(Hybrid, CollectiveShapesAndErrors) {
+  Graph g;
+  Builder b(g);
+  ValueId x = b.input("x", Shape{{"a", 4}, {"b", 6}});
+  EXPECT_EQ(g.shape(b.all_gather(x, 1, 0, 2)).size(1), 12);
+  EXPECT_EQ(g.shape(b.reduce_scatter(x, 0, 0, 2)).size(0), 2);
+  const Shape a2a = g.shape(b.all_to_all(x, 0, 1, 0, 2));
+  EXPECT_EQ(a2a.size(0), 8);
+  EXPECT_EQ(a2a.size(1), 3);
+  try {
+    b.reduce_scatter(x, 1, 0, 4);  // 6 does not split 4 ways
+    FAIL() << "expected an error";
+  } catch (const StatusError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split 4 ways"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
