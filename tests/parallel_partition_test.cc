@@ -113,15 +113,19 @@ std::vector<Trace> train_ranks(const RunConfig& rc, int ranks,
 struct PresetCase {
   std::string model, mesh, preset;
   int zero = 0, micro_batches = 1;
+  std::string recompute = "none";
 };
 
 class PartitionPreset : public ::testing::TestWithParam<PresetCase> {};
 
 TEST_P(PartitionPreset, SameLossesAndWeightsAsOneDevice) {
   const PresetCase& c = GetParam();
+  // One device without recomputation is the reference.
   const Trace single = train(run(c.model, c.micro_batches, nullptr), nullptr);
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
   RunConfig rc = run(c.model, c.micro_batches, par);
+  if (c.recompute == "full") rc.train.recompute.mode = RecomputePolicy::kFull;
+  if (c.recompute == "selective") rc.train.recompute.mode = RecomputePolicy::kSelective;
   expect_same(single, train_ranks(rc, rc.parallel.mesh.num_ranks()), c.mesh + " " + c.preset);
 }
 
@@ -134,7 +138,11 @@ INSTANTIATE_TEST_SUITE_P(
         PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp"},
         PresetCase{"llama", "cp=2", "ulysses"}, PresetCase{"gpt", "dp=2,cp=2", "ulysses"},
         PresetCase{"llama", "dp=2", "dp", 1}, PresetCase{"gpt", "dp=2", "dp", 2, 2},
-        PresetCase{"llama", "dp=2,tp=2", "megatron", 3}, PresetCase{"gpt", "dp=4", "dp", 3, 2}),
+        PresetCase{"llama", "dp=2,tp=2", "megatron", 3}, PresetCase{"gpt", "dp=4", "dp", 3, 2},
+        // Recomputation inside partitioned programs (dropout masks too).
+        PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp", 1, 2, "full"},
+        PresetCase{"llama", "dp=2,tp=2", "megatron", 3, 1, "selective"},
+        PresetCase{"llama", "cp=2", "ulysses", 0, 1, "full"}),
     [](const auto& info) {
       const PresetCase& c = info.param;
       std::string mesh = c.mesh;
@@ -144,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(
       for (char& ch : preset)
         if (ch == '-') ch = '_';
       return c.model + "_" + mesh + "_" + preset + "_zero" + std::to_string(c.zero) + "_m" +
-             std::to_string(c.micro_batches);
+             std::to_string(c.micro_batches) + "_" + c.recompute;
     });
 
 // ---- random strategies: any valid assignment trains like one device ----
