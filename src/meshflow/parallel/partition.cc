@@ -373,15 +373,10 @@ class Lowering {
     }
   }
 
-  // The local value of global v in layout dst, reshard nodes emitted as needed
-  // (one set per consumer phase: a forward all_gather is not kept alive for the backward).
-  Result<ValueId> get(ValueId v, const Layout& dst, const Node& consumer) {
-    const Layout& src = a_.produced(g_, v);
-    if (src == dst) return p_.local_of[v];
-    auto key = std::make_tuple(v, dst.to_string(), static_cast<int>(consumer.phase));
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, src, dst, cost_));
-    ValueId cur = p_.local_of[v];
+  // Emits a reshard plan's steps on `cur` (a local value of global v) for
+  // `consumer`: one node per step, in the consumer's phase and layer.
+  Result<ValueId> emit_steps(ValueId v, ValueId cur, const ReshardPlan& plan,
+                             const Node& consumer) {
     for (const ReshardStep& st : plan.steps) {
       Node c;
       c.kind = op_of(st.kind);
@@ -414,6 +409,18 @@ class Lowering {
                                   mesh_.axis_name(st.mesh_axis), st.before, st.after,
                                   st.bytes_per_rank});
     }
+    return cur;
+  }
+
+  // The local value of global v in layout dst, reshard nodes emitted as needed
+  // (one set per consumer phase: a forward all_gather is not kept alive for the backward).
+  Result<ValueId> get(ValueId v, const Layout& dst, const Node& consumer) {
+    const Layout& src = a_.produced(g_, v);
+    if (src == dst) return p_.local_of[v];
+    auto key = std::make_tuple(v, dst.to_string(), static_cast<int>(consumer.phase));
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, src, dst, cost_));
+    MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(v, p_.local_of[v], plan, consumer));
     cache_[key] = cur;
     return cur;
   }
@@ -496,26 +503,7 @@ class Lowering {
       // Treat the updated shard as a fresh value in st.inputs[0] and reshard it.
       MF_ASSIGN_OR_RETURN(ReshardPlan plan,
                           plan_reshard(g_.shape(param), mesh_, st.inputs[0], whole, cost_));
-      ValueId cur = shard;
-      for (const ReshardStep& s : plan.steps) {
-        Node c;
-        c.kind = op_of(s.kind);
-        c.name = g_.value(param).name + "/" + std::string(op_name(c.kind)) + "(" +
-                 mesh_.axis_name(s.mesh_axis) + ")";
-        c.inputs = {cur};
-        c.attrs.mesh_axis = s.mesh_axis;
-        c.attrs.group_size = mesh_.size(s.mesh_axis);
-        c.attrs.axes = {s.src_dim >= 0 ? s.src_dim : s.dst_dim};
-        c.phase = n.phase;
-        c.layer = n.layer;
-        MF_ASSIGN_OR_RETURN(Shape out, local(g_.shape(param), s.after));
-        const NodeId cid = add(c, {out_value(out)}, param, {s.after});
-        cur = p_.graph.node(cid).outputs[0];
-        if (s.is_collective())
-          p_.collectives.push_back({cid, c.kind, g_.value(param).name, n.name, n.phase,
-                                    mesh_.axis_name(s.mesh_axis), s.before, s.after,
-                                    s.bytes_per_rank});
-      }
+      MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(param, shard, plan, n));
       Node as;
       as.kind = OpKind::kAssign;
       as.name = g_.value(param).name + "/assign";
