@@ -175,13 +175,26 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
     if (a.shape.rank() > 0 && !n.outputs.empty())
       a.shape = value_or_throw(local_shape(g.shape(n.outputs[0]), mesh, st.outputs[0]));
     // What the partitioner tells kernels that need their place in the whole tensor.
-    if (n.kind == OpKind::kRope || n.kind == OpKind::kDropout || n.kind == OpKind::kDropoutGrad) {
-      const Shape& whole = g.shape(n.outputs[0]);
-      for (auto [first, last] : local_ranges(whole, mesh, st.outputs[0], rank)) {
+    auto offsets = [&](const Shape& whole, const Layout& l) {
+      for (auto [first, last] : local_ranges(whole, mesh, l, rank)) {
         a.global_offset.push_back(first);
         (void)last;
       }
       for (int d = 0; d < whole.rank(); ++d) a.global_dims.push_back(whole.size(d));
+    };
+    if (n.kind == OpKind::kRope || n.kind == OpKind::kDropout || n.kind == OpKind::kDropoutGrad ||
+        n.kind == OpKind::kEmbeddingGrad)
+      offsets(g.shape(n.outputs[0]), st.outputs[0]);
+    if (n.kind == OpKind::kEmbedding) offsets(g.shape(n.inputs[0]), st.inputs[0]);
+    if (n.kind == OpKind::kCrossEntropy || n.kind == OpKind::kCrossEntropyGrad) {
+      const Shape& logits = g.shape(n.inputs[0]);
+      if (!st.inputs[0].shard_axes(logits.rank() - 1).empty()) {
+        // Vocab-parallel: the kernel's own all_reduces need communicators;
+        // tests/parallel_partition_test.cc trains it on real ranks.
+        if (n.kind == OpKind::kCrossEntropy) return;
+        for (int ax : st.inputs[0].shard_axes(logits.rank() - 1)) a.ints.push_back(ax);
+        offsets(logits, st.inputs[0]);
+      }
     }
     lb.op(n.kind, lin, a, n.name);
     std::vector<Tensor> lo = run_node(lg, lg.num_nodes() - 1, lt);

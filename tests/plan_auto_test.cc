@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <set>
 
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/comm/communicator.h"
@@ -70,6 +72,9 @@ TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
     ASSERT_TRUE(sc.is_ok()) << sc.status().message() << "\n" << par.dump();
     EXPECT_EQ(sc->mesh.num_ranks(), ranks) << par.dump();
     const Plan& p = a->best.plan;
+    std::printf("%d ranks: %s  (%s, predicted %.1f ms, %.1f MiB per rank, %zu candidates)\n", ranks,
+                par.dump().c_str(), plan_label(p).c_str(), 1e3 * a->best.step_time_s,
+                a->best.memory.total / (1 << 20), a->candidates.size());
     EXPECT_EQ(p.dp * p.tp, ranks);
     EXPECT_EQ(p.pp, 1);
     EXPECT_TRUE(a->best.fits);
@@ -111,8 +116,8 @@ TEST(PlanAuto, ChosenPlanTrains) {
 
 TEST(PlanAuto, ErrorsSayWhy) {
   const Cluster m = local();
-  // batch 6 does not split over 4 data-parallel replicas, and 3 ranks: tp=3 does not divide 4 heads.
-  const RunConfig rc = run_config(json(), 6);
+  // 3 ranks: batch 4 does not split over dp=3, and tp=3 does not divide 4 heads.
+  const RunConfig rc = run_config(json(), 4);
   Result<LocalAutoPlan> a = plan_local_run(rc, 3, m);
   ASSERT_FALSE(a.is_ok());
   EXPECT_NE(a.status().message().find("no dp x tp plan of 3 ranks"), std::string::npos)

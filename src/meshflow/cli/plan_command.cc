@@ -119,8 +119,7 @@ ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, 
   ojson par;
   if (spmd) par["mode"] = "semi";
   par["mesh"] = plan_mesh(p);
-  if (p.tp > 1 || p.cp > 1)
-    par["preset"] = p.cp > 1 ? "ulysses" : (p.sp ? "megatron-sp" : "megatron");
+  if (p.tp > 1 || p.cp > 1) par["preset"] = "megatron";
   par["pipeline"] = pipeline;
   par["recompute"] = recompute_name(p.recompute);
   par["zero"] = p.zero;

@@ -79,9 +79,12 @@ OpCost cost_embedding_grad(const Graph& g, const Node& n) {
 }  // namespace
 
 // Sharding: the ids' dims pass through to y (and are reductions into
-// dtable); C passes through; V must be replicated for now (vocab-parallel
-// embedding, a masked lookup plus Partial y, is for later). Linear in the table
-// (embedding) and in dy (embedding_grad).
+// dtable); C passes through. V (vocab-parallel, Megatron's
+// VocabParallelEmbedding): a shard of the table's rows looks up the ids in its
+// range and gives zeros for the others, so y is Partial (a reduction factor);
+// embedding_grad writes its rows only (pass-through). The kernels learn their
+// row offset from attrs.global_offset (set by the partitioner). Linear in the
+// table (embedding) and in dy (embedding_grad).
 namespace {
 ShardingRule sharding_embedding(const Graph& g, const Node& n) {
   const bool grad = n.kind == OpKind::kEmbeddingGrad;
@@ -97,7 +100,8 @@ ShardingRule sharding_embedding(const Graph& g, const Node& n) {
     else
       r.out(f, 0, d);
   }
-  int v = r.add(table.name(0), table.size(0), ShardingRule::Factor::kNeedReplicate);
+  int v = r.add(table.name(0), table.size(0),
+                grad ? ShardingRule::Factor::kPassThrough : ShardingRule::Factor::kReduction);
   int c = r.add(table.name(1), table.size(1));
   if (grad) {
     r.out(v, 0, 0).out(c, 0, 1).in(c, 0, ids.rank());

@@ -186,7 +186,13 @@ ShardingRule logits_rule(const Graph& g, const Node& n, ShardingRule::Factor::Ki
     if (n.kind == OpKind::kCrossEntropyGrad) r.in(f, 2, d);  // lse
     if (rows_out >= 0) r.out(f, rows_out, d);
   }
-  int v = r.add(x.name(-1), x.size(-1), ShardingRule::Factor::kNeedReplicate);
+  // V: vocab-parallel cross-entropy reduces over its shards in the kernel
+  // (loss and lse whole), and its gradient is local; correct_count (an argmax)
+  // needs V whole.
+  const auto vkind = n.kind == OpKind::kCrossEntropy       ? ShardingRule::Factor::kCollective
+                     : n.kind == OpKind::kCrossEntropyGrad ? ShardingRule::Factor::kPassThrough
+                                                           : ShardingRule::Factor::kNeedReplicate;
+  int v = r.add(x.name(-1), x.size(-1), vkind);
   r.in(v, 0, x.rank() - 1);
   if (n.kind == OpKind::kCrossEntropyGrad) r.out(v, 0, x.rank() - 1);
   if (n.kind == OpKind::kCrossEntropyGrad)

@@ -476,6 +476,12 @@ class Lowering {
       case OpKind::kRope:
         set_offsets(ln.attrs, g_.shape(n.outputs[0]), st.outputs[0]);
         break;
+      case OpKind::kEmbedding:  // vocab-parallel: the table's row offset
+        set_offsets(ln.attrs, g_.shape(n.inputs[0]), st.inputs[0]);
+        break;
+      case OpKind::kEmbeddingGrad:
+        set_offsets(ln.attrs, g_.shape(n.outputs[0]), st.outputs[0]);
+        break;
       case OpKind::kCrossEntropy:
       case OpKind::kCrossEntropyGrad: {
         const Shape& logits = g_.shape(n.inputs[0]);
@@ -483,6 +489,10 @@ class Lowering {
         for (int d = 0; d + 1 < logits.rank(); ++d)
           rows_sharded |= st.inputs[0].shard_count(d, mesh_) > 1;
         if (rows_sharded) ln.inputs.push_back(loss_count());
+        // Vocab-parallel: the kernel reduces over the axes splitting V.
+        ln.attrs.ints.clear();
+        for (int ax : st.inputs[0].shard_axes(logits.rank() - 1)) ln.attrs.ints.push_back(ax);
+        if (!ln.attrs.ints.empty()) set_offsets(ln.attrs, logits, st.inputs[0]);
         break;
       }
       default:

@@ -50,6 +50,7 @@ std::string ShardingRule::to_string() const {
     s += f.name + "=" + std::to_string(f.size);
     if (f.kind == Factor::kReduction) s += "(red)";
     if (f.kind == Factor::kNeedReplicate) s += "(rep)";
+    if (f.kind == Factor::kCollective) s += "(coll)";
   }
   return s;
 }

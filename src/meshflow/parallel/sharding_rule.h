@@ -5,7 +5,11 @@
 // operand (-1: absent) and has a kind:
 //   kPassThrough    sharding it shards every operand that has it (batch, M, N);
 //   kReduction      absent from some outputs: sharding it leaves those Partial(sum) (K);
-//   kNeedReplicate  must not be sharded (softmax's axis, a norm's channels).
+//   kNeedReplicate  must not be sharded (softmax's axis, a norm's channels);
+//   kCollective     absent from some outputs, but the op's kernel reduces over
+//                   the sharding axes itself (vocab-parallel cross-entropy:
+//                   the outputs stay whole; the partitioner tells the kernel
+//                   the axes and its offset).
 // On one mesh axis an op is split by at most one factor; a factor may be split
 // over several axes (then the same axes, in the same order, on every operand).
 // Partial(sum) inputs are accepted only for the sets in partial_inputs (the
@@ -30,7 +34,7 @@ namespace meshflow {
 
 struct ShardingRule {
   struct Factor {
-    enum Kind { kPassThrough, kReduction, kNeedReplicate };
+    enum Kind { kPassThrough, kReduction, kNeedReplicate, kCollective };
     std::string name;
     int64_t size = 1;
     std::vector<int> input_dim;   // per input: the dim this factor is, -1 if absent

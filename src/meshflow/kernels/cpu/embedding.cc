@@ -24,18 +24,33 @@ inline void check_id(const Node& n, int32_t id, int64_t pos, int64_t V) {
                               << " is outside [0, V) with V = " << V;
 }
 
-// embedding: table (V, C), ids (N) -> y (N, C)
+// A vocab shard (attrs.global_offset set by the partitioner) holds rows
+// [first, first + V) of a table of `whole` rows.
+struct Rows {
+  int64_t first = 0, whole = 0;
+};
+Rows rows_of(const Attrs& a, int64_t V) {
+  if (a.global_offset.empty()) return {0, V};
+  return {a.global_offset[0], a.global_dims[0]};
+}
+
+// embedding: table (V, C), ids (N) -> y (N, C); ids outside a shard's rows give zeros.
 void embedding_kernel(const KernelCall& c) {
   const float* table = c.in_f(0);
   const int32_t* ids = c.in_i(1);
   float* y = c.out_f(0);
   const int64_t V = c.in_shape(0).size(0), C = c.in_shape(0).size(1);
   const int64_t N = c.in_shape(1).numel();
+  const Rows rows = rows_of(c.attrs(), V);
   cpu::parallel_for(N, 2 * C, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const int32_t id = ids[i];
-      check_id(c.n, id, i, V);
-      std::memcpy(y + i * C, table + id * C, C * sizeof(float));
+      check_id(c.n, id, i, rows.whole);
+      const int64_t local = id - rows.first;
+      if (local >= 0 && local < V)
+        std::memcpy(y + i * C, table + local * C, C * sizeof(float));
+      else
+        std::memset(y + i * C, 0, C * sizeof(float));
     }
   });
 }
@@ -48,7 +63,8 @@ void embedding_grad_kernel(const KernelCall& c) {
   const Shape& ts = c.out_shape(0);
   const int64_t V = ts.size(0), C = ts.size(1);
   const int64_t N = c.in_shape(1).numel();
-  for (int64_t i = 0; i < N; ++i) check_id(c.n, ids[i], i, V);
+  const Rows rows = rows_of(c.attrs(), V);
+  for (int64_t i = 0; i < N; ++i) check_id(c.n, ids[i], i, rows.whole);
   cpu::parallel_for(V, C, [&](int64_t lo, int64_t hi) {
     std::memset(dt + lo * C, 0, (hi - lo) * C * sizeof(float));
   });
@@ -56,8 +72,10 @@ void embedding_grad_kernel(const KernelCall& c) {
   cpu::parallel_for(blocks, N * kColumnBlock, [&](int64_t blo, int64_t bhi) {
     const int64_t j0 = blo * kColumnBlock, j1 = std::min(C, bhi * kColumnBlock);
     for (int64_t i = 0; i < N; ++i) {
+      const int64_t local = ids[i] - rows.first;
+      if (local < 0 || local >= V) continue;  // another shard's row
       const float* src = dy + i * C;
-      float* dst = dt + static_cast<int64_t>(ids[i]) * C;
+      float* dst = dt + local * C;
 #pragma omp simd
       for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
     }

@@ -18,6 +18,7 @@
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/cpu/vmath.h"
+#include "meshflow/parallel/reshard_exec.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/op_def.h"
 
@@ -154,8 +155,71 @@ int64_t count_valid(const KernelCall& c, const int32_t* t, int64_t rows, int64_t
   return count;
 }
 
+// Vocab-parallel (attrs.ints: the mesh axes splitting V; attrs.global_offset /
+// global_dims: this shard's first class and the class count): each rank holds
+// classes [v0, v0 + V) of every row. The row maxima, the sums of exp and the
+// target logits are all-reduced over those axes (Megatron's
+// vocab_parallel_cross_entropy), so loss and lse come out whole.
+struct VocabShard {
+  int64_t v0 = 0, whole = 0;
+  std::vector<int> axes;
+  bool split() const { return !axes.empty(); }
+};
+VocabShard vocab_shard(const KernelCall& c) {
+  VocabShard v;
+  v.whole = c.in_shape(0).size(-1);
+  if (c.attrs().ints.empty()) return v;
+  for (int64_t a : c.attrs().ints) v.axes.push_back(static_cast<int>(a));
+  v.v0 = c.attrs().global_offset.back();
+  v.whole = c.attrs().global_dims.back();
+  MF_CHECK(c.comms != nullptr) << node_label(c.n) << ": vocab-parallel needs the mesh's communicators";
+  return v;
+}
+void reduce_over(const KernelCall& c, const VocabShard& vs, float* data, int64_t n, ReduceOp op) {
+  for (int a : vs.axes) {
+    Status s = c.comms->axis(a).all_reduce(data, n, op);
+    if (!s.is_ok()) throw StatusError(s.with_context(node_label(c.n)));
+  }
+}
+
+void cross_entropy_vocab_parallel(const KernelCall& c, const VocabShard& vs) {
+  const float* x = c.in_f(0);
+  const int32_t* t = c.in_i(1);
+  const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
+  int64_t count = count_valid(c, t, rows, vs.whole);
+  if (c.n.inputs.size() == 3) count = static_cast<int64_t>(*c.in_f(2));
+  std::vector<float> mx(rows), sum(rows), tl(rows);
+  cpu::parallel_for(rows, row_cost(v, 1), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      float m = kNegInf;
+      for (int64_t j = 0; j < v; ++j) m = std::max(m, x[r * v + j]);
+      mx[r] = m;
+    }
+  });
+  reduce_over(c, vs, mx.data(), rows, ReduceOp::kMax);
+  cpu::parallel_for(rows, row_cost(v, 4), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      double s = 0;
+      for (int64_t j = 0; j < v; ++j) s += std::exp(static_cast<double>(x[r * v + j] - mx[r]));
+      sum[r] = static_cast<float>(s);
+      const int64_t local = static_cast<int64_t>(t[r]) - vs.v0;
+      tl[r] = t[r] >= 0 && local >= 0 && local < v ? x[r * v + local] : 0.f;
+    }
+  });
+  reduce_over(c, vs, sum.data(), rows, ReduceOp::kSum);
+  reduce_over(c, vs, tl.data(), rows, ReduceOp::kSum);
+  float* lse = c.out_f(1);
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    lse[r] = mx[r] + std::log(sum[r]);
+    if (t[r] >= 0) total += static_cast<double>(lse[r]) - static_cast<double>(tl[r]);
+  }
+  *c.out_f(0) = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.f;
+}
+
 // outputs: loss [] = mean over valid rows of lse - x[t]; lse [rows].
 void cross_entropy_kernel(const KernelCall& c) {
+  if (const VocabShard vs = vocab_shard(c); vs.split()) return cross_entropy_vocab_parallel(c, vs);
   const float* x = c.in_f(0);
   const int32_t* t = c.in_i(1);
   float* loss = c.out_f(0);
@@ -181,7 +245,8 @@ void cross_entropy_grad_kernel(const KernelCall& c) {
   const float dloss = *c.in_f(3);
   float* dx = c.out_f(0);
   const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
-  int64_t count = count_valid(c, t, rows, v);
+  const VocabShard vs = vocab_shard(c);  // a vocab shard: classes [v0, v0 + v) of each row
+  int64_t count = count_valid(c, t, rows, vs.whole);
   if (c.n.inputs.size() == 5) count = static_cast<int64_t>(*c.in_f(4));  // global count (sharded rows)
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.f;
   cpu::parallel_for(rows, row_cost(v, 5), [&](int64_t lo, int64_t hi) {
@@ -195,7 +260,8 @@ void cross_entropy_grad_kernel(const KernelCall& c) {
       const float l = lse[r];
 #pragma omp simd simdlen(16)
       for (int64_t j = 0; j < v; ++j) dxr[j] = exp_approx(xr[j] - l) * scale;
-      dxr[t[r]] -= scale;
+      const int64_t local = static_cast<int64_t>(t[r]) - vs.v0;
+      if (local >= 0 && local < v) dxr[local] -= scale;
     }
   });
 }

@@ -1,0 +1,295 @@
+// The planner against this machine (issue 6 §6): trains a small GPT under a
+// dozen plans on 1-4 in-process ranks (data parallel, Megatron tensor
+// parallel, sequence parallel, ZeRO 1-3, recompute, gradient accumulation),
+// measures the median step time and each rank's peak memory (Executor::memory:
+// persistent storage + the static arena), prices the same plans with the cost
+// model on the calibrated cluster shared among the ranks (plan::share_machine),
+// and prints predicted vs measured with the median errors.
+//
+//   plan_accuracy [--cluster configs/clusters/local_cpu.json] [--steps 6] [--warmup 2]
+//                 [--only NAME,...] [--model M.json] [--batch 16] [--seq 128] [--breakdown]
+//                 [--repeat R] [--profile]
+// --repeat R: each plan's measured time is the least of R runs (the least
+// disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and memory and the
+// program's collectives; --profile: rank 0's kernel time by op kind beside the
+// roofline of the same nodes.
+//
+// bench/plan_accuracy.sh builds it and runs it with the defaults.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/plan/cluster.h"
+#include "meshflow/plan/cost_model.h"
+#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/runtime/trainer.h"
+
+using namespace meshflow;
+
+namespace {
+
+struct Case {
+  std::string name;
+  int ranks = 1;
+  std::string mesh;    // "dp=2,tp=2"
+  std::string preset;  // dp | megatron | megatron-sp
+  int zero = 0;
+  std::string recompute = "none";
+  int micro_batches = 1;
+};
+
+struct Measured {
+  double step_s = 0;       // median over steps of the slowest rank's step
+  double spread = 0;       // (max - min) / median of those steps
+  MemoryStats memory;      // the rank with the largest total
+  std::string collectives;  // rank 0's program: collective kind x phase counts
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t degree(const std::string& mesh, const std::string& axis) {
+  const size_t at = mesh.find(axis + "=");
+  return at == std::string::npos ? 1 : std::atoll(mesh.c_str() + at + axis.size() + 1);
+}
+
+bool g_profile = false;
+const plan::Cluster* g_cluster = nullptr;  // the shared cluster of the plan being measured
+
+// --profile: rank 0's measured seconds per step by op kind beside the
+// roofline (plan::Cluster) of the same nodes of its program.
+void print_profile(Executor& ex, int steps, int micro_batches) {
+  const Graph& g = ex.graph();
+  std::vector<double> pred(kNumOpKinds, 0.0);
+  std::vector<int> count(kNumOpKinds, 0);
+  auto add = [&](const std::vector<NodeId>& order, double times) {
+    for (NodeId id : order) {
+      const Node& n = g.node(id);
+      const OpCost c = op_cost(g, n);
+      pred[int(n.kind)] += times * g_cluster->roofline_time_s(c.flops, c.bytes, DType::F32);
+      count[int(n.kind)] += int(times);
+    }
+  };
+  add(ex.forward_backward_order(), micro_batches);
+  add(ex.optimizer_order(), 1);
+  const std::vector<double>& meas = ex.seconds_by_kind();
+  double tm = 0, tp = 0;
+  std::printf("    %-22s %6s %10s %10s\n", "op kind", "nodes", "meas ms", "roofline");
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (meas[k] <= 0 && pred[k] <= 0) continue;
+    tm += meas[k] / steps, tp += pred[k];
+    std::printf("    %-22s %6d %10.2f %10.2f\n", std::string(op_name(OpKind(k))).c_str(), count[k],
+                1e3 * meas[k] / steps, 1e3 * pred[k]);
+  }
+  std::printf("    %-22s %6s %10.2f %10.2f\n", "total", "", 1e3 * tm, 1e3 * tp);
+}
+
+Result<Measured> measure(const json& model, const Case& c, int batch, int seq, int warmup,
+                         int steps) {
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train",
+               {{"steps", warmup + steps},
+                {"batch_size", batch},
+                {"micro_batches", c.micro_batches},
+                {"seq_len", seq},
+                {"recompute", c.recompute},
+                {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
+              {"parallel",
+               {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}}}};
+  MF_ASSIGN_OR_RETURN(RunConfig rc, parse_run_config(doc, ""));
+  std::mutex mu;
+  std::string collectives;
+  std::vector<std::vector<double>> secs(static_cast<size_t>(c.ranks));
+  std::vector<MemoryStats> mem(static_cast<size_t>(c.ranks));
+  auto body = [&](std::shared_ptr<Communicator> comm, int rank) -> Status {
+    MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(rc, comm));
+    std::vector<double> s;
+    for (int i = 0; i < warmup + steps; ++i) {
+      if (i == warmup && rank == 0 && g_profile) tr->executor().set_profiling(true);
+      StepResult r = tr->step();
+      if (i >= warmup) s.push_back(r.seconds);
+    }
+    if (rank == 0 && g_profile) print_profile(tr->executor(), steps, c.micro_batches);
+    std::lock_guard<std::mutex> lock(mu);
+    if (rank == 0 && tr->program()) {
+      std::map<std::string, int> n;
+      for (const CollectiveRecord& r : tr->program()->collectives)
+        ++n[std::string(op_name(r.kind)) + "/" + std::string(phase_name(r.phase))];
+      for (const auto& [k, v] : n) collectives += k + " x" + std::to_string(v) + " ";
+    }
+    secs[static_cast<size_t>(rank)] = s;
+    mem[static_cast<size_t>(rank)] = tr->executor().memory();
+    return Status::ok();
+  };
+  if (c.ranks == 1) {
+    MF_RETURN_IF_ERROR(body(nullptr, 0));
+  } else {
+    MF_RETURN_IF_ERROR(run_local_ranks(c.ranks, [&](const std::shared_ptr<Transport>& t) {
+      return body(Communicator::world(t), t->rank());
+    }));
+  }
+  Measured m;
+  std::vector<double> per_step(static_cast<size_t>(steps), 0.0);
+  for (const auto& s : secs)
+    for (int i = 0; i < steps; ++i) per_step[i] = std::max(per_step[i], s[i]);
+  m.step_s = median(per_step);
+  m.spread = (*std::max_element(per_step.begin(), per_step.end()) -
+              *std::min_element(per_step.begin(), per_step.end())) /
+             m.step_s;
+  for (const MemoryStats& s : mem)
+    if (s.total() > m.memory.total()) m.memory = s;
+  m.collectives = collectives;
+  return m;
+}
+
+plan::Plan plan_of(const Case& c, int batch) {
+  plan::Plan p;
+  p.dp = degree(c.mesh, "dp");
+  p.tp = degree(c.mesh, "tp");
+  p.sp = c.preset == "megatron-sp";
+  p.num_micro_batches = c.micro_batches;
+  p.micro_batch = batch / (p.dp * c.micro_batches);
+  p.zero = c.zero;
+  p.recompute = value_or_throw(plan::parse_recompute(c.recompute));
+  return p;
+}
+
+double mib(double b) {
+  return b / (1024.0 * 1024.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cluster_path = "configs/clusters/local_cpu.json", model_path, only;
+  int steps = 6, warmup = 2, batch = 16, seq = 128, repeat = 1;
+  bool breakdown = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "plan_accuracy: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--cluster")
+      cluster_path = next();
+    else if (k == "--model")
+      model_path = next();
+    else if (k == "--only")
+      only = "," + next() + ",";
+    else if (k == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (k == "--warmup")
+      warmup = std::atoi(next().c_str());
+    else if (k == "--batch")
+      batch = std::atoi(next().c_str());
+    else if (k == "--seq")
+      seq = std::atoi(next().c_str());
+    else if (k == "--repeat")
+      repeat = std::max(1, std::atoi(next().c_str()));
+    else if (k == "--breakdown")
+      breakdown = true;
+    else if (k == "--profile")
+      g_profile = true;
+    else {
+      std::fprintf(stderr, "plan_accuracy: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  // A small GPT: 4 layers, hidden 256, 4 heads, bytes (gpt_bytes_small.json's shape).
+  json model = {{"model_type", "gpt2"}, {"n_layer", 4},       {"n_embd", 256},
+                {"n_head", 4},          {"n_positions", 256}, {"vocab_size", 256},
+                {"tie_word_embeddings", true}};
+  if (!model_path.empty()) model = value_or_throw(read_json_file(model_path));
+  const plan::Cluster machine = value_or_throw(plan::load_cluster(cluster_path));
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+
+  const std::vector<Case> cases = {
+      {"dp1", 1, "dp=1", "dp"},
+      {"dp1-mb4", 1, "dp=1", "dp", 0, "none", 4},
+      {"dp1-full", 1, "dp=1", "dp", 0, "full"},
+      {"dp1-selective", 1, "dp=1", "dp", 0, "selective"},
+      {"dp2", 2, "dp=2", "dp"},
+      {"dp4", 4, "dp=4", "dp"},
+      {"tp2", 2, "dp=1,tp=2", "megatron"},
+      {"tp2-sp", 2, "dp=1,tp=2", "megatron-sp"},
+      {"dp2-tp2", 4, "dp=2,tp=2", "megatron"},
+      {"dp2-zero1", 2, "dp=2", "dp", 1},
+      {"dp2-zero2", 2, "dp=2", "dp", 2},
+      {"dp2-zero3", 2, "dp=2", "dp", 3},
+      {"dp4-zero1", 4, "dp=4", "dp", 1},
+      {"dp4-zero3", 4, "dp=4", "dp", 3},
+      {"dp2-full-zero1", 2, "dp=2", "dp", 1, "full"},
+  };
+
+  std::printf("plan accuracy: GPT %s, batch %d x seq %d, cluster %s (%.1f GFLOP/s, %.1f GB/s)\n",
+              model.dump().c_str(), batch, seq, cluster_path.c_str(),
+              machine.device.peak_flops.f32 / 1e9, machine.device.memory_bandwidth_bytes_per_s / 1e9);
+  std::printf("%-16s %5s %10s %10s %7s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
+              "meas ms", "err", "noise", "pred MiB", "meas MiB", "err");
+  std::vector<double> time_err, mem_err;
+  for (const Case& c : cases) {
+    if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
+    plan::TrainingJob job{mc, batch, seq};
+    const plan::Cluster cl = value_or_throw(plan::share_machine(machine, c.ranks));
+    plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
+    g_cluster = &cl;
+    Result<plan::StepCost> pc = cm.price(plan_of(c, batch));
+    if (!pc.is_ok()) {
+      std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
+      continue;
+    }
+    // The least disturbed of `repeat` runs (the machine may be shared).
+    Result<Measured> me = measure(model, c, batch, seq, warmup, steps);
+    for (int r = 1; r < repeat && me.is_ok(); ++r) {
+      Result<Measured> again = measure(model, c, batch, seq, warmup, steps);
+      if (!again.is_ok() || again->step_s < me->step_s) me = std::move(again);
+    }
+    if (!me.is_ok()) {
+      std::printf("%-16s run failed: %s\n", c.name.c_str(), me.status().message().c_str());
+      continue;
+    }
+    const double te = pc->step_time_s / me->step_s - 1;
+    const double mem_meas = static_cast<double>(me->memory.total());
+    const double memerr = pc->memory.total / mem_meas - 1;
+    time_err.push_back(std::abs(te));
+    mem_err.push_back(std::abs(memerr));
+    std::printf("%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %10.2f %10.2f %+6.1f%%\n",
+                c.name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
+                100 * me->spread, mib(pc->memory.total), mib(mem_meas), 100 * memerr);
+    if (breakdown) {
+      const plan::MemoryBreakdown& m = pc->memory;
+      const MemoryStats& s = me->memory;
+      std::printf(
+          "    predicted: compute %.1f recompute %.1f tp %.1f dp %.1f opt %.1f ms | params %.2f "
+          "grads %.2f opt %.2f act %.2f tmp %.2f MiB\n",
+          pc->compute_s * 1e3, pc->recompute_s * 1e3, pc->tp_comm_s * 1e3, pc->dp_comm_s * 1e3,
+          pc->optimizer_s * 1e3, mib(m.params), mib(m.grads), mib(m.optimizer),
+          mib(m.activations), mib(m.temporaries));
+      std::printf("    measured:  params %.2f grads %.2f opt %.2f inputs %.2f arena %.2f MiB\n",
+                  mib(s.params), mib(s.grads), mib(s.optimizer), mib(s.inputs), mib(s.arena));
+      if (!me->collectives.empty()) std::printf("    program:   %s\n", me->collectives.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (!time_err.empty())
+    std::printf("median |error|: step time %.1f%% (target <= 15%%), peak memory %.1f%% (<= 10%%) over "
+                "%zu plans\n",
+                100 * median(time_err), 100 * median(mem_err), time_err.size());
+  return 0;
+}
