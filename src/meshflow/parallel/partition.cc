@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -27,7 +28,9 @@ class CostCache {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     auto plan = plan_reshard(shape, mesh_, src, dst, model_);
-    double c = plan.is_ok() ? plan->cost_s : kInf;
+    // Ties (a reduce_scatter + all_gather moves what one all_reduce does) go
+    // to fewer collectives: a nanosecond per collective.
+    double c = plan.is_ok() ? plan->cost_s + 1e-9 * plan->num_collectives() : kInf;
     cache_.emplace(std::move(key), c);
     return c;
   }
@@ -149,7 +152,16 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
   a.node.resize(g.num_nodes());
   a.why.resize(g.num_nodes());
   auto current = [&](ValueId v) -> const Layout& { return a.produced(g, v); };
-  for (NodeId id = 0; id < g.num_nodes(); ++id) {
+  // Reshards asked for so far, by (value, layout, phase): a later consumer
+  // reading the same value in the same layout shares them.
+  std::set<std::tuple<ValueId, std::string, Phase>> requested;
+  auto note_requests = [&](NodeId id) {
+    const Node& n = g.node(id);
+    for (size_t i = 0; i < n.inputs.size() && i < a.node[id].inputs.size(); ++i)
+      if (!(a.node[id].inputs[i] == current(n.inputs[i])))
+        requested.insert({n.inputs[i], a.node[id].inputs[i].to_string(), n.phase});
+  };
+  for (NodeId id = 0; id < g.num_nodes(); note_requests(id), ++id) {
     const Node& n = g.node(id);
     ShardingStrategy& st = a.node[id];
     if (n.inputs.empty()) {
@@ -177,10 +189,11 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       a.why[id] = "user";
       continue;
     }
-    // A Partial input the node is linear in stays Partial: the reduction is
-    // deferred to where a value must be whole (three backward partial sums
-    // added first cost one all_reduce, not three).
-    {
+    // In the backward, a Partial input the node is linear in stays Partial:
+    // the reduction is deferred to where a value must be whole (three partial
+    // gradient sums added first cost one all_reduce, not three). Not in the
+    // forward: a Partial activation would be reduced again for the backward.
+    if (n.phase != Phase::kForward) {
       bool partial_in = false;
       std::vector<Layout> ins;
       for (ValueId v : n.inputs) {
@@ -235,15 +248,18 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     for (ShardingStrategy& s : enumerate_strategies(g, n, mesh)) cands.push_back(std::move(s));
     double best = kInf;
     int best_i = -1;
+    bool best_partial = true;
     for (size_t c = 0; c < cands.size(); ++c) {
       double total = 0;
-      for (size_t i = 0; i < n.inputs.size() && total < best; ++i) {
-        // Free when an optimizer update will read the value there anyway
-        // (the reshard is made once per phase and shared).
+      for (size_t i = 0; i < n.inputs.size() && total <= best; ++i) {
+        // Free when an optimizer update will read the value there anyway, or
+        // an earlier consumer in this phase already asked for it there (the
+        // lowering makes each reshard once per phase and shares it).
         auto later = update_reads.find(n.inputs[i]);
         if (later != update_reads.end() && later->second == cands[c].inputs[i] &&
             n.phase == Phase::kOptimizer)
           continue;
+        if (requested.count({n.inputs[i], cands[c].inputs[i].to_string(), n.phase})) continue;
         total += cost(g.shape(n.inputs[i]), current(n.inputs[i]), cands[c].inputs[i]);
       }
       if (!o.rules.rules.empty()) {
@@ -257,9 +273,15 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
           if (const Layout* w = stay_with(n, n.outputs[i]))
             total += cost(g.shape(n.outputs[i]), cands[c].outputs[i], *w);
       }
-      if (total < best) {
+      // Ties: in the forward, prefer whole outputs (a Partial activation
+      // carried along would need its reduction where it is read).
+      bool partial = false;
+      for (const Layout& l : cands[c].outputs) partial |= l.has_partial();
+      partial &= n.phase == Phase::kForward;
+      if (total < best || (total == best && best_partial && !partial && total < kInf)) {
         best = total;
         best_i = static_cast<int>(c);
+        best_partial = partial;
       }
     }
     if (best_i < 0)
@@ -417,7 +439,14 @@ class Lowering {
   Result<ValueId> get(ValueId v, const Layout& dst, const Node& consumer) {
     const Layout& src = a_.produced(g_, v);
     if (src == dst) return p_.local_of[v];
-    auto key = std::make_tuple(v, dst.to_string(), static_cast<int>(consumer.phase));
+    // A reduction of a Partial forward value is kept for the backward (the
+    // backward would otherwise reduce the same sum again); gathers are redone.
+    // Only between the training phases: metric nodes do not run in training.
+    const bool training = consumer.phase == Phase::kForward || consumer.phase == Phase::kBackward;
+    const Phase phase = training && src.has_partial() && g_.producer(v).phase == Phase::kForward
+                            ? Phase::kForward
+                            : consumer.phase;
+    auto key = std::make_tuple(v, dst.to_string(), static_cast<int>(phase));
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, src, dst, cost_));
     MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(v, p_.local_of[v], plan, consumer));

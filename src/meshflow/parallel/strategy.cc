@@ -320,9 +320,10 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
   std::vector<std::pair<std::string, std::string>> all;
   if (preset == "dp") all = {{"batch", "dp"}};
   if (preset == "megatron")
-    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"}, {"ffn", "tp"}};
+    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"}, {"ffn", "tp"}, {"vocab", "tp"}};
   if (preset == "megatron-sp")
-    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"}, {"ffn", "tp"}, {"seq", "tp"}};
+    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"},
+           {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "tp"}};
   if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
   DimRules r;
   for (auto& [dim, axis] : all)

@@ -74,8 +74,8 @@ struct DimRules {
 // The layout of a value of `shape`: each dim named in the rules is Shard on
 // its axis, unless an earlier rule already took that axis for this value
 // (then that dim stays replicated): rule order is priority, so
-// {heads: tp, seq: tp} shards heads where a value has both, seq elsewhere. A rule dim whose size the axis does not divide
-// is an error naming the dim, the sizes and the valid splits.
+// {heads: tp, seq: tp} shards heads where a value has both, seq elsewhere. A rule dim whose size
+// the axis does not divide is an error naming the dim, the sizes and the valid splits.
 Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape);
 
 struct RulesReport {
@@ -95,7 +95,8 @@ Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules
 
 // The rules of a named preset on a mesh (rules naming axes the mesh lacks are
 // left out): "dp" {batch: dp}; "megatron" {batch: dp, heads: tp, kv_heads: tp,
-// ffn: tp} (column-parallel QKV / fc1, row-parallel out-proj / fc2);
+// ffn: tp, vocab: tp} (column-parallel QKV / fc1, row-parallel out-proj / fc2,
+// vocab-parallel embedding, LM head and cross-entropy);
 // "megatron-sp" the same + {seq: tp} (norms, dropout and residuals on sequence
 // shards: all_gather / reduce_scatter in place of all_reduce); "ulysses"
 // {batch: dp, seq: cp} (attention gets its heads split by all_to_all).
@@ -106,8 +107,8 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
                                                                    const Mesh& mesh);
 
 struct StrategyConfig {
-  std::string mode = "data";  // "data" | "semi" | "hybrid" | "auto"
-  std::string preset;         // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
+  std::string mode = "data";         // "data" | "semi" | "hybrid" | "auto"
+  std::string preset;                // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
   std::string search = "propagate";  // auto mode: "propagate" | "full"
   int zero = 0;                      // ZeRO stage over the dp axis
   // "pipeline": {...} (pipeline/pipeline_trainer.h parse_pipeline_config), kept raw here.

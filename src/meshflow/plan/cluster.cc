@@ -4,8 +4,10 @@
 #include <cmath>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "meshflow/core/check.h"
+#include "meshflow/runtime/comm/transport.h"
 
 namespace meshflow::plan {
 
@@ -118,7 +120,7 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices) {
   return r;
 }
 
-Result<Cluster> share_machine(const Cluster& machine, int64_t ranks) {
+Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cores) {
   if (machine.total_devices() != 1)
     return Status::invalid("cluster '" + machine.name + "' has " +
                            std::to_string(machine.total_devices()) +
@@ -135,6 +137,8 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks) {
   r.device.memory_bandwidth_bytes_per_s *= share;
   r.device.memory_bytes = static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
   for (EfficiencyPoint& e : r.device.matmul_efficiency) e.gflop *= share;
+  if (cores <= 0) cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (ranks > cores) r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;
   r.inter_node = r.intra_node;
   if (ranks > 1) r.name = machine.name + " x" + std::to_string(ranks) + " ranks";
   return r;

@@ -120,9 +120,14 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices);
 // peak FLOP/s, of the memory bandwidth and of the memory. A matmul call of F
 // FLOPs on a 1/ranks share does the per-core work of a call of ranks x F on the
 // whole machine, so the efficiency curve's call sizes scale by 1/ranks. The
-// ranks form one node; both links stay the calibrated in-process transport.
+// ranks form one node; both links are the calibrated in-process transport.
+// More ranks than `cores` (0: this machine's hardware threads) time-share the
+// cores: a rank waiting in a collective polls for the transport's spin time
+// (LocalTransportOptions::spin_us) and then sleeps until its peer, itself
+// waiting for a core, has run, so every message step of a collective costs
+// at least that spin time: the link latency becomes latency + spin.
 // REQUIRES machine.total_devices() == 1 (errors otherwise), ranks >= 1.
-Result<Cluster> share_machine(const Cluster& machine, int64_t ranks);
+Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cores = 0);
 
 // Reads a cluster from its JSON (strict: unknown keys, wrong types and
 // out-of-range values are errors naming the key and what is valid).

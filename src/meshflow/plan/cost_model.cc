@@ -77,9 +77,16 @@ CostConstants megatron2021_constants() {
 
 CostConstants meshflow_cpu_constants() {
   CostConstants k;
-  k.matmul_efficiency_scale = 1.0;
+  // The CPU stack's fitted constant (the A100 fit's counterpart, fitted once):
+  // training GEMMs inside a step reach 0.92 of the calibration's best-of-N
+  // rate at their size (cold caches, transposed and skinny operands). Fitted on
+  // one kernel profile, not on step times: `bench/plan_accuracy --profile
+  // --only dp1` on configs/clusters/local_cpu.json, matmul kernels 147.4 ms
+  // against 134.9 ms of roofline at scale 1 (dp2: 145.1, dp4: 144.3).
+  k.matmul_efficiency_scale = 0.92;
   k.overlap_grad_reduce = false;
   k.zero3_prefetch = false;
+  k.collective_per_tensor = true;
   k.memory_model = MemoryModel::kStaticArena;
   return k;
 }
@@ -191,12 +198,12 @@ Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_ba
       if (n.kind == OpKind::kParameter) {
         const int64_t e = g.shape(n.outputs[0]).numel();
         if (n.layer == 0)
-          lc.layer_params += e;
+          lc.layer_params += e, ++lc.layer_param_tensors;
         else if (n.name.find("embed") != std::string::npos || n.name.rfind("wte", 0) == 0 ||
                  n.name.rfind("wpe", 0) == 0)
-          lc.embed_params += e;
+          lc.embed_params += e, ++lc.embed_param_tensors;
         else
-          lc.head_params += e;
+          lc.head_params += e, ++lc.head_param_tensors;
       }
       continue;
     }
@@ -446,15 +453,26 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
   const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
   double dp_exposed = 0, dp_bytes = 0;
+  // Collectives per step for the stage's gradients: one (bucketed), or one per
+  // parameter tensor (collective_per_tensor), each paying the ring latency.
+  const double tensors =
+      k_.collective_per_tensor
+          ? ls * lc.layer_param_tensors +
+                std::max(p.pp == 1 ? lc.embed_param_tensors + lc.head_param_tensors : 0,
+                         std::max(lc.embed_param_tensors, lc.head_param_tensors))
+          : 1.0;
+  auto dp_collective = [&](Collective c, double bytes) {
+    return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
+  };
   if (p.zero == 0) {
-    const double t = cl.collective_time_s(Collective::kAllReduce, replicas, grad_bytes, dp_link);
+    const double t = dp_collective(Collective::kAllReduce, grad_bytes);
     dp_exposed = std::max(0.0, t - window);
     dp_bytes = 2 * ring_dp * grad_bytes;
   } else if (p.zero <= 2) {
-    const double rs =
-        cl.collective_time_s(Collective::kReduceScatter, replicas, grad_bytes, dp_link);
-    const double ag =
-        cl.collective_time_s(Collective::kAllGather, replicas, p_stage * act, dp_link);
+    const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
+    double ag = dp_collective(Collective::kAllGather, p_stage * act);
+    // The gradient norm over sharded gradients: a scalar all_reduce per tensor.
+    if (k_.collective_per_tensor) ag += dp_collective(Collective::kAllReduce, 4.0 * tensors);
     dp_exposed = std::max(0.0, rs - window) + ag;
     dp_bytes = ring_dp * (grad_bytes + p_stage * act);
   } else {
@@ -470,11 +488,14 @@ Result<StepCost> CostModel::price(const Plan& p) const {
     // last reduce_scatter have nothing to hide behind. Without overlap
     // (zero3_prefetch false: meshflow's program runs them as nodes) all of it
     // is exposed.
+    // calls: the layers + the embedding/head; a layer's collectives are one
+    // per tensor of it with collective_per_tensor.
     const double calls = ls + 1;
-    const double ag = cl.collective_time_s(Collective::kAllGather, replicas,
-                                           p_stage * act / calls, dp_link);
-    const double rs = cl.collective_time_s(Collective::kReduceScatter, replicas,
-                                           grad_bytes / calls, dp_link);
+    const double per_call = std::max(1.0, tensors / calls);
+    const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
+                                                      p_stage * act / calls / per_call, dp_link);
+    const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                                      grad_bytes / calls / per_call, dp_link);
     const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
     double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
     if (k_.zero3_prefetch) {

@@ -118,6 +118,11 @@ struct CostConstants {
   // activation and the receiver all_gathers it over the tp link (2021 paper, Sec. 4.1).
   bool p2p_scatter_gather = true;
   MemoryModel memory_model = MemoryModel::kMegatron;
+  // Gradient reductions (and ZeRO gathers) as one collective per parameter
+  // tensor, each paying its ring latency (meshflow's partitioned program), or
+  // bucketed into a few large ones whose latency is negligible (PyTorch DDP,
+  // Megatron-LM, DeepSpeed: false).
+  bool collective_per_tensor = false;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
@@ -126,11 +131,12 @@ struct CostConstants {
 CostConstants megatron2021_constants();
 
 // meshflow's own CPU runtime on a calibrated cluster (configs/clusters/local_cpu.json,
-// shared among in-process ranks with share_machine): the calibration's SGEMM
-// curve is already the achieved rate, so matmul_efficiency_scale = 1 (the A100
-// fit stands for what a datasheet peak hides; a measured curve hides nothing);
-// memory from the static arena; gradient reductions run as collective nodes of
-// the program after the backward (no overlap); f32 AdamW (28 B/param).
+// shared among in-process ranks with share_machine): matmul_efficiency_scale
+// 0.92, this stack's one fit (training GEMMs against the calibration's
+// best-of-N SGEMM rate, fitted once on a kernel profile; see the .cc); memory
+// from the static arena; gradient reductions and ZeRO gathers run as
+// collective nodes of the program, one per parameter tensor, after the
+// backward (no overlap, no prefetch); f32 AdamW (28 B/param).
 CostConstants meshflow_cpu_constants();
 
 // Bytes per device, for the worst pipeline stage.
@@ -199,6 +205,7 @@ struct LayerCost {
   int64_t layer_params = 0;                                 // per rank
   int64_t embed_params = 0;                                 // per rank (word + position table)
   int64_t head_params = 0;  // per rank (final norm + lm_head; the table copy when tied)
+  int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
   int nodes = 0;            // nodes priced (forward + backward of the one-layer program)
 };
 

@@ -18,9 +18,9 @@
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/cpu/vmath.h"
-#include "meshflow/parallel/reshard_exec.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/reshard_exec.h"
 
 namespace meshflow {
 
@@ -172,7 +172,8 @@ VocabShard vocab_shard(const KernelCall& c) {
   for (int64_t a : c.attrs().ints) v.axes.push_back(static_cast<int>(a));
   v.v0 = c.attrs().global_offset.back();
   v.whole = c.attrs().global_dims.back();
-  MF_CHECK(c.comms != nullptr) << node_label(c.n) << ": vocab-parallel needs the mesh's communicators";
+  MF_CHECK(c.comms != nullptr) << node_label(c.n)
+                               << ": vocab-parallel needs the mesh's communicators";
   return v;
 }
 void reduce_over(const KernelCall& c, const VocabShard& vs, float* data, int64_t n, ReduceOp op) {
@@ -199,8 +200,18 @@ void cross_entropy_vocab_parallel(const KernelCall& c, const VocabShard& vs) {
   reduce_over(c, vs, mx.data(), rows, ReduceOp::kMax);
   cpu::parallel_for(rows, row_cost(v, 4), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
+      // The same exp and chunked sums as the whole-row path (row_max_sum),
+      // so the probabilities the gradient computes sum to what lse says.
       double s = 0;
-      for (int64_t j = 0; j < v; ++j) s += std::exp(static_cast<double>(x[r * v + j] - mx[r]));
+      for (int64_t c0 = 0; c0 < v; c0 += kChunk) {
+        const float* xc = x + r * v + c0;
+        const int64_t len = std::min(kChunk, v - c0);
+        const float m = mx[r];
+        float cs = 0;
+#pragma omp simd simdlen(16) reduction(+ : cs)
+        for (int64_t j = 0; j < len; ++j) cs += exp_approx(xc[j] - m);
+        s += cs;
+      }
       sum[r] = static_cast<float>(s);
       const int64_t local = static_cast<int64_t>(t[r]) - vs.v0;
       tl[r] = t[r] >= 0 && local >= 0 && local < v ? x[r * v + local] : 0.f;
@@ -226,7 +237,8 @@ void cross_entropy_kernel(const KernelCall& c) {
   float* lse = c.out_f(1);
   const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
   int64_t count = count_valid(c, t, rows, v);
-  if (c.n.inputs.size() == 3) count = static_cast<int64_t>(*c.in_f(2));  // global count (sharded rows)
+  if (c.n.inputs.size() == 3)
+    count = static_cast<int64_t>(*c.in_f(2));  // global count (sharded rows)
   cpu::parallel_for(rows, row_cost(v, 6), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) lse[r] = row_max_sum(x + r * v, v).lse();
   });
@@ -247,7 +259,8 @@ void cross_entropy_grad_kernel(const KernelCall& c) {
   const int64_t v = c.in_shape(0).size(-1), rows = c.in_shape(0).numel() / v;
   const VocabShard vs = vocab_shard(c);  // a vocab shard: classes [v0, v0 + v) of each row
   int64_t count = count_valid(c, t, rows, vs.whole);
-  if (c.n.inputs.size() == 5) count = static_cast<int64_t>(*c.in_f(4));  // global count (sharded rows)
+  if (c.n.inputs.size() == 5)
+    count = static_cast<int64_t>(*c.in_f(4));  // global count (sharded rows)
   const float scale = count > 0 ? dloss / static_cast<float>(count) : 0.f;
   cpu::parallel_for(rows, row_cost(v, 5), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
