@@ -209,16 +209,54 @@ TEST_F(PipelineCli, PartitionedTraceHasOneSpanPerCollective) {
   EXPECT_TRUE(t.has_prefix("all_reduce ")) << "no collective span";
 }
 
-TEST_F(PipelineCli, UnsupportedCombinationsAndWrongRankCountsAreUserErrors) {
+// Pipeline x tensor parallel: each stage the Megatron program on its tp=2
+// sub-mesh (4 ranks), with evaluation and a checkpoint that --init reads back.
+TEST_F(PipelineCli, PipelineTimesMegatronTrains) {
   json j = gpt_run();
   j["parallel"] = {{"mode", "semi"},
                    {"mesh", "dp=1,tp=2"},
                    {"preset", "megatron"},
                    {"pipeline", pipeline(2, "1f1b", 2)}};
+  const std::string cfg = write(j);
+  CliRun r = run("train " + cfg + " --ranks 4 --metrics " + path("m.jsonl") + " --checkpoint " +
+                 path("w.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline 2 stages x mesh"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(path("m.jsonl")).size(), 3u);
+  EXPECT_TRUE(fs::exists(path("w.safetensors")));
+  r = run("train " + cfg + " --ranks 4 --steps 1 --init " + path("w.safetensors"));
+  EXPECT_EQ(r.code, 0) << r.output;
+
+  json one = gpt_run();
+  one["train"]["micro_batches"] = 2;
+  ASSERT_EQ(run("train " + write(one, "one.json") + " --metrics " + path("one.jsonl")).code, 0);
+  const std::vector<double> a = losses(path("one.jsonl")), b = losses(path("m.jsonl"));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(a[i])) << i;
+}
+
+TEST_F(PipelineCli, UnsupportedCombinationsAndWrongRankCountsAreUserErrors) {
+  json j = gpt_run();
+  // Tensor parallel inside the stages needs the partitioner (mode semi).
+  j["parallel"] = {{"mesh", "dp=1,tp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
   CliRun r = run("train " + write(j) + " --ranks 4");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("tp=2 with parallel.pipeline"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("not supported yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tp=2 with parallel.pipeline in mode \"data\""), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\"mode\": \"semi\""), std::string::npos) << r.output;
+
+  j["parallel"] = {{"mode", "hybrid"}, {"mesh", "tp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
+  r = run("train " + write(j) + " --ranks 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"hybrid\" with parallel.pipeline"), std::string::npos) << r.output;
+
+  j["parallel"] = {{"mode", "semi"},
+                   {"mesh", "dp=2,tp=2"},
+                   {"preset", "megatron"},
+                   {"pipeline", pipeline(2, "1f1b", 2)}};
+  r = run("train " + write(j) + " --ranks 4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("run with --ranks 8"), std::string::npos) << r.output;
 
   j["parallel"] = {{"mesh", "dp=2"}, {"pipeline", pipeline(2, "1f1b", 2)}};
   r = run("train " + write(j) + " --ranks 2");

@@ -71,6 +71,23 @@ Result<std::optional<PipelineConfig>> pipeline_of(RunConfig* rc, int world) {
     if (rc->train.micro_batches == 1) rc->train.micro_batches = pc.micro_batches;
     return std::optional<PipelineConfig>();
   }
+  if (par.mode != "data") {
+    // SPMD stages: each stage is the partitioned program on its sub-mesh
+    // (the mesh without pp), so tp, cp, sp, presets, strategies and ZeRO apply
+    // inside every stage.
+    if (par.mode == "hybrid")
+      return Status::invalid(
+          "parallel.mode \"hybrid\" with parallel.pipeline: collectives placed by hand are built "
+          "through the C++ API; use \"semi\" (a preset, rules or strategies) or \"auto\"");
+    if (par.mode == "auto" && par.search == "full")
+      return Status::invalid(
+          "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
+          "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
+    MF_RETURN_IF_ERROR(spmd_stage_mesh(par, pc.stages, world).status());
+    return std::optional<PipelineConfig>(pc);
+  }
+  // Data mode: the stages run data parallel over replicas (world rank =
+  // replica * stages + stage).
   int dp = 0;
   for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
     if (a.name == "dp") {
@@ -83,19 +100,16 @@ Result<std::optional<PipelineConfig>> pipeline_of(RunConfig* rc, int world) {
     } else if (a.size > 1) {
       return Status::invalid(
           "parallel.mesh axis " + a.name + "=" + std::to_string(a.size) +
-          " with parallel.pipeline: a pipeline runs its stages data parallel only for now "
-          "(mesh axes dp and pp); tensor, context or sequence parallel inside a stage (tp, cp, "
-          "sp; presets megatron, megatron-sp, ulysses) is not supported yet");
+          " with parallel.pipeline in mode \"data\": the stages run data parallel only; for "
+          "tensor, context or sequence parallel inside each stage set \"mode\": \"semi\" with a "
+          "preset (megatron, megatron-sp, ulysses), rules or strategies");
     }
   }
-  if (!par.strategies.empty() && par.preset.empty())
-    return Status::invalid(
-        "parallel.strategies with parallel.pipeline: per-op split strategies inside a pipeline "
-        "stage are not supported yet; the stages run data parallel (leave out strategies)");
   if (par.zero > 0)
     return Status::invalid("parallel.zero=" + std::to_string(par.zero) +
-                           " with parallel.pipeline is not supported yet; ZeRO runs on the "
-                           "partitioned path (\"mode\": \"semi\" without a pipeline)");
+                           " with parallel.pipeline in mode \"data\": ZeRO inside the stages "
+                           "runs on the partitioned path; set \"mode\": \"semi\" (e.g. with "
+                           "\"preset\": \"dp\")");
   const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
   if (need == 0 || need != world)
     return Status::invalid(
@@ -153,9 +167,12 @@ Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communica
   if (pc) {
     MF_ASSIGN_OR_RETURN(trainer.pipe, PipelineTrainer::create(rc, *pc, comm, trace));
     micro_batches = pc->micro_batches;
-    flops_scale = world / pc->stages;  // flops are one replica's step
-    how = "pipeline " + std::to_string(pc->stages) + " stages x dp " +
-          std::to_string(world / pc->stages) + ", " + std::string(schedule_name(pc->schedule)) +
+    // flops are one replica's step (SPMD stages: the whole job's)
+    flops_scale = trainer.pipe->spmd() ? 1 : world / pc->stages;
+    how = "pipeline " + std::to_string(pc->stages) + " stages x " +
+          (trainer.pipe->spmd() ? "mesh " + trainer.pipe->stage_mesh().to_string()
+                                : "dp " + std::to_string(world / pc->stages)) +
+          ", " + std::string(schedule_name(pc->schedule)) +
           (pc->virtual_stages > 1 ? " v=" + std::to_string(pc->virtual_stages) : "");
   } else {
     MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));

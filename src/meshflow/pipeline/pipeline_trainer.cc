@@ -15,6 +15,8 @@
 #include "meshflow/io/safetensors.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/reshard_exec.h"
+#include "meshflow/runtime/comm/transport.h"
 #include "meshflow/runtime/grad_buckets.h"
 
 namespace meshflow {
@@ -40,6 +42,37 @@ Result<PipelineConfig> parse_pipeline_config(const json& j) {
   MF_RETURN_IF_ERROR(
       make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}).status());
   return pc;
+}
+
+Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world) {
+  std::vector<MeshAxis> axes;
+  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
+    if (a.name != "pp") {
+      axes.push_back(a);
+    } else if (a.size != stages) {
+      return Status::invalid("parallel.mesh has pp=" + std::to_string(a.size) +
+                             " but parallel.pipeline.stages=" + std::to_string(stages) +
+                             "; make them equal (or leave pp out of the mesh)");
+    }
+  }
+  if (!par.has_mesh) {
+    if (stages < 1 || world % stages != 0)
+      return Status::invalid("parallel.pipeline has " + std::to_string(stages) +
+                             " stages, so the job needs a multiple of " + std::to_string(stages) +
+                             " ranks, but it has " + std::to_string(world));
+    return Mesh::line(world / stages, "dp");
+  }
+  if (axes.empty()) return Mesh::line(1, "dp");
+  MF_ASSIGN_OR_RETURN(Mesh sub, Mesh::make(axes));
+  if (sub.num_ranks() * stages != world)
+    return Status::invalid(
+        "parallel.pipeline has " + std::to_string(stages) + " stages, each on the sub-mesh " +
+        sub.to_string() + " of " + std::to_string(sub.num_ranks()) +
+        " ranks, so the job needs stages x sub-mesh = " + std::to_string(stages * sub.num_ranks()) +
+        " ranks, but it has " + std::to_string(world) + "; run with --ranks " +
+        std::to_string(stages * sub.num_ranks()) + " (or mpirun -np " +
+        std::to_string(stages * sub.num_ranks()) + ")");
+  return sub;
 }
 
 namespace {
@@ -152,6 +185,16 @@ struct PipelineTrainer::Impl {
   std::unique_ptr<Trainer> eval_trainer;  // rank 0: the one-device model evaluate() runs
   int step = 0;
   TraceWriter* trace = nullptr;
+  // SPMD stages (parallel.mode != "data"): each stage is the partitioned
+  // program of the whole model on its sub-mesh; world rank = stage * S + sub_rank.
+  bool spmd = false;
+  Mesh submesh = Mesh::line(1, "dp");
+  int sub_rank = 0, sub_size = 1;
+  Annotation annotation;
+  std::unique_ptr<LocalProgram> program;
+  std::shared_ptr<Communicator> stage_comm;
+  std::unique_ptr<MeshComms> mesh_comms;
+  std::string count_targets;  // the cross-entropy's targets input (loss_count)
   int track_compute = -1, track_send = -1;
 
   struct Local {
@@ -193,8 +236,24 @@ struct PipelineTrainer::Impl {
   }
   void feed_inputs(Local& l, int micro) {
     const Graph& g = l.program->graph;
-    for (const auto& [name, t] : batch(micro).tensors)
-      if (g.find(name) != kNoValue) throw_if_error(l.ex->feed(name, t));
+    for (const auto& [name, t] : batch(micro).tensors) {
+      if (g.find(name) == kNoValue) continue;
+      if (!spmd) {
+        throw_if_error(l.ex->feed(name, t));
+        continue;
+      }
+      // SPMD: the micro-batch is whole; this rank feeds its block.
+      const Layout& layout = annotation.produced(model.graph, model.graph.find(name));
+      throw_if_error(l.ex->feed(name, local_block(t, submesh, layout, sub_rank)));
+    }
+    if (spmd && g.find("loss_count") != kNoValue) {
+      // A loss whose rows are sharded divides by the whole micro-batch's valid targets.
+      const Tensor& t = batch(micro).get(count_targets);
+      const int32_t* tp = t.data<int32_t>();
+      int64_t valid = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) valid += tp[i] >= 0;
+      l.ex->feed_scalar("loss_count", static_cast<float>(valid));
+    }
     if (g.find("rng_offset") != kNoValue) {
       const int32_t rng[2] = {static_cast<int32_t>(step * m + micro), dp ? dp->rank() : 0};
       throw_if_error(l.ex->feed_data("rng_offset", rng, sizeof rng));
@@ -452,12 +511,19 @@ int64_t PipelineTrainer::num_parameters() const {
 bool PipelineTrainer::is_language_model() const {
   return impl_->language_model;
 }
+bool PipelineTrainer::spmd() const {
+  return impl_->spmd;
+}
+const Mesh& PipelineTrainer::stage_mesh() const {
+  return impl_->submesh;
+}
 
 // Replica 0's stages send their chunks' parameters (chunk order, graph order
 // within a chunk, one message per stage) to world rank 0, which knows every
 // chunk's parameter list from the split.
 Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
   Impl& im = *impl_;
+  if (im.spmd) return gather_spmd();
   std::map<std::string, Tensor> out;
   if (dp_rank_ != 0) return out;
   const int me = im.world ? im.world->rank() : 0;
@@ -482,6 +548,64 @@ Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
     }
     std::vector<float> msg(n);
     MF_RETURN_IF_ERROR(im.world->recv(msg.data(), n, s));
+    int64_t at = 0;
+    for (auto& [name, shape] : expect) {
+      Tensor t(shape, DType::F32);
+      t.copy_from(msg.data() + at);
+      at += shape.numel();
+      out.emplace(name, std::move(t));
+    }
+  }
+  return out;
+}
+
+// SPMD: each stage all-gathers its shards over its sub-mesh (every rank of
+// the stage takes part); the stage's sub-mesh rank 0 then sends the whole
+// parameters to world rank 0, as above.
+Result<std::map<std::string, Tensor>> PipelineTrainer::gather_spmd() {
+  Impl& im = *impl_;
+  const Graph& g = im.model.graph;
+  std::map<std::string, Tensor> out;
+  std::vector<std::pair<std::string, Tensor>> whole;
+  for (auto& [name, local] : parameters()) {
+    const ValueId gv = g.find(name);
+    MF_CHECK_NE(gv, kNoValue) << name;
+    const Layout& layout = im.annotation.produced(g, gv);
+    std::vector<float> all(static_cast<size_t>(local->numel()) * im.sub_size);
+    MF_RETURN_IF_ERROR(im.stage_comm->all_gather(local->data<float>(), local->numel(), all.data()));
+    if (im.sub_rank != 0) continue;
+    Tensor w(g.shape(gv), DType::F32);
+    for (int r = 0; r < im.sub_size; ++r) {
+      Tensor block(local->shape(), DType::F32);
+      block.copy_from(all.data() + static_cast<size_t>(r) * local->numel());
+      place_block(block, im.submesh, layout, r, &w);
+    }
+    whole.emplace_back(name, std::move(w));
+  }
+  if (im.sub_rank != 0) return out;
+  const int me = im.world ? im.world->rank() : 0;
+  if (me != 0) {
+    std::vector<float> msg;
+    for (auto& [name, t] : whole)
+      msg.insert(msg.end(), t.data<float>(), t.data<float>() + t.numel());
+    MF_RETURN_IF_ERROR(im.world->send(msg.data(), static_cast<int64_t>(msg.size()), 0));
+    return out;
+  }
+  for (auto& [name, t] : whole) out.emplace(name, std::move(t));
+  for (int s = 1; s < im.p; ++s) {
+    std::vector<std::pair<std::string, Shape>> expect;
+    int64_t n = 0;
+    for (int c = 0; c < schedule_.num_chunks(); ++c) {
+      if (schedule_.rank_of_chunk(c) != s) continue;
+      const Graph& cg = im.split.chunks[c].graph;
+      for (ValueId v : cg.parameters()) {
+        const Shape& shape = g.shape(g.find(cg.value(v).name));
+        expect.push_back({cg.value(v).name, shape});
+        n += shape.numel();
+      }
+    }
+    std::vector<float> msg(n);
+    MF_RETURN_IF_ERROR(im.world->recv(msg.data(), n, s * im.sub_size));
     int64_t at = 0;
     for (auto& [name, shape] : expect) {
       Tensor t(shape, DType::F32);
@@ -531,16 +655,27 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
   for (auto& l : impl_->locals)
     for (ValueId p : l.program->graph.parameters())
       params.push_back({l.program->graph.value(p).name, &l.ex->storage(p)});
+  Impl& im = *impl_;
+  const Graph& g = im.model.graph;
   for (auto& [name, t] : params) {  // check everything before changing anything
     auto it = f.tensors.find(name);
+    const Shape& want = im.spmd ? g.shape(g.find(name)) : t->shape();
     if (it == f.tensors.end())
       return Status::not_found("checkpoint '" + path + "': parameter '" + name + "' is missing");
-    if (!it->second.shape().same_sizes(t->shape()) || it->second.dtype() != DType::F32)
+    if (!it->second.shape().same_sizes(want) || it->second.dtype() != DType::F32)
       return Status::invalid("checkpoint '" + path + "': parameter '" + name + "' has shape " +
                              it->second.shape().to_string() + " in the file but " +
-                             t->shape().to_string() + " in the model");
+                             want.to_string() + " in the model");
   }
-  for (auto& [name, t] : params) t->copy_from(f.tensors.at(name).raw());
+  for (auto& [name, t] : params) {
+    const Tensor& whole = f.tensors.at(name);
+    if (!im.spmd) {
+      t->copy_from(whole.raw());
+      continue;
+    }
+    const Layout& layout = im.annotation.produced(g, g.find(name));
+    t->copy_from(local_block(whole, im.submesh, layout, im.sub_rank).raw());
+  }
   return Status::ok();
 }
 
@@ -570,12 +705,24 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   if (world_size % pc.stages != 0)
     return Status::invalid("pipeline.stages=" + std::to_string(pc.stages) +
                            " does not divide the " + std::to_string(world_size) +
-                           " ranks of the job (ranks = stages x data-parallel replicas)");
-  im.ndp = world_size / pc.stages;
-  t->stage_ = me % pc.stages;
-  t->dp_rank_ = me / pc.stages;
-  im.m = pc.micro_batches;
+                           " ranks of the job (ranks = stages x ranks per stage)");
   const TrainConfig& tc = rc.train;
+  im.spmd = rc.has_parallel && rc.parallel.mode != "data";
+  if (im.spmd) {
+    MF_RETURN_IF_ERROR(spmd_stage_mesh(rc.parallel, pc.stages, world_size).status());
+    im.submesh = *spmd_stage_mesh(rc.parallel, pc.stages, world_size);
+    im.sub_size = im.submesh.num_ranks();
+    im.ndp = 1;  // data parallel is the sub-mesh's dp axis, inside the program
+    t->stage_ = me / im.sub_size;
+    im.sub_rank = me % im.sub_size;
+    const int dp_axis = im.submesh.axis_index("dp");
+    t->dp_rank_ = dp_axis >= 0 ? im.submesh.coords(im.sub_rank)[dp_axis] : 0;
+  } else {
+    im.ndp = world_size / pc.stages;
+    t->stage_ = me % pc.stages;
+    t->dp_rank_ = me / pc.stages;
+  }
+  im.m = pc.micro_batches;
   if (tc.micro_batches != 1 && tc.micro_batches != pc.micro_batches)
     return Status::invalid(
         "train.micro_batches=" + std::to_string(tc.micro_batches) +
@@ -594,18 +741,28 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   im.threads_per_rank = std::max(1, threads / ranks_on_this_machine(world.get()));
   set_compute_threads(im.threads_per_rank);
 
-  // The training graph Trainer builds, then its split.
-  Result<ModelGraph> m = build_model_from_json(rc.model, im.micro_rows, tc.seq_len);
-  if (!m.is_ok()) return m.status().with_context(rc.model_source);
+  // The training graph Trainer builds (SPMD: partitioned for this rank's
+  // coordinate in the stage sub-mesh), then its split.
+  Result<ModelGraph> m = build_training_graph(rc, im.micro_rows);
+  if (!m.is_ok()) return m.status();
   im.model = std::move(m).value();
   Graph& g = im.model.graph;
   im.language_model = g.find("tokens") != kNoValue;
   im.num_params = count_parameters(g);
-  append_backward(g);
-  MF_RETURN_IF_ERROR(apply_recompute(g, tc.recompute).with_context("train.recompute"));
-  append_optimizer(g, rc.optimizer);
-  MF_ASSIGN_OR_RETURN(im.split,
-                      split_pipeline(g, pc.stages * pc.virtual_stages, pc.layers_per_stage));
+  const Graph* to_split = &g;
+  if (im.spmd) {
+    const PartitionOptions o = partition_options(rc.parallel, im.submesh);
+    Result<Annotation> a = annotate(g, im.submesh, o);
+    if (!a.is_ok()) return a.status().with_context("parallel");
+    im.annotation = std::move(*a);
+    MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, o.cost));
+    im.program = std::make_unique<LocalProgram>(std::move(lp));
+    to_split = &im.program->graph;
+    for (const Node& n : g.nodes())
+      if (n.kind == OpKind::kCrossEntropy) im.count_targets = g.value(n.inputs[1]).name;
+  }
+  MF_ASSIGN_OR_RETURN(
+      im.split, split_pipeline(*to_split, pc.stages * pc.virtual_stages, pc.layers_per_stage));
   for (const Node& n : g.nodes()) {
     if (n.phase == Phase::kForward || n.phase == Phase::kBackward)
       im.flops_per_micro += op_cost(g, n).flops;
@@ -613,12 +770,30 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   }
   MF_ASSIGN_OR_RETURN(im.data, make_dataset(rc.data, im.language_model, tc.seq_len, tc.seed));
 
-  // Groups: this replica's pipeline, this stage's data-parallel group, and one
-  // 2-rank group per (sender, receiver, kind) between neighbouring stages.
+  // Groups: this replica's pipeline, this stage's data-parallel group (SPMD:
+  // this stage's sub-mesh), and one 2-rank group per (sender, receiver, kind)
+  // between neighbouring stages. SPMD: the ranks with the same sub-mesh
+  // coordinate form a pipeline and exchange their shards.
   const int p = pc.stages, d = t->dp_rank_, s = t->stage_;
-  if (world && world_size > 1) {
+  auto rank_at = [&](int stage) {
+    return im.spmd ? stage * im.sub_size + im.sub_rank : d * p + stage;
+  };
+  if (im.spmd) {
+    std::shared_ptr<Communicator> w = world;
+    if (!w) w = Communicator::world(make_local_transports(1)[0]);
+    std::vector<int> stage_ranks;
+    for (int i = 0; i < im.sub_size; ++i) stage_ranks.push_back(s * im.sub_size + i);
+    MF_ASSIGN_OR_RETURN(im.stage_comm, w->split(stage_ranks));
+    MF_ASSIGN_OR_RETURN(MeshComms mc, MeshComms::make(im.stage_comm, im.submesh));
+    im.mesh_comms = std::make_unique<MeshComms>(std::move(mc));
+    if (world && world_size > 1 && p > 1) {
+      std::vector<int> pp_ranks;
+      for (int i = 0; i < p; ++i) pp_ranks.push_back(rank_at(i));
+      MF_ASSIGN_OR_RETURN(im.pp, world->split(pp_ranks));
+    }
+  } else if (world && world_size > 1) {
     std::vector<int> pp_ranks, dp_ranks;
-    for (int i = 0; i < p; ++i) pp_ranks.push_back(d * p + i);
+    for (int i = 0; i < p; ++i) pp_ranks.push_back(rank_at(i));
     for (int i = 0; i < im.ndp; ++i) dp_ranks.push_back(i * p + s);
     MF_ASSIGN_OR_RETURN(im.pp, world->split(pp_ranks));
     MF_ASSIGN_OR_RETURN(im.dp, world->split(dp_ranks));
@@ -630,7 +805,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
         for (int dst = 0; dst < p; ++dst) {
           const bool neighbours = dst == (src + 1) % p || dst == (src + p - 1) % p;
           if (dst == src || !neighbours || (s != src && s != dst)) continue;
-          MF_ASSIGN_OR_RETURN(auto comm, world->split({d * p + src, d * p + dst}));
+          MF_ASSIGN_OR_RETURN(auto comm, world->split({rank_at(src), rank_at(dst)}));
           // Keyed by (peer, kind); this rank sends on it when it is src.
           const int peer = s == src ? dst : src;
           auto ch = std::make_unique<Channel>(comm, s == src);
@@ -654,6 +829,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     eo.seed = tc.seed;
     eo.fetch = l.program->keep_alive();
     l.ex = std::make_unique<Executor>(l.program->graph, eo);
+    if (im.spmd) l.ex->set_mesh_comms(im.mesh_comms.get());
     std::vector<NodeId> order = l.program->forward;
     order.insert(order.end(), l.program->backward.begin(), l.program->backward.end());
     l.buckets = std::make_unique<GradientBuckets>(l.program->graph, order, im.dp,

@@ -15,8 +15,8 @@
 //     return Status::ok();   // then merge the per-rank traces and write one file
 //   });
 //
-// Rank layout: world rank w is stage w % stages of data-parallel replica
-// w / stages. Replicas average their gradients per chunk (GradientBuckets
+// Rank layout (mode "data"): world rank w is stage w % stages of
+// data-parallel replica w / stages. Replicas average their gradients per chunk (GradientBuckets
 // over the dp group), like Trainer does. Micro-batches: pipeline.micro_batches
 // (train.micro_batches must be 1 or the same number); batch_size must divide
 // by micro_batches x dp. Every rank returns the same StepResult.loss.
@@ -36,7 +36,14 @@
 // 0, which owns the update; after each update stage 0 sends the new values
 // to the last stage's copy (PipelineSplit::tied).
 //
-// Not supported yet: tensor parallel inside a stage, ZeRO.
+// SPMD stages (rc.parallel.mode "semi" / "auto"; docs/pipeline.md): every
+// stage is the partitioned program of the whole model on its own sub-mesh
+// (spmd_stage_mesh: the mesh without pp), lowered for this rank's sub-mesh
+// rank and then split; world rank = stage * S + sub-mesh rank (S = sub-mesh
+// size). Tensor / sequence / context parallel, data parallel (the sub-mesh's
+// dp axis: the reductions are in the program, no replica all-reduce) and
+// ZeRO run inside the stages; the ranks with the same sub-mesh rank exchange
+// their boundary shards (same program, so the same layouts on both sides).
 #pragma once
 
 #include <map>
@@ -46,6 +53,7 @@
 
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/trace.h"
+#include "meshflow/parallel/partition.h"
 #include "meshflow/pipeline/schedule.h"
 #include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/comm/communicator.h"
@@ -69,6 +77,11 @@ struct PipelineConfig {
 
 // Strict: unknown keys and bad values are errors naming the key and what is valid.
 Result<PipelineConfig> parse_pipeline_config(const json& j);
+
+// SPMD stages: the sub-mesh every stage is partitioned on: parallel.mesh
+// without its pp axis (which must equal stages), or dp = world / stages when
+// the config gives no mesh. Errors name the rank count the job needs.
+Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world);
 
 // Measured activation-stash memory of one rank.
 struct StashStats {
@@ -101,6 +114,11 @@ class PipelineTrainer {
   Status load_checkpoint(const std::string& path);
   int64_t num_parameters() const;  // of the whole model
   bool is_language_model() const;
+  // SPMD stages (parallel.mode "semi" / "auto"): each stage runs the
+  // partitioned program on stage_mesh(); StepResult::flops is then the whole
+  // job's (otherwise one data-parallel replica's).
+  bool spmd() const;
+  const Mesh& stage_mesh() const;
 
   int stage() const { return stage_; }
   int dp_rank() const { return dp_rank_; }
@@ -119,6 +137,7 @@ class PipelineTrainer {
  private:
   struct Impl;
   PipelineTrainer();
+  Result<std::map<std::string, Tensor>> gather_spmd();
   std::unique_ptr<Impl> impl_;
   PipelineConfig pc_;
   Schedule schedule_;

@@ -94,54 +94,103 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
     for (int i = 0; i < per_chunk[c]; ++i) chunk_of_layer.push_back(c);
 
   const int nn = g.num_nodes(), nv = g.num_values();
-  constexpr int kSkip = -2, kAll = -3;
+  constexpr int kSkip = -2, kAll = -3, kPending = -4;
   std::vector<int> node_chunk(nn, -1), value_chunk(nv, -1);
   std::map<ValueId, ValueId> param_of_grad;
   for (const auto& [p, grad] : g.grad_of_param) param_of_grad[grad] = p;
 
-  // Parameters read by forward nodes of two chunks (tied embeddings).
-  std::map<ValueId, std::set<int>> param_chunks;
   for (NodeId id = 0; id < nn; ++id) {
     const Node& n = g.node(id);
     if (is_source(n.kind)) continue;
     int c = -1;
+    // The latest / earliest chunk among the inputs' producers (-1: none, all sources).
+    int in_max = -1, in_min = -1;
+    for (ValueId v : n.inputs) {
+      const int vc = value_chunk[v];
+      if (vc < 0) continue;
+      in_max = std::max(in_max, vc);
+      in_min = in_min < 0 ? vc : std::min(in_min, vc);
+    }
     if (n.phase == Phase::kMetric) {
       c = kSkip;
+    } else if (in_max < 0 && n.kind != OpKind::kClipCoef &&
+               (n.layer < 0 || n.phase == Phase::kOptimizer)) {
+      // Reads only sources (an embedding lookup, a partitioned program's
+      // gather of a stored parameter shard, the loss seed): placed with its
+      // readers, below.
+      c = kPending;
     } else if (n.phase == Phase::kForward) {
-      c = n.layer >= 0 ? chunk_of_layer[n.layer] : 0;
-      for (ValueId v : n.inputs) {
-        const int vc = value_chunk[v];
-        if (vc < 0) continue;
-        if (n.layer < 0) c = std::max(c, vc);
-        if (vc > c)
-          return Status::invalid("pipeline: forward node " + node_label(n) + " (layer " +
-                                 std::to_string(n.layer) + ", " + chunk_str(c) +
-                                 ") reads a value made in " + chunk_str(vc) +
-                                 "; layers must feed forward in index order");
-      }
-      for (ValueId v : n.inputs)
-        if (g.producer(v).kind == OpKind::kParameter) param_chunks[v].insert(c);
-    } else if (n.phase == Phase::kBackward) {
-      if (n.layer >= 0) {
-        c = chunk_of_layer[n.layer];
-      } else {
-        c = num_chunks - 1;
+      c = n.layer >= 0 ? chunk_of_layer[n.layer] : std::max(0, in_max);
+      if (in_max > c)
         for (ValueId v : n.inputs)
-          if (value_chunk[v] >= 0) c = std::min(c, value_chunk[v]);
-      }
-    } else {  // optimizer
+          if (value_chunk[v] > c)
+            return Status::invalid("pipeline: forward node " + node_label(n) + " (layer " +
+                                   std::to_string(n.layer) + ", " + chunk_str(c) +
+                                   ") reads a value made in " + chunk_str(value_chunk[v]) +
+                                   "; layers must feed forward in index order");
+    } else if (n.phase == Phase::kBackward) {
+      c = n.layer >= 0 ? chunk_of_layer[n.layer] : in_min;
+    } else {  // optimizer: the chunk of the gradient it reads (or of what it reads)
       if (n.kind == OpKind::kClipCoef) {
         c = kAll;
       } else {
-        for (ValueId v : n.inputs) {
-          auto it = param_of_grad.find(v);
-          if (it != param_of_grad.end()) c = value_chunk[v];
-        }
-        MF_CHECK_GE(c, 0) << "optimizer node " << node_label(n) << " reads no gradient";
+        for (ValueId v : n.inputs)
+          if (param_of_grad.count(v)) c = value_chunk[v];
+        if (c < 0) c = in_max;
+        MF_CHECK_GE(c, 0) << "optimizer node " << node_label(n) << " reads nothing of a chunk";
       }
     }
     node_chunk[id] = c;
     for (ValueId v : n.outputs) value_chunk[v] = c;
+  }
+  // Pending nodes go where their readers are (resolved readers first: reverse
+  // order): a forward value to its earliest reader's chunk (it flows on to
+  // later ones), a backward value to the latest (it flows to earlier ones).
+  // A pending node whose readers are pending too, or that has none (a ZeRO
+  // write-back: slice -> update, slice -> all_gather -> assign), then goes
+  // with its inputs once they are placed; repeated until nothing changes.
+  {
+    std::vector<std::vector<NodeId>> readers(nv);
+    for (NodeId id = 0; id < nn; ++id)
+      for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
+    auto place = [&](NodeId id, int c) {
+      node_chunk[id] = c;
+      for (ValueId v : g.node(id).outputs) value_chunk[v] = c;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (NodeId id = nn - 1; id >= 0; --id) {
+        if (node_chunk[id] != kPending) continue;
+        const Node& n = g.node(id);
+        int c = -1;
+        for (ValueId v : n.outputs)
+          for (NodeId r : readers[v]) {
+            const int rc = node_chunk[r];
+            if (rc < 0) continue;
+            c = c < 0 ? rc : (n.phase == Phase::kBackward ? std::max(c, rc) : std::min(c, rc));
+          }
+        if (c >= 0) place(id, c), changed = true;
+      }
+      for (NodeId id = 0; id < nn; ++id) {
+        if (node_chunk[id] != kPending) continue;
+        int c = -1;
+        for (ValueId v : g.node(id).inputs) c = std::max(c, value_chunk[v]);
+        if (c >= 0) place(id, c), changed = true;
+      }
+    }
+    for (NodeId id = 0; id < nn; ++id)
+      if (node_chunk[id] == kPending)
+        place(id, g.node(id).phase == Phase::kBackward ? num_chunks - 1 : 0);
+  }
+  // Parameters read by forward or backward nodes of two chunks (tied
+  // embeddings; in a partitioned program also a ZeRO-3 shard gathered by one
+  // chunk for the forward and by another for the backward).
+  std::map<ValueId, std::set<int>> param_chunks;
+  for (NodeId id = 0; id < nn; ++id) {
+    const Node& n = g.node(id);
+    if (n.phase == Phase::kOptimizer || is_source(n.kind) || node_chunk[id] < 0) continue;
+    for (ValueId v : n.inputs)
+      if (g.producer(v).kind == OpKind::kParameter) param_chunks[v].insert(node_chunk[id]);
   }
   // Tied parameters: every reading chunk holds a copy; the gradient's chunk owns the update.
   for (const auto& [p, chunks] : param_chunks) {
@@ -179,12 +228,37 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
     }
   }
   // The clip node's inputs, in its order, give the norm exchange order.
-  const Node* clip = nullptr;
-  for (const Node& n : g.nodes())
-    if (n.kind == OpKind::kClipCoef) clip = &n;
-  if (clip)
-    for (ValueId sq : clip->inputs)
-      split.norm_order.push_back(g.value(param_of_grad.at(g.producer(sq).inputs[0])).name);
+  // (A partitioned program reduces the sums of squares, and the gradients
+  // before them, with collectives: walk back to the gradient.)
+  NodeId clip_id = -1;
+  for (NodeId id = 0; id < nn; ++id)
+    if (g.node(id).kind == OpKind::kClipCoef) clip_id = id;
+  std::map<ValueId, std::string> norm_name;  // clip input -> parameter name
+  auto reshard_input = [&](ValueId v) {      // the value a reshard node reads, or kNoValue
+    const Node& p = g.producer(v);
+    return (is_collective(p.kind) || p.kind == OpKind::kShardSlice) && p.inputs.size() == 1
+               ? p.inputs[0]
+               : kNoValue;
+  };
+  // Every value a parameter's gradient (as the optimizer reads it) is resharded from.
+  std::map<ValueId, ValueId> param_of_grad_chain;
+  for (const auto& [p, gr] : g.grad_of_param)
+    for (ValueId v = gr; v != kNoValue; v = reshard_input(v)) param_of_grad_chain[v] = p;
+  if (clip_id >= 0)
+    for (ValueId sq : g.node(clip_id).inputs) {
+      ValueId v = sq;
+      while (g.producer(v).kind != OpKind::kSumSquares) {
+        v = reshard_input(v);
+        MF_CHECK_NE(v, kNoValue) << "pipeline split: clip input '" << g.value(sq).name
+                                 << "' is no sum of squares";
+      }
+      v = g.producer(v).inputs[0];
+      while (v != kNoValue && !param_of_grad_chain.count(v)) v = reshard_input(v);
+      MF_CHECK_NE(v, kNoValue) << "pipeline split: clip input '" << g.value(sq).name
+                               << "' is no gradient's sum of squares";
+      norm_name[sq] = g.value(param_of_grad_chain.at(v)).name;
+      split.norm_order.push_back(norm_name[sq]);
+    }
 
   int first_layer = 0;
   for (int k = 0; k < num_chunks; ++k) {
@@ -222,7 +296,7 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
             NodeId sid = out.add_node(s, {g.value(v)});
             map[v] = out.node(sid).outputs[0];
           } else if (n.kind == OpKind::kClipCoef) {
-            const std::string pname = g.value(param_of_grad.at(src.inputs[0])).name;
+            const std::string pname = norm_name.at(v);
             Node in;
             in.kind = OpKind::kInput;
             in.name = "pp.sumsq." + pname;
@@ -232,7 +306,9 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
             cp.norm_in.push_back({pname, map[v]});
           } else {
             MF_CHECK(false) << "pipeline split: " << node_label(n) << " in " << chunk_str(k)
-                            << " reads '" << g.value(v).name << "' with no route";
+                            << " reads '" << g.value(v).name << "' (made by " << node_label(src)
+                            << " in " << chunk_str(node_chunk[g.value(v).producer])
+                            << ") with no route";
           }
         }
         v = map[v];
@@ -248,16 +324,17 @@ Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
         case Phase::kBackward:
           cp.backward.push_back(nid);
           break;
-        default:
-          (n.kind == OpKind::kSumSquares ? cp.sum_squares : cp.update).push_back(nid);
-          if (n.kind == OpKind::kSumSquares)
-            cp.norm_out.push_back({g.value(param_of_grad.at(n.inputs[0])).name, map[n.outputs[0]]});
+        default:  // before the clip node: the sums of squares (and what they read)
+          (id < clip_id ? cp.sum_squares : cp.update).push_back(nid);
           break;
       }
     }
     for (ValueId v : act[k]) cp.act_out.push_back(map[v]);
     if (k > 0)
       for (ValueId v : grad[k - 1]) cp.grad_out.push_back(map[v]);
+    if (clip_id >= 0)
+      for (ValueId sq : g.node(clip_id).inputs)
+        if (value_chunk[sq] == k) cp.norm_out.push_back({norm_name.at(sq), map[sq]});
     for (ValueId v : cp.act_out) MF_CHECK_NE(v, kNoValue);
     for (ValueId v : cp.grad_out) MF_CHECK_NE(v, kNoValue);
     if (g.loss != kNoValue && map[g.loss] != kNoValue) out.loss = cp.loss = map[g.loss];

@@ -11,24 +11,34 @@
 //   Executor ex(c.graph, {.seed = 1, .fetch = c.keep_alive()});
 //   ex.run(c.forward);   // after feeding c.act_in from chunk 0's c.act_out
 //
+// g may be the one-device training graph or a partitioned LocalProgram's
+// graph (parallel/partition.h: collectives carry their consumer's layer and
+// phase), which is how SPMD stages are made.
 // Which chunk a node belongs to:
 //   forward   node.layer >= 0: the chunk holding that layer; layer -1: the
-//             latest chunk among its inputs' producers (embedding -> chunk 0,
-//             final norm / head / loss -> the last chunk).
+//             latest chunk among its inputs' producers (final norm / head /
+//             loss -> the last chunk).
 //   backward  node.layer >= 0 (autodiff tags a gradient node with its forward
 //             node's layer): that layer's chunk; layer -1: the earliest chunk
 //             among its inputs' producers (the head's gradient -> the last
 //             chunk, the embedding's gradient -> chunk 0).
-//   optimizer the chunk of the parameter's gradient; the clip-coefficient node
-//             (global gradient norm) is copied into every chunk, reading the
-//             other chunks' sums of squares from Inputs "pp.sumsq.<param>"
-//             that the runtime fills (all-reduce over the pipeline).
+//   optimizer the chunk of the parameter's gradient, else of what it reads;
+//             the clip-coefficient node (global gradient norm) is copied into
+//             every chunk, reading the other chunks' sums of squares from
+//             Inputs "pp.sumsq.<param>" that the runtime fills (all-reduce
+//             over the pipeline); the chunk's optimizer nodes before the clip
+//             node (graph order) are ChunkProgram::sum_squares.
+//   only sources read (layer -1, or any optimizer node): with its readers (a
+//             forward value at the earliest, a backward value at the latest;
+//             the embedding lookup -> chunk 0, a gather of a stored ZeRO shard
+//             -> its reader's chunk), else with its inputs once placed.
 //   metrics   left out (evaluation runs on one device).
 // Invariants checked (Status on violation): forward values flow to the same
 // or later chunks, gradients to the same or earlier chunks, and a backward
 // node reads forward values of its own chunk (or ones sent to it). A
-// parameter read by forward nodes of two chunks (tied embeddings across the
-// first and last stage) is copied into both and listed in PipelineSplit::tied.
+// parameter read by forward or backward nodes of two chunks (tied embeddings
+// across the first and last stage) is copied into both and listed in
+// PipelineSplit::tied.
 //
 // Zero-bubble split: a backward node is a weight-gradient node (W) when each
 // of its outputs is a parameter's gradient or read only by W nodes, and the
@@ -53,8 +63,9 @@ struct ChunkProgram {
   // Node orders (ids in graph), each in graph order.
   std::vector<NodeId> forward, backward;  // backward = backward_input + backward_weight
   std::vector<NodeId> backward_input, backward_weight;
-  std::vector<NodeId> sum_squares;  // this chunk's gradients' sums of squares
-  std::vector<NodeId> update;       // clip coefficient + parameter updates
+  std::vector<NodeId>
+      sum_squares;             // optimizer nodes before the clip: sums of squares (+ reductions)
+  std::vector<NodeId> update;  // clip coefficient + parameter updates
   // Messages (value ids in graph, in message order; matching lists of the
   // neighbour chunk have the same shapes in the same order).
   std::vector<ValueId> act_in;    // Inputs fed from chunk - 1's act_out
