@@ -53,8 +53,10 @@ RunConfig run(const std::string& model, int micro_batches, const json& parallel)
         {"eval_batches", 2}}},
       // GPT's key bias has an exactly-zero gradient (softmax is shift invariant),
       // which Adam would turn rounding noise into steps on: GPT trains with SGD.
-      {"optimizer", model == "llama" ? json{{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}
-                                     : json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}};
+      {"optimizer",
+       model == "llama"
+           ? json{{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}, {"grad_clip", 1.0}}
+           : json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}, {"grad_clip", 1.0}}}};
   if (!parallel.is_null()) doc["parallel"] = parallel;
   return value_or_throw(parse_run_config(doc, ""));
 }

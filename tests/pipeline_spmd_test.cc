@@ -160,18 +160,16 @@ INSTANTIATE_TEST_SUITE_P(
         // 2 stages x dp=2 through the partitioner (4 ranks), ZeRO 1-3 within the stages
         SpmdCase{"gpt", "dp=2", "dp", K::kGPipe, 2}, SpmdCase{"llama", "dp=2", "dp", K::k1F1B, 4},
         SpmdCase{"llama", "dp=2", "dp", K::k1F1B, 2, 1},
-        // (ZeRO-2/3 with micro-batches and grad_clip: the partitioner's global
-        // norm reads the last micro-batch's raw gradient, not the accumulated
-        // shard -- the unpipelined Trainer differs from one device the same way --
-        // so those run without clipping, or with one micro-batch.)
+        // ZeRO-2/3 with micro-batches and grad_clip: the global norm reads the
+        // accumulated reduce-scattered shards.
         SpmdCase{"llama", "dp=2", "dp", K::kGPipe, 1, 2},
-        SpmdCase{"llama", "dp=2", "dp", K::kGPipe, 2, 2, 2, 1, false},
-        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 3, 2, 1, false},
-        SpmdCase{"gpt", "dp=2", "dp", K::k1F1B, 2, 3, 2, 1, false},
-        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 2, 2, 1, false},
-        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 1, 2, 1, false},
+        SpmdCase{"llama", "dp=2", "dp", K::kGPipe, 2, 2, 2, 1},
+        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 3, 2, 1},
+        SpmdCase{"gpt", "dp=2", "dp", K::k1F1B, 2, 3, 2, 1},
+        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 2, 2, 1},
+        SpmdCase{"gpt_tied", "dp=2", "dp", K::k1F1B, 2, 1, 2, 1},
         SpmdCase{"gpt_tied", "dp=2", "dp", K::kGPipe, 1, 3},
-        SpmdCase{"llama", "dp=2,tp=2", "megatron", K::k1F1B, 4, 3, 2, 1, false},
+        SpmdCase{"llama", "dp=2,tp=2", "megatron", K::k1F1B, 4, 3, 2, 1},
         // 2 stages x (dp=2, tp=2) = 8 ranks
         SpmdCase{"gpt", "dp=2,tp=2", "megatron", K::k1F1B, 4},
         SpmdCase{"llama", "dp=2,tp=2", "megatron", K::kGPipe, 2},

@@ -437,6 +437,20 @@ class Lowering {
   // The local value of global v in layout dst, reshard nodes emitted as needed
   // (one set per consumer phase: a forward all_gather is not kept alive for the backward).
   Result<ValueId> get(ValueId v, const Layout& dst, const Node& consumer) {
+    // ZeRO-2/3: in the optimizer phase a gradient is its accumulated shard
+    // (reduce-scattered in the backward), not the last micro-batch's sum.
+    if (consumer.phase == Phase::kOptimizer) {
+      if (auto acc = grad_as_accumulated_.find(v); acc != grad_as_accumulated_.end()) {
+        const Layout& shard = early_grad.at(v);
+        if (shard == dst) return acc->second;
+        auto key = std::make_tuple(v, "acc" + dst.to_string(), static_cast<int>(Phase::kOptimizer));
+        if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+        MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, shard, dst, cost_));
+        MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(v, acc->second, plan, consumer));
+        cache_[key] = cur;
+        return cur;
+      }
+    }
     const Layout& src = a_.produced(g_, v);
     if (src == dst) return p_.local_of[v];
     // A reduction of a Partial forward value is kept for the backward (the
