@@ -1,6 +1,7 @@
 #include "meshflow/pipeline/stage_graph.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -79,8 +80,71 @@ Result<std::vector<int>> layers_per_chunk(int num_layers, int num_chunks,
   return out;
 }
 
+// Per-node time proxy for balancing: FLOPs plus bytes at a CPU-like machine
+// balance (about 10 FLOPs per byte: SGEMM ~300 GFLOP/s over ~27 GB/s measured
+// here, docs/cluster.md), so memory-bound ops count too.
+constexpr double kFlopsPerByte = 10.0;
+
+std::vector<int64_t> balanced_layers(const Graph& g, int num_chunks) {
+  int num_layers = 0;
+  for (const Node& n : g.nodes()) num_layers = std::max(num_layers, n.layer + 1);
+  if (num_layers < num_chunks || num_chunks < 1) return {};
+  // Cost of each block (forward + backward), and of what runs outside the
+  // blocks before them (embedding, its gradient: chunk 0) and after them
+  // (final norm, head, loss: the last chunk).
+  std::vector<double> cost(num_layers, 0.0);
+  double pre = 0, post = 0;
+  int first_fwd = -1, first_bwd = -1;
+  for (NodeId id = 0; id < g.num_nodes(); ++id) {
+    const Node& n = g.node(id);
+    if (n.layer < 0) continue;
+    if (n.phase == Phase::kForward && first_fwd < 0) first_fwd = id;
+    if (n.phase == Phase::kBackward && first_bwd < 0) first_bwd = id;
+  }
+  for (NodeId id = 0; id < g.num_nodes(); ++id) {
+    const Node& n = g.node(id);
+    if (n.inputs.empty() || n.phase == Phase::kOptimizer || n.phase == Phase::kMetric) continue;
+    const OpCost c = op_cost(g, n);
+    const double t = c.flops + kFlopsPerByte * c.bytes;
+    if (n.layer >= 0) {
+      cost[n.layer] += t;
+    } else if (n.phase == Phase::kForward) {
+      (id < first_fwd ? pre : post) += t;
+    } else {  // the backward runs the head's gradient first, the embedding's last
+      (first_bwd >= 0 && id < first_bwd ? post : pre) += t;
+    }
+  }
+  // Contiguous split minimizing the largest chunk (linear partition, DP).
+  const int L = num_layers, K = num_chunks;
+  std::vector<double> prefix(L + 1, 0.0);
+  for (int l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + cost[l];
+  auto chunk = [&](int k, int a, int b) {  // layers [a, b) as chunk k
+    return prefix[b] - prefix[a] + (k == 0 ? pre : 0.0) + (k == K - 1 ? post : 0.0);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][l]: the least max over chunks 0..k-1 covering layers [0, l).
+  std::vector<std::vector<double>> best(K + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> cut(K + 1, std::vector<int>(L + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= K; ++k)
+    for (int l = k; l <= L - (K - k); ++l)
+      for (int a = k - 1; a < l; ++a) {
+        const double v = std::max(best[k - 1][a], chunk(k - 1, a, l));
+        if (v < best[k][l]) {
+          best[k][l] = v;
+          cut[k][l] = a;
+        }
+      }
+  std::vector<int64_t> out(K);
+  for (int k = K, l = L; k >= 1; l = cut[k][l], --k) out[k - 1] = l - cut[k][l];
+  return out;
+}
+
 Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
-                                     const std::vector<int64_t>& layers) {
+                                     const std::vector<int64_t>& requested) {
+  // No layers_per_stage: balance the blocks by their cost (not their count).
+  const std::vector<int64_t> layers =
+      requested.empty() ? balanced_layers(g, num_chunks) : requested;
   PipelineSplit split;
   for (const Node& n : g.nodes()) split.num_layers = std::max(split.num_layers, n.layer + 1);
   if (split.num_layers == 0)

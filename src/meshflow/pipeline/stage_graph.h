@@ -115,7 +115,14 @@ struct PipelineSplit {
 Result<std::vector<int>> layers_per_chunk(int num_layers, int num_chunks,
                                           const std::vector<int64_t>& requested);
 
-// Splits g (forward + backward + optimizer). layers: as for layers_per_chunk.
+// Layers per chunk balancing the chunks' forward + backward cost (op_cost:
+// FLOPs + 10 x bytes), with the embedding counted in the first chunk and the
+// final norm, head and loss in the last; a contiguous split minimizing the
+// largest chunk. Empty if the graph has fewer blocks than chunks.
+std::vector<int64_t> balanced_layers(const Graph& g, int num_chunks);
+
+// Splits g (forward + backward + optimizer). layers: as for layers_per_chunk;
+// empty: balanced_layers(g, num_chunks).
 Result<PipelineSplit> split_pipeline(const Graph& g, int num_chunks,
                                      const std::vector<int64_t>& layers = {});
 
