@@ -6,19 +6,26 @@
 // model on the calibrated cluster shared among the ranks (plan::share_machine),
 // and prints predicted vs measured with the median errors.
 //
+// The machine may be shared: a step counts as clean when other processes used
+// at most 10% of the CPU meanwhile (/proc/stat less this process); each plan
+// runs until `--steps` clean steps (up to 8x that) and reports their median,
+// and how many of its steps were clean.
+//
 //   plan_accuracy [--cluster configs/clusters/local_cpu.json] [--steps 6] [--warmup 2]
 //                 [--only NAME,...] [--model M.json] [--batch 16] [--seq 128] [--breakdown]
 //                 [--repeat R] [--profile]
 // --repeat R: each plan's measured time is the least of R runs (the least
-// disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and memory and the
-// program's collectives; --profile: rank 0's kernel time by op kind beside the
+// disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and
+// memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
 // roofline of the same nodes.
 //
 // bench/plan_accuracy.sh builds it and runs it with the defaults.
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -47,11 +54,50 @@ struct Case {
 };
 
 struct Measured {
-  double step_s = 0;       // median over steps of the slowest rank's step
-  double spread = 0;       // (max - min) / median of those steps
-  MemoryStats memory;      // the rank with the largest total
-  std::string collectives;  // rank 0's program: collective kind x phase counts
+  double step_s = 0;         // median over steps of the slowest rank's step
+  double spread = 0;         // (max - min) / median of those steps
+  MemoryStats memory;        // the rank with the largest total
+  std::string collectives;   // rank 0's program: collective kind x phase counts
+  int steps = 0, clean = 0;  // steps timed, and those other processes left alone
 };
+
+// Busy and total CPU ticks of the machine (/proc/stat) and of this process
+// (/proc/self/stat), to tell whether other processes took CPU during a step.
+struct CpuSample {
+  long long busy = 0, total = 0, self = 0;
+  double others_busy_fraction(const CpuSample& before) const {
+    const double t = double(total - before.total);
+    if (t <= 0) return 0;
+    return std::max(0.0, double((busy - before.busy) - (self - before.self)) / t);
+  }
+};
+
+CpuSample cpu_sample() {
+  CpuSample s;
+  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+    long long v[8] = {0};
+    if (std::fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
+                    &v[4], &v[5], &v[6], &v[7]) == 8) {
+      for (long long x : v) s.total += x;
+      s.busy = s.total - v[3] - v[4];  // less idle and iowait
+    }
+    std::fclose(f);
+  }
+  if (std::FILE* f = std::fopen("/proc/self/stat", "r")) {
+    char buf[2048];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    std::fclose(f);
+    // Fields after the ")" closing the command name: state is field 3; utime, stime 14, 15.
+    if (const char* p = std::strrchr(buf, ')')) {
+      long long ut = 0, st = 0;
+      if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut, &st) ==
+          2)
+        s.self = ut + st;
+    }
+  }
+  return s;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -97,32 +143,65 @@ void print_profile(Executor& ex, int steps, int micro_batches) {
 
 Result<Measured> measure(const json& model, const Case& c, int batch, int seq, int warmup,
                          int steps) {
-  json doc = {{"model", model},
-              {"data", {{"dataset", "fortunes"}}},
-              {"train",
-               {{"steps", warmup + steps},
-                {"batch_size", batch},
-                {"micro_batches", c.micro_batches},
-                {"seq_len", seq},
-                {"recompute", c.recompute},
-                {"eval_batches", 1}}},
-              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
-              {"parallel",
-               {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}}}};
+  json doc = {
+      {"model", model},
+      {"data", {{"dataset", "fortunes"}}},
+      {"train",
+       {{"steps", warmup + steps},
+        {"batch_size", batch},
+        {"micro_batches", c.micro_batches},
+        {"seq_len", seq},
+        {"recompute", c.recompute},
+        {"eval_batches", 1}}},
+      {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
+      {"parallel", {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}}}};
   MF_ASSIGN_OR_RETURN(RunConfig rc, parse_run_config(doc, ""));
   std::mutex mu;
   std::string collectives;
-  std::vector<std::vector<double>> secs(static_cast<size_t>(c.ranks));
+  // Steps run until `steps` of them were clean (other processes used at most
+  // kBusyOthers of the machine meanwhile) or kMaxSteps ran; the median is over
+  // the clean ones (over all when fewer were clean: `clean` says how many).
+  constexpr double kBusyOthers = 0.10;
+  const int max_steps = std::max(steps, 8 * steps);
+  std::vector<double> per_step;  // slowest rank's seconds per step (after warm-up)
+  std::vector<char> clean;
+  std::vector<double> step_secs(static_cast<size_t>(c.ranks), 0.0);
+  bool stop = false;
+  CpuSample before;
+  auto decide = [&]() noexcept {  // runs once per step, after every rank finished it
+    const CpuSample after = cpu_sample();
+    const double busy = after.others_busy_fraction(before);
+    before = after;
+    per_step.push_back(*std::max_element(step_secs.begin(), step_secs.end()));
+    clean.push_back(busy <= kBusyOthers);
+    const int done = static_cast<int>(per_step.size());
+    int n_clean = 0;
+    for (int i = warmup; i < done; ++i) n_clean += clean[i];
+    stop = (done >= warmup + steps && n_clean >= steps) || done >= warmup + max_steps;
+  };
+  std::barrier sync(c.ranks, decide);
   std::vector<MemoryStats> mem(static_cast<size_t>(c.ranks));
   auto body = [&](std::shared_ptr<Communicator> comm, int rank) -> Status {
-    MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(rc, comm));
-    std::vector<double> s;
-    for (int i = 0; i < warmup + steps; ++i) {
-      if (i == warmup && rank == 0 && g_profile) tr->executor().set_profiling(true);
-      StepResult r = tr->step();
-      if (i >= warmup) s.push_back(r.seconds);
+    Result<std::unique_ptr<Trainer>> created = Trainer::create(rc, comm);
+    if (!created.is_ok()) {
+      sync.arrive_and_drop();
+      return created.status();
     }
-    if (rank == 0 && g_profile) print_profile(tr->executor(), steps, c.micro_batches);
+    std::unique_ptr<Trainer> tr = std::move(created).value();
+    sync.arrive_and_wait();  // every rank built: start the clock together
+    if (rank == 0) {
+      per_step.clear(), clean.clear();
+      before = cpu_sample();
+    }
+    sync.arrive_and_wait();
+    for (int i = 0;; ++i) {
+      if (i == warmup && rank == 0 && g_profile) tr->executor().set_profiling(true);
+      step_secs[static_cast<size_t>(rank)] = tr->step().seconds;
+      sync.arrive_and_wait();
+      if (stop) break;
+    }
+    if (rank == 0 && g_profile)
+      print_profile(tr->executor(), static_cast<int>(per_step.size()) - warmup, c.micro_batches);
     std::lock_guard<std::mutex> lock(mu);
     if (rank == 0 && tr->program()) {
       std::map<std::string, int> n;
@@ -130,7 +209,6 @@ Result<Measured> measure(const json& model, const Case& c, int batch, int seq, i
         ++n[std::string(op_name(r.kind)) + "/" + std::string(phase_name(r.phase))];
       for (const auto& [k, v] : n) collectives += k + " x" + std::to_string(v) + " ";
     }
-    secs[static_cast<size_t>(rank)] = s;
     mem[static_cast<size_t>(rank)] = tr->executor().memory();
     return Status::ok();
   };
@@ -142,13 +220,18 @@ Result<Measured> measure(const json& model, const Case& c, int batch, int seq, i
     }));
   }
   Measured m;
-  std::vector<double> per_step(static_cast<size_t>(steps), 0.0);
-  for (const auto& s : secs)
-    for (int i = 0; i < steps; ++i) per_step[i] = std::max(per_step[i], s[i]);
-  m.step_s = median(per_step);
-  m.spread = (*std::max_element(per_step.begin(), per_step.end()) -
-              *std::min_element(per_step.begin(), per_step.end())) /
-             m.step_s;
+  std::vector<double> all, good;
+  for (size_t i = static_cast<size_t>(warmup); i < per_step.size(); ++i) {
+    all.push_back(per_step[i]);
+    if (clean[i]) good.push_back(per_step[i]);
+  }
+  m.clean = static_cast<int>(good.size());
+  m.steps = static_cast<int>(all.size());
+  const std::vector<double>& use = good.size() >= 2 ? good : all;
+  m.step_s = median(use);
+  m.spread =
+      (*std::max_element(use.begin(), use.end()) - *std::min_element(use.begin(), use.end())) /
+      m.step_s;
   for (const MemoryStats& s : mem)
     if (s.total() > m.memory.total()) m.memory = s;
   m.collectives = collectives;
@@ -212,8 +295,12 @@ int main(int argc, char** argv) {
     }
   }
   // A small GPT: 4 layers, hidden 256, 4 heads, bytes (gpt_bytes_small.json's shape).
-  json model = {{"model_type", "gpt2"}, {"n_layer", 4},       {"n_embd", 256},
-                {"n_head", 4},          {"n_positions", 256}, {"vocab_size", 256},
+  json model = {{"model_type", "gpt2"},
+                {"n_layer", 4},
+                {"n_embd", 256},
+                {"n_head", 4},
+                {"n_positions", 256},
+                {"vocab_size", 256},
                 {"tie_word_embeddings", true}};
   if (!model_path.empty()) model = value_or_throw(read_json_file(model_path));
   const plan::Cluster machine = value_or_throw(plan::load_cluster(cluster_path));
@@ -239,9 +326,10 @@ int main(int argc, char** argv) {
 
   std::printf("plan accuracy: GPT %s, batch %d x seq %d, cluster %s (%.1f GFLOP/s, %.1f GB/s)\n",
               model.dump().c_str(), batch, seq, cluster_path.c_str(),
-              machine.device.peak_flops.f32 / 1e9, machine.device.memory_bandwidth_bytes_per_s / 1e9);
-  std::printf("%-16s %5s %10s %10s %7s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
-              "meas ms", "err", "noise", "pred MiB", "meas MiB", "err");
+              machine.device.peak_flops.f32 / 1e9,
+              machine.device.memory_bandwidth_bytes_per_s / 1e9);
+  std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
+              "meas ms", "err", "noise", "clean", "pred MiB", "meas MiB", "err");
   std::vector<double> time_err, mem_err;
   for (const Case& c : cases) {
     if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
@@ -258,7 +346,9 @@ int main(int argc, char** argv) {
     Result<Measured> me = measure(model, c, batch, seq, warmup, steps);
     for (int r = 1; r < repeat && me.is_ok(); ++r) {
       Result<Measured> again = measure(model, c, batch, seq, warmup, steps);
-      if (!again.is_ok() || again->step_s < me->step_s) me = std::move(again);
+      if (!again.is_ok()) continue;
+      if (again->clean > me->clean || (again->clean == me->clean && again->step_s < me->step_s))
+        me = std::move(again);
     }
     if (!me.is_ok()) {
       std::printf("%-16s run failed: %s\n", c.name.c_str(), me.status().message().c_str());
@@ -269,9 +359,10 @@ int main(int argc, char** argv) {
     const double memerr = pc->memory.total / mem_meas - 1;
     time_err.push_back(std::abs(te));
     mem_err.push_back(std::abs(memerr));
-    std::printf("%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %10.2f %10.2f %+6.1f%%\n",
+    std::printf("%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %3d/%-2d %10.2f %10.2f %+6.1f%%\n",
                 c.name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
-                100 * me->spread, mib(pc->memory.total), mib(mem_meas), 100 * memerr);
+                100 * me->spread, me->clean, me->steps, mib(pc->memory.total), mib(mem_meas),
+                100 * memerr);
     if (breakdown) {
       const plan::MemoryBreakdown& m = pc->memory;
       const MemoryStats& s = me->memory;
@@ -279,8 +370,8 @@ int main(int argc, char** argv) {
           "    predicted: compute %.1f recompute %.1f tp %.1f dp %.1f opt %.1f ms | params %.2f "
           "grads %.2f opt %.2f act %.2f tmp %.2f MiB\n",
           pc->compute_s * 1e3, pc->recompute_s * 1e3, pc->tp_comm_s * 1e3, pc->dp_comm_s * 1e3,
-          pc->optimizer_s * 1e3, mib(m.params), mib(m.grads), mib(m.optimizer),
-          mib(m.activations), mib(m.temporaries));
+          pc->optimizer_s * 1e3, mib(m.params), mib(m.grads), mib(m.optimizer), mib(m.activations),
+          mib(m.temporaries));
       std::printf("    measured:  params %.2f grads %.2f opt %.2f inputs %.2f arena %.2f MiB\n",
                   mib(s.params), mib(s.grads), mib(s.optimizer), mib(s.inputs), mib(s.arena));
       if (!me->collectives.empty()) std::printf("    program:   %s\n", me->collectives.c_str());
@@ -288,8 +379,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (!time_err.empty())
-    std::printf("median |error|: step time %.1f%% (target <= 15%%), peak memory %.1f%% (<= 10%%) over "
-                "%zu plans\n",
-                100 * median(time_err), 100 * median(mem_err), time_err.size());
+    std::printf(
+        "median |error|: step time %.1f%% (target <= 15%%), peak memory %.1f%% (<= 10%%) over "
+        "%zu plans\n",
+        100 * median(time_err), 100 * median(mem_err), time_err.size());
   return 0;
 }

@@ -1,6 +1,6 @@
 # End-to-end checks of the SPMD partitioner through the CLI (tests/partition_cli_check.sh).
 set(_mf_pc ${CMAKE_CURRENT_LIST_DIR}/partition_cli_check.sh)
-foreach(mode explain errors)
+foreach(mode explain errors auto)
   add_test(NAME partition_cli_${mode} COMMAND bash ${_mf_pc} $<TARGET_FILE:meshflow_cli> none ${mode})
   set_tests_properties(partition_cli_${mode} PROPERTIES TIMEOUT 120 LABELS partition
     ENVIRONMENT "OMP_WAIT_POLICY=passive")

@@ -4,6 +4,7 @@
 #                                                 + ZeRO-1 plan: identical losses and weights
 #   partition_cli_check.sh BIN MPIRUN explain     `meshflow explain` lists the collectives and totals
 #   partition_cli_check.sh BIN MPIRUN errors      wrong rank count, unknown preset: exit 2, named
+#   partition_cli_check.sh BIN MPIRUN auto        mode auto + search full plans for --ranks 4 and trains
 set -uo pipefail
 BIN=$1 MPIRUN=$2 MODE=$3
 MPI="$MPIRUN --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
@@ -37,7 +38,8 @@ case $MODE in
     echo "$out" | grep -q "all_gather *over tp" || fail "no all_gather over tp listed"
     echo "$out" | grep -q "reduce_scatter *over tp" || fail "no reduce_scatter over tp listed"
     echo "$out" | grep -q "total sent per rank per step" || fail "no totals"
-    "$BIN" explain "$dir/run.json" | grep -q "layer_norm\|rms_norm" || fail "node layouts not listed" ;;
+    all=$("$BIN" explain "$dir/run.json") || fail "explain with nodes failed"
+    echo "$all" | grep -q "rms_norm" || fail "node layouts not listed" ;;
   errors)
     out=$("$BIN" train "$dir/run.json" --ranks 2 --quiet 2>&1); rc=$?
     echo "$out"
@@ -51,6 +53,12 @@ case $MODE in
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for a split of 3"
     echo "$out" | grep -q "split 3 ways" || fail "message does not say the split" ;;
+  auto)
+    out=$("$BIN" train "$dir/run.json" --ranks 4 --set 'parallel={"mode": "auto", "search": "full"}' 2>&1); rc=$?
+    echo "$out" | tail -4
+    [ $rc -eq 0 ] || fail "exit $rc"
+    echo "$out" | grep -q "planned by search" || fail "the chosen plan is not reported"
+    echo "$out" | grep -q "eval @ step 3" || fail "did not train to the end" ;;
   *) fail "unknown mode $MODE" ;;
 esac
 echo "PASS $MODE"

@@ -18,8 +18,12 @@ namespace meshflow::plan {
 namespace {
 
 json small_gpt() {
-  return {{"model_type", "gpt2"}, {"n_layer", 2},        {"n_embd", 64},
-          {"n_head", 4},          {"n_positions", 64},   {"vocab_size", 256},
+  return {{"model_type", "gpt2"},
+          {"n_layer", 2},
+          {"n_embd", 64},
+          {"n_head", 4},
+          {"n_positions", 64},
+          {"vocab_size", 256},
           {"tie_word_embeddings", true}};
 }
 
@@ -49,7 +53,8 @@ TEST(PlanAuto, ShareMachineSplitsTheDevice) {
   EXPECT_EQ(c.total_devices(), 4);
   EXPECT_EQ(c.nodes, 1);
   EXPECT_DOUBLE_EQ(c.device.peak_flops.f32, m.device.peak_flops.f32 / 4);
-  EXPECT_DOUBLE_EQ(c.device.memory_bandwidth_bytes_per_s, m.device.memory_bandwidth_bytes_per_s / 4);
+  EXPECT_DOUBLE_EQ(c.device.memory_bandwidth_bytes_per_s,
+                   m.device.memory_bandwidth_bytes_per_s / 4);
   // The same per-core work has the same efficiency: a call 4x smaller on a quarter.
   EXPECT_DOUBLE_EQ(c.matmul_efficiency(1e8), m.matmul_efficiency(4e8));
   Cluster two = m;

@@ -178,8 +178,11 @@ Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communica
     MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));
     trainer.single->executor().set_profiling(o.profile);
     trainer.single->set_trace(trace);
-    how = trainer.single->program() ? "partitioned, mesh " + rc.parallel.mesh.to_string()
-                                    : "data parallel";
+    how = trainer.single->program()
+              ? "partitioned, mesh " + trainer.single->config().parallel.mesh.to_string()
+              : "data parallel";
+    if (!trainer.single->planned().empty())
+      how += "; planned by search: " + trainer.single->planned();
   }
   if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load(o.init));
   const TrainConfig& tc = rc.train;

@@ -326,6 +326,7 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
            {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "tp"}};
   if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
   DimRules r;
+  r.skip_indivisible = true;
   for (auto& [dim, axis] : all)
     if (mesh.axis_index(axis) >= 0) r.rules.emplace_back(dim, axis);
   return r;
@@ -358,6 +359,7 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
       return Status::invalid("rule " + shape.name(d) + ": " + *axis + ": '" + *axis +
                              "' is not an axis of the mesh " + mesh.to_string());
     if (used[a]) continue;  // an earlier rule took the axis
+    if (rules.skip_indivisible && shape.size(d) % mesh.size(a) != 0) continue;
     if (shape.size(d) % mesh.size(a) != 0)
       return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
                              std::to_string(mesh.size(a)) + " ways over mesh axis " + *axis +

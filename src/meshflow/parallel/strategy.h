@@ -59,6 +59,9 @@ Result<ShardingStrategy> strategy_from_splits(const Graph& g, NodeId id, const M
 struct DimRules {
   // dim name -> mesh axis name, in the order given.
   std::vector<std::pair<std::string, std::string>> rules;
+  // Presets: a dim the axis does not divide stays replicated (e.g. a GPT-2
+  // vocabulary of 50257 on tp=2) instead of being an error.
+  bool skip_indivisible = false;
 
   // A JSON object {"batch": "dp", ...}; values must be strings.
   static Result<DimRules> from_json(const nlohmann::json& j);

@@ -42,6 +42,11 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   for (int64_t tp = 1; tp <= ranks; ++tp) {
     if (ranks % tp != 0) continue;
     const int64_t dp = ranks / tp;
+    if (d.kv_heads % tp != 0) {  // the partitioner splits kv heads with the query heads
+      if (first_invalid.empty())
+        first_invalid = "tp=" + str(tp) + " does not divide kv_heads=" + str(d.kv_heads);
+      continue;
+    }
     if (tc.batch_size % (dp * m) != 0) {
       if (first_invalid.empty())
         first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +

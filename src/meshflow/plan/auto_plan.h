@@ -8,8 +8,9 @@
 // the Trainer runs. No pipeline or context parallelism (the semi-auto trainer
 // runs neither).
 //
-//   MF_ASSIGN_OR_RETURN(Cluster local, load_local_cluster());        // configs/clusters/local_cpu.json
-//   MF_ASSIGN_OR_RETURN(json par, auto_parallel_section(rc, 4, local));
+//   MF_ASSIGN_OR_RETURN(Cluster local, load_local_cluster());        //
+//   configs/clusters/local_cpu.json MF_ASSIGN_OR_RETURN(json par, auto_parallel_section(rc, 4,
+//   local));
 //   // par = {"mode": "semi", "mesh": "dp=2,tp=2", "preset": "megatron", "zero": 1,
 //   //        "recompute": "none"}
 //   rc.parallel = value_or_throw(parse_strategy_config(par));

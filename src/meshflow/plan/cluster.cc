@@ -135,7 +135,8 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
   PeakFlops& p = r.device.peak_flops;
   for (double* f : {&p.f32, &p.tf32, &p.bf16, &p.f16}) *f *= share;
   r.device.memory_bandwidth_bytes_per_s *= share;
-  r.device.memory_bytes = static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
+  r.device.memory_bytes =
+      static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
   for (EfficiencyPoint& e : r.device.matmul_efficiency) e.gflop *= share;
   if (cores <= 0) cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   if (ranks > cores) r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;

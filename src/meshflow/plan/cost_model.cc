@@ -87,6 +87,8 @@ CostConstants meshflow_cpu_constants() {
   k.overlap_grad_reduce = false;
   k.zero3_prefetch = false;
   k.collective_per_tensor = true;
+  k.attention = AttentionKernel::kBlockedCpu;
+  k.recompute_from_pass = true;
   k.memory_model = MemoryModel::kStaticArena;
   return k;
 }
@@ -130,8 +132,8 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
       MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
       if (p.recompute != Recompute::kNone) {
         RecomputePolicy rp;
-        rp.mode = p.recompute == Recompute::kFull ? RecomputePolicy::kFull
-                                                  : RecomputePolicy::kSelective;
+        rp.mode =
+            p.recompute == Recompute::kFull ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
         MF_RETURN_IF_ERROR(apply_recompute(g, rp).with_context("pricing recompute"));
       }
       bytes[n - 1] = static_arena_bytes(g);
@@ -178,6 +180,49 @@ double CostModel::model_flops_per_token() const {
   return 3 * forward_flops_per_token_;
 }
 
+double CostModel::node_time_s(const Graph& g, const Node& n, int64_t cp) const {
+  const OpCost c = op_cost(g, n);
+  const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
+  double t = 0;
+  if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+    const bool fwd = n.kind == OpKind::kAttention;
+    const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
+    const Shape& k = g.shape(n.inputs[fwd ? 1 : 2]);
+    const int64_t tq = q.size(2), tk = k.size(2);
+    const double rows = double(q.size(0)) * double(q.size(1));
+    if (k_.attention == AttentionKernel::kMaterialized) {
+      // Batched GEMMs over all tq x tk scores (the mask is applied after), the
+      // score matrix streamed through memory between them.
+      const double scores = rows * double(tq) * double(tk);
+      const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
+      const double per_score =
+          fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
+      t = compute_time_s(gemm_flops / 2) * 2 +
+          cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
+    } else if (k_.attention == AttentionKernel::kBlockedCpu) {
+      constexpr int64_t kBlockQ = 64;  // kernels/cpu/attention.cc
+      const double gemms = fwd ? 2.0 : 5.0;
+      const int64_t d_head = q.size(3);
+      double gemm_t = 0;
+      for (int64_t i0 = 0; i0 < tq; i0 += kBlockQ) {
+        const int64_t r = std::min(kBlockQ, tq - i0);
+        const int64_t keys = std::clamp<int64_t>(i0 + r + tk - tq, 0, tk);
+        gemm_t += compute_time_s(2.0 * double(r) * double(keys) * double(d_head));
+      }
+      t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
+    } else {
+      // A cp shard's queries are load-balanced (Megatron's zigzag split): the
+      // average causal work, not the last shard's that the OpDef sees.
+      const double ratio =
+          cp > 1 ? (double(tk) * double(tk + 1) / 2 / double(cp)) / causal_pairs_last(tq, tk) : 1.0;
+      t = roofline_time_s(c.flops * ratio, c.bytes * byte_scale);
+    }
+  } else {
+    t = roofline_time_s(c.flops, c.bytes * byte_scale);
+  }
+  return t;
+}
+
 Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const {
   MF_RETURN_IF_ERROR(status_);
   const auto key = std::make_tuple(tp, cp, micro_batch);
@@ -188,7 +233,6 @@ Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_ba
   }
   LocalShape shape{micro_batch, job_.seq, tp, cp};
   MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
-  const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
   const std::vector<bool> wgrad = weight_grad_nodes(g);
   LayerCost lc;
   // Times split by region so price() can apply sequence parallelism.
@@ -209,35 +253,8 @@ Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_ba
     }
     if (n.phase != Phase::kForward && n.phase != Phase::kBackward) continue;
     ++lc.nodes;
-    const OpCost c = op_cost(g, n);
-    double t = 0;
-    if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
-      const bool fwd = n.kind == OpKind::kAttention;
-      const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
-      const Shape& k = g.shape(n.inputs[fwd ? 1 : 2]);
-      const int64_t tq = q.size(2), tk = k.size(2);
-      const double rows = double(q.size(0)) * double(q.size(1));
-      if (k_.attention == AttentionKernel::kMaterialized) {
-        // Batched GEMMs over all tq x tk scores (the mask is applied after), the
-        // score matrix streamed through memory between them.
-        const double scores = rows * double(tq) * double(tk);
-        const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
-        const double per_score =
-            fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
-        t = compute_time_s(gemm_flops / 2) * 2 +
-            cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
-      } else {
-        // A cp shard's queries are load-balanced (Megatron's zigzag split): the
-        // average causal work, not the last shard's that the OpDef sees.
-        const double ratio =
-            cp > 1 ? (double(tk) * double(tk + 1) / 2 / double(cp)) / causal_pairs_last(tq, tk)
-                   : 1.0;
-        t = roofline_time_s(c.flops * ratio, c.bytes * byte_scale);
-      }
-      if (fwd && n.layer == 0) lc.attention_core_s += t;
-    } else {
-      t = roofline_time_s(c.flops, c.bytes * byte_scale);
-    }
+    const double t = node_time_s(g, n, cp);
+    if (n.kind == OpKind::kAttention && n.layer == 0) lc.attention_core_s += t;
     const bool tp_region = in_tp_region(g, n);
     const bool embed = n.kind == OpKind::kEmbedding || n.kind == OpKind::kEmbeddingGrad ||
                        n.name.rfind("embed", 0) == 0 || n.name.rfind("embd_drop", 0) == 0;
@@ -255,6 +272,21 @@ Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_ba
     } else {
       (n.phase == Phase::kForward ? lc.head_fwd_s : (wgrad[i] ? lc.head_wgrad_s : lc.head_bwd_s)) +=
           t;
+    }
+  }
+  if (k_.recompute_from_pass) {
+    // What the recompute pass clones into block 0's backward, priced node by node.
+    for (RecomputePolicy::Mode mode : {RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+      MF_ASSIGN_OR_RETURN(Graph rg, build_local_layer_graph(job_.model, shape));
+      RecomputePolicy rp;
+      rp.mode = mode;
+      MF_RETURN_IF_ERROR(apply_recompute(rg, rp).with_context("pricing recompute"));
+      double t = 0;
+      for (const Node& n : rg.nodes())
+        if (n.layer == 0 && n.name.size() > 10 &&
+            n.name.compare(n.name.size() - 10, 10, "@recompute") == 0)
+          t += node_time_s(rg, n, cp);
+      (mode == RecomputePolicy::kFull ? lc.recompute_full_s : lc.recompute_selective_s) = t;
     }
   }
   auto shared = std::make_shared<const LayerCost>(lc);
@@ -368,8 +400,10 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   const double ls = double(ls_int);
   const double emb_ar = cl.collective_time_s(Collective::kAllReduce, p.tp, act_buf, tp_link);
   double recompute_layer = 0;
-  if (p.recompute == Recompute::kFull) recompute_layer = f_layer + tp_fwd + cp_fwd;
-  if (p.recompute == Recompute::kSelective) recompute_layer = lc.attention_core_s;
+  if (p.recompute == Recompute::kFull)
+    recompute_layer = (k_.recompute_from_pass ? lc.recompute_full_s : f_layer) + tp_fwd + cp_fwd;
+  if (p.recompute == Recompute::kSelective)
+    recompute_layer = k_.recompute_from_pass ? lc.recompute_selective_s : lc.attention_core_s;
   StageTimes base;
   base.forward_s = ls * (f_layer + tp_fwd + cp_fwd);
   base.backward_s = ls * (b_layer + tp_bwd + cp_bwd + recompute_layer);

@@ -22,11 +22,17 @@
 //      /v for interleaved, (p-1)(F+B-W) for ZB-H1; point-to-point sends on the
 //      pp link; the gradient reduce over dp*cp ranks (ring, on the link the axis
 //      maps to) overlapped with the last micro-batch's backward; ZeRO-3's
-//      per-micro-batch gathers overlapped with compute; the optimizer as
-//      memory-bound work.
+//      per-layer gathers and reduce_scatters, prefetched one layer ahead on
+//      one stream (each layer of a pass takes max(compute, collectives)); the
+//      optimizer as memory-bound work.
 //   4. Memory per device (the worst of the first and last stage): parameters,
 //      gradients, optimizer state per ZeRO stage, activations per micro-batch in
-//      flight (Korthikanti et al. 2022), temporaries (logits, recompute working set).
+//      flight (Korthikanti et al. 2022), temporaries (logits, recompute working
+//      set); or, for meshflow's own executor (MemoryModel::kStaticArena), its
+//      static memory planner run over the local program.
+//
+// Local runs: CostModel(job, *share_machine(local_cpu, ranks), meshflow_cpu_constants())
+// prices N in-process ranks sharing this machine (bench/plan_accuracy checks it).
 //
 // Mesh order (rank = ((pp * dp + d) * cp + c) * tp + t: tp innermost, pp
 // outermost, as Megatron-LM) decides which link each axis uses.
@@ -58,7 +64,12 @@ struct TrainingJob {
 // causal half skipped, as the attention OpDef prices it) or the 2021 Megatron-LM
 // way (two batched GEMMs over the full seq x seq scores, written to memory, a
 // fused scale-mask-softmax and a dropout between them).
-enum class AttentionKernel { kFused, kMaterialized };
+// kBlockedCpu: meshflow's CPU kernel (kernels/cpu/attention.cc): per (batch,
+// head) blocks of 64 query rows, each against the keys its last row sees (the
+// causal triangle rounded up to whole blocks), through SGEMM calls of 64 x
+// keys x head_dim (2 per block forward, 5 backward), each priced at the
+// efficiency of a call of that size.
+enum class AttentionKernel { kFused, kMaterialized, kBlockedCpu };
 
 // How the software stack holds activations and temporaries, which decides the
 // memory model:
@@ -123,6 +134,12 @@ struct CostConstants {
   // bucketed into a few large ones whose latency is negligible (PyTorch DDP,
   // Megatron-LM, DeepSpeed: false).
   bool collective_per_tensor = false;
+  // Recompute prices what meshflow's recompute pass (autodiff/recompute.h)
+  // clones into the backward (full: the forward nodes whose outputs the
+  // backward reads, and what they need; selective: the attention core and its
+  // layout ops), node by node; false: Megatron-LM's, the whole layer forward
+  // (full) or the attention core (selective).
+  bool recompute_from_pass = false;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
@@ -199,14 +216,15 @@ struct LayerCost {
   // (norms, residuals, dropout: what sequence parallelism splits by tp).
   double forward_s = 0, backward_s = 0, weight_grad_s = 0;
   double forward_replicated_s = 0, backward_replicated_s = 0, weight_grad_replicated_s = 0;
-  double attention_core_s = 0;              // forward of the attention op (selective recompute)
-  double embed_fwd_s = 0, embed_bwd_s = 0;  // embedding (first stage)
+  double attention_core_s = 0;  // forward of the attention op (selective recompute)
+  double recompute_full_s = 0, recompute_selective_s = 0;   // recompute_from_pass: the clones
+  double embed_fwd_s = 0, embed_bwd_s = 0;                  // embedding (first stage)
   double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // final norm, lm_head, loss
   int64_t layer_params = 0;                                 // per rank
   int64_t embed_params = 0;                                 // per rank (word + position table)
   int64_t head_params = 0;  // per rank (final norm + lm_head; the table copy when tied)
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
-  int nodes = 0;            // nodes priced (forward + backward of the one-layer program)
+  int nodes = 0;  // nodes priced (forward + backward of the one-layer program)
 };
 
 class CostModel {
@@ -245,6 +263,8 @@ class CostModel {
   // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale),
   // and the roofline of an op with that compute and `bytes` of memory traffic.
   double compute_time_s(double flops) const;
+  // One node of a local program: roofline, attention by the kernel in use.
+  double node_time_s(const Graph& g, const Node& n, int64_t cp) const;
   double roofline_time_s(double flops, double bytes) const;
 
   TrainingJob job_;

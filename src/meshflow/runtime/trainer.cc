@@ -14,6 +14,7 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/comm/transport.h"
 
 namespace meshflow {
@@ -158,6 +159,20 @@ PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
 
 // The SPMD path: the whole graph, annotated and lowered for this rank.
 Status Trainer::init_partitioned(const PartitionOptions* given) {
+  if (rc_.parallel.mode == "auto" && rc_.parallel.search == "full" && !given) {
+    // Full search for this job's ranks on this machine (plan/auto_plan.h):
+    // the planner's best dp x tp x ZeRO x recompute plan becomes the semi-auto
+    // section this run trains with. Every rank plans the same (deterministic).
+    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
+    Result<json> par = plan::auto_parallel_section(rc_, world_, local);
+    if (!par.is_ok()) return par.status().with_context("parallel.search \"full\"");
+    MF_ASSIGN_OR_RETURN(rc_.parallel, parse_strategy_config(*par, "parallel (planned)"));
+    rc_.has_parallel = true;
+    const std::string& r = rc_.parallel.recompute;
+    if (rc_.train.recompute.mode == RecomputePolicy::kNone && (r == "full" || r == "selective"))
+      rc_.train.recompute.mode = r == "full" ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
+    planned_ = par->dump();
+  }
   const TrainConfig& tc = rc_.train;
   const StrategyConfig& pc = rc_.parallel;
   const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(world_, "dp");
@@ -170,10 +185,6 @@ Status Trainer::init_partitioned(const PartitionOptions* given) {
     return Status::invalid(
         "parallel.mode \"hybrid\" (collectives placed by hand) is built through the C++ API "
         "(ops/collective.cc on a per-rank graph); from a config use \"semi\" or \"auto\"");
-  if (pc.mode == "auto" && pc.search == "full")
-    return Status::invalid(
-        "parallel.search \"full\" plans with `meshflow plan MODEL --cluster ... --out PLAN.json`; "
-        "train that plan, or use \"search\": \"propagate\"");
   if (tc.batch_size % tc.micro_batches != 0)
     return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
                            " does not split into " + std::to_string(tc.micro_batches) +

@@ -72,6 +72,9 @@ class Trainer {
   const Graph& program_graph() const { return program_ ? program_->graph : model_.graph; }
   const LocalProgram* program() const { return program_.get(); }
   const Annotation* annotation() const { return program_ ? &annotation_ : nullptr; }
+  // Mode auto with search "full": the "parallel" section the planner chose
+  // (JSON text); empty otherwise.
+  const std::string& planned() const { return planned_; }
   // Every parameter whole (gathered from the shards when partitioned), by name.
   Result<std::map<std::string, Tensor>> gather_parameters();
   Executor& executor() { return *executor_; }
@@ -118,6 +121,7 @@ class Trainer {
   TraceWriter* trace_ = nullptr;             // set_trace
   int trace_track_ = -1;
   std::string count_targets_;  // the input whose valid entries "loss_count" counts
+  std::string planned_;        // auto + search full: the chosen "parallel" section
 };
 
 // Builds the model named by a model JSON ("model_type": "gpt2"|"llama", or
