@@ -384,5 +384,34 @@ TEST(PartitionZero, OptimizerAndParameterBytesShrinkByTheTextbookFractions) {
   EXPECT_NEAR(total(z3), 16.0 / n, 0.1);
 }
 
+// Hierarchical ZeRO (HSDP, ZeRO++'s hpZ): the batch is split over rep x dp (4
+// data-parallel ranks) but the optimizer state and parameters only over dp (a
+// shard group of 2): gradients reduce-scatter over dp and all-reduce over rep.
+TEST(PartitionZero, HierarchicalShardGroupSmallerThanDataParallel) {
+  const Trace single = train(run("llama", 2, nullptr), nullptr);
+  for (int zero : {1, 3}) {
+    json par = {{"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}},
+                {"zero", zero}};
+    RunConfig rc = run("llama", 2, par);
+    const std::vector<Trace> ranks = train_ranks(rc, 4);
+    expect_same(single, ranks, "hierarchical zero " + std::to_string(zero));
+    const double P = static_cast<double>(single.memory.params) / 4;
+    EXPECT_NEAR(ranks[3].memory.optimizer / P, 8.0 / 2, 0.05) << "zero " << zero;
+    if (zero == 3) EXPECT_NEAR(ranks[3].memory.params / P, 4.0 / 2, 0.05);
+  }
+  // And the program: gradients reduce over rep, shard over dp.
+  json par = {{"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}},
+              {"zero", 2}};
+  RunConfig rc = run("llama", 1, par);
+  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+  const LocalProgram p =
+      value_or_throw(lower(m.graph, value_or_throw(annotate(m.graph, rc.parallel.mesh, o)), 0));
+  EXPECT_GT(count(p, OpKind::kReduceScatter, Phase::kBackward, "dp"), 0);
+  EXPECT_GT(count(p, OpKind::kAllReduce, Phase::kBackward, "rep") +
+                count(p, OpKind::kAllReduce, Phase::kOptimizer, "rep"),
+            0);
+}
+
 }  // namespace
 }  // namespace meshflow

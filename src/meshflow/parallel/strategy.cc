@@ -300,11 +300,16 @@ const std::string* DimRules::axis_of(const std::string& dim) const {
   return nullptr;
 }
 
+namespace {
+std::vector<std::string> rule_axes(const std::string& text);
+}  // namespace
+
 Status DimRules::check(const Mesh& mesh) const {
   for (const auto& [dim, axis] : rules)
-    if (mesh.axis_index(axis) < 0)
-      return Status::invalid("rule " + dim + ": " + axis + ": '" + axis +
-                             "' is not an axis of the mesh " + mesh.to_string());
+    for (const std::string& name : rule_axes(axis))
+      if (mesh.axis_index(name) < 0)
+        return Status::invalid("rule " + dim + ": " + axis + ": '" + name +
+                               "' is not an axis of the mesh " + mesh.to_string());
   return Status::ok();
 }
 
@@ -344,29 +349,54 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
            "(" + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + lse + ")"}};
 }
 
+namespace {
+// "dp" -> {"dp"}; "rep*dp" -> {"rep", "dp"} (major first).
+std::vector<std::string> rule_axes(const std::string& text) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (true) {
+    size_t e = text.find('*', b);
+    out.push_back(trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b)));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+}  // namespace
+
 Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape& shape) {
   std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
   std::vector<bool> used(mesh.num_axes(), false);
-  // Rules in their order (the first rule naming a dim of the shape takes its axis).
+  // Rules in their order (the first rule naming a dim of the shape takes its
+  // axes). A rule may name several axes, major first: {batch: "rep*dp"}.
   for (const auto& [dim_name, axis_name] : rules.rules) {
     int d = -1;
     for (int k = 0; k < shape.rank() && d < 0; ++k)
       if (shape.name(k) == dim_name) d = k;
     if (d < 0) continue;
-    const std::string* axis = &axis_name;
-    int a = mesh.axis_index(*axis);
-    if (a < 0)
-      return Status::invalid("rule " + shape.name(d) + ": " + *axis + ": '" + *axis +
-                             "' is not an axis of the mesh " + mesh.to_string());
-    if (used[a]) continue;  // an earlier rule took the axis
-    if (rules.skip_indivisible && shape.size(d) % mesh.size(a) != 0) continue;
-    if (shape.size(d) % mesh.size(a) != 0)
+    std::vector<int> axes;
+    int64_t ways = 1;
+    bool taken = false;
+    for (const std::string& name : rule_axes(axis_name)) {
+      const int a = mesh.axis_index(name);
+      if (a < 0)
+        return Status::invalid("rule " + shape.name(d) + ": " + axis_name + ": '" + name +
+                               "' is not an axis of the mesh " + mesh.to_string());
+      taken |= used[a];
+      axes.push_back(a);
+      ways *= mesh.size(a);
+    }
+    if (taken) continue;  // an earlier rule took an axis
+    if (rules.skip_indivisible && shape.size(d) % ways != 0) continue;
+    if (shape.size(d) % ways != 0)
       return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
-                             std::to_string(mesh.size(a)) + " ways over mesh axis " + *axis +
-                             " (rule " + shape.name(d) + ": " + *axis + "); valid splits of " +
+                             std::to_string(ways) + " ways over mesh axis " + axis_name +
+                             " (rule " + shape.name(d) + ": " + axis_name + "); valid splits of " +
                              shape.name(d) + ": " + valid_splits(shape.size(d)));
-    used[a] = true;
-    p[a] = Placement::Shard(d);
+    for (size_t k = 0; k < axes.size(); ++k) {
+      used[axes[k]] = true;
+      p[axes[k]] = axes.size() == 1 ? Placement::Shard(d) : Placement::Shard(d, static_cast<int>(k));
+    }
   }
   return Layout::make(p);
 }
