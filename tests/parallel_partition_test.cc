@@ -390,8 +390,8 @@ TEST(PartitionZero, OptimizerAndParameterBytesShrinkByTheTextbookFractions) {
 TEST(PartitionZero, HierarchicalShardGroupSmallerThanDataParallel) {
   const Trace single = train(run("llama", 2, nullptr), nullptr);
   for (int zero : {1, 3}) {
-    json par = {{"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}},
-                {"zero", zero}};
+    json par = {
+        {"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}}, {"zero", zero}};
     RunConfig rc = run("llama", 2, par);
     const std::vector<Trace> ranks = train_ranks(rc, 4);
     expect_same(single, ranks, "hierarchical zero " + std::to_string(zero));
@@ -400,8 +400,8 @@ TEST(PartitionZero, HierarchicalShardGroupSmallerThanDataParallel) {
     if (zero == 3) EXPECT_NEAR(ranks[3].memory.params / P, 4.0 / 2, 0.05);
   }
   // And the program: gradients reduce over rep, shard over dp.
-  json par = {{"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}},
-              {"zero", 2}};
+  json par = {
+      {"mode", "semi"}, {"mesh", "rep=2,dp=2"}, {"rules", {{"batch", "rep*dp"}}}, {"zero", 2}};
   RunConfig rc = run("llama", 1, par);
   ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
   const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);

@@ -395,7 +395,8 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
                              shape.name(d) + ": " + valid_splits(shape.size(d)));
     for (size_t k = 0; k < axes.size(); ++k) {
       used[axes[k]] = true;
-      p[axes[k]] = axes.size() == 1 ? Placement::Shard(d) : Placement::Shard(d, static_cast<int>(k));
+      p[axes[k]] =
+          axes.size() == 1 ? Placement::Shard(d) : Placement::Shard(d, static_cast<int>(k));
     }
   }
   return Layout::make(p);

@@ -36,11 +36,13 @@ void for_each_global_index(const Shape& local, const std::vector<int64_t>& globa
 }
 
 void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t seed,
-                const std::vector<int64_t>& global_dims, const std::vector<int64_t>& global_offset) {
+                const std::vector<int64_t>& global_dims,
+                const std::vector<int64_t>& global_offset) {
   float* p = t.data<float>();
   const int64_t n = t.numel();
   const uint64_t s = stream_seed(name, seed);
-  if (!global_dims.empty() && (init.kind == Init::Kind::kNormal || init.kind == Init::Kind::kUniform)) {
+  if (!global_dims.empty() &&
+      (init.kind == Init::Kind::kNormal || init.kind == Init::Kind::kUniform)) {
     // A shard: each element draws the number of its global index, so the
     // weights equal the single-device ones whatever the layout.
     MF_CHECK_EQ(static_cast<int>(global_dims.size()), t.shape().rank()) << name;
