@@ -2,7 +2,6 @@
 // is valid, and exit code 2; good input trains and writes the metrics file.
 // Runs the real binary (MESHFLOW_BIN, set by CMake).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,27 +10,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct CliRun {
-  int code = -1;
-  std::string output;  // stdout + stderr
-};
-
+using meshflow::testing::CliRun;
 CliRun run(const std::string& args) {
-  const char* bin = std::getenv("MESHFLOW_BIN");
-  std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return meshflow::testing::run_cli(args);
 }
 
 class Cli : public ::testing::Test {

@@ -4,7 +4,6 @@
 // trace (valid JSON, the expected span names per rank) and that a pipeline
 // run's losses match the one-device run with the same micro-batches.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -17,33 +16,19 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct CliRun {
-  int code = -1;
-  std::string output;  // stdout + stderr
-};
-
+using meshflow::testing::CliRun;
 CliRun run(const std::string& args) {
-  const char* bin = std::getenv("MESHFLOW_BIN");
-  std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return meshflow::testing::run_cli(args);
 }
 
-std::string source_dir() {
-  const char* s = std::getenv("MESHFLOW_SOURCE_DIR");
-  return s ? s : MESHFLOW_SOURCE_DIR_DEFAULT;
-}
+using meshflow::testing::source_dir;
 
 class PipelineCli : public ::testing::Test {
  protected:

@@ -4,7 +4,6 @@
 // binary, as tests/cli_test.cc does): the --json keys other tools read, --out
 // and the Chrome trace.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "cli_run.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/check.h"
 #include "meshflow/plan/search.h"
@@ -23,10 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string source_dir() {
-  const char* e = std::getenv("MESHFLOW_SOURCE_DIR");
-  return e ? e : MESHFLOW_SOURCE_DIR_DEFAULT;
-}
+using meshflow::testing::source_dir;
 
 ModelConfig load_model(const std::string& name) {
   Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
@@ -234,22 +231,9 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
 
 // ---- the binary
 
-struct CliRun {
-  int code = -1;
-  std::string output;
-};
-
+using meshflow::testing::CliRun;
 CliRun run(const std::string& args) {
-  const char* bin = std::getenv("MESHFLOW_BIN");
-  const std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return meshflow::testing::run_cli(args);
 }
 
 class PlanCli : public ::testing::Test {
