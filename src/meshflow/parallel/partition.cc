@@ -571,9 +571,7 @@ class Lowering {
       if (it == early_grad.end()) continue;
       // The reshard runs in the producer's phase (backward).
       MF_ASSIGN_OR_RETURN(ValueId shard, get(v, it->second, n));
-      grad_as_accumulated_[v] = shard;
-      cache_[std::make_tuple(v, it->second.to_string(), static_cast<int>(Phase::kOptimizer))] =
-          shard;
+      grad_as_accumulated_[v] = shard;  // get() reads it for optimizer-phase consumers
     }
     return Status::ok();
   }
