@@ -52,7 +52,23 @@ case $MODE in
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set 'parallel.strategies={"*.mlp.up_proj": "((dp, 1, 1), (3, tp))"}' --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for a split of 3"
-    echo "$out" | grep -q "split 3 ways" || fail "message does not say the split" ;;
+    echo "$out" | grep -q "split 3 ways" || fail "message does not say the split"
+    out=$("$BIN" explain "$dir/run.json" --rank 9 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 2 ] || fail "exit $rc for explain --rank 9"
+    echo "$out" | grep -q "0..3" || fail "message does not give the valid ranks"
+    out=$("$BIN" train "$dir/run.json" --ranks 4 --set train.recompute=ops --quiet 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 2 ] || fail "exit $rc for recompute ops without a list"
+    echo "$out" | grep -q "recompute_ops" || fail "message does not name recompute_ops"
+    out=$("$BIN" train "$dir/run.json" --ranks 4 --set train.recompute=full --set 'train.recompute_layers=[7]' --quiet 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 2 ] || fail "exit $rc for a layer that does not exist"
+    echo "$out" | grep -q "valid layers are 0..1" || fail "message does not give the valid layers"
+    out=$("$BIN" train "$dir/run.json" --ranks 4 --init "$dir/missing.safetensors" --quiet 2>&1); rc=$?
+    echo "$out"
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit $rc for a missing checkpoint"
+    echo "$out" | grep -q "missing.safetensors" || fail "message does not name the file" ;;
   auto)
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set 'parallel={"mode": "auto", "search": "full"}' 2>&1); rc=$?
     echo "$out" | tail -4
