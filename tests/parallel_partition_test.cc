@@ -6,9 +6,15 @@
 // textbook plans have.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <set>
+#include <sstream>
 
+#include "cli_run.h"
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/models/from_config.h"
@@ -327,9 +333,12 @@ TEST(PartitionPropagation, MatmulStrategiesAloneReproduceMegatron) {
     ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
     const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
     Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
+    // Derived, not configured: propagated, deferred, the gradients' dual of a
+    // configured matmul, the optimizer's reads.
     int propagated = 0;
     for (const std::string& why : a.why)
-      propagated += why == "propagated" || why == "deferred reduction";
+      propagated += why == "propagated" || why == "deferred reduction" ||
+                    why.rfind("user (gradient of ", 0) == 0 || why == "where the update reads it";
     EXPECT_GT(propagated, m.graph.num_nodes() / 2) << model;
     const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
     // The preset's block plan: Megatron's rules without the vocab-parallel
@@ -411,6 +420,282 @@ TEST(PartitionZero, HierarchicalShardGroupSmallerThanDataParallel) {
   EXPECT_GT(count(p, OpKind::kAllReduce, Phase::kBackward, "rep") +
                 count(p, OpKind::kAllReduce, Phase::kOptimizer, "rep"),
             0);
+}
+
+// ---- a mesh axis of size 1 splits nothing ----
+
+// {dp: 3, tp: 1} with the Megatron rules trains like one device (it crashed:
+// the vocab "split" over tp=1 sent the cross-entropy down its vocab-parallel
+// path without a shard offset); so do a size-1 axis between others and the
+// propagation of mode auto.
+TEST(PartitionSizeOneAxis, TrainsLikeOneDevice) {
+  struct Case {
+    std::string mesh, preset;
+    int batch;
+  };
+  for (const Case& c : {Case{"dp=3,tp=1", "megatron", 6}, Case{"dp=2,tp=1,cp=1", "megatron-sp", 8},
+                        Case{"dp=1,tp=2", "megatron", 8}}) {
+    RunConfig one = run("gpt", 1, nullptr);
+    one.train.batch_size = c.batch;
+    RunConfig rc = run("gpt", 1, {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}});
+    rc.train.batch_size = c.batch;
+    expect_same(train(one, nullptr), train_ranks(rc, rc.parallel.mesh.num_ranks()),
+                c.mesh + " " + c.preset);
+  }
+  // Mode auto: the configured matmuls name tp (size 1).
+  json par = propagate_section("gpt");
+  par["mesh"] = "dp=2,tp=1";
+  RunConfig rc = run("gpt", 1, par);
+  expect_same(train(run("gpt", 1, nullptr), nullptr), train_ranks(rc, 2), "auto dp=2,tp=1");
+}
+
+// The crash's configuration itself, through the C++ API (a config refuses a
+// dp the batch does not divide): rows whole, the vocabulary named for tp=1.
+// No layout places anything on the size-1 axis, and it trains like one device.
+TEST(PartitionSizeOneAxis, NothingIsPlacedOnASizeOneAxis) {
+  RunConfig rc = run("gpt", 1, {{"mode", "semi"}, {"mesh", "dp=3,tp=1"}});
+  PartitionOptions o;
+  o.rules = value_or_throw(DimRules::parse("heads: tp, ffn: tp, vocab: tp"));
+  o.strategies = {{"h.*.mlp.c_fc", "((1, 1, 1), (1, tp))"}};
+  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const Mesh& mesh = rc.parallel.mesh;
+  const Annotation a = value_or_throw(annotate(m.graph, mesh, o));
+  const int tp = mesh.axis_index("tp");
+  for (NodeId id = 0; id < m.graph.num_nodes(); ++id)
+    for (const auto* ls : {&a.node[id].inputs, &a.node[id].outputs})
+      for (const Layout& l : *ls)
+        EXPECT_TRUE(l.at(tp).is_replicate())
+            << node_label(m.graph.node(id)) << ": " << l.to_string();
+  const LocalProgram p = value_or_throw(lower(m.graph, a, 1));
+  EXPECT_TRUE(p.collectives.empty() ||
+              std::all_of(p.collectives.begin(), p.collectives.end(),
+                          [](const CollectiveRecord& r) { return r.mesh_axis != "tp"; }));
+  expect_same(train(run("gpt", 1, nullptr), nullptr), train_ranks(rc, 3, &o), "dp=3,tp=1 api");
+}
+
+// ---- split tuples mean what they mean in MindSpore ----
+
+// Megatron's MLP by split tuples alone on a dp x tp mesh (docs/config.md):
+// column-parallel fc1, row-parallel fc2.
+json mlp_split_tuples(bool with_rules) {
+  json par = {
+      {"mode", "semi"},
+      {"mesh", "dp=2,tp=2"},
+      {"strategies",
+       {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, tp))"}, {"h.*.mlp.c_proj", "((dp, 1, tp), (tp, 1))"}}}};
+  if (with_rules) par["rules"] = {{"batch", "dp"}};
+  return par;
+}
+
+const Layout& produced(const ModelGraph& m, const Annotation& a, const std::string& value) {
+  const ValueId v = m.graph.find(value);
+  EXPECT_NE(v, kNoValue) << value;
+  return a.produced(m.graph, v);
+}
+
+const ShardingStrategy& strategy_of(const ModelGraph& m, const Annotation& a,
+                                    const std::string& node) {
+  for (NodeId id = 0; id < m.graph.num_nodes(); ++id)
+    if (m.graph.node(id).name == node) return a.node[id];
+  ADD_FAILURE() << "no node " << node;
+  return a.node[0];
+}
+
+// The weights are stored split where the matmuls read them, and so are their
+// optimizer state; the gradient matmuls run the dual strategies (the weight's
+// gradient in the weight's layout, Partial over dp; fc1's input gradient
+// Partial over tp); no all_gather of the ffn-wide activation; per block one
+// all_reduce over tp in the forward and one in the backward.
+TEST(PartitionUserStrategies, WeightsAreStoredAndUpdatedWhereTheOpReadsThem) {
+  for (bool with_rules : {true, false}) {
+    SCOPED_TRACE(with_rules ? "rules {batch: dp}" : "no rules");
+    RunConfig rc = run("gpt", 1, mlp_split_tuples(with_rules));
+    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+    const Mesh& mesh = rc.parallel.mesh;
+    const Annotation a =
+        value_or_throw(annotate(m.graph, mesh, partition_options(rc.parallel, mesh)));
+    const Layout col = value_or_throw(Layout::parse("[R, S(1)]"));  // [hidden, ffn/tp]
+    const Layout row = value_or_throw(Layout::parse("[R, S(0)]"));  // [ffn/tp, hidden]
+    for (int l = 0; l < 2; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".mlp.";
+      EXPECT_EQ(produced(m, a, h + "c_fc.weight"), col);
+      EXPECT_EQ(produced(m, a, h + "c_proj.weight"), row);
+      EXPECT_EQ(produced(m, a, h + "c_fc.weight.momentum"), col);
+      EXPECT_EQ(produced(m, a, h + "c_proj.weight.momentum"), row);
+      EXPECT_EQ(strategy_of(m, a, h + "c_fc.grad.db").outputs[0].to_string(), "[P, S(1)]");
+      EXPECT_EQ(strategy_of(m, a, h + "c_fc.grad.da").outputs[0].to_string(), "[S(0), P]");
+      EXPECT_EQ(strategy_of(m, a, h + "c_proj.grad.db").outputs[0].to_string(), "[P, S(0)]");
+      EXPECT_EQ(strategy_of(m, a, h + "c_proj.grad.da").outputs[0].to_string(), "[S(0), S(2)]");
+    }
+    const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
+    // (Without rules the rest of the model keeps the batch whole: the MLP's
+    // output is gathered over dp, as asked.)
+    for (const CollectiveRecord& r : p.collectives)
+      if (r.phase != Phase::kOptimizer && (with_rules || r.mesh_axis == "tp"))
+        EXPECT_NE(r.kind, OpKind::kAllGather) << r.value << " for " << r.consumer;
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kForward, "tp"), 2);
+    EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kBackward, "tp") +
+                  count(p, OpKind::kReduceScatter, Phase::kBackward, "tp"),
+              2);
+    // The local matmuls hold half the weight: [hidden, ffn / 2].
+    for (const Node& n : p.graph.nodes())
+      if (n.kind == OpKind::kParameter && n.name == "h.0.mlp.c_fc.weight")
+        EXPECT_EQ(p.graph.shape(n.outputs[0]).size(1), 64);
+  }
+}
+
+TEST(PartitionUserStrategies, TrainLikeOneDevice) {
+  const Trace single = train(run("gpt", 1, nullptr), nullptr);
+  for (bool with_rules : {true, false})
+    expect_same(single, train_ranks(run("gpt", 1, mlp_split_tuples(with_rules)), 4),
+                with_rules ? "split tuples + rules" : "split tuples");
+  json par = mlp_split_tuples(true);
+  par["zero"] = 1;
+  expect_same(single, train_ranks(run("gpt", 1, par), 4), "split tuples + zero 1");
+}
+
+// The tied embedding read one way by the lookup and another by the LM head:
+// the first configuration wins (both exact names), explain says why, the other
+// reads it through a reshard, and it trains like one device.
+TEST(PartitionUserStrategies, ConflictingConsumersFirstMostSpecificWins) {
+  json par = {
+      {"mode", "semi"},
+      {"mesh", "dp=2,tp=2"},
+      {"rules", {{"batch", "dp"}}},
+      {"strategies", {{"wte", "((tp, 1), (1, 1))"}, {"lm_head", "((dp, 1, tp), (1, tp))"}}}};
+  RunConfig rc = run("gpt", 1, par);
+  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const Mesh& mesh = rc.parallel.mesh;
+  const Annotation a =
+      value_or_throw(annotate(m.graph, mesh, partition_options(rc.parallel, mesh)));
+  EXPECT_EQ(produced(m, a, "wte.weight").to_string(), "[R, S(0)]");
+  const std::string& why = a.why[m.graph.value(m.graph.find("wte.weight")).producer];
+  EXPECT_NE(why.find("stored as wte reads it"), std::string::npos) << why;
+  EXPECT_NE(why.find("lm_head reads [R, S(1)]"), std::string::npos) << why;
+  // A more specific pattern beats a broader one on the same node.
+  json glob = mlp_split_tuples(true);
+  glob["strategies"]["h.0.mlp.c_fc"] = "((dp, 1, tp), (tp, 1))";
+  RunConfig rg = run("gpt", 1, glob);
+  const Annotation ag =
+      value_or_throw(annotate(m.graph, mesh, partition_options(rg.parallel, mesh)));
+  EXPECT_EQ(produced(m, ag, "h.0.mlp.c_fc.weight").to_string(), "[R, S(0)]");
+  EXPECT_EQ(produced(m, ag, "h.1.mlp.c_fc.weight").to_string(), "[R, S(1)]");
+  expect_same(train(run("gpt", 1, nullptr), nullptr), train_ranks(rc, 4), "tied, two readings");
+}
+
+// ---- ZeRO-1/2 move no more bytes than data parallel ----
+
+// Bytes each rank sends per step (explain's totals), all phases of a training step.
+int64_t step_bytes(const LocalProgram& p, int micro_batches) {
+  int64_t b = 0;
+  for (const CollectiveRecord& r : p.collectives)
+    b += r.bytes_per_rank * runs_per_step(r, micro_batches);
+  return b;
+}
+
+// With global-norm clipping on: the gradient is reduce-scattered and the
+// updated weight all-gathered (one all_reduce's bytes), and the norm costs one
+// scalar all_reduce, not one per parameter; with tensor parallel, one per axis.
+TEST(PartitionZero, ClippingAddsOneScalarAllReduce) {
+  for (const std::string model : {"gpt", "llama"}) {
+    const LocalProgram z0 = lowered(model, "dp=4", "dp", 0);
+    const int64_t dp_bytes = step_bytes(z0, 1);
+    for (int zero : {1, 2}) {
+      const LocalProgram z = lowered(model, "dp=4", "dp", zero);
+      EXPECT_LE(step_bytes(z, 1), dp_bytes + 8) << model << " zero " << zero;
+      EXPECT_EQ(count(z, OpKind::kAllReduce, Phase::kOptimizer, "dp"), 1)
+          << model << " zero " << zero;
+    }
+    for (int zero : {0, 1}) {
+      const LocalProgram p = lowered(model, "dp=2,tp=2", "megatron", zero);
+      int scalars = 0;
+      for (const CollectiveRecord& r : p.collectives)
+        scalars += r.kind == OpKind::kAllReduce && r.consumer == "optim.clip";
+      EXPECT_EQ(scalars, zero == 0 ? 1 : 2) << model << " megatron zero " << zero;
+    }
+  }
+  const Trace single = train(run("llama", 1, nullptr), nullptr);
+  for (int zero : {1, 2}) {
+    json par = {{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"preset", "megatron"}, {"zero", zero}};
+    expect_same(single, train_ranks(run("llama", 1, par), 4),
+                "megatron zero " + std::to_string(zero));
+  }
+}
+
+// Collective spans of a Chrome trace, by op name, for one rank (pid).
+std::map<std::string, int> traced_collectives(const std::string& trace_json, int pid) {
+  std::map<std::string, int> n;
+  const json doc = json::parse(trace_json);
+  for (const json& e : doc.at("traceEvents")) {
+    if (e.value("cat", "") != "collective" || e.value("pid", -1) != pid) continue;
+    const std::string name = e.value("name", "");
+    const std::string kind = name.substr(0, name.find(' '));
+    for (const char* k : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"})
+      if (kind == k) ++n[kind];
+  }
+  return n;
+}
+
+// What explain says one step runs is what the trainer runs: ZeRO-2 with two
+// micro-batches reduce-scatters in every backward, gathers once per step, and
+// the metric's reduction is not part of a training step.
+TEST(PartitionZero, ExplainCountsWhatTheTraceRecords) {
+  json par = {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 2}};
+  RunConfig rc = run("gpt", 2, par);
+  rc.train.steps = 1;
+  std::vector<std::string> traces(2);
+  std::vector<std::map<std::string, int>> expected(2);
+  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto trainer = value_or_throw(Trainer::create(rc, Communicator::world(t)));
+    TraceWriter tw;
+    trainer->set_trace(&tw);
+    trainer->step();
+    traces[t->rank()] = tw.to_json();
+    for (const CollectiveRecord& r : trainer->program()->collectives)
+      expected[t->rank()][std::string(op_name(r.kind))] += runs_per_step(r, 2);
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  for (int r = 0; r < 2; ++r) {
+    for (auto it = expected[r].begin(); it != expected[r].end();)
+      it = it->second == 0 ? expected[r].erase(it) : std::next(it);
+    EXPECT_EQ(traced_collectives(traces[r], r), expected[r]) << "rank " << r;
+  }
+  EXPECT_GT(expected[0]["reduce_scatter"], 0);
+  // The CLI: explain's "per step" lines against `train --trace` of the same config.
+  const std::string dir = ::testing::TempDir();
+  const std::string cfg = dir + "/zero2_m2.json";
+  json doc = {{"model", model_json("gpt")},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train",
+               {{"steps", 1},
+                {"batch_size", 8},
+                {"micro_batches", 2},
+                {"seq_len", 16},
+                {"threads", 1},
+                {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"grad_clip", 1.0}}},
+              {"parallel", par}};
+  std::ofstream(cfg) << doc.dump();
+  const testing::CliRun ex = testing::run_cli("explain " + cfg + " --no-nodes");
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  const testing::CliRun tr = testing::run_cli("train " + cfg + " --ranks 2 --quiet --trace " + dir +
+                                              "/zero2_m2.trace.json");
+  ASSERT_EQ(tr.code, 0) << tr.output;
+  std::ifstream in(dir + "/zero2_m2.trace.json");
+  const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, int> from_explain;
+  bool totals = false;
+  std::istringstream lines(ex.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("per step", 0) == 0) totals = true;
+    char phase[32], kind[32];
+    int n = 0, reps = 0;
+    if (totals && std::sscanf(line.c_str(), " %31s %31s %d x %d", phase, kind, &n, &reps) == 4 &&
+        n * reps > 0)
+      from_explain[kind] += n * reps;
+  }
+  EXPECT_EQ(traced_collectives(trace, 0), from_explain) << ex.output;
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
     Result<LocalAutoPlan> a = plan_local_run(rc, ranks, m);
     ASSERT_TRUE(a.is_ok()) << a.status().message();
     const json& par = a->parallel;
-    EXPECT_EQ(par["mode"], "semi");
+    // dp alone runs on the bucketed data-parallel path; anything else on the partitioner.
+    EXPECT_EQ(par["mode"], a->best.plan.dp == ranks && a->best.plan.zero == 0 ? "data" : "semi");
     Result<StrategyConfig> sc = parse_strategy_config(par);
     ASSERT_TRUE(sc.is_ok()) << sc.status().message() << "\n" << par.dump();
     EXPECT_EQ(sc->mesh.num_ranks(), ranks) << par.dump();

@@ -1,8 +1,9 @@
 #include "meshflow/cli/bench_command.h"
 
 #include <cstdio>
-#include <fstream>
 
+#include "meshflow/cli/errors.h"
+#include "meshflow/core/file_io.h"
 #include "meshflow/plan/calibrate.h"
 #include "meshflow/plan/cluster.h"
 
@@ -18,6 +19,10 @@ int run_bench(const BenchOptions& o) {
   if (o.ranks < 2) {
     std::fprintf(stderr, "meshflow: error: bench --ranks must be >= 2, got %d\n", o.ranks);
     return 2;
+  }
+  if (!o.out.empty()) {  // before measuring, not after
+    Status s = check_output_file(o.out, "--out");
+    if (!s.is_ok()) return report(s);
   }
   plan::CalibrationOptions opt;
   opt.quick = o.quick;
@@ -35,13 +40,8 @@ int run_bench(const BenchOptions& o) {
     std::printf("cluster JSON (write it with --out FILE):\n%s", text.c_str());
     return 0;
   }
-  std::ofstream f(o.out);
-  f << text;
-  f.close();
-  if (!f) {
-    std::fprintf(stderr, "meshflow: error: cannot write %s\n", o.out.c_str());
-    return 2;
-  }
+  Status s = write_file_atomic(o.out, text, "--out");
+  if (!s.is_ok()) return report(s);
   std::printf("wrote %s\n", o.out.c_str());
   return 0;
 }

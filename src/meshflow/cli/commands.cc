@@ -14,6 +14,9 @@
 #include <stdexcept>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/cli/errors.h"
+#include "meshflow/core/file_io.h"
+#include "meshflow/engine/job.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
 #include "meshflow/runtime/comm/local_world.h"
@@ -26,8 +29,7 @@ namespace meshflow::cli {
 namespace {
 
 int user_error(const Status& s) {
-  std::fprintf(stderr, "meshflow: error: %s\n", s.message().c_str());
-  return 2;
+  return print_error(s.message(), 2);
 }
 
 Result<RunConfig> load(const std::string& path, std::vector<std::string> overrides) {
@@ -56,71 +58,6 @@ FaultInjection fault_from_env(int rank) {
     f.kill = std::string(kind) == "kill";
   }
   return f;
-}
-
-// The pipeline section of a run config, checked against the rest of the
-// "parallel" object and the job's size; nullopt when the run has no pipeline
-// (absent, or 1 stage: then pipeline.micro_batches is gradient accumulation).
-Result<std::optional<PipelineConfig>> pipeline_of(RunConfig* rc, int world) {
-  if (!rc->has_parallel || rc->parallel.pipeline.is_null()) return std::optional<PipelineConfig>();
-  const StrategyConfig& par = rc->parallel;
-  Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
-  if (!parsed.is_ok()) return parsed.status().with_context("parallel");
-  PipelineConfig pc = *parsed;
-  if (pc.stages == 1) {
-    if (rc->train.micro_batches == 1) rc->train.micro_batches = pc.micro_batches;
-    return std::optional<PipelineConfig>();
-  }
-  if (par.mode != "data") {
-    // SPMD stages: each stage is the partitioned program on its sub-mesh
-    // (the mesh without pp), so tp, cp, sp, presets, strategies and ZeRO apply
-    // inside every stage.
-    if (par.mode == "hybrid")
-      return Status::invalid(
-          "parallel.mode \"hybrid\" with parallel.pipeline: collectives placed by hand are built "
-          "through the C++ API; use \"semi\" (a preset, rules or strategies) or \"auto\"");
-    if (par.mode == "auto" && par.search == "full")
-      return Status::invalid(
-          "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
-          "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
-    MF_RETURN_IF_ERROR(spmd_stage_mesh(par, pc.stages, world).status());
-    return std::optional<PipelineConfig>(pc);
-  }
-  // Data mode: the stages run data parallel over replicas (world rank =
-  // replica * stages + stage).
-  int dp = 0;
-  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
-    if (a.name == "dp") {
-      dp = a.size;
-    } else if (a.name == "pp") {
-      if (a.size != pc.stages)
-        return Status::invalid("parallel.mesh has pp=" + std::to_string(a.size) +
-                               " but parallel.pipeline.stages=" + std::to_string(pc.stages) +
-                               "; make them equal (or leave pp out of the mesh)");
-    } else if (a.size > 1) {
-      return Status::invalid(
-          "parallel.mesh axis " + a.name + "=" + std::to_string(a.size) +
-          " with parallel.pipeline in mode \"data\": the stages run data parallel only; for "
-          "tensor, context or sequence parallel inside each stage set \"mode\": \"semi\" with a "
-          "preset (megatron, megatron-sp, ulysses), rules or strategies");
-    }
-  }
-  if (par.zero > 0)
-    return Status::invalid("parallel.zero=" + std::to_string(par.zero) +
-                           " with parallel.pipeline in mode \"data\": ZeRO inside the stages "
-                           "runs on the partitioned path; set \"mode\": \"semi\" (e.g. with "
-                           "\"preset\": \"dp\")");
-  const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
-  if (need == 0 || need != world)
-    return Status::invalid(
-        "parallel.pipeline has " + std::to_string(pc.stages) + " stages" +
-        (dp > 0 ? " and the mesh dp=" + std::to_string(dp) +
-                      ", so the job needs stages x dp = " + std::to_string(need) + " ranks"
-                : ", so the job needs a multiple of " + std::to_string(pc.stages) + " ranks") +
-        ", but it has " + std::to_string(world) + "; run with --ranks " +
-        std::to_string(need > 0 ? need : pc.stages) + " (or mpirun -np " +
-        std::to_string(need > 0 ? need : pc.stages) + ")");
-  return std::optional<PipelineConfig>(pc);
 }
 
 // What the training loop drives on one rank: the one-program Trainer (data
@@ -153,37 +90,28 @@ struct RankTrainer {
 // One rank's training run. Rank 0 (the main rank) reports progress and
 // writes metrics and checkpoints; every rank computes. trace: optional, this
 // rank's writer.
-Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communicator> comm,
+Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communicator> comm,
                   TraceWriter* trace) {
+  const RunConfig& rc = job.rc;
   const bool main_rank = !comm || comm->rank() == 0;
   const int world = comm ? comm->size() : 1;
   ProgressReporter progress(o.quiet || !main_rank);
-  MF_ASSIGN_OR_RETURN(std::optional<PipelineConfig> pc, pipeline_of(&rc, world));
   if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics));
+  for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   RankTrainer trainer;
-  std::string how;  // how the ranks split the work, for the first message
-  int micro_batches = rc.train.micro_batches;
+  const std::optional<PipelineConfig>& pc = job.pipeline;
+  const int micro_batches = job.micro_batches;
   double flops_scale = world;  // StepResult::flops -> the whole job's FLOPs
   if (pc) {
     MF_ASSIGN_OR_RETURN(trainer.pipe, PipelineTrainer::create(rc, *pc, comm, trace));
-    micro_batches = pc->micro_batches;
     // flops are one replica's step (SPMD stages: the whole job's)
     flops_scale = trainer.pipe->spmd() ? 1 : world / pc->stages;
-    how = "pipeline " + std::to_string(pc->stages) + " stages x " +
-          (trainer.pipe->spmd() ? "mesh " + trainer.pipe->stage_mesh().to_string()
-                                : "dp " + std::to_string(world / pc->stages)) +
-          ", " + std::string(schedule_name(pc->schedule)) +
-          (pc->virtual_stages > 1 ? " v=" + std::to_string(pc->virtual_stages) : "");
   } else {
     MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));
     trainer.single->executor().set_profiling(o.profile);
     trainer.single->set_trace(trace);
-    how = trainer.single->program()
-              ? "partitioned, mesh " + trainer.single->config().parallel.mesh.to_string()
-              : "data parallel";
-    if (!trainer.single->planned().empty())
-      how += "; planned by search: " + trainer.single->planned();
   }
+  const std::string how = job.describe();
   if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load(o.init));
   const TrainConfig& tc = rc.train;
   progress.message(
@@ -222,7 +150,7 @@ Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communica
       rep.gflops = window_s > 0 ? window_flops / window_s / 1e9 : 0;
       rep.peak_bytes = trainer.peak_bytes();
       rep.comm_wait_fraction = window_s > 0 && world > 1 ? window_wait / window_s : -1;
-      progress.step(rep);
+      MF_RETURN_IF_ERROR(progress.step(rep));
       window_s = window_flops = window_wait = 0;
       window_items = 0;
     }
@@ -232,18 +160,18 @@ Status train_rank(const TrainOptions& o, RunConfig rc, std::shared_ptr<Communica
                                          "; lower optimizer.lr or set optimizer.grad_clip");
     if (tc.eval_every > 0 && r.step % tc.eval_every == 0 && !last) {
       EvalResult e = trainer.evaluate();
-      progress.eval({r.step, e.loss, e.accuracy});
+      MF_RETURN_IF_ERROR(progress.eval({r.step, e.loss, e.accuracy}));
     }
     if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
       MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
   }
   EvalResult e = trainer.evaluate();
-  progress.eval({steps_done, e.loss, e.accuracy});
+  MF_RETURN_IF_ERROR(progress.eval({steps_done, e.loss, e.accuracy}));
   if (!tc.checkpoint.empty()) {
     MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
     progress.message("meshflow: wrote checkpoint " + tc.checkpoint);
   }
-  progress.finish();
+  MF_RETURN_IF_ERROR(progress.finish());
   if (o.profile && main_rank && trainer.single)
     std::fprintf(stderr, "kernel time by op:\n%s",
                  trainer.single->executor().profile_report().c_str());
@@ -274,17 +202,12 @@ Status write_trace_mpi(Communicator& comm, const TraceWriter& trace, const std::
     json other = json::parse(std::string(reinterpret_cast<const char*>(buf.data()), n));
     for (json& e : other["traceEvents"]) merged["traceEvents"].push_back(std::move(e));
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << merged.dump();
-  f.close();
-  if (!f) return Status::invalid("--trace " + path + ": cannot write the file");
-  return Status::ok();
+  return write_file_atomic(path, merged.dump(), "--trace");
 }
 
 // Exit code for a failed run: 2 for a user's mistake, 1 for a runtime failure.
 int exit_code(const Status& s) {
-  std::fprintf(stderr, "meshflow: error: %s\n", s.message().c_str());
-  return s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kNotFound ? 2 : 1;
+  return report(s);
 }
 
 int train_impl(const TrainOptions& o) {
@@ -294,25 +217,19 @@ int train_impl(const TrainOptions& o) {
   Result<RunConfig> rc = load(o.config, overrides);
   if (!rc.is_ok()) return user_error(rc.status());
   if (!o.checkpoint.empty()) rc->train.checkpoint = o.checkpoint;
-  // Fail before training, not after it, when the checkpoint cannot be written.
+  // Fail before training, not after it, when an output cannot be written.
   if (!rc->train.checkpoint.empty()) {
-    namespace fs = std::filesystem;
-    fs::path dir = fs::absolute(rc->train.checkpoint).parent_path();
-    if (!fs::is_directory(dir) || access(dir.c_str(), W_OK) != 0)
-      return user_error(Status::invalid("checkpoint '" + rc->train.checkpoint + "': directory '" +
-                                        dir.string() + "' does not exist or is not writable"));
+    const char* what = o.checkpoint.empty() ? "train.checkpoint" : "--checkpoint";
+    Status s = check_output_file(rc->train.checkpoint, what);
+    if (!s.is_ok()) return user_error(s);
   }
-
-  // parallel.recompute (as `meshflow plan --out` writes it) is train.recompute.
-  const std::string& prc = rc->parallel.recompute;
-  if (!prc.empty() && prc != "none") {
-    RecomputePolicy& tr = rc->train.recompute;
-    const RecomputePolicy::Mode mode =
-        prc == "full" ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
-    if (tr.mode != RecomputePolicy::kNone && tr.mode != mode)
-      return user_error(Status::invalid("parallel.recompute \"" + prc +
-                                        "\" differs from train.recompute; give one of them"));
-    tr.mode = mode;
+  if (!o.metrics.empty()) {
+    Status s = check_output_file(o.metrics, "--metrics", OutputTarget::kStream);
+    if (!s.is_ok()) return user_error(s);
+  }
+  if (!o.trace.empty()) {
+    Status s = check_output_file(o.trace, "--trace");
+    if (!s.is_ok()) return user_error(s);
   }
 
   if (launched_by_mpirun()) {
@@ -322,14 +239,14 @@ int train_impl(const TrainOptions& o) {
                           " with mpirun: the ranks are mpirun's processes (-np); drop --ranks"));
     Result<std::shared_ptr<Transport>> t = make_mpi_transport();
     if (!t.is_ok()) return exit_code(t.status());
-    RunConfig checked = *rc;  // a pipeline's rank count, before any rank starts
-    Status pipe = pipeline_of(&checked, (*t)->size()).status();
-    if (!pipe.is_ok()) return user_error(pipe);
+    // Resolved before any rank starts (every process resolves the same).
+    Result<Job> job = resolve_job(*rc, (*t)->size());
+    if (!job.is_ok()) return user_error(job.status());
     Status s;
     try {
       std::shared_ptr<Communicator> world = Communicator::world(*t);
       TraceWriter trace;
-      s = train_rank(o, *rc, world, o.trace.empty() ? nullptr : &trace);
+      s = train_rank(o, *job, world, o.trace.empty() ? nullptr : &trace);
       if (s.is_ok() && !o.trace.empty()) s = write_trace_mpi(*world, trace, o.trace);
     } catch (const StatusError& e) {
       s = e.status();
@@ -340,17 +257,16 @@ int train_impl(const TrainOptions& o) {
       (*t)->abort(s.message());  // stops every rank, exits non-zero
     return s.is_ok() ? 0 : exit_code(s);
   }
-  RunConfig checked = *rc;  // a pipeline's rank count, before any rank starts
-  Status pipe = pipeline_of(&checked, std::max(1, o.ranks)).status();
-  if (!pipe.is_ok()) return user_error(pipe);
+  Result<Job> job = resolve_job(*rc, std::max(1, o.ranks));  // before any rank starts
+  if (!job.is_ok()) return user_error(job.status());
   std::vector<TraceWriter> traces(std::max(1, o.ranks));
   Status s;
   if (o.ranks <= 1) {
-    s = train_rank(o, *rc, nullptr, o.trace.empty() ? nullptr : &traces[0]);
+    s = train_rank(o, *job, nullptr, o.trace.empty() ? nullptr : &traces[0]);
   } else {
     s = run_local_ranks(o.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
       auto comm = Communicator::world(t);
-      return train_rank(o, *rc, comm, o.trace.empty() ? nullptr : &traces[comm->rank()]);
+      return train_rank(o, *job, comm, o.trace.empty() ? nullptr : &traces[comm->rank()]);
     });
   }
   if (s.is_ok() && !o.trace.empty()) {
@@ -367,18 +283,11 @@ int train_impl(const TrainOptions& o) {
 }  // namespace
 
 int run_train(const TrainOptions& o) {
-  try {
-    return train_impl(o);
-  } catch (const StatusError& e) {
-    return user_error(e.status());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "meshflow: error: %s\n", e.what());
-    return 1;
-  }
+  return guard([&] { return train_impl(o); });
 }
 
 int run_graph(const GraphOptions& o) {
-  try {
+  return guard([&] {
     Result<RunConfig> rc = load_run_config(o.config, o.overrides);
     if (!rc.is_ok()) return user_error(rc.status());
     const TrainConfig& tc = rc->train;
@@ -392,9 +301,7 @@ int run_graph(const GraphOptions& o) {
       if (show) std::printf("%s\n", print_node(g, n).c_str());
     }
     return 0;
-  } catch (const StatusError& e) {
-    return user_error(e.status());
-  }
+  });
 }
 
 }  // namespace meshflow::cli

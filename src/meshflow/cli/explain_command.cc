@@ -1,9 +1,13 @@
 #include "meshflow/cli/explain_command.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 
+#include "meshflow/engine/job.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/configured.h"
 #include "meshflow/runtime/progress.h"
 #include "meshflow/runtime/trainer.h"
 
@@ -42,6 +46,7 @@ std::string explain_text(const Graph& g, const Annotation& a, const LocalProgram
   struct Total {
     int count = 0;
     int64_t bytes = 0;
+    int reps = 1;  // runs per training step (runs_per_step)
   };
   std::map<std::pair<std::string, std::string>, Total> totals;  // (phase, kind)
   for (const CollectiveRecord& c : p.collectives) {
@@ -54,20 +59,91 @@ std::string explain_text(const Graph& g, const Annotation& a, const LocalProgram
     Total& t = totals[{phase, std::string(op_name(c.kind))}];
     ++t.count;
     t.bytes += c.bytes_per_rank;
+    t.reps = runs_per_step(c, micro_batches);
   }
   if (p.collectives.empty()) out += "  (none: every node reads its inputs where they are)\n";
   out += "\nper step, by phase and kind (" + std::to_string(micro_batches) + " micro-batch(es)):\n";
   int64_t step_bytes = 0;
+  std::map<std::string, int64_t> by_axis;  // per step
+  for (const CollectiveRecord& c : p.collectives)
+    by_axis[c.mesh_axis] += c.bytes_per_rank * runs_per_step(c, micro_batches);
   for (const auto& [key, t] : totals) {
-    const int reps = key.first == "optimizer" ? 1 : micro_batches;
+    const int reps = t.reps;  // metric: evaluation only, 0 in a training step
     std::snprintf(line, sizeof line, "  %-9s %-15s %4d x %d  %s/rank\n", key.first.c_str(),
                   key.second.c_str(), t.count, reps, format_bytes(t.bytes * reps).c_str());
     out += line;
     step_bytes += t.bytes * reps;
   }
   out += "  total sent per rank per step: " + format_bytes(step_bytes) + "\n";
+  if (!by_axis.empty()) {
+    out += "  by mesh axis:";
+    for (const auto& [axis, bytes] : by_axis)
+      out += " " + axis + " " + format_bytes(bytes) + " (" + std::to_string(bytes) + " B)";
+    out += "\n";
+  }
   return out;
 }
+
+namespace {
+
+// "h.11.attn" -> "h.*.attn".
+std::string layer_glob(const std::string& name) {
+  std::string out;
+  for (size_t i = 0; i < name.size();) {
+    if (std::isdigit(static_cast<unsigned char>(name[i]))) {
+      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+      out += '*';
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+
+// For each mesh axis: the forward activations every rank along it holds whole
+// (Replicate on that axis), largest first, and which op to configure to split
+// them. Empty when every large activation is split over every axis.
+std::string replicated_activations(const Graph& g, const Annotation& a) {
+  std::string out;
+  const Mesh& mesh = a.mesh;
+  for (int axis = 0; axis < mesh.num_axes(); ++axis) {
+    if (mesh.size(axis) == 1) continue;
+    std::map<std::string, int64_t> by_op;  // producer glob -> bytes (per rank, whole model)
+    int64_t total = 0, split = 0;
+    for (NodeId id = 0; id < g.num_nodes(); ++id) {
+      const Node& n = g.node(id);
+      if (n.phase != Phase::kForward || n.inputs.empty()) continue;
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const Layout& l = a.node[id].outputs[k];
+        int64_t bytes = g.shape(n.outputs[k]).numel() * 4;
+        for (int ax = 0; ax < mesh.num_axes(); ++ax)
+          if (l.at(ax).is_shard()) bytes /= mesh.size(ax);
+        total += bytes;
+        if (!l.at(axis).is_replicate()) {
+          split += bytes;
+          continue;
+        }
+        by_op[layer_glob(n.name)] += bytes;
+      }
+    }
+    if (total == 0 || split * 2 >= total) continue;  // most activation bytes are split
+    std::vector<std::pair<int64_t, std::string>> top;
+    for (const auto& [op, bytes] : by_op) top.emplace_back(bytes, op);
+    std::sort(top.rbegin(), top.rend());
+    out += "  " + mesh.axis_name(axis) + "=" + std::to_string(mesh.size(axis)) + ": " +
+           format_bytes(total - split) + " of " + format_bytes(total) +
+           " forward activations per rank are whole on every rank along it; largest: ";
+    for (size_t i = 0; i < std::min<size_t>(3, top.size()); ++i)
+      out += (i ? ", " : "") + top[i].second + " (" + format_bytes(top[i].first) + ")";
+    out += ". To split them, configure those ops with a split tuple naming " +
+           mesh.axis_name(axis) + " (e.g. the seq dim of \"" + top[0].second +
+           "\", as sequence parallelism does), or a rule {\"seq\": \"" + mesh.axis_name(axis) +
+           "\"}\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 int run_explain(const ExplainOptions& o) {
   auto fail = [](const Status& s) {
@@ -76,28 +152,53 @@ int run_explain(const ExplainOptions& o) {
   };
   Result<RunConfig> rc = load_run_config(o.config, o.overrides);
   if (!rc.is_ok()) return fail(rc.status());
-  const StrategyConfig& pc = rc->parallel;
-  if (!rc->has_parallel || pc.mode == "data")
-    return fail(Status::invalid(
-        o.config +
-        ": no \"parallel\" section in mode \"semi\" or \"auto\"; data parallel inserts "
-        "one gradient all_reduce per bucket (see docs/communication.md)"));
-  const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(1, "dp");
+  // The job's rank count: --ranks, else the config's mesh (x pipeline stages), else 1.
+  int world = o.ranks;
+  if (world <= 0) {
+    world = rc->has_parallel && rc->parallel.has_mesh ? rc->parallel.mesh.num_ranks() : 1;
+    if (rc->has_parallel && rc->parallel.pipeline.is_object() &&
+        rc->parallel.pipeline.contains("stages") &&
+        rc->parallel.pipeline.at("stages").is_number_integer() &&
+        rc->parallel.mesh.axis_index("pp") < 0)
+      world *= std::max<int>(1, rc->parallel.pipeline.at("stages").get<int>());
+  }
+  // Resolved exactly as `meshflow train --ranks N` resolves it (auto mode included).
+  Result<Job> job = resolve_job(*rc, world);
+  if (!job.is_ok()) return fail(job.status());
+  const Mesh& mesh = job->mesh;
   if (o.rank < 0 || o.rank >= mesh.num_ranks())
     return fail(Status::invalid("--rank " + std::to_string(o.rank) + " is not on the mesh " +
                                 mesh.to_string() + " (0.." + std::to_string(mesh.num_ranks() - 1) +
                                 ")"));
-  const int m = rc->train.micro_batches;
-  if (rc->train.batch_size % m != 0)
-    return fail(Status::invalid("train.batch_size does not split into train.micro_batches"));
-  Result<ModelGraph> model = build_training_graph(*rc, rc->train.batch_size / m);
+  Result<ModelGraph> model = build_training_graph(job->rc, job->micro_batch_rows);
   if (!model.is_ok()) return fail(model.status());
-  const PartitionOptions po = partition_options(pc, mesh);
-  Result<Annotation> a = annotate(model->graph, mesh, po);
-  if (!a.is_ok()) return fail(a.status().with_context("parallel"));
-  Result<LocalProgram> p = lower(model->graph, *a, o.rank, po.cost);
+  StrategyConfig pc = job->rc.parallel;
+  if (!job->partitioned) {
+    // Mode "data" runs exactly these reductions, bucketed and overlapped.
+    pc.preset = "dp";
+    pc.rules = preset_rules("dp", mesh);
+  }
+  Result<Annotation> a = annotate_config(model->graph, mesh, pc, job->rc.model_source);
+  if (!a.is_ok()) return fail(a.status());
+  Result<LocalProgram> p = lower(model->graph, *a, o.rank, partition_options(pc, mesh).cost);
   if (!p.is_ok()) return fail(p.status());
-  std::fputs(explain_text(model->graph, *a, *p, o.nodes, m).c_str(), stdout);
+  std::printf("job: %d rank(s), mode %s, %s\n", world, parallel_mode_name(job->mode),
+              job->describe().c_str());
+  for (const std::string& note : job->notes) std::printf("note: %s\n", note.c_str());
+  if (!job->partitioned)
+    std::printf(
+        "note: mode \"data\" runs these gradient all_reduces in buckets of %g MiB, started during "
+        "the backward (train.bucket_mib, train.overlap_comm)\n",
+        job->rc.train.bucket_mib);
+  if (job->pipeline)
+    std::printf(
+        "note: each of the %d pipeline stages runs its layers of this program on its own "
+        "sub-mesh; activations cross stages point to point (%d micro-batches)\n",
+        job->pipeline->stages, job->pipeline->micro_batches);
+  std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);
+  const std::string whole = replicated_activations(model->graph, *a);
+  if (!whole.empty())
+    std::printf("\nactivations not split (why memory does not shrink):\n%s", whole.c_str());
   return 0;
 }
 

@@ -14,6 +14,7 @@ struct ExplainOptions {
   std::string config;
   std::vector<std::string> overrides;
   int rank = 0;           // whose program to show (they differ only in offsets)
+  int ranks = 0;          // the job's rank count (0: the config's mesh, else 1)
   bool nodes = true;      // list every node's layouts
   int micro_batches = 0;  // 0: from the config
 };

@@ -12,11 +12,13 @@
 // failure while running.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "meshflow/cli/bench_command.h"
 #include "meshflow/cli/commands.h"
+#include "meshflow/cli/errors.h"
 #include "meshflow/cli/explain_command.h"
 #include "meshflow/cli/plan_command.h"
 
@@ -31,12 +33,14 @@ int main(int argc, char** argv) {
   CLI::App* t = app.add_subcommand("train", "Train a model from a run config (JSON)");
   t->add_option("config", train.config, "Run config JSON (see configs/ and docs/config.md)")
       ->required();
-  t->add_option("--steps", train.steps, "Override train.steps");
+  t->add_option("--steps", train.steps, "Override train.steps")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   t->add_option("--set", train.overrides,
                 "Override any config key: --set optimizer.lr=3e-4 (repeatable)");
   t->add_option("--metrics", train.metrics, "Write JSON-lines metrics to FILE");
   t->add_option("--threads", train.threads,
-                "Compute threads (default: train.threads, else all cores)");
+                "Compute threads (default: train.threads, else all cores; 0: all cores)")
+      ->check(CLI::Range(0, 1024));
   t->add_option("--checkpoint", train.checkpoint,
                 "Write a safetensors checkpoint of the weights at the end");
   t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
@@ -76,17 +80,29 @@ int main(int argc, char** argv) {
       ->required();
   ecmd->add_option("--set", explain.overrides, "Override any config key (repeatable)");
   ecmd->add_option("--rank", explain.rank, "Whose program to show (default 0)");
+  ecmd->add_option("--ranks", explain.ranks,
+                   "The job's rank count, as `train --ranks N` (default: the config's mesh, "
+                   "times the pipeline stages; else 1)")
+      ->check(CLI::Range(1, 1 << 20));
   ecmd->add_flag("!--no-nodes", explain.nodes, "Only the collectives and totals");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  if (t->parsed()) return meshflow::cli::run_train(train);
-  if (gcmd->parsed()) return meshflow::cli::run_graph(graph);
-  if (bcmd->parsed()) return meshflow::cli::run_bench(bench);
-  if (ecmd->parsed()) return meshflow::cli::run_explain(explain);
-  return 2;
+  // Every failure, whatever throws it, ends as one "meshflow: error:" line.
+  return meshflow::cli::guard([&]() -> int {
+    try {
+      app.parse(argc, argv);  // `plan` and `simulate` run (and exit) from here
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+      return meshflow::cli::print_error(
+          std::string(e.what()) + " (see meshflow " +
+              (app.get_subcommands().empty() ? std::string()
+                                             : app.get_subcommands().back()->get_name() + " ") +
+              "--help)",
+          2);
+    }
+    if (t->parsed()) return meshflow::cli::run_train(train);
+    if (gcmd->parsed()) return meshflow::cli::run_graph(graph);
+    if (bcmd->parsed()) return meshflow::cli::run_bench(bench);
+    if (ecmd->parsed()) return meshflow::cli::run_explain(explain);
+    return 2;
+  });
 }

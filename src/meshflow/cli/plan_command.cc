@@ -4,11 +4,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "meshflow/cli/errors.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
 
@@ -96,8 +100,8 @@ void print_plan(const StepCost& c) {
 }
 
 // The run-config fragment `--out` writes (and `simulate` reads back).
-ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, int64_t gpus,
-                const std::string& attention, const StepCost& best) {
+Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostModel& cm,
+                        int64_t gpus, const std::string& attention, const StepCost& best) {
   const Plan& p = best.plan;
   ojson f;
   f["description"] = "written by meshflow plan: " + plan_label(p);
@@ -109,21 +113,8 @@ ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, 
   f["train"] = {{"batch_size", cm.job().global_batch},
                 {"seq_len", cm.job().seq},
                 {"micro_batches", p.pp > 1 ? 1 : p.num_micro_batches}};
-  ojson pipeline = {{"stages", p.pp},
-                    {"schedule", schedule_name(p.schedule)},
-                    {"micro_batches", p.num_micro_batches},
-                    {"virtual_stages", p.vp}};
-  // Tensor / context parallel run on the partitioner ("semi" with a preset);
-  // dp (and pp) alone on the data-parallel / pipeline path.
-  const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
-  ojson par;
-  if (spmd) par["mode"] = "semi";
-  par["mesh"] = plan_mesh(p);
-  if (p.tp > 1 || p.cp > 1) par["preset"] = "megatron";
-  par["pipeline"] = pipeline;
-  par["recompute"] = recompute_name(p.recompute);
-  par["zero"] = p.zero;
-  f["parallel"] = par;
+  MF_ASSIGN_OR_RETURN(json par, parallel_section(p));
+  f["parallel"] = ojson::parse(par.dump());
   ojson planner;
   planner["gpus"] = gpus;
   planner["cluster"] = ojson::parse(cluster_to_json(cluster).dump());
@@ -131,14 +122,6 @@ ojson plan_file(const json& model, const Cluster& cluster, const CostModel& cm, 
   planner["prediction"] = plan_json(best);
   f["plan"] = planner;
   return f;
-}
-
-Status write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  if (!out) return Status::invalid("cannot write " + path);
-  return Status::ok();
 }
 
 Result<AttentionKernel> parse_attention(const std::string& s) {
@@ -150,6 +133,11 @@ Result<AttentionKernel> parse_attention(const std::string& s) {
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
+  // Before the search, not after it: the --out file can be written.
+  if (!o.out.empty()) {
+    Status s = check_output_file(o.out, "--out");
+    if (!s.is_ok()) return user_error(s.message());
+  }
   Result<json> mj = read_json_file(o.model);
   if (!mj.is_ok()) return user_error(mj.status().message());
   Result<ModelConfig> model = parse_model_config(*mj);
@@ -165,6 +153,7 @@ int run_plan(const PlanOptions& o) {
   if (!attention.is_ok()) return user_error(attention.status().message());
   SearchOptions so;
   so.top_k = o.top;
+  so.time_limit_s = o.time_limit_s;
   if (!o.fix.empty()) {
     Result<FixedChoices> f = parse_fixed(o.fix);
     if (!f.is_ok()) return user_error(f.status().message());
@@ -208,6 +197,7 @@ int run_plan(const PlanOptions& o) {
     j["plans_valid"] = r->valid;
     j["plans_fitting"] = r->fitting;
     j["search_time_s"] = r->search_time_s;
+    j["search_complete"] = !r->timed_out;  // false: stopped at --time-limit
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("model    %s: %s\n", o.model.c_str(), sum.text.c_str());
@@ -218,9 +208,15 @@ int run_plan(const PlanOptions& o) {
     std::printf("job      global batch %lld x seq %lld%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
-    std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n\n",
+    std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
                 static_cast<long long>(r->fitting), r->search_time_s);
+    if (r->timed_out)
+      std::printf(
+          "         stopped at the time limit (--time-limit %g s): the best of the plans priced "
+          "so far, not of all plans\n",
+          o.time_limit_s);
+    std::printf("\n");
     std::printf("best plan: %s\n", plan_label(best.plan).c_str());
     print_plan(best);
     for (size_t i = 1; i < r->plans.size(); ++i) {
@@ -230,8 +226,9 @@ int run_plan(const PlanOptions& o) {
     }
   }
   if (!o.out.empty()) {
-    const ojson f = plan_file(*mj, *cluster, cm, o.gpus, o.attention, best);
-    Status s = write_text(o.out, f.dump(2) + "\n");
+    const Result<ojson> f = plan_file(*mj, *cluster, cm, o.gpus, o.attention, best);
+    if (!f.is_ok()) return user_error("--out " + o.out + ": " + f.status().message());
+    Status s = write_file_atomic(o.out, f->dump(2) + "\n", "--out");
     if (!s.is_ok()) return user_error(s.message());
     if (!o.json) std::printf("\nwrote %s\n", o.out.c_str());
   }
@@ -239,6 +236,10 @@ int run_plan(const PlanOptions& o) {
 }
 
 int run_simulate(const SimulateOptions& o) {
+  if (!o.trace.empty()) {
+    Status s = check_output_file(o.trace, "--trace");
+    if (!s.is_ok()) return user_error(s.message());
+  }
   Result<json> f = read_json_file(o.plan);
   if (!f.is_ok()) return user_error(f.status().message());
   Result<PlannedRun> run = parse_plan_file(*f);
@@ -256,7 +257,7 @@ int run_simulate(const SimulateOptions& o) {
               secs(c->step_time_s).c_str(), secs(sim.step_time_s).c_str(),
               100 * sim.bubble_fraction);
   if (o.trace.empty()) return 0;
-  Status s = sim.trace.write(o.trace);
+  Status s = write_file_atomic(o.trace, sim.trace.to_json(), "--trace");
   if (!s.is_ok()) return user_error(s.message());
   std::printf("wrote %s (%zu spans; open in ui.perfetto.dev or chrome://tracing)\n",
               o.trace.c_str(), sim.trace.num_spans());
@@ -269,25 +270,36 @@ void add_plan_commands(CLI::App& app) {
   p->add_option("model", po->model, "Model config JSON (Hugging Face keys, configs/models/)")
       ->required();
   p->add_option("--cluster", po->cluster, "Cluster JSON (configs/clusters/)")->required();
-  p->add_option("--gpus", po->gpus, "Number of devices")->required();
+  p->add_option("--gpus", po->gpus, "Number of devices")
+      ->required()
+      ->check(CLI::Range(int64_t{1}, kMaxPlanDevices));
   p->add_option("--global-batch", po->global_batch,
-                "Sequences per optimizer step (default: max(512, gpus))");
-  p->add_option("--seq", po->seq, "Sequence length (default: the model's maximum positions)");
+                "Sequences per optimizer step (default: max(512, gpus))")
+      ->check(CLI::Range(int64_t{1}, kMaxGlobalBatch));
+  p->add_option("--seq", po->seq, "Sequence length (default: the model's maximum positions)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  p->add_option("--time-limit", po->time_limit_s,
+                "Stop searching after SECONDS and report the best plan found so far")
+      ->check(CLI::Range(0.001, 86400.0));
   p->add_option("--top", po->top, "Runners-up to show")->check(CLI::Range(0, 100));
   p->add_flag("--json", po->json, "Print one JSON object (plans, search_time_s, ...)");
   p->add_option("--out", po->out, "Write the best plan as a run config fragment");
   p->add_option("--fix", po->fix,
                 "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero "
-                "(e.g. tp=8,pp=4,schedule=1f1b)");
+                "(e.g. tp=8,pp=4,schedule=1f1b)")
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("empty; give key=value items, e.g. tp=8,pp=4")
+                         : std::string();
+      });
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention) or materialized (Megatron-LM 2021)");
-  p->callback([po]() { std::exit(run_plan(*po)); });
+  p->callback([po]() { std::exit(guard([&] { return run_plan(*po); })); });
 
   auto so = std::make_shared<SimulateOptions>();
   CLI::App* s = app.add_subcommand("simulate", "Chrome trace of one predicted step of a plan");
   s->add_option("plan", so->plan, "Plan file written by meshflow plan --out")->required();
   s->add_option("--trace", so->trace, "Write the Chrome trace (JSON) to FILE");
-  s->callback([so]() { std::exit(run_simulate(*so)); });
+  s->callback([so]() { std::exit(guard([&] { return run_simulate(*so); })); });
 }
 
 }  // namespace meshflow::cli

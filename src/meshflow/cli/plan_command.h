@@ -2,7 +2,7 @@
 //
 //   meshflow plan configs/models/gpt3_175b.json --cluster configs/clusters/dgx_a100_80gb.json
 //       --gpus 1024 --global-batch 1536 [--seq 2048] [--top 3] [--json] [--out plan.json]
-//       [--fix tp=8,pp=8,schedule=interleaved]
+//       [--fix tp=8,pp=8,schedule=interleaved] [--time-limit SECONDS]
 //   meshflow simulate plan.json --trace step.json      (Chrome trace of one predicted step)
 //
 // plan prints the best plan and K runners-up (degrees, micro-batching,
@@ -14,6 +14,7 @@
 // user error (bad file, impossible request: the message says what would fit).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace CLI {
@@ -33,7 +34,11 @@ struct PlanOptions {
   std::string out;
   std::string fix;                  // "tp=8,pp=4"
   std::string attention = "fused";  // fused | materialized (Megatron-LM 2021 kernels)
+  double time_limit_s = 60;         // the search stops here with the best plan so far
 };
+
+// The most devices `plan --gpus` accepts (about ten times the largest clusters built).
+inline constexpr int64_t kMaxPlanDevices = int64_t{1} << 20;
 int run_plan(const PlanOptions& o);
 
 struct SimulateOptions {

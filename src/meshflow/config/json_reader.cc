@@ -1,7 +1,8 @@
 #include "meshflow/config/json_reader.h"
 
-#include <fstream>
 #include <sstream>
+
+#include "meshflow/core/file_io.h"
 
 namespace meshflow {
 
@@ -56,17 +57,25 @@ void JsonObjectReader::integer(const std::string& key, int* out, int64_t min, in
   *out = static_cast<int>(x);
 }
 
-void JsonObjectReader::number(const std::string& key, float* out, double min, double max) {
+void JsonObjectReader::number(const std::string& key, float* out, double min, double max,
+                              Bound min_bound, Bound max_bound) {
   const json* v;
   if (!fetch(key, &v)) return;
   if (!v->is_number()) return fail(path(key) + " must be a number, got " + json_type_name(*v));
-  double x = v->get<double>();
-  if (x < min || x > max) {
+  const double x = v->get<double>();
+  const float f = static_cast<float>(x);
+  auto in_range = [&](double y) {
+    const bool above = min_bound == Bound::kExclusive ? y > min : y >= min;
+    const bool below = max_bound == Bound::kExclusive ? y < max : y <= max;
+    return above && below;
+  };
+  if (!in_range(x) || !in_range(static_cast<double>(f))) {
     std::ostringstream os;
-    os << path(key) << " must be in [" << min << ", " << max << "], got " << x;
+    os << path(key) << " must be in " << (min_bound == Bound::kExclusive ? "(" : "[") << min << ", "
+       << max << (max_bound == Bound::kExclusive ? ")" : "]") << ", got " << x;
     return fail(os.str());
   }
-  *out = static_cast<float>(x);
+  *out = f;
 }
 
 void JsonObjectReader::boolean(const std::string& key, bool* out) {
@@ -176,14 +185,22 @@ Status apply_override(json& doc, const std::string& assignment) {
 }
 
 Result<json> read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::not_found("cannot open '" + path + "': no such file or not readable");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  MF_ASSIGN_OR_RETURN(const std::string text, read_regular_file(path));
+  // Nesting is bounded too: "[[[[..." would otherwise cost memory per level
+  // and recursion depth in every later walk over the document.
+  constexpr int kMaxDepth = 256;
+  struct TooDeep {};
+  auto bounded = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth) throw TooDeep{};
+    return true;
+  };
   try {
-    return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+    return json::parse(text, bounded);
+  } catch (const json::exception& e) {
     return Status::invalid("'" + path + "' is not valid JSON: " + e.what());
+  } catch (const TooDeep&) {
+    return Status::invalid("'" + path + "' nests arrays or objects more than " +
+                           std::to_string(kMaxDepth) + " levels deep");
   }
 }
 

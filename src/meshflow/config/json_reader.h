@@ -32,7 +32,12 @@ class JsonObjectReader {
   void integer(const std::string& key, int64_t* out, int64_t min = INT64_MIN,
                int64_t max = INT64_MAX);
   void integer(const std::string& key, int* out, int64_t min = INT32_MIN, int64_t max = INT32_MAX);
-  void number(const std::string& key, float* out, double min = -1e300, double max = 1e300);
+  // Bound::kExclusive makes min (or max) itself invalid: eps in (0, 1] is
+  // number("eps", &eps, 0, 1, Bound::kExclusive). The value is checked after
+  // rounding to float, so 1e-50 is not a positive eps.
+  enum class Bound { kInclusive, kExclusive };
+  void number(const std::string& key, float* out, double min = -1e300, double max = 1e300,
+              Bound min_bound = Bound::kInclusive, Bound max_bound = Bound::kInclusive);
   void boolean(const std::string& key, bool* out);
   void string(const std::string& key, std::string* out);
   void choice(const std::string& key, std::string* out, const std::vector<std::string>& valid);

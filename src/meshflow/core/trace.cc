@@ -1,8 +1,8 @@
 #include "meshflow/core/trace.h"
 
-#include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "meshflow/core/file_io.h"
 
 namespace meshflow {
 
@@ -72,19 +72,7 @@ std::string TraceWriter::to_json() const {
 }
 
 Status TraceWriter::write(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f)
-      return Status::not_found("cannot write trace file '" + path + "' (is the directory there?)");
-    f << to_json();
-    if (!f.good()) return Status::internal("failed writing trace file '" + path + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::internal("cannot rename '" + tmp + "' to '" + path + "'");
-  }
-  return Status::ok();
+  return write_file_atomic(path, to_json(), "trace file");
 }
 
 }  // namespace meshflow

@@ -1,6 +1,7 @@
 #include "meshflow/io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "meshflow/core/file_io.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {
@@ -243,6 +245,17 @@ bool write_all(int fd, const char* p, size_t n) {
   return true;
 }
 
+// The rename of an atomic write replaces a device node, FIFO or socket at
+// the target (as root, `--checkpoint /dev/full` would delete the device), so
+// those are refused. Directories are not: rename fails on them by itself.
+Status refuse_special_file(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
+    return Status::ok();
+  return Status::invalid("writing safetensors '" + path + "': not a regular file (it is " +
+                         file_kind_name(st.st_mode) + "); give the path of a file");
+}
+
 }  // namespace
 
 std::string safetensors_supported_dtypes() {
@@ -279,6 +292,7 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as HF does
   uint64_t n = text.size();
 
+  MF_RETURN_IF_ERROR(refuse_special_file(path));
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_error("writing safetensors: cannot create", tmp);
@@ -299,6 +313,10 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
   int rc = ::close(fd);
   fd = -1;
   if (rc != 0) return fail("close failed on");
+  if (Status s = refuse_special_file(path); !s.is_ok()) {  // it may have changed meanwhile
+    ::unlink(tmp.c_str());
+    return s;
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     Status s = Status::unavailable("writing safetensors: cannot rename '" + tmp + "' to '" + path +
                                    "': " + std::strerror(errno));
@@ -321,6 +339,9 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
   if (!std::filesystem::exists(st))
     return Status::not_found("safetensors '" + path + "': no such file");
   if (std::filesystem::is_directory(st)) return file_error(path, "is a directory, not a file");
+  // A device never ends and a FIFO blocks: only regular files are read.
+  if (!std::filesystem::is_regular_file(st))
+    return file_error(path, "is not a regular file; give the path of a .safetensors file");
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) return errno_error("safetensors: cannot open", path);
   const uint64_t file_bytes = std::filesystem::file_size(path, ec);

@@ -222,6 +222,15 @@ Status validate(const Layout& layout, const Mesh& mesh, const Shape& shape) {
   return Status::ok();
 }
 
+Layout canonical(const Layout& layout, const Mesh& mesh) {
+  MF_CHECK_EQ(layout.num_axes(), mesh.num_axes())
+      << layout.to_string() << " on " << mesh.to_string();
+  Layout l = layout;
+  for (int a = 0; a < mesh.num_axes(); ++a)
+    if (mesh.size(a) == 1 && !l.at(a).is_replicate()) l = l.with(a, Placement::Replicate());
+  return l;
+}
+
 Result<Shape> local_shape(const Shape& shape, const Mesh& mesh, const Layout& layout) {
   MF_RETURN_IF_ERROR(validate(layout, mesh, shape));
   Shape out = shape;

@@ -100,6 +100,14 @@ class Layout {
 // sizes, the mesh axes and the valid split counts.
 Status validate(const Layout& layout, const Mesh& mesh, const Shape& shape);
 
+// The one spelling of `layout` on `mesh`: placements on mesh axes of size 1
+// become Replicate (a split into one block or a sum of one addend is the whole
+// value), the shard positions of the remaining axes closing up. Two layouts
+// that place the same data on every rank have the same canonical form; the
+// partitioner keeps its layouts canonical, so a size-1 axis never reads as a
+// split (a vocab shard, a collective over a group of one).
+Layout canonical(const Layout& layout, const Mesh& mesh);
+
 // The per-rank shape of a global `shape` (same names, sharded dims divided).
 Result<Shape> local_shape(const Shape& shape, const Mesh& mesh, const Layout& layout);
 

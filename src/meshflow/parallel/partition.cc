@@ -56,6 +56,60 @@ bool is_update(OpKind k) {
   return op_def(k).mutates != 0;
 }
 
+// The index of the one factor of `r` named `name`, or -1 (none, or several).
+int factor_named(const ShardingRule& r, const std::string& name) {
+  int found = -1;
+  for (size_t f = 0; f < r.factors.size(); ++f) {
+    if (r.factors[f].name != name) continue;
+    if (found >= 0) return -1;
+    found = static_cast<int>(f);
+  }
+  return found;
+}
+
+// The strategy of gradient node `b` dual to forward node `f`'s strategy `fs`:
+// every factor `fs` splits is split over the same mesh axes, in the same
+// order, on `b`. Factors match by name: a gradient carries the dim names of
+// its value (autodiff), so a matmul's gradient matmuls have the forward's loop
+// dims under the same names (c_fc = x[batch,seq,hidden] w[hidden,ffn] split
+// {batch: dp, ffn: tp}: dx = dy w^T contracts ffn -> Partial over tp; dw =
+// x^T dy contracts batch -> the weight's layout, Partial over dp). nullopt
+// when a split factor is not exactly one factor of `b`, or the layouts are not
+// a valid strategy of `b`.
+std::optional<ShardingStrategy> dual_strategy(const Graph& g, const Node& f,
+                                              const ShardingStrategy& fs, const Node& b,
+                                              const Mesh& mesh) {
+  const ShardingRule rf = sharding_rule(g, f), rb = sharding_rule(g, b);
+  const int na = mesh.num_axes();
+  std::vector<int> factor(na, -1), order(na, 0);  // per mesh axis: b's factor it splits
+  for (int ax = 0; ax < na; ++ax) {
+    for (size_t i = 0; i < fs.inputs.size() && factor[ax] < 0; ++i) {
+      const Placement& p = fs.inputs[i].at(ax);
+      if (!p.is_shard()) continue;
+      const int ff = rf.input_factor(static_cast<int>(i), p.dim());
+      if (ff < 0 || factor_named(rf, rf.factors[ff].name) != ff) return std::nullopt;
+      factor[ax] = factor_named(rb, rf.factors[ff].name);
+      if (factor[ax] < 0) return std::nullopt;
+      order[ax] = p.order();
+    }
+  }
+  ShardingStrategy st;
+  for (int j = 0; j < rb.num_inputs; ++j) {
+    std::vector<Placement> p(na, Placement::Replicate());
+    for (int ax = 0; ax < na; ++ax)
+      if (factor[ax] >= 0 && rb.factors[factor[ax]].input_dim[j] >= 0)
+        p[ax] = Placement::Shard(rb.factors[factor[ax]].input_dim[j], order[ax]);
+    // (All the axes of a factor move together, so the positions stay 0..k-1.)
+    Result<Layout> made = Layout::make(p);
+    if (!made.is_ok() || !validate(*made, mesh, g.shape(b.inputs[j])).is_ok()) return std::nullopt;
+    st.inputs.push_back(std::move(*made));
+  }
+  auto outs = derive_output_layouts(g, b, mesh, st.inputs);
+  if (!outs.is_ok()) return std::nullopt;
+  st.outputs = std::move(*outs);
+  return st;
+}
+
 }  // namespace
 
 Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOptions& o) {
@@ -77,50 +131,131 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       desired[v] = *l;
     }
   }
+  // The mesh axes the rules speak for. On the others ({batch: dp} on a dp x tp
+  // mesh says nothing about tp) a value may stay split where an op put it (a
+  // user's split tuple): the rules' wish there is "wherever it is", not "whole".
+  std::vector<char> governed(na, 0);
+  for (const auto& [dim, axes] : o.rules.rules) {
+    size_t b = 0;
+    while (true) {
+      const size_t e = axes.find('*', b);
+      std::string name = axes.substr(b, e == std::string::npos ? std::string::npos : e - b);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      if (const int ax = mesh.axis_index(name); ax >= 0) governed[ax] = 1;
+      if (e == std::string::npos) break;
+      b = e + 1;
+    }
+  }
+  // The rules' layout of a value of `shape` on the governed axes, `from`'s
+  // placements (made whole where Partial) on the others, if that divides.
+  auto with_free_axes = [&](const Layout& ruled, const Layout& from, const Shape& shape) {
+    Layout l = ruled;
+    for (int ax = 0; ax < na; ++ax) {
+      if (governed[ax]) continue;
+      const Placement p = from.at(ax);
+      l = l.with(ax, p.is_partial() ? Placement::Replicate() : p);
+    }
+    return validate(l, mesh, shape).is_ok() ? l : ruled;
+  };
   CostCache cost(mesh, o.cost);
 
-  // User split tuples, resolved per node.
+  // User split tuples, resolved per node as StrategyConfig::strategy_for does:
+  // an exact name first, else the longest (most specific) matching glob, ties
+  // to the first given.
   std::map<NodeId, ShardingStrategy> user;
+  std::map<NodeId, size_t> user_specificity;  // SIZE_MAX: an exact name; else the glob's length
   for (NodeId id = 0; id < g.num_nodes(); ++id) {
     const Node& n = g.node(id);
     if (n.inputs.empty() || n.name.empty()) continue;
-    for (const auto& [pattern, text] : o.strategies) {
-      if (pattern != n.name && !glob_match(pattern, n.name)) continue;
-      MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g, id, mesh, text));
-      user[id] = std::move(st);
-      break;
+    const std::string* text = nullptr;
+    size_t spec = 0;
+    for (const auto& [pattern, t] : o.strategies) {
+      if (pattern == n.name) {
+        text = &t;
+        spec = std::numeric_limits<size_t>::max();
+        break;
+      }
+      if (glob_match(pattern, n.name) && (text == nullptr || pattern.size() > spec)) {
+        text = &t;
+        spec = pattern.size();
+      }
     }
+    if (text == nullptr) continue;
+    MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g, id, mesh, *text));
+    user[id] = std::move(st);
+    user_specificity[id] = spec;
   }
 
-  // Sharding propagation's first principle (../shared/seeds/003): a weight
-  // without a layout of its own takes the one its configured consumer reads.
-  std::map<ValueId, Layout> from_user;
+  std::map<std::string, NodeId> by_name;  // configured forward nodes
+  for (const auto& [id, st] : user)
+    if (g.node(id).phase == Phase::kForward) by_name[g.node(id).name] = id;
+
+  // Sharding propagation's first principle (../shared/seeds/003), and what a
+  // MindSpore shard() on an op means: a weight without a layout of its own is
+  // stored in the layout its configured consumer reads it in, so its gradient,
+  // its optimizer state and its update are split alike. Several configured
+  // consumers reading it differently: the most specific configuration wins
+  // (then the first in graph order); the others reshard, and explain says so.
+  struct UserLayout {
+    Layout layout;
+    NodeId by = -1;
+    size_t specificity = 0;
+    std::string others;  // the consumers that read it otherwise
+  };
+  std::map<ValueId, UserLayout> from_user;
   for (const auto& [id, st] : user) {
     const Node& n = g.node(id);
-    for (size_t i = 0; i < n.inputs.size(); ++i)
-      if (g.producer(n.inputs[i]).kind == OpKind::kParameter && !from_user.count(n.inputs[i]))
-        from_user[n.inputs[i]] = st.inputs[i];
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      if (g.producer(v).kind != OpKind::kParameter) continue;
+      const size_t spec = user_specificity[id];
+      auto it = from_user.find(v);
+      if (it == from_user.end()) {
+        from_user[v] = {st.inputs[i], id, spec, ""};
+        continue;
+      }
+      UserLayout& u = it->second;
+      if (u.layout == st.inputs[i]) continue;
+      std::string loser = g.node(id).name + " reads " + st.inputs[i].to_string();
+      if (spec > u.specificity) {
+        loser = g.node(u.by).name + " reads " + u.layout.to_string();
+        u.layout = st.inputs[i];
+        u.by = id;
+        u.specificity = spec;
+      }
+      u.others += (u.others.empty() ? "" : "; ") + loser;
+    }
   }
   // Stored layouts of the sources. Optimizer state follows its parameter
   // (the update mutates both in place, so they must be split alike).
   std::vector<Layout> stored(g.num_values(), Layout::Replicated(na));
+  std::vector<std::string> source_why(g.num_nodes());
   std::vector<char> is_param(g.num_values(), 0);
   for (const Node& n : g.nodes()) {
     if (!n.inputs.empty()) continue;
     const ValueId v = n.outputs[0];
     const NodeId id = g.value(v).producer;
     Layout l = desired[v];
-    if (o.rules.rules.empty() && from_user.count(v)) l = from_user[v];
+    source_why[id] = "source";
     if (auto it = o.source_layouts.find(v); it != o.source_layouts.end()) {
       l = it->second;
     } else if (auto f = o.fixed.find(id); f != o.fixed.end() && !f->second.outputs.empty()) {
       l = f->second.outputs[0];
+    } else if (auto u = from_user.find(v); u != from_user.end()) {
+      // The user's split of the consumer wins over the rules' wish for the weight.
+      l = u->second.layout;
+      source_why[id] = "user: stored as " + g.node(u->second.by).name + " reads it";
+      if (!u->second.others.empty())
+        source_why[id] +=
+            " (most specific configuration; resharded where " + u->second.others + ")";
     }
     if (l.num_axes() != na)
       return Status::invalid(node_label(n) + ": layout " + l.to_string() + " has " +
                              std::to_string(l.num_axes()) + " entries, the mesh " +
                              mesh.to_string() + " has " + std::to_string(na) + " axes");
     MF_RETURN_IF_ERROR(validate(l, mesh, g.shape(v)).with_context(node_label(n)));
+    l = canonical(l, mesh);
     if (n.kind == OpKind::kParameter) {
       is_param[v] = 1;
       if (o.zero_stage >= 3) l = zero_shard(l, g.shape(v), mesh, o.zero_axis);
@@ -155,7 +290,11 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
   // Reshards asked for so far, by (value, layout, phase): a later consumer
   // reading the same value in the same layout shares them.
   std::set<std::tuple<ValueId, std::string, Phase>> requested;
+  // Every layout of the annotation is canonical (nothing on a size-1 mesh
+  // axis): a Shard on tp=1 is not a split, a Partial on it is not a sum.
   auto note_requests = [&](NodeId id) {
+    for (Layout& l : a.node[id].inputs) l = canonical(l, mesh);
+    for (Layout& l : a.node[id].outputs) l = canonical(l, mesh);
     const Node& n = g.node(id);
     for (size_t i = 0; i < n.inputs.size() && i < a.node[id].inputs.size(); ++i)
       if (!(a.node[id].inputs[i] == current(n.inputs[i])))
@@ -166,7 +305,7 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     ShardingStrategy& st = a.node[id];
     if (n.inputs.empty()) {
       st.outputs = {stored[n.outputs[0]]};
-      a.why[id] = "source";
+      a.why[id] = source_why[id];
       continue;
     }
     if (is_update(n.kind)) {
@@ -188,6 +327,42 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       st = u->second;
       a.why[id] = "user";
       continue;
+    }
+    // The gradient nodes of a configured forward node ("<node>.grad.*") run
+    // the strategy dual to its (as a MindSpore shard() does): the weight's
+    // gradient comes out in the weight's layout (Partial over the batch
+    // split), the input's gradient Partial over the contraction split.
+    if (n.phase == Phase::kBackward) {
+      const size_t at = n.name.find(".grad.");
+      const auto f = at == std::string::npos ? by_name.end() : by_name.find(n.name.substr(0, at));
+      if (f != by_name.end() && user.count(f->second)) {
+        if (auto d = dual_strategy(g, g.node(f->second), user[f->second], n, mesh)) {
+          st = std::move(*d);
+          a.why[id] = "user (gradient of " + f->first + ")";
+          continue;
+        }
+      }
+    }
+    // In the optimizer phase a gradient is read where its update reads it
+    // (sum_squares of a ZeRO shard: the reduce_scatter is shared, and the
+    // shard sums of squares stay Partial until the one reduction of the norm).
+    if (n.phase == Phase::kOptimizer) {
+      std::vector<Layout> ins;
+      bool shared = false;
+      for (ValueId v : n.inputs) {
+        auto it = update_reads.find(v);
+        shared |= it != update_reads.end();
+        ins.push_back(it != update_reads.end() ? it->second : current(v));
+      }
+      if (shared) {
+        auto outs = derive_output_layouts(g, n, mesh, ins);
+        if (outs.is_ok()) {
+          st.inputs = std::move(ins);
+          st.outputs = std::move(*outs);
+          a.why[id] = "where the update reads it";
+          continue;
+        }
+      }
     }
     // In the backward, a Partial input the node is linear in stays Partial:
     // the reduction is deferred to where a value must be whole (three partial
@@ -213,7 +388,7 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
     // The rules' wish: every input in its dim-name layout.
     if (!o.rules.rules.empty()) {
       std::vector<Layout> ins;
-      for (ValueId v : n.inputs) ins.push_back(desired[v]);
+      for (ValueId v : n.inputs) ins.push_back(with_free_axes(desired[v], current(v), g.shape(v)));
       auto outs = derive_output_layouts(g, n, mesh, ins);
       if (outs.is_ok()) {
         st.inputs = std::move(ins);
@@ -263,8 +438,14 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
         total += cost(g.shape(n.inputs[i]), current(n.inputs[i]), cands[c].inputs[i]);
       }
       if (!o.rules.rules.empty()) {
-        for (size_t i = 0; i < n.outputs.size() && total < best; ++i)
-          total += cost(g.shape(n.outputs[i]), cands[c].outputs[i], desired[n.outputs[i]]);
+        // The rules' layout; on the axes they do not govern, where its
+        // like-shaped input is (else where the candidate puts it, made whole).
+        for (size_t i = 0; i < n.outputs.size() && total < best; ++i) {
+          const ValueId out = n.outputs[i];
+          const Layout* w = stay_with(n, out);
+          total += cost(g.shape(out), cands[c].outputs[i],
+                        with_free_axes(desired[out], w ? *w : cands[c].outputs[i], g.shape(out)));
+        }
       } else {
         // No rules: an output wishes to stay where its like-named whole input
         // is (a residual stream keeps its layout), so a reduce_scatter that
@@ -399,11 +580,17 @@ class Lowering {
   // `consumer`: one node per step, in the consumer's phase and layer.
   Result<ValueId> emit_steps(ValueId v, ValueId cur, const ReshardPlan& plan,
                              const Node& consumer) {
+    return emit_steps(g_.value(v).name, g_.shape(v), g_.value(v).dtype, v, cur, plan, consumer);
+  }
+  // The same for a value the lowering made (global = kNoValue), by name and global shape.
+  Result<ValueId> emit_steps(const std::string& value, const Shape& shape, DType dtype,
+                             ValueId global, ValueId cur, const ReshardPlan& plan,
+                             const Node& consumer) {
     for (const ReshardStep& st : plan.steps) {
       Node c;
       c.kind = op_of(st.kind);
-      c.name = g_.value(v).name + "/" + std::string(op_name(c.kind)) + "(" +
-               mesh_.axis_name(st.mesh_axis) + ")";
+      c.name =
+          value + "/" + std::string(op_name(c.kind)) + "(" + mesh_.axis_name(st.mesh_axis) + ")";
       c.inputs = {cur};
       c.attrs.mesh_axis = st.mesh_axis;
       c.attrs.group_size = mesh_.size(st.mesh_axis);
@@ -423,11 +610,11 @@ class Lowering {
       }
       c.phase = consumer.phase;
       c.layer = consumer.layer;
-      MF_ASSIGN_OR_RETURN(Shape out, local(g_.shape(v), st.after));
-      const NodeId id = add(c, {out_value(out, g_.value(v).dtype)}, v, {st.after});
+      MF_ASSIGN_OR_RETURN(Shape out, local(shape, st.after));
+      const NodeId id = add(c, {out_value(out, dtype)}, global, {st.after});
       cur = p_.graph.node(id).outputs[0];
       if (st.is_collective())
-        p_.collectives.push_back({id, c.kind, g_.value(v).name, consumer.name, consumer.phase,
+        p_.collectives.push_back({id, c.kind, value, consumer.name, consumer.phase,
                                   mesh_.axis_name(st.mesh_axis), st.before, st.after,
                                   st.bytes_per_rank});
     }
@@ -468,6 +655,66 @@ class Lowering {
     return cur;
   }
 
+  // clip_coef reads only the sum of its inputs (the squared norms of the
+  // gradients). The Partial ones (shard sums of squares of split gradients:
+  // ZeRO, tensor parallel) are made Partial alike on every axis any of them is
+  // Partial on (R -> P is a local mask), added locally, and reduced together:
+  // one all_reduce per such mesh axis, not one per parameter. The local node
+  // reads that sum and the inputs that were whole.
+  Result<std::vector<ValueId>> clip_inputs(const Node& n, const ShardingStrategy& st) {
+    std::vector<ValueId> ins;
+    std::vector<size_t> partial;
+    Layout sum_layout = Layout::Replicated(mesh_.num_axes());
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      const Layout& src = a_.produced(g_, v);
+      if (src.has_partial() && st.inputs[i].is_replicated() && g_.shape(v).numel() == 1) {
+        partial.push_back(i);
+        for (int ax = 0; ax < mesh_.num_axes(); ++ax)
+          if (src.at(ax).is_partial()) sum_layout = sum_layout.with(ax, Placement::Partial());
+        continue;
+      }
+      MF_ASSIGN_OR_RETURN(ValueId lv, get(v, st.inputs[i], n));
+      ins.push_back(lv);
+    }
+    if (partial.size() == 1) {
+      MF_ASSIGN_OR_RETURN(ValueId lv, get(n.inputs[partial[0]], st.inputs[partial[0]], n));
+      ins.push_back(lv);
+    }
+    if (partial.size() <= 1) return ins;
+    const ValueId v0 = n.inputs[partial[0]];
+    const Shape& shape = g_.shape(v0);
+    const DType dtype = g_.value(v0).dtype;
+    const std::string name = n.name + "/sum";
+    ValueId sum = kNoValue;
+    for (size_t k = 0; k < partial.size(); ++k) {
+      const ValueId v = n.inputs[partial[k]];
+      MF_ASSIGN_OR_RETURN(ReshardPlan mask,
+                          plan_reshard(shape, mesh_, a_.produced(g_, v), sum_layout, cost_));
+      MF_ASSIGN_OR_RETURN(ValueId part,
+                          emit_steps(g_.value(v).name, shape, dtype, v, p_.local_of[v], mask, n));
+      if (sum == kNoValue) {
+        sum = part;
+        continue;
+      }
+      Node plus;
+      plus.kind = OpKind::kAdd;
+      plus.name = name + "." + std::to_string(k);
+      plus.inputs = {sum, part};
+      plus.phase = n.phase;
+      plus.layer = n.layer;
+      Value out = out_value(shape, dtype);
+      out.name = plus.name;
+      sum = p_.graph.node(add(plus, {out}, kNoValue, {sum_layout})).outputs[0];
+    }
+    MF_ASSIGN_OR_RETURN(
+        ReshardPlan plan,
+        plan_reshard(shape, mesh_, sum_layout, Layout::Replicated(mesh_.num_axes()), cost_));
+    MF_ASSIGN_OR_RETURN(ValueId reduced, emit_steps(name, shape, dtype, kNoValue, sum, plan, n));
+    ins.push_back(reduced);
+    return ins;
+  }
+
   ValueId loss_count() {
     if (count_ != kNoValue) return count_;
     Node in;
@@ -498,9 +745,13 @@ class Lowering {
       p_.local_of[v] = p_.graph.node(lid).outputs[0];
       return Status::ok();
     }
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      MF_ASSIGN_OR_RETURN(ValueId lv, get(n.inputs[i], st.inputs[i], n));
-      ln.inputs.push_back(lv);
+    if (n.kind == OpKind::kClipCoef && a_.one_norm_reduction) {
+      MF_ASSIGN_OR_RETURN(ln.inputs, clip_inputs(n, st));
+    } else {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        MF_ASSIGN_OR_RETURN(ValueId lv, get(n.inputs[i], st.inputs[i], n));
+        ln.inputs.push_back(lv);
+      }
     }
     std::vector<Value> outs;
     for (size_t i = 0; i < n.outputs.size(); ++i) {
@@ -533,8 +784,11 @@ class Lowering {
           rows_sharded |= st.inputs[0].shard_count(d, mesh_) > 1;
         if (rows_sharded) ln.inputs.push_back(loss_count());
         // Vocab-parallel: the kernel reduces over the axes splitting V.
+        // (An axis of size 1 splits nothing; annotate() never gives one, a
+        // hand-made Annotation might.)
         ln.attrs.ints.clear();
-        for (int ax : st.inputs[0].shard_axes(logits.rank() - 1)) ln.attrs.ints.push_back(ax);
+        for (int ax : st.inputs[0].shard_axes(logits.rank() - 1))
+          if (mesh_.size(ax) > 1) ln.attrs.ints.push_back(ax);
         if (!ln.attrs.ints.empty()) set_offsets(ln.attrs, logits, st.inputs[0]);
         break;
       }
@@ -611,6 +865,19 @@ Result<LocalProgram> lower(const Graph& g, const Annotation& a, int rank,
     }
   }
   return l.run();
+}
+
+int runs_per_step(const CollectiveRecord& c, int micro_batches) {
+  switch (c.phase) {
+    case Phase::kForward:
+    case Phase::kBackward:
+      return micro_batches;
+    case Phase::kOptimizer:
+      return 1;
+    case Phase::kMetric:
+      return 0;
+  }
+  return 0;
 }
 
 // ---- blocks of whole tensors ----

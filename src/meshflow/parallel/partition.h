@@ -62,6 +62,11 @@ struct PartitionOptions {
 struct Annotation {
   Mesh mesh = Mesh::line(1);
   int zero_stage = 0;
+  // lower(): the gradient-norm's Partial sums of squares are added locally and
+  // reduced once (one all_reduce per mesh axis), not one all_reduce per
+  // parameter. Off for a program split into pipeline chunks afterwards
+  // (pipeline/stage_graph.h exchanges the norm per parameter between stages).
+  bool one_norm_reduction = true;
   std::vector<ShardingStrategy> node;  // per node; sources: outputs only (their stored layout)
   // How each node's strategy was chosen: "user", "rules", "propagated", "fixed", "source".
   std::vector<std::string> why;
@@ -86,6 +91,13 @@ struct CollectiveRecord {
   Layout before, after;
   int64_t bytes_per_rank = 0;  // sent by each rank (ring factor applied)
 };
+
+// How many times one training step (Trainer::step) runs collective `c`:
+// forward and backward ones once per micro-batch (a ZeRO-2 gradient
+// reduce_scatter too: it runs in the backward), optimizer ones once per step,
+// metric ones never (they run in evaluation only). What `meshflow explain`'s
+// per-step totals multiply by, and what `meshflow train --trace` records.
+int runs_per_step(const CollectiveRecord& c, int micro_batches);
 
 struct LocalProgram {
   Graph graph;

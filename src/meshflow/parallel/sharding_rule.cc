@@ -237,10 +237,13 @@ std::vector<ShardingStrategy> enumerate_strategies(const Graph& g, const Node& n
   std::vector<int> pick(naxes, 0);
   std::vector<ShardingStrategy> out;
   while (true) {
+    // A mesh axis of size 1 splits nothing: it only ever takes "no factor".
+    bool trivial = false;
+    for (int a = 0; a < naxes; ++a) trivial |= mesh.size(a) == 1 && options[pick[a]] >= 0;
     std::vector<int64_t> count(r.factors.size(), 1);
     for (int a = 0; a < naxes; ++a)
       if (options[pick[a]] >= 0) count[options[pick[a]]] *= mesh.size(a);
-    bool ok = true;
+    bool ok = !trivial;
     for (size_t f = 0; f < r.factors.size(); ++f) ok = ok && r.factors[f].size % count[f] == 0;
     if (ok) {
       ShardingStrategy st;

@@ -242,6 +242,9 @@ Result<ShardingStrategy> strategy_from_splits(const Graph& g, NodeId id, const M
   }
   MF_ASSIGN_OR_RETURN(st.outputs, derive_output_layouts(g, n, mesh, st.inputs));
   MF_RETURN_IF_ERROR(validate_strategy(g, n, mesh, st.inputs, st.outputs));
+  // A mesh axis of size 1 named in a tuple ("tp" on tp=1) splits nothing.
+  for (Layout& l : st.inputs) l = canonical(l, mesh);
+  for (Layout& l : st.outputs) l = canonical(l, mesh);
   return st;
 }
 
@@ -330,8 +333,14 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
     all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"},
            {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "tp"}};
   if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
+  // Megatron with context parallel (Megatron-LM's --context-parallel-size):
+  // the sequence is split over cp as well (under sp over cp, then tp).
+  if (mesh.axis_index("cp") >= 0 && (preset == "megatron" || preset == "megatron-sp")) {
+    if (preset == "megatron-sp") all.pop_back();
+    all.emplace_back("seq", preset == "megatron-sp" && mesh.axis_index("tp") >= 0 ? "cp*tp" : "cp");
+  }
   DimRules r;
-  r.skip_indivisible = true;
+  r.may_stay_whole = {"vocab"};
   for (auto& [dim, axis] : all)
     if (mesh.axis_index(axis) >= 0) r.rules.emplace_back(dim, axis);
   return r;
@@ -339,11 +348,14 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
 
 std::vector<std::pair<std::string, std::string>> preset_strategies(const std::string& preset,
                                                                    const Mesh& mesh) {
-  if (preset != "ulysses" || mesh.axis_index("cp") < 0) return {};
+  if (mesh.axis_index("cp") < 0) return {};
+  if (preset != "ulysses" && preset != "megatron" && preset != "megatron-sp") return {};
   // Ulysses: attention runs on all positions of a slice of the heads; the
-  // planner's all_to_all moves q, k, v from sequence shards to head shards and back.
+  // planner's all_to_all moves q, k, v from sequence shards to head shards and
+  // back. With Megatron's tp the heads are already split over tp: cp splits them further.
+  const std::string heads = preset != "ulysses" && mesh.axis_index("tp") >= 0 ? "tp*cp" : "cp";
   const std::string b = mesh.axis_index("dp") >= 0 ? "dp" : "1";
-  const std::string qkv = "(" + b + ", cp, 1, 1)", lse = "(" + b + ", cp, 1)";
+  const std::string qkv = "(" + b + ", " + heads + ", 1, 1)", lse = "(" + b + ", " + heads + ", 1)";
   return {{"*attn.core", "(" + qkv + ", " + qkv + ", " + qkv + ")"},
           {"*attn.core.grad.*",
            "(" + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + qkv + ", " + lse + ")"}};
@@ -382,12 +394,16 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
       if (a < 0)
         return Status::invalid("rule " + shape.name(d) + ": " + axis_name + ": '" + name +
                                "' is not an axis of the mesh " + mesh.to_string());
+      if (mesh.size(a) == 1) continue;  // splits nothing (tp=1: the dim stays whole)
       taken |= used[a];
       axes.push_back(a);
       ways *= mesh.size(a);
     }
-    if (taken) continue;  // an earlier rule took an axis
-    if (rules.skip_indivisible && shape.size(d) % ways != 0) continue;
+    if (taken || axes.empty()) continue;  // an earlier rule took an axis, or no split
+    if (shape.size(d) % ways != 0 &&
+        std::find(rules.may_stay_whole.begin(), rules.may_stay_whole.end(), dim_name) !=
+            rules.may_stay_whole.end())
+      continue;
     if (shape.size(d) % ways != 0)
       return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
                              std::to_string(ways) + " ways over mesh axis " + axis_name +

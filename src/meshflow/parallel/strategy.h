@@ -59,9 +59,11 @@ Result<ShardingStrategy> strategy_from_splits(const Graph& g, NodeId id, const M
 struct DimRules {
   // dim name -> mesh axis name, in the order given.
   std::vector<std::pair<std::string, std::string>> rules;
-  // Presets: a dim the axis does not divide stays replicated (e.g. a GPT-2
-  // vocabulary of 50257 on tp=2) instead of being an error.
-  bool skip_indivisible = false;
+  // Dims that stay whole where the axis does not divide them, instead of an
+  // error: the presets' vocabulary (a GPT-2 vocabulary of 50257 on tp=2 keeps
+  // the embedding and head replicated, as without vocab parallelism). Every
+  // other dim of a preset must divide, like a user's rule.
+  std::vector<std::string> may_stay_whole;
 
   // A JSON object {"batch": "dp", ...}; values must be strings.
   static Result<DimRules> from_json(const nlohmann::json& j);
@@ -104,6 +106,9 @@ Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules
 // shards: all_gather / reduce_scatter in place of all_reduce); "ulysses"
 // {batch: dp, seq: cp} (attention gets its heads split by all_to_all).
 DimRules preset_rules(const std::string& preset, const Mesh& mesh);
+// On a mesh with a cp axis the Megatron presets also split seq over cp
+// ("megatron-sp": over cp*tp), with the attention core on heads over tp*cp
+// (Megatron-LM's context parallel, Ulysses-style all_to_all).
 // The per-node split tuples a preset adds to its rules ("ulysses": the
 // attention core and its gradient on head shards over cp).
 std::vector<std::pair<std::string, std::string>> preset_strategies(const std::string& preset,

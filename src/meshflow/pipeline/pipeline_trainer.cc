@@ -752,9 +752,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   const Graph* to_split = &g;
   if (im.spmd) {
     const PartitionOptions o = partition_options(rc.parallel, im.submesh);
-    Result<Annotation> a = annotate(g, im.submesh, o);
-    if (!a.is_ok()) return a.status().with_context("parallel");
-    im.annotation = std::move(*a);
+    MF_ASSIGN_OR_RETURN(im.annotation,
+                        annotate_config(g, im.submesh, rc.parallel, rc.model_source));
+    im.annotation.one_norm_reduction = false;  // the split exchanges the norm per parameter
     MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, o.cost));
     im.program = std::make_unique<LocalProgram>(std::move(lp));
     to_split = &im.program->graph;

@@ -97,13 +97,25 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
                            plan_label(least_memory->plan) + ") needs " + buf);
   }
   out.best = *best;
-  const Plan& p = best->plan;
-  out.parallel = {{"mode", "semi"},
-                  {"mesh", "dp=" + str(p.dp) + (p.tp > 1 ? ",tp=" + str(p.tp) : "")},
-                  {"preset", p.tp == 1 ? "dp" : (p.sp ? "megatron-sp" : "megatron")},
-                  {"zero", p.zero},
-                  {"recompute", recompute_name(p.recompute)}};
+  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan));
   return out;
+}
+
+Result<nlohmann::json> parallel_section(const Plan& p) {
+  nlohmann::json par;
+  const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
+  par["mode"] = spmd ? "semi" : "data";
+  par["mesh"] = plan_mesh(p);
+  if (spmd)
+    par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";
+  if (p.zero > 0) par["zero"] = p.zero;
+  if (p.pp > 1)
+    par["pipeline"] = {{"stages", p.pp},
+                       {"schedule", schedule_name(p.schedule)},
+                       {"micro_batches", p.num_micro_batches},
+                       {"virtual_stages", p.vp}};
+  par["recompute"] = recompute_name(p.recompute);
+  return par;
 }
 
 Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local) {

@@ -43,6 +43,16 @@ struct LocalAutoPlan {
 // transformer LM), no dp x tp split valid for the batch and heads, nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
+// The run config's "parallel" object that runs plan `p` exactly (one function
+// for `meshflow plan --out` and auto mode, so what is priced is what runs):
+// dp alone: mode "data" (bucketed, overlapped all-reduces); tp: preset
+// "megatron" ("megatron-sp" with sp; with cp as well, the sequence split over
+// cp and Ulysses attention on heads over tp*cp); cp alone: preset "ulysses";
+// ZeRO: "zero" on the partitioner (preset "dp" when nothing else splits); pp:
+// "pipeline" with the schedule, micro-batches and virtual stages; recompute:
+// "recompute".
+Result<nlohmann::json> parallel_section(const Plan& p);
+
 // plan_local_run(...).parallel.
 Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local);
 

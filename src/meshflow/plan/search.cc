@@ -1,10 +1,13 @@
 #include "meshflow/plan/search.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
+#include <set>
 #include <utility>
 
 namespace meshflow::plan {
@@ -34,8 +37,9 @@ std::string gib(double bytes) {
 
 Result<int64_t> parse_int(const std::string& key, const std::string& v, int64_t min) {
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < min)
+  if (v.empty() || *end != '\0' || errno == ERANGE || x < min)
     return Status::invalid("--fix " + key + " must be an integer >= " + str(min) + ", got '" + v +
                            "'");
   return static_cast<int64_t>(x);
@@ -69,20 +73,23 @@ std::string FixedChoices::to_string() const {
 
 Result<FixedChoices> parse_fixed(const std::string& text) {
   FixedChoices f;
+  const std::string form = "give key=value items separated by commas, e.g. tp=8,pp=4";
+  if (text.empty()) return Status::invalid("--fix is empty; " + form);
+  std::set<std::string> seen;
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find(',', start);
     if (end == std::string::npos) end = text.size();
     const std::string item = text.substr(start, end - start);
     start = end + 1;
-    if (item.empty()) {
-      if (end == text.size()) break;
-      continue;
-    }
+    if (item.empty()) return Status::invalid("--fix '" + text + "' has an empty item; " + form);
     const size_t eq = item.find('=');
     if (eq == std::string::npos)
       return Status::invalid("--fix takes key=value items separated by commas, got '" + item + "'");
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (!seen.insert(key).second)
+      return Status::invalid("--fix gives '" + key + "' more than once ('" + text +
+                             "'); give each key once");
     if (key == "dp" || key == "tp" || key == "pp" || key == "cp" || key == "vp" ||
         key == "micro_batch") {
       MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 1));
@@ -119,8 +126,23 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
 
 namespace {
 
+// Micro-batch sizes to try for a replica batch: its divisors up to
+// max_micro_batch (or only the pinned size), found without factoring the
+// batch, so the cost does not grow with it.
+std::vector<int64_t> micro_batch_sizes(int64_t replica_batch, const SearchOptions& o) {
+  std::vector<int64_t> sizes;
+  if (o.fixed.micro_batch) {
+    if (replica_batch % *o.fixed.micro_batch == 0) sizes.push_back(*o.fixed.micro_batch);
+    return sizes;
+  }
+  for (int64_t mb = 1; mb <= std::min(o.max_micro_batch, replica_batch); ++mb)
+    if (replica_batch % mb == 0) sizes.push_back(mb);
+  return sizes;
+}
+
 // Calls visit(plan) for every plan of the search space on `devices` devices
-// that `fixed` allows (not yet checked against the model: price() does that).
+// that `fixed` allows (not yet checked against the model: price() does that),
+// until visit returns false.
 template <typename Visit>
 void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Visit visit) {
   const TransformerDims& d = cm.dims();
@@ -136,8 +158,7 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
         const int64_t dp = devices / (tp * cp * pp);
         if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
         const int64_t replica_batch = gb / dp;
-        for (int64_t mb : divisors(replica_batch)) {
-          if (fx.micro_batch ? mb != *fx.micro_batch : mb > o.max_micro_batch) continue;
+        for (int64_t mb : micro_batch_sizes(replica_batch, o)) {
           Plan p;
           p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
           p.num_micro_batches = replica_batch / mb;
@@ -162,7 +183,7 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
                 const int max_zero = dp * cp > 1 ? 3 : 0;
                 for (int z = 0; z <= max_zero; ++z) {
                   p.zero = z;
-                  if (fx.matches(p)) visit(p);
+                  if (fx.matches(p) && !visit(p)) return;
                 }
               }
             }
@@ -178,49 +199,67 @@ bool faster(const StepCost& a, const StepCost& b) {
   return a.memory.total < b.memory.total;
 }
 
-}  // namespace
+using Clock = std::chrono::steady_clock;
 
-Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
-                                  const SearchOptions& options) {
+// search_plans with an absolute deadline (Clock::time_point::max(): none),
+// shared by the retries on more devices.
+Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
+                                  const SearchOptions& options, Clock::time_point deadline) {
   MF_RETURN_IF_ERROR(cm.status());
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   if (devices < 1 || devices > cm.cluster().total_devices())
     return Status::invalid("devices=" + str(devices) + " must be in [1, " +
                            str(cm.cluster().total_devices()) + "] (the cluster's size)");
+  if (cm.job().global_batch < 1 || cm.job().global_batch > kMaxGlobalBatch)
+    return Status::invalid("the global batch " + str(cm.job().global_batch) + " must be in [1, " +
+                           str(kMaxGlobalBatch) + "] sequences");
   SearchResult r;
   const size_t keep = static_cast<size_t>(std::max(0, options.top_k)) + 1;
   std::string first_invalid;
   std::optional<StepCost> least_memory;  // over valid plans that do not fit
   enumerate(cm, devices, options, [&](const Plan& p) {
+    // The clock is read every 256 plans (a plan prices in about a microsecond).
+    if (r.evaluated % 256 == 255 && Clock::now() >= deadline) {
+      r.timed_out = true;
+      return false;
+    }
     ++r.evaluated;
     const std::string why = cm.invalid_reason(p);
     if (!why.empty()) {
       if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
-      return;
+      return true;
     }
     Result<StepCost> c = cm.price(p);
     if (!c.is_ok()) {
       if (first_invalid.empty()) first_invalid = c.status().message();
-      return;
+      return true;
     }
     ++r.valid;
     if (!c->fits) {
       if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
-      return;
+      return true;
     }
     ++r.fitting;
-    if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
+    if (r.plans.size() == keep && !faster(*c, r.plans.back())) return true;
     // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
     for (const StepCost& k : r.plans)
-      if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
+      if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return true;
     auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
     r.plans.insert(at, *c);
     if (r.plans.size() > keep) r.plans.pop_back();
+    return true;
   });
-  r.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.search_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const std::string pinned =
       options.fixed.to_string().empty() ? "" : " with --fix " + options.fixed.to_string();
   const TransformerDims& d = cm.dims();
+  if (r.timed_out && r.fitting == 0) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", options.time_limit_s);
+    return Status::invalid("no fitting plan on " + str(devices) + " devices" + pinned +
+                           " among the " + str(r.evaluated) + " plans priced within the time " +
+                           "limit of " + limit + " s; raise the limit or pin choices with --fix");
+  }
   if (r.valid == 0) {
     std::string msg = "no valid plan on " + str(devices) + " devices" + pinned + ": ";
     if (r.evaluated == 0) {
@@ -257,7 +296,7 @@ Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
                       gib(lm.memory.temporaries) + "); usable per device: " + gib(lm.usable_memory);
     // The smallest multiple of this device count (up to 64x) on which it fits.
     if (options.fixed.to_string().empty()) {
-      for (int64_t factor = 2; factor <= 64; factor *= 2) {
+      for (int64_t factor = 2; factor <= 64 && Clock::now() < deadline; factor *= 2) {
         const int64_t n = devices * factor;
         Result<Cluster> bigger = with_devices(cm.cluster(), n);
         if (!bigger.is_ok()) continue;
@@ -266,8 +305,8 @@ Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
         CostModel cm2(cm.job(), c, cm.constants());
         SearchOptions o2 = options;
         o2.top_k = 0;
-        Result<SearchResult> r2 = search_plans(cm2, n, o2);
-        if (r2.is_ok()) {
+        Result<SearchResult> r2 = search_until(cm2, n, o2, deadline);
+        if (r2.is_ok() && !r2->timed_out) {
           msg += "; it fits on " + str(n) + " devices (" + plan_label(r2->plans[0].plan) + ", " +
                  gib(r2->plans[0].memory.total) + " per device)";
           break;
@@ -277,6 +316,18 @@ Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
     return Status::invalid(msg);
   }
   return r;
+}
+
+}  // namespace
+
+Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
+                                  const SearchOptions& options) {
+  const Clock::time_point deadline =
+      options.time_limit_s > 0
+          ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(options.time_limit_s))
+          : Clock::time_point::max();
+  return search_until(cm, devices, options, deadline);
 }
 
 std::string explain_loss(const StepCost& best, const StepCost& other) {

@@ -42,6 +42,10 @@ struct FixedChoices {
 // what is valid.
 Result<FixedChoices> parse_fixed(const std::string& text);
 
+// The largest global batch (sequences per step) the search accepts: far
+// above any real job, small enough that tokens per step fit in 64 bits.
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 32;
+
 struct SearchOptions {
   int top_k = 3;  // runners-up returned after the best plan
   FixedChoices fixed;
@@ -49,6 +53,9 @@ struct SearchOptions {
       32;  // micro-batch sizes tried: divisors of the replica batch up to this
   int64_t max_cp = 16;
   int64_t max_vp = 8;
+  // Stop after this many seconds with the best plans found so far
+  // (SearchResult::timed_out); 0: no limit.
+  double time_limit_s = 0;
 };
 
 struct SearchResult {
@@ -57,12 +64,15 @@ struct SearchResult {
   int64_t valid = 0;            // of those, valid for the job
   int64_t fitting = 0;          // of those, within device memory
   double search_time_s = 0;
+  bool timed_out = false;  // stopped at time_limit_s: plans are the best of those priced
 };
 
 // Searches plans on exactly `devices` devices of cm.cluster(). Returns the
 // best plan and up to top_k runners-up. When nothing is valid or nothing
 // fits, an error says why and what would fit (the least memory any plan
-// needs; the smallest device count on which the model fits).
+// needs; the smallest device count on which the model fits). The work is
+// bounded by the divisors of the device count and options.max_micro_batch,
+// not by the global batch (at most kMaxGlobalBatch), and by time_limit_s.
 Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
                                   const SearchOptions& options);
 

@@ -274,14 +274,16 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   if (stages != p.pp)
     return Status::invalid("parallel.pipeline.stages=" + std::to_string(stages) +
                            " differs from the mesh's pp=" + std::to_string(p.pp));
+  // Micro-batches: the pipeline's, else train.micro_batches (gradient accumulation).
+  MF_ASSIGN_OR_RETURN(int64_t accumulate, get_int(train, "train", "micro_batches", 1, false));
   MF_ASSIGN_OR_RETURN(p.num_micro_batches,
-                      get_int(pipe, "parallel.pipeline", "micro_batches", 1, false));
+                      get_int(pipe, "parallel.pipeline", "micro_batches", accumulate, false));
   MF_ASSIGN_OR_RETURN(p.vp, get_int(pipe, "parallel.pipeline", "virtual_stages", 1, false));
   MF_ASSIGN_OR_RETURN(p.schedule, parse_schedule(pipe.value("schedule", std::string("1f1b"))));
   MF_ASSIGN_OR_RETURN(p.recompute, parse_recompute(par.value("recompute", std::string("none"))));
   MF_ASSIGN_OR_RETURN(int64_t zero, get_int(par, "parallel", "zero", 0, false));
   p.zero = static_cast<int>(zero);
-  if (planner.contains("prediction")) p.sp = planner.at("prediction").value("sp", false);
+  p.sp = par.value("preset", std::string()) == "megatron-sp";
   const int64_t per_mb = p.dp * std::max<int64_t>(1, p.num_micro_batches);
   if (p.num_micro_batches < 1 || r.job.global_batch % per_mb != 0)
     return Status::invalid("train.batch_size=" + std::to_string(r.job.global_batch) +

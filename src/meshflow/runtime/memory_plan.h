@@ -3,7 +3,10 @@
 // execution order), so a training step allocates nothing. Values whose
 // lifetimes do not overlap share bytes. Greedy by size, largest first, each
 // placed at the lowest offset that fits among the already placed values it
-// overlaps with (the TFLite "greedy by size" arena planner).
+// overlaps with (the TFLite "greedy by size" arena planner). A segment tree
+// over steps finds that offset without scanning every placed value, so a
+// graph of n values plans in about n log^2 n, not n^2 (a 10,000-layer MLP in
+// well under a second).
 //
 //   MemoryPlan plan = plan_memory(g, order, is_persistent, keep_alive);
 //   float* p = reinterpret_cast<float*>(arena + plan.offset[v]);

@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
+
+#include "meshflow/core/file_io.h"
 
 namespace meshflow {
 
@@ -23,12 +27,30 @@ ProgressReporter::ProgressReporter(bool quiet, FILE* console)
     : quiet_(quiet), tty_(isatty(fileno(console)) != 0), console_(console) {}
 
 Status ProgressReporter::open_metrics(const std::string& path) {
+  MF_RETURN_IF_ERROR(check_output_file(path, "--metrics", OutputTarget::kStream));
+  metrics_path_ = path;
+  errno = 0;
   metrics_.open(path, std::ios::out | std::ios::trunc);
-  if (!metrics_) return Status::invalid("--metrics: cannot write '" + path + "'");
+  if (!metrics_)
+    return Status::invalid("--metrics '" + path + "': cannot open it for writing" +
+                           (errno ? std::string(": ") + std::strerror(errno) : std::string()));
   return Status::ok();
 }
 
-void ProgressReporter::step(const StepReport& r) {
+Status ProgressReporter::write_metrics(const std::string& line) {
+  if (!metrics_.is_open() || !metrics_error_.is_ok()) return metrics_error_;
+  errno = 0;
+  metrics_ << line << "\n";
+  metrics_.flush();
+  if (!metrics_)
+    metrics_error_ =
+        Status::unavailable("--metrics '" + metrics_path_ + "': cannot write" +
+                            (errno ? std::string(": ") + std::strerror(errno) : std::string()));
+  return metrics_error_;
+}
+
+Status ProgressReporter::step(const StepReport& r) {
+  Status written;
   if (metrics_.is_open()) {
     nlohmann::json j;
     j["step"] = r.step;
@@ -39,10 +61,9 @@ void ProgressReporter::step(const StepReport& r) {
     j["peak_bytes"] = r.peak_bytes;
     j["grad_norm"] = r.grad_norm;
     if (r.comm_wait_fraction >= 0) j["comm_wait_fraction"] = r.comm_wait_fraction;
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    written = write_metrics(j.dump());
   }
-  if (quiet_) return;
+  if (quiet_) return written;
   const char* unit = r.items_are_tokens ? "tok/s" : "samples/s";
   if (tty_) {
     const int width = 24;
@@ -60,18 +81,19 @@ void ProgressReporter::step(const StepReport& r) {
                  r.step, r.total_steps, r.loss, r.lr, unit, r.items_per_s, r.gflops,
                  static_cast<long long>(r.peak_bytes));
   }
+  return written;
 }
 
-void ProgressReporter::eval(const EvalReport& r) {
+Status ProgressReporter::eval(const EvalReport& r) {
+  Status written;
   if (metrics_.is_open()) {
     nlohmann::json e;
     e["step"] = r.step;
     e["loss"] = r.loss;
     if (r.accuracy) e["accuracy"] = *r.accuracy;
-    metrics_ << nlohmann::json{{"eval", e}}.dump() << "\n";
-    metrics_.flush();
+    written = write_metrics(nlohmann::json{{"eval", e}}.dump());
   }
-  if (quiet_) return;
+  if (quiet_) return written;
   if (bar_open_) std::fputc('\n', console_);
   bar_open_ = false;
   if (r.accuracy)
@@ -79,6 +101,7 @@ void ProgressReporter::eval(const EvalReport& r) {
                  100.f * *r.accuracy);
   else
     std::fprintf(console_, "eval @ step %d: loss %.4f\n", r.step, r.loss);
+  return written;
 }
 
 void ProgressReporter::message(const std::string& line) {
@@ -88,9 +111,18 @@ void ProgressReporter::message(const std::string& line) {
   std::fprintf(console_, "%s\n", line.c_str());
 }
 
-void ProgressReporter::finish() {
+Status ProgressReporter::finish() {
   if (bar_open_ && !quiet_) std::fputc('\n', console_);
   bar_open_ = false;
+  if (metrics_.is_open() && metrics_error_.is_ok()) {
+    errno = 0;
+    metrics_.close();
+    if (metrics_.fail())
+      metrics_error_ =
+          Status::unavailable("--metrics '" + metrics_path_ + "': cannot write" +
+                              (errno ? std::string(": ") + std::strerror(errno) : std::string()));
+  }
+  return metrics_error_;
 }
 
 }  // namespace meshflow

@@ -41,17 +41,25 @@ class ProgressReporter {
  public:
   // quiet: no console output except errors.
   ProgressReporter(bool quiet, FILE* console = stderr);
+  // path: a regular file (truncated) or a character device (/dev/stdout).
   Status open_metrics(const std::string& path);
-  void step(const StepReport& r);
-  void eval(const EvalReport& r);
-  void finish();
+  // step, eval and finish return the first error writing the metrics file
+  // ("--metrics '/dev/full': cannot write: No space left on device"); the
+  // console output is best effort.
+  Status step(const StepReport& r);
+  Status eval(const EvalReport& r);
+  Status finish();
   void message(const std::string& line);
 
  private:
   bool quiet_;
   bool tty_;
   FILE* console_;
+  Status write_metrics(const std::string& line);
+
   std::ofstream metrics_;
+  std::string metrics_path_;
+  Status metrics_error_;  // the first failed write; later records are not attempted
   bool bar_open_ = false;
 };
 

@@ -1,6 +1,7 @@
 #include "meshflow/runtime/run_config.h"
 
 #include <filesystem>
+#include <sstream>
 
 namespace meshflow {
 
@@ -9,11 +10,19 @@ namespace fs = std::filesystem;
 std::string resolve_path(const std::string& path, const std::string& base_dir) {
   if (path.empty() || fs::path(path).is_absolute()) return path;
   fs::path candidate = fs::path(base_dir) / path;
-  if (!base_dir.empty() && fs::exists(candidate)) return candidate.string();
+  std::error_code ec;  // a name too long or unreadable is not found here; the reader says why
+  if (!base_dir.empty() && fs::exists(candidate, ec)) return candidate.string();
   return path;
 }
 
 namespace {
+
+// 0.001, 3e-05: a number as a user would write it.
+std::string number_text(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
 
 Status parse_data(const json& j, DataConfig* d, const std::string& base_dir) {
   JsonObjectReader r(j, "data");
@@ -84,15 +93,18 @@ Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int ste
   JsonObjectReader r(j, "optimizer");
   std::string type = "adamw", schedule = "cosine";
   r.choice("type", &type, {"adamw", "sgd"});
-  r.number("lr", &o->lr, 0.0, 10.0);
+  using Bound = JsonObjectReader::Bound;
+  r.number("lr", &o->lr, 0.0, 10.0, Bound::kExclusive);
   float min_lr = 0.f;
   r.number("min_lr", &min_lr, 0.0, 10.0);
   int warmup = 0;
   r.integer("warmup_steps", &warmup, 0);
   r.choice("schedule", &schedule, {"cosine", "constant", "linear"});
   r.number("weight_decay", &o->weight_decay, 0.0, 10.0);
-  r.number("eps", &o->eps, 0.0, 1.0);
-  r.number("momentum", &o->momentum, 0.0, 1.0);
+  // eps divides (AdamW's sqrt(v) + eps): 0 makes 0/0 = NaN in the weights.
+  r.number("eps", &o->eps, 0.0, 1.0, Bound::kExclusive);
+  // momentum 1 never forgets a gradient: the update grows without bound.
+  r.number("momentum", &o->momentum, 0.0, 1.0, Bound::kInclusive, Bound::kExclusive);
   r.boolean("nesterov", &o->nesterov);
   r.number("grad_clip", &o->grad_clip, 0.0, 1e9);
   if (r.has("betas")) {
@@ -109,6 +121,14 @@ Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int ste
   }
   r.ignore({"betas"});
   MF_RETURN_IF_ERROR(r.finish());
+  if (min_lr > o->lr)
+    return Status::invalid("optimizer.min_lr=" + number_text(min_lr) + " must be <= optimizer.lr=" +
+                           number_text(o->lr) + " (the schedule decays from lr to min_lr)");
+  if (static_cast<double>(o->lr) * o->weight_decay >= 1.0)
+    return Status::invalid("optimizer.weight_decay=" + number_text(o->weight_decay) +
+                           " times optimizer.lr=" + number_text(o->lr) +
+                           " must be < 1 (each step scales the weights by 1 - lr * "
+                           "weight_decay); lower one of them");
   if (type == "sgd" && r.has("betas"))
     return Status::invalid("optimizer.betas applies to adamw only (optimizer.type is \"sgd\")");
   o->kind = type == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
@@ -144,7 +164,9 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   const json& m = doc.at("model");
   if (m.is_string()) {
     std::string p = resolve_path(m.get<std::string>(), base_dir);
-    MF_ASSIGN_OR_RETURN(rc.model, read_json_file(p));
+    Result<json> model = read_json_file(p);
+    if (!model.is_ok()) return model.status().with_context("config.model");
+    rc.model = *model;
     rc.model_source = p;
   } else if (m.is_object()) {
     rc.model = m;

@@ -14,7 +14,7 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
-#include "meshflow/plan/auto_plan.h"
+#include "meshflow/parallel/configured.h"
 #include "meshflow/runtime/comm/transport.h"
 
 namespace meshflow {
@@ -148,31 +148,12 @@ Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch
   return model;
 }
 
-PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
-  PartitionOptions o;
-  o.rules = pc.rules;
-  o.strategies = pc.strategies;
-  o.zero_stage = pc.zero;
-  o.zero_axis = mesh.axis_index("dp");
-  return o;
-}
-
 // The SPMD path: the whole graph, annotated and lowered for this rank.
 Status Trainer::init_partitioned(const PartitionOptions* given) {
-  if (rc_.parallel.mode == "auto" && rc_.parallel.search == "full" && !given) {
-    // Full search for this job's ranks on this machine (plan/auto_plan.h):
-    // the planner's best dp x tp x ZeRO x recompute plan becomes the semi-auto
-    // section this run trains with. Every rank plans the same (deterministic).
-    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
-    Result<json> par = plan::auto_parallel_section(rc_, world_, local);
-    if (!par.is_ok()) return par.status().with_context("parallel.search \"full\"");
-    MF_ASSIGN_OR_RETURN(rc_.parallel, parse_strategy_config(*par, "parallel (planned)"));
-    rc_.has_parallel = true;
-    const std::string& r = rc_.parallel.recompute;
-    if (rc_.train.recompute.mode == RecomputePolicy::kNone && (r == "full" || r == "selective"))
-      rc_.train.recompute.mode = r == "full" ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
-    planned_ = par->dump();
-  }
+  if (rc_.parallel.mode == "auto" && rc_.parallel.search == "full" && !given)
+    return Status::internal(
+        "parallel.search \"full\" reached the trainer unresolved; resolve the run config with "
+        "resolve_job (engine/job.h), which runs the planner");
   const TrainConfig& tc = rc_.train;
   const StrategyConfig& pc = rc_.parallel;
   const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(world_, "dp");
@@ -198,9 +179,13 @@ Status Trainer::init_partitioned(const PartitionOptions* given) {
   MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
 
   const PartitionOptions o = given ? *given : partition_options(pc, mesh);
-  Result<Annotation> a = annotate(g, mesh, o);
-  if (!a.is_ok()) return a.status().with_context("parallel");
-  annotation_ = std::move(*a);
+  if (given) {
+    Result<Annotation> a = annotate(g, mesh, o);
+    if (!a.is_ok()) return a.status().with_context("parallel");
+    annotation_ = std::move(*a);
+  } else {
+    MF_ASSIGN_OR_RETURN(annotation_, annotate_config(g, mesh, pc, rc_.model_source));
+  }
   MF_ASSIGN_OR_RETURN(LocalProgram p, lower(g, annotation_, rank_, o.cost));
   program_ = std::make_unique<LocalProgram>(std::move(p));
   for (const Node& n : g.nodes())

@@ -19,6 +19,7 @@
 #include "meshflow/core/trace.h"
 #include "meshflow/data/dataset.h"
 #include "meshflow/models/model.h"
+#include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
 #include "meshflow/runtime/comm/communicator.h"
@@ -72,9 +73,6 @@ class Trainer {
   const Graph& program_graph() const { return program_ ? program_->graph : model_.graph; }
   const LocalProgram* program() const { return program_.get(); }
   const Annotation* annotation() const { return program_ ? &annotation_ : nullptr; }
-  // Mode auto with search "full": the "parallel" section the planner chose
-  // (JSON text); empty otherwise.
-  const std::string& planned() const { return planned_; }
   // Every parameter whole (gathered from the shards when partitioned), by name.
   Result<std::map<std::string, Tensor>> gather_parameters();
   Executor& executor() { return *executor_; }
@@ -121,7 +119,6 @@ class Trainer {
   TraceWriter* trace_ = nullptr;             // set_trace
   int trace_track_ = -1;
   std::string count_targets_;  // the input whose valid entries "loss_count" counts
-  std::string planned_;        // auto + search full: the chosen "parallel" section
 };
 
 // Builds the model named by a model JSON ("model_type": "gpt2"|"llama", or
@@ -132,8 +129,6 @@ Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64
 // micro-batches of `micro_batch` rows.
 Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch);
 
-// The partitioner's options from the run config's "parallel" object.
-PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh);
 
 // The dataset a data config names, for a model (language model or classifier).
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,

@@ -170,6 +170,8 @@ VocabShard vocab_shard(const KernelCall& c) {
   v.whole = c.in_shape(0).size(-1);
   if (c.attrs().ints.empty()) return v;
   for (int64_t a : c.attrs().ints) v.axes.push_back(static_cast<int>(a));
+  MF_CHECK(!c.attrs().global_offset.empty() && !c.attrs().global_dims.empty())
+      << node_label(c.n) << ": vocab-parallel (attrs.ints) without the shard's global_offset";
   v.v0 = c.attrs().global_offset.back();
   v.whole = c.attrs().global_dims.back();
   MF_CHECK(c.comms != nullptr) << node_label(c.n)

@@ -1,0 +1,223 @@
+#include "meshflow/engine/job.h"
+
+#include "meshflow/plan/auto_plan.h"
+
+namespace meshflow {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+ParallelMode mode_of(const std::string& m) {
+  if (m == "semi") return ParallelMode::kSemi;
+  if (m == "hybrid") return ParallelMode::kHybrid;
+  if (m == "auto") return ParallelMode::kAuto;
+  return ParallelMode::kData;
+}
+
+// parallel.recompute ("full" / "selective" as a plan writes it) -> train.recompute.
+Status fold_recompute(RunConfig* rc) {
+  const std::string& prc = rc->parallel.recompute;
+  if (prc.empty() || prc == "none") return Status::ok();
+  RecomputePolicy& tr = rc->train.recompute;
+  const RecomputePolicy::Mode mode =
+      prc == "full" ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
+  if (tr.mode != RecomputePolicy::kNone && tr.mode != mode)
+    return Status::invalid("parallel.recompute \"" + prc +
+                           "\" differs from train.recompute; give one of them");
+  tr.mode = mode;
+  return Status::ok();
+}
+
+// Data-mode pipelines: stages x dp replicas, the mesh may name dp and pp only.
+Status check_data_pipeline(const StrategyConfig& par, const PipelineConfig& pc, int world) {
+  int dp = 0;
+  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
+    if (a.name == "dp") {
+      dp = a.size;
+    } else if (a.name == "pp") {
+      if (a.size != pc.stages)
+        return Status::invalid("parallel.mesh has pp=" + str(a.size) +
+                               " but parallel.pipeline.stages=" + str(pc.stages) +
+                               "; make them equal (or leave pp out of the mesh)");
+    } else if (a.size > 1) {
+      return Status::invalid(
+          "parallel.mesh axis " + a.name + "=" + str(a.size) +
+          " with parallel.pipeline in mode \"data\": the stages run data parallel only; for "
+          "tensor, context or sequence parallel inside each stage set \"mode\": \"semi\" with a "
+          "preset (megatron, megatron-sp, ulysses), rules or strategies");
+    }
+  }
+  const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
+  if (need == 0 || need != world)
+    return Status::invalid(
+        "parallel.pipeline has " + str(pc.stages) + " stages" +
+        (dp > 0 ? " and the mesh dp=" + str(dp) + ", so the job needs stages x dp = " + str(need) +
+                      " ranks"
+                : ", so the job needs a multiple of " + str(pc.stages) + " ranks") +
+        ", but it has " + str(world) + "; run with --ranks " + str(need > 0 ? need : pc.stages) +
+        " (or mpirun -np " + str(need > 0 ? need : pc.stages) + ")");
+  return Status::ok();
+}
+
+// The mesh of one program when no pipeline: parallel.mesh or dp = world.
+Result<Mesh> flat_mesh(const StrategyConfig& par, int world, bool partitioned) {
+  if (!par.has_mesh) return Mesh::line(world, "dp");
+  const Mesh& mesh = par.mesh;
+  if (mesh.axis_index("pp") >= 0 && mesh.size(mesh.axis_index("pp")) > 1)
+    return Status::invalid("parallel.mesh " + mesh.to_string() +
+                           " has a pp axis but no parallel.pipeline section; add \"pipeline\": "
+                           "{\"stages\": " +
+                           str(mesh.size(mesh.axis_index("pp"))) +
+                           ", \"schedule\": \"1f1b\", \"micro_batches\": ...} or drop pp");
+  if (mesh.num_ranks() != world)
+    return Status::invalid("parallel.mesh " + mesh.to_string() + " has " + str(mesh.num_ranks()) +
+                           " ranks but the job has " + str(world) + "; run with --ranks " +
+                           str(mesh.num_ranks()) + " (or mpirun -np " + str(mesh.num_ranks()) +
+                           ") or change the mesh");
+  if (!partitioned)
+    for (const MeshAxis& a : mesh.axes())
+      if (a.name != "dp" && a.size > 1)
+        return Status::invalid(
+            "parallel.mesh axis " + a.name + "=" + str(a.size) +
+            " in mode \"data\": data parallel splits the batch over dp only; for tensor, "
+            "sequence or context parallel set \"mode\": \"semi\" with a preset (megatron, "
+            "megatron-sp, ulysses), rules or strategies");
+  return mesh;
+}
+
+}  // namespace
+
+const char* parallel_mode_name(ParallelMode m) {
+  switch (m) {
+    case ParallelMode::kData:
+      return "data";
+    case ParallelMode::kSemi:
+      return "semi";
+    case ParallelMode::kHybrid:
+      return "hybrid";
+    case ParallelMode::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+std::string Job::describe() const {
+  std::string how;
+  if (pipeline)
+    how = "pipeline " + str(pipeline->stages) + " stages x " +
+          (partitioned ? "mesh " + mesh.to_string() : "dp " + str(mesh.num_ranks())) + ", " +
+          std::string(schedule_name(pipeline->schedule)) +
+          (pipeline->virtual_stages > 1 ? " v=" + str(pipeline->virtual_stages) : "");
+  else
+    how = partitioned ? "partitioned, mesh " + mesh.to_string() : "data parallel";
+  if (!planned.empty()) how += "; planned by search: " + planned;
+  return how;
+}
+
+Result<Job> resolve_job(RunConfig rc_in, int world) {
+  Job job;
+  job.world = world;
+  RunConfig& rc = job.rc;
+  rc = std::move(rc_in);
+  StrategyConfig& par = rc.parallel;
+  MF_RETURN_IF_ERROR(fold_recompute(&rc));
+  job.mode = rc.has_parallel ? mode_of(par.mode) : ParallelMode::kData;
+
+  if (job.mode == ParallelMode::kHybrid)
+    return Status::invalid(
+        "parallel.mode \"hybrid\" (collectives placed by hand) is built through the C++ API "
+        "(Builder::all_reduce ... on a per-rank graph, see docs/config.md); a config file has no "
+        "way to write a per-rank graph: use \"semi\" (a preset, rules or strategies) or \"auto\"");
+
+  // ZeRO is a layout of the optimizer state, gradients and parameters over dp:
+  // it runs on the partitioner. In mode "data" the plan is "batch on dp".
+  if (job.mode == ParallelMode::kData && par.zero > 0) {
+    par.mode = "semi";
+    par.preset = "dp";
+    par.rules = preset_rules("dp", par.mesh);
+    if (!par.has_mesh) {
+      par.mesh = Mesh::line(world, "dp");  // (pipelines: replaced by the stage mesh below)
+    }
+    job.mode = ParallelMode::kSemi;
+    job.notes.push_back("parallel.zero=" + str(par.zero) +
+                        " in mode \"data\" runs on the partitioner (preset \"dp\": the batch "
+                        "split over dp, ZeRO-" +
+                        str(par.zero) + " over dp)");
+  }
+  job.partitioned = job.mode != ParallelMode::kData;
+
+  // Semi / auto with nothing said about dp: the batch is split over it.
+  if (job.partitioned && par.preset.empty() && par.rules.rules.empty()) {
+    const Mesh probe = par.has_mesh ? par.mesh : Mesh::line(world, "dp");
+    if (probe.axis_index("dp") >= 0) par.rules.rules.emplace_back("batch", "dp");
+  }
+
+  // Pipeline.
+  if (rc.has_parallel && !par.pipeline.is_null()) {
+    Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
+    if (!parsed.is_ok()) return parsed.status().with_context("parallel");
+    PipelineConfig pc = *parsed;
+    if (pc.stages == 1) {
+      if (rc.train.micro_batches != 1 && rc.train.micro_batches != pc.micro_batches)
+        return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +
+                               " differs from pipeline.micro_batches=" + str(pc.micro_batches) +
+                               "; set only one of them (or both to the same number)");
+      rc.train.micro_batches = pc.micro_batches;
+      if (pc.micro_batches > 1)
+        job.notes.push_back("parallel.pipeline with 1 stage: its " + str(pc.micro_batches) +
+                            " micro-batches accumulate gradients");
+    } else {
+      if (job.mode == ParallelMode::kAuto && par.search == "full")
+        return Status::invalid(
+            "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
+            "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
+      if (rc.train.micro_batches != 1 && rc.train.micro_batches != pc.micro_batches)
+        return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +
+                               " differs from pipeline.micro_batches=" + str(pc.micro_batches) +
+                               "; set only pipeline.micro_batches (or both to the same number)");
+      if (job.partitioned) {
+        MF_ASSIGN_OR_RETURN(job.mesh, spmd_stage_mesh(par, pc.stages, world));
+      } else {
+        MF_RETURN_IF_ERROR(check_data_pipeline(par, pc, world));
+        job.mesh = Mesh::line(world / pc.stages, "dp");
+      }
+      job.pipeline = pc;
+      job.micro_batches = pc.micro_batches;
+    }
+  }
+
+  // Auto mode, full search: the planner's best plan for these ranks becomes
+  // the semi-auto section this job runs (every rank resolves the same).
+  if (job.mode == ParallelMode::kAuto && par.search == "full") {
+    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
+    Result<json> section = plan::auto_parallel_section(rc, world, local);
+    if (!section.is_ok()) return section.status().with_context("parallel.search \"full\"");
+    MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
+    MF_RETURN_IF_ERROR(fold_recompute(&rc));
+    job.planned = section->dump();
+    job.mode = ParallelMode::kSemi;
+  }
+
+  if (!job.pipeline) {
+    MF_ASSIGN_OR_RETURN(job.mesh, flat_mesh(par, world, job.partitioned));
+    job.micro_batches = rc.train.micro_batches;
+  }
+
+  // Batch arithmetic, once. Data parallel (and data-mode pipelines) feed each
+  // replica its rows; the partitioner splits the global micro-batch itself.
+  const TrainConfig& tc = rc.train;
+  const int replicas = job.partitioned ? 1 : job.mesh.num_ranks();
+  if (tc.batch_size % (job.micro_batches * replicas) != 0)
+    return Status::invalid(
+        "train.batch_size=" + str(tc.batch_size) + " does not split into " +
+        str(job.micro_batches) + " micro-batch(es)" +
+        (replicas > 1 ? " on " + str(replicas) + " data-parallel replicas" : "") +
+        "; use a multiple of " + str(job.micro_batches * replicas));
+  job.micro_batch_rows = tc.batch_size / job.micro_batches;
+  return job;
+}
+
+}  // namespace meshflow

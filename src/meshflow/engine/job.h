@@ -1,0 +1,64 @@
+// The job: a run config resolved ONCE against the number of ranks, before any
+// engine is built. Every choice the "parallel" and "train" sections make is
+// checked and settled here, so the engines (Trainer, PipelineTrainer),
+// `meshflow explain` and the CLI all see the same plan and check nothing again:
+//
+//   - parallel.recompute (as `meshflow plan --out` writes it) is folded into
+//     train.recompute;
+//   - "zero" in mode "data" runs on the partitioner (the plan "batch on dp",
+//     ZeRO over dp), never silently dropped;
+//   - "semi" / "auto" with a mesh but no preset, rules or strategies: the batch
+//     is split over dp (an axis that splits nothing is an error after
+//     annotation: check_axes_used);
+//   - the pipeline section is parsed and checked against the mesh and the rank
+//     count; 1 stage folds its micro-batches into gradient accumulation;
+//   - batch / micro-batch / replica arithmetic is checked once;
+//   - mode "auto" with search "full" asks the planner (plan/auto_plan.h) and the
+//     job carries the chosen semi-auto section (`planned`).
+//
+//   MF_ASSIGN_OR_RETURN(RunConfig rc, load_run_config(path, overrides));
+//   MF_ASSIGN_OR_RETURN(Job job, resolve_job(rc, /*world=*/4));
+//   if (job.pipeline) ... PipelineTrainer::create(job.rc, *job.pipeline, comm)
+//   else              ... Trainer::create(job.rc, comm)
+//
+// Errors are a user's mistake: one line naming the key and what is valid.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshflow/core/status.h"
+#include "meshflow/parallel/mesh.h"
+#include "meshflow/pipeline/pipeline_trainer.h"
+#include "meshflow/runtime/run_config.h"
+
+namespace meshflow {
+
+enum class ParallelMode { kData, kSemi, kHybrid, kAuto };
+const char* parallel_mode_name(ParallelMode m);
+
+struct Job {
+  RunConfig rc;  // resolved (see above); what the engines are built from
+  int world = 1;
+  ParallelMode mode = ParallelMode::kData;  // as resolved ("auto" full becomes kSemi)
+  // The SPMD partitioner builds the program (semi, auto, or ZeRO); false: the
+  // bucketed data-parallel runtime.
+  bool partitioned = false;
+  // The mesh one program runs on: parallel.mesh (without pp when pipelined),
+  // or dp = world (/ stages) when the config gives none.
+  Mesh mesh = Mesh::line(1, "dp");
+  std::optional<PipelineConfig> pipeline;  // > 1 stage
+  int micro_batches = 1;                   // per step (the pipeline's when pipelined)
+  int micro_batch_rows = 1;                // rows of one micro-batch over all replicas
+  std::string planned;                     // auto + search full: the chosen section (JSON)
+  std::vector<std::string> notes;          // what was resolved on the user's behalf
+
+  // "partitioned, mesh {dp: 2, tp: 2}", "data parallel", "pipeline 2 stages x ...".
+  std::string describe() const;
+};
+
+// REQUIRES: world >= 1.
+Result<Job> resolve_job(RunConfig rc, int world);
+
+}  // namespace meshflow

@@ -1,0 +1,108 @@
+// The files a user names: inputs only when regular and small enough, outputs
+// checked without being changed, atomic writes that never replace a device.
+#include "meshflow/core/file_io.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "meshflow/io/safetensors.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define EXPECT_HAS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+
+class FileIo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshflow_file_io_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(FileIo, ReadsARegularFile) {
+  std::ofstream(path("a.json")) << "{\"x\": 1}";
+  Result<std::string> r = read_regular_file(path("a.json"));
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(*r, "{\"x\": 1}");
+}
+
+TEST_F(FileIo, RefusesWhatIsNotARegularFile) {
+  Result<std::string> r = read_regular_file("/dev/zero");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "'/dev/zero' is not a regular file (it is a character device)");
+  ASSERT_EQ(::mkfifo(path("f").c_str(), 0600), 0);
+  r = read_regular_file(path("f"));  // returns at once: no writer is awaited
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "a FIFO");
+  r = read_regular_file(dir_.string());
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "is a directory");
+  r = read_regular_file(path("missing"));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(FileIo, RefusesFilesOverTheLimit) {
+  std::ofstream(path("big")) << std::string(1001, 'x');
+  Result<std::string> r = read_regular_file(path("big"), 1000);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "larger than the 1000 bytes limit");
+  EXPECT_TRUE(read_regular_file(path("big"), 1001).is_ok());
+  // Files that report no size (/proc) are still bounded by what is read.
+  r = read_regular_file("/proc/self/maps", 16);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "16 bytes limit");
+}
+
+TEST_F(FileIo, CheckOutputFileChangesNothing) {
+  std::ofstream(path("old")) << "keep";
+  EXPECT_TRUE(check_output_file(path("old"), "--out").is_ok());
+  EXPECT_EQ(fs::file_size(path("old")), 4u);  // not truncated
+  EXPECT_TRUE(check_output_file(path("new"), "--out").is_ok());
+  EXPECT_FALSE(fs::exists(path("new")));  // not created
+  EXPECT_HAS(check_output_file(path("no/new"), "--out").message(), "does not exist");
+  EXPECT_HAS(check_output_file(dir_.string(), "--out").message(), "is a directory");
+  EXPECT_HAS(check_output_file("/dev/full", "--out").message(), "not a regular file");
+  EXPECT_TRUE(check_output_file("/dev/null", "--metrics", OutputTarget::kStream).is_ok());
+}
+
+TEST_F(FileIo, AtomicWriteReplacesFilesButNeverDevices) {
+  ASSERT_TRUE(write_file_atomic(path("a"), "one", "--out").is_ok());
+  ASSERT_TRUE(write_file_atomic(path("a"), "two!", "--out").is_ok());
+  EXPECT_EQ(fs::file_size(path("a")), 4u);
+  EXPECT_FALSE(fs::exists(path("a.tmp")));
+  struct stat st;
+  Status s = write_file_atomic("/dev/full", "x", "--out");
+  EXPECT_HAS(s.message(), "--out '/dev/full' is not a regular file");
+  ASSERT_EQ(::stat("/dev/full", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST_F(FileIo, SafetensorsNeverRenamesOverADevice) {
+  Tensor t(Shape{{"x", 2}}, DType::F32);
+  Status s = write_safetensors("/dev/full", {{"a", t}});
+  EXPECT_HAS(s.message(), "'/dev/full': not a regular file (it is a character device)");
+  struct stat st;
+  ASSERT_EQ(::stat("/dev/full", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_FALSE(fs::exists("/dev/full.tmp"));
+  Result<SafetensorsFile> r = read_safetensors("/dev/zero");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_HAS(r.status().message(), "not a regular file");
+}
+
+}  // namespace
+}  // namespace meshflow

@@ -1,0 +1,174 @@
+// What the user asks for is what runs: the job is resolved once
+// (engine/job.h, parallel/configured.h) and nothing in the "parallel" section
+// is silently dropped or silently replicated. Each case runs the real binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "cli_run.h"
+#include "meshflow/config/json_reader.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::run_cli;
+using testing::source_dir;
+
+class Job : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshflow_job_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small GPT (or the MLP) run config with `parallel` (null: none).
+  std::string config(const json& parallel, bool mlp = false, int batch = 8) {
+    json j;
+    if (mlp) {
+      j["model"] = source_dir() + "/configs/models/mlp_fashion.json";
+      j["data"] = {{"dataset", "fashion_mnist"}};
+      j["train"] = {{"steps", 2}, {"batch_size", batch}, {"log_every", 1}, {"threads", 1}};
+    } else {
+      j["model"] = source_dir() + "/configs/models/gpt_bytes_small.json";
+      j["data"] = {{"dataset", "fortunes"}};
+      j["train"] = {{"steps", 2},     {"batch_size", batch}, {"seq_len", 32},
+                    {"log_every", 1}, {"threads", 1},        {"eval_batches", 2}};
+    }
+    j["optimizer"] = {{"type", "adamw"}, {"lr", 1e-3}, {"grad_clip", 1.0}};
+    if (!parallel.is_null()) j["parallel"] = parallel;
+    const std::string path = (dir_ / ("cfg" + std::to_string(++n_) + ".json")).string();
+    std::ofstream(path) << j.dump(2);
+    return path;
+  }
+  static bool one_line_error(const CliRun& r) {
+    return r.code == 2 && r.output.rfind("meshflow: error: ", 0) == 0 &&
+           r.output.find('\n') == r.output.size() - 1;
+  }
+  // The final eval loss of a run with --metrics.
+  double eval_loss(const std::string& cfg, const std::string& extra) {
+    const std::string m = (dir_ / ("m" + std::to_string(++n_) + ".jsonl")).string();
+    CliRun r = run_cli("train " + cfg + " --quiet --metrics " + m + " " + extra);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::ifstream f(m);
+    std::string line, last;
+    while (std::getline(f, line))
+      if (line.find("\"eval\"") != std::string::npos) last = line;
+    return last.empty() ? -1 : json::parse(last)["eval"]["loss"].get<double>();
+  }
+  // "memory planned 12.3 MiB" from train's first message, in MiB.
+  static double planned_mib(const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("memory planned ([0-9.]+) (KiB|MiB|GiB)"))) return -1;
+    const double x = std::stod(m[1]);
+    return m[2] == "KiB" ? x / 1024 : m[2] == "GiB" ? x * 1024 : x;
+  }
+  fs::path dir_;
+  int n_ = 0;
+};
+
+// Semi with a mesh and nothing else: dp splits the batch (not a replicated run).
+TEST_F(Job, SemiMeshAloneSplitsTheBatchOverDp) {
+  const std::string cfg = config(json{{"mode", "semi"}, {"mesh", "dp=4"}});
+  CliRun e = run_cli("explain " + cfg + " --no-nodes");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("all_reduce      over dp"), std::string::npos) << e.output;
+  CliRun n = run_cli("explain " + cfg);  // the tokens input is stored split over dp
+  EXPECT_NE(n.output.find("tokens                              -> [S(0)]"), std::string::npos)
+      << n.output.substr(0, 2000);
+  const double one = eval_loss(config(json()), "");
+  const double four = eval_loss(cfg, "--ranks 4");
+  EXPECT_NEAR(four, one, 1e-5 * std::abs(one));
+}
+
+TEST_F(Job, AnAxisThatSplitsNothingIsAnError) {
+  CliRun r = run_cli(
+      "train " + config(json{{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron"}}, true) +
+      " --ranks 2");
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("axis tp=2 splits no computation"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("heads, kv_heads, ffn, vocab"), std::string::npos) << r.output;
+  // A second axis nothing is split over.
+  r = run_cli("explain " + config(json{{"mode", "semi"}, {"mesh", "dp=2,tp=2"}}));
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("axis tp=2 splits no computation"), std::string::npos) << r.output;
+}
+
+TEST_F(Job, PresetAxisThatCannotSplitIsAnErrorLikeARule) {
+  for (const json& par : {json{{"mode", "semi"}, {"mesh", "dp=3"}, {"preset", "dp"}},
+                          json{{"mode", "semi"}, {"mesh", "dp=3"}, {"rules", {{"batch", "dp"}}}}}) {
+    CliRun r = run_cli("train " + config(par) + " --ranks 3");
+    EXPECT_TRUE(one_line_error(r)) << r.output;
+    EXPECT_NE(r.output.find("batch=8) cannot be split 3 ways"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("valid splits of batch: 1, 2, 4, 8"), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(Job, TyposInStrategiesAndRulesListCloseMatches) {
+  CliRun r =
+      run_cli("explain " + config(json{{"mode", "semi"},
+                                       {"mesh", "dp=2,tp=2"},
+                                       {"rules", {{"batch", "dp"}, {"ffn", "tp"}}},
+                                       {"strategies", {{"h.*.mlp.cfc", "((dp,1,1),(1,tp))"}}}}));
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("\"h.*.mlp.cfc\" matches no node"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'h.*.mlp.c_fc'"), std::string::npos) << r.output;
+  r = run_cli("explain " +
+              config(json{{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"rules", {{"fnn", "tp"}}}}));
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("rules.fnn"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'ffn'"), std::string::npos) << r.output;
+}
+
+// ZeRO in mode "data" applies (on the partitioner), and says so.
+TEST_F(Job, ZeroInDataModeApplies) {
+  const std::string plain = config(json{{"mesh", "dp=4"}});
+  const std::string zero3 = config(json{{"mesh", "dp=4"}, {"zero", 3}});
+  CliRun e = run_cli("explain " + zero3 + " --no-nodes");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("runs on the partitioner"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("fwd       all_gather      over dp"), std::string::npos) << e.output;
+  CliRun a = run_cli("train " + plain + " --ranks 4 --steps 1");
+  CliRun b = run_cli("train " + zero3 + " --ranks 4 --steps 1");
+  ASSERT_EQ(a.code, 0) << a.output;
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_LT(planned_mib(b.output), 0.8 * planned_mib(a.output)) << a.output << b.output;
+  EXPECT_NEAR(eval_loss(zero3, "--ranks 4"), eval_loss(plain, "--ranks 4"), 1e-4);
+}
+
+// explain resolves the job exactly as train does: the same pipeline checks,
+// any rank count, and auto mode's choice.
+TEST_F(Job, ExplainResolvesLikeTrain) {
+  const std::string bad =
+      config(json{{"mesh", "dp=1,tp=2"}, {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}});
+  CliRun t = run_cli("train " + bad + " --ranks 4");
+  CliRun e = run_cli("explain " + bad + " --ranks 4");
+  EXPECT_TRUE(one_line_error(t)) << t.output;
+  EXPECT_EQ(e.output, t.output);
+  const std::string piped = config(json{{"mode", "semi"},
+                                        {"mesh", "dp=2"},
+                                        {"preset", "dp"},
+                                        {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}});
+  e = run_cli("explain " + piped + " --no-nodes");
+  EXPECT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("job: 4 rank(s), mode semi, pipeline 2 stages"), std::string::npos)
+      << e.output;
+  const std::string autom = config(json{{"mode", "auto"}, {"search", "full"}});
+  e = run_cli("explain " + autom + " --ranks 4 --no-nodes");
+  EXPECT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("planned by search: {"), std::string::npos) << e.output;
+  e = run_cli("explain " + config(json{{"mode", "semi"}, {"mesh", "dp=2,pp=2"}}) + " --no-nodes");
+  EXPECT_TRUE(one_line_error(e)) << e.output;
+  EXPECT_NE(e.output.find("has a pp axis but no parallel.pipeline"), std::string::npos) << e.output;
+}
+
+}  // namespace
+}  // namespace meshflow
