@@ -84,21 +84,27 @@ TEST_F(FileIo, AtomicWriteReplacesFilesButNeverDevices) {
   ASSERT_TRUE(write_file_atomic(path("a"), "two!", "--out").is_ok());
   EXPECT_EQ(fs::file_size(path("a")), 4u);
   EXPECT_FALSE(fs::exists(path("a.tmp")));
+  // A FIFO stands for a device node (a regression replaces only it).
+  const std::string node = path("node");
+  ASSERT_EQ(::mkfifo(node.c_str(), 0600), 0);
+  Status s = write_file_atomic(node, "x", "--out");
+  EXPECT_HAS(s.message(), "--out '" + node + "' is not a regular file (it is a FIFO)");
   struct stat st;
-  Status s = write_file_atomic("/dev/full", "x", "--out");
-  EXPECT_HAS(s.message(), "--out '/dev/full' is not a regular file");
-  ASSERT_EQ(::stat("/dev/full", &st), 0);
-  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  ASSERT_EQ(::stat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(fs::exists(node + ".tmp"));
 }
 
-TEST_F(FileIo, SafetensorsNeverRenamesOverADevice) {
+TEST_F(FileIo, SafetensorsNeverRenamesOverASpecialFile) {
+  const std::string node = path("node");
+  ASSERT_EQ(::mkfifo(node.c_str(), 0600), 0);
   Tensor t(Shape{{"x", 2}}, DType::F32);
-  Status s = write_safetensors("/dev/full", {{"a", t}});
-  EXPECT_HAS(s.message(), "'/dev/full': not a regular file (it is a character device)");
+  Status s = write_safetensors(node, {{"a", t}});
+  EXPECT_HAS(s.message(), "'" + node + "': not a regular file (it is a FIFO)");
   struct stat st;
-  ASSERT_EQ(::stat("/dev/full", &st), 0);
-  EXPECT_TRUE(S_ISCHR(st.st_mode));
-  EXPECT_FALSE(fs::exists("/dev/full.tmp"));
+  ASSERT_EQ(::stat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(fs::exists(node + ".tmp"));
   Result<SafetensorsFile> r = read_safetensors("/dev/zero");
   ASSERT_FALSE(r.is_ok());
   EXPECT_HAS(r.status().message(), "not a regular file");

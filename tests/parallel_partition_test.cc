@@ -266,9 +266,11 @@ TEST(PartitionStructure, SequenceParallelUsesGatherAndReduceScatter) {
     EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "tp", true), 2 * layers) << model;
     EXPECT_EQ(count(p, OpKind::kReduceScatter, Phase::kForward, "tp", true), 2 * layers) << model;
     EXPECT_EQ(count(p, OpKind::kReduceScatter, Phase::kBackward, "tp", true), 2 * layers) << model;
-    for (const CollectiveRecord& r : p.collectives)
-      if (r.kind == OpKind::kAllReduce && r.phase != Phase::kOptimizer)
+    for (const CollectiveRecord& r : p.collectives) {
+      if (r.kind == OpKind::kAllReduce && r.phase != Phase::kOptimizer) {
         EXPECT_TRUE(r.bytes_per_rank <= 8) << model << ": " << r.value << " for " << r.consumer;
+      }
+    }
     // The norm weights' gradients reduce over the sequence shards (tp) by reshard.
     bool norm = false;
     for (const CollectiveRecord& r : p.collectives)
@@ -406,7 +408,9 @@ TEST(PartitionZero, HierarchicalShardGroupSmallerThanDataParallel) {
     expect_same(single, ranks, "hierarchical zero " + std::to_string(zero));
     const double P = static_cast<double>(single.memory.params) / 4;
     EXPECT_NEAR(ranks[3].memory.optimizer / P, 8.0 / 2, 0.05) << "zero " << zero;
-    if (zero == 3) EXPECT_NEAR(ranks[3].memory.params / P, 4.0 / 2, 0.05);
+    if (zero == 3) {
+      EXPECT_NEAR(ranks[3].memory.params / P, 4.0 / 2, 0.05);
+    }
   }
   // And the program: gradients reduce over rep, shard over dp.
   json par = {
@@ -530,17 +534,19 @@ TEST(PartitionUserStrategies, WeightsAreStoredAndUpdatedWhereTheOpReadsThem) {
     const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
     // (Without rules the rest of the model keeps the batch whole: the MLP's
     // output is gathered over dp, as asked.)
-    for (const CollectiveRecord& r : p.collectives)
-      if (r.phase != Phase::kOptimizer && (with_rules || r.mesh_axis == "tp"))
+    for (const CollectiveRecord& r : p.collectives) {
+      if (r.phase != Phase::kOptimizer && (with_rules || r.mesh_axis == "tp")) {
         EXPECT_NE(r.kind, OpKind::kAllGather) << r.value << " for " << r.consumer;
+      }
+    }
     EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kForward, "tp"), 2);
     EXPECT_EQ(count(p, OpKind::kAllReduce, Phase::kBackward, "tp") +
                   count(p, OpKind::kReduceScatter, Phase::kBackward, "tp"),
               2);
-    // The local matmuls hold half the weight: [hidden, ffn / 2].
-    for (const Node& n : p.graph.nodes())
-      if (n.kind == OpKind::kParameter && n.name == "h.0.mlp.c_fc.weight")
-        EXPECT_EQ(p.graph.shape(n.outputs[0]).size(1), 64);
+    // Each rank holds half the weight: [hidden, ffn / 2].
+    const ValueId w = p.graph.find("h.0.mlp.c_fc.weight");
+    ASSERT_NE(w, kNoValue);
+    EXPECT_EQ(p.graph.shape(w).size(1), 64);
   }
 }
 

@@ -278,7 +278,10 @@ TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
                  " --gpus 256 --global-batch 512 --seq 4096 --top 2 --out " + out +
                  " --fix pp=8,schedule=1f1b");
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* s : {"best plan:", "runner-up #2", "loses by", "memory/device", "MFU"})
+  // --top 2: the best plan and 2 runners-up (K does not count the best).
+  EXPECT_EQ(r.output.find("runner-up 3"), std::string::npos) << r.output;
+  for (const char* s :
+       {"best plan:", "runner-up 2 of 2 (rank #3)", "loses by", "memory/device", "MFU"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
   Result<json> f = read_json_file(out);
   ASSERT_TRUE(f.is_ok());

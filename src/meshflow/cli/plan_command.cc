@@ -220,7 +220,8 @@ int run_plan(const PlanOptions& o) {
     std::printf("best plan: %s\n", plan_label(best.plan).c_str());
     print_plan(best);
     for (size_t i = 1; i < r->plans.size(); ++i) {
-      std::printf("\nrunner-up #%zu: %s\n", i + 1, plan_label(r->plans[i].plan).c_str());
+      std::printf("\nrunner-up %zu of %zu (rank #%zu): %s\n", i, r->plans.size() - 1, i + 1,
+                  plan_label(r->plans[i].plan).c_str());
       std::printf("  loses by        %s\n", explain_loss(best, r->plans[i]).c_str());
       print_plan(r->plans[i]);
     }
@@ -281,7 +282,10 @@ void add_plan_commands(CLI::App& app) {
   p->add_option("--time-limit", po->time_limit_s,
                 "Stop searching after SECONDS and report the best plan found so far")
       ->check(CLI::Range(0.001, 86400.0));
-  p->add_option("--top", po->top, "Runners-up to show")->check(CLI::Range(0, 100));
+  p->add_option("--top", po->top,
+                "Runners-up to show AFTER the best plan (K does not count the best: --top 0 "
+                "shows the best plan only, --top 3 the best and 3 runners-up; default 3)")
+      ->check(CLI::Range(0, 100));
   p->add_flag("--json", po->json, "Print one JSON object (plans, search_time_s, ...)");
   p->add_option("--out", po->out, "Write the best plan as a run config fragment");
   p->add_option("--fix", po->fix,

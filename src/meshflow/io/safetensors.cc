@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -333,6 +334,20 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
   return Status::ok();
 }
 
+Status check_finite_weights(const SafetensorsFile& file, const std::string& path) {
+  for (const auto& [name, t] : file.tensors) {
+    if (t.dtype() != DType::F32) continue;
+    const float* x = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(x[i]))
+        return Status::invalid("checkpoint '" + path + "': tensor '" + name +
+                               "' holds a non-finite value (" + std::to_string(x[i]) +
+                               " at element " + std::to_string(i) +
+                               "); the file is corrupt or was written by a diverged run");
+  }
+  return Status::ok();
+}
+
 Result<SafetensorsFile> read_safetensors(const std::string& path) {
   std::error_code ec;
   auto st = std::filesystem::status(path, ec);
@@ -429,6 +444,7 @@ Status save_parameters(Executor& ex, const std::string& path,
 Result<std::map<std::string, std::string>> load_parameters(Executor& ex, const std::string& path,
                                                            CheckpointOptions options) {
   MF_ASSIGN_OR_RETURN(SafetensorsFile file, read_safetensors(path));
+  MF_RETURN_IF_ERROR(check_finite_weights(file, path));
   const Graph& g = ex.graph();
   const std::string where = "checkpoint '" + path + "': ";
   const std::vector<ValueId> wanted = checkpoint_values(g, options);

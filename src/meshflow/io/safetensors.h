@@ -48,6 +48,9 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
 
 // Reads and validates a whole file. Errors name the file and what is wrong.
 Result<SafetensorsFile> read_safetensors(const std::string& path);
+// Checkpoint loaders: every F32 tensor finite (a NaN or Inf weight is a corrupt
+// file or a diverged run's, refused before training instead of a NaN loss).
+Status check_finite_weights(const SafetensorsFile& file, const std::string& path);
 
 // The dtype names this reader accepts, for error messages: "F32, I32, BF16, F16".
 std::string safetensors_supported_dtypes();

@@ -367,6 +367,7 @@ Status Trainer::save_checkpoint(const std::string& path) {
 Status Trainer::load_checkpoint(const std::string& path) {
   if (!program_) return load_parameters(*executor_, path).status();
   MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
+  MF_RETURN_IF_ERROR(check_finite_weights(f, path));
   const Graph& pg = program_->graph;
   // Check everything before changing anything.
   for (ValueId v : pg.parameters()) {

@@ -1,0 +1,376 @@
+// A small fuzzer of the command line: random run configs (every section,
+// the "parallel" section built from random pieces, model sizes included),
+// random `plan` arguments and random or truncated checkpoint files. Every case
+// runs the real binary under a time limit and must end in one of two ways:
+// exit 0, or exit 2 with exactly one line "meshflow: error: ..." (with
+// --quiet). A signal, an abort, a time-out, a failed CHECK or a multi-line
+// error fails the test and prints the case to reproduce it.
+//
+//   MESHFLOW_FUZZ_CASES=3000 MESHFLOW_FUZZ_SEED=7 build/tests/meshflow_fuzz
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "meshflow/config/json_reader.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::run_cli;
+using testing::source_dir;
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+class Gen {
+ public:
+  explicit Gen(uint64_t seed) : rng_(seed) {}
+  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+  bool coin(double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  template <class T>
+  const T& one(const std::vector<T>& v) {
+    return v[pick(static_cast<int>(v.size()))];
+  }
+  // A hostile value of any JSON type.
+  json junk() {
+    switch (pick(12)) {
+      case 0:
+        return nullptr;
+      case 1:
+        return -1;
+      case 2:
+        return 0;
+      case 3:
+        return int64_t{1} << 40;
+      case 4:
+        return 9223372036854775807LL;
+      case 5:
+        return 1e300;
+      case 6:
+        return -0.5;
+      case 7:
+        return "x";
+      case 8:
+        return json::array({1, "a"});
+      case 9:
+        return json::object({{"k", 1}});
+      case 10:
+        return true;
+      default:
+        return 3;
+    }
+  }
+  // A small int, sometimes out of range.
+  json count() { return coin(0.8) ? json(1 + pick(8)) : junk(); }
+
+  std::string mesh() {
+    static const std::vector<std::string> axes = {"dp", "tp", "cp", "pp", "sp", "ep", "", "dp"};
+    std::string s;
+    const int n = pick(4);
+    for (int i = 0; i < n; ++i)
+      s += (i ? "," : "") + one(axes) + "=" + std::to_string(coin(0.9) ? 1 + pick(4) : pick(3) - 1);
+    if (coin(0.05)) s += ",,";
+    return s;
+  }
+  std::string split_tuple() {
+    static const std::vector<std::string> e = {"1", "dp", "tp", "cp", "dp*tp", "2", "4", "3", "x"};
+    std::string s = "(";
+    const int inputs = 1 + pick(3);
+    for (int i = 0; i < inputs; ++i) {
+      s += (i ? ", (" : "(");
+      const int dims = 1 + pick(4);
+      for (int d = 0; d < dims; ++d) s += (d ? ", " : "") + one(e);
+      s += ")";
+    }
+    return coin(0.05) ? s : s + ")";
+  }
+  json parallel() {
+    json p = json::object();
+    if (coin(0.8))
+      p["mode"] = coin(0.9) ? json(one<std::string>({"data", "semi", "auto", "hybrid"})) : junk();
+    if (coin(0.8)) p["mesh"] = coin(0.9) ? json(mesh()) : junk();
+    if (coin(0.4))
+      p["preset"] =
+          coin(0.9)
+              ? json(one<std::string>({"dp", "megatron", "megatron-sp", "ulysses", "megatorn"}))
+              : junk();
+    if (coin(0.3)) {
+      json r = json::object();
+      static const std::vector<std::string> dims = {"batch", "seq",    "heads", "ffn",
+                                                    "vocab", "hidden", "fnn",   "kv_heads"};
+      for (int i = 0; i < 1 + pick(3); ++i)
+        r[one(dims)] =
+            coin(0.9) ? json(one<std::string>({"dp", "tp", "cp", "dp*tp", "zz"})) : junk();
+      p["rules"] = r;
+    }
+    if (coin(0.3)) {
+      json st = json::object();
+      static const std::vector<std::string> names = {
+          "h.*.mlp.c_fc", "h.*.mlp.c_proj", "h.0.attn.*", "*attn.core",
+          "fc*",          "nope",           "h.*.mlp.cfc"};
+      for (int i = 0; i < 1 + pick(2); ++i)
+        st[one(names)] = coin(0.9) ? json(split_tuple()) : junk();
+      p["strategies"] = st;
+    }
+    if (coin(0.3)) p["zero"] = coin(0.8) ? json(pick(4)) : junk();
+    if (coin(0.2)) p["search"] = coin(0.8) ? json(one<std::string>({"propagate", "full"})) : junk();
+    if (coin(0.3)) {
+      json pl = json::object();
+      if (coin(0.9)) pl["stages"] = count();
+      if (coin(0.7)) pl["micro_batches"] = count();
+      if (coin(0.5))
+        pl["schedule"] = one<std::string>({"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
+      if (coin(0.3)) pl["virtual_stages"] = count();
+      if (coin(0.2)) pl["layers_per_stage"] = json::array({pick(3), pick(3)});
+      p["pipeline"] = coin(0.95) ? pl : junk();
+    }
+    if (coin(0.2))
+      p["recompute"] = coin(0.8) ? json(one<std::string>({"none", "full", "selective"})) : junk();
+    if (coin(0.05)) p["bogus"] = 1;
+    return coin(0.97) ? p : junk();
+  }
+
+  // A small run config, then a few random mutations.
+  json config() {
+    const bool mlp = coin(0.3);
+    json j;
+    if (mlp) {
+      j["model"] = {{"type", "mlp"}, {"input_dim", 784}, {"hidden", {16}}, {"num_classes", 10}};
+      j["data"] = {{"dataset", "fashion_mnist"}};
+      j["train"] = {{"steps", 1}, {"batch_size", 8}, {"threads", 1}, {"eval_batches", 1}};
+    } else {
+      j["model"] = {{"model_type", coin() ? "gpt2" : "llama"}};
+      json& m = j["model"];
+      if (m["model_type"] == "gpt2")
+        m.update({{"n_layer", 2},
+                  {"n_embd", 32},
+                  {"n_head", 4},
+                  {"n_positions", 32},
+                  {"vocab_size", 256}});
+      else
+        m.update({{"num_hidden_layers", 2},
+                  {"hidden_size", 32},
+                  {"num_attention_heads", 4},
+                  {"num_key_value_heads", 2},
+                  {"intermediate_size", 64},
+                  {"max_position_embeddings", 32},
+                  {"vocab_size", 256}});
+      j["data"] = {{"dataset", "fortunes"}};
+      j["train"] = {
+          {"steps", 1}, {"batch_size", 8}, {"seq_len", 16}, {"threads", 1}, {"eval_batches", 1}};
+    }
+    j["optimizer"] = {{"type", "adamw"}, {"lr", 1e-3}};
+    if (coin(0.7)) j["parallel"] = parallel();
+    const int mutations = pick(4);
+    for (int i = 0; i < mutations; ++i) {
+      static const std::vector<std::pair<std::string, std::string>> keys = {
+          {"train", "batch_size"},
+          {"train", "micro_batches"},
+          {"train", "seq_len"},
+          {"train", "steps"},
+          {"train", "recompute"},
+          {"train", "log_every"},
+          {"train", "save_every"},
+          {"train", "bucket_mib"},
+          {"optimizer", "lr"},
+          {"optimizer", "eps"},
+          {"optimizer", "betas"},
+          {"optimizer", "type"},
+          {"optimizer", "grad_clip"},
+          {"optimizer", "weight_decay"},
+          {"data", "dataset"},
+          {"data", "eval_fraction"},
+          {"model", "n_layer"},
+          {"model", "n_embd"},
+          {"model", "n_head"},
+          {"model", "n_positions"},
+          {"model", "vocab_size"},
+          {"model", "num_hidden_layers"},
+          {"model", "intermediate_size"},
+          {"model", "num_key_value_heads"},
+          {"model", "hidden"},
+          {"model", "num_classes"},
+          {"model", "model_type"},
+          {"model", "input_dim"},
+          {"train", "recompute_layers"}};
+      const auto& [sec, key] = one(keys);
+      if (!j.contains(sec) || !j[sec].is_object()) continue;
+      if (coin(0.1))
+        j[sec].erase(key);
+      else
+        j[sec][key] = junk();
+    }
+    if (coin(0.03)) j.erase(one<std::string>({"model", "data", "train"}));
+    return j;
+  }
+
+  std::string plan_args() {
+    static const std::vector<std::string> models = {"gpt_bytes_small.json", "gpt3_175b.json",
+                                                    "llama3_8b.json", "mlp_fashion.json"};
+    static const std::vector<std::string> fixes = {"tp=8",
+                                                   "tp=8,tp=4",
+                                                   ",,,",
+                                                   "pp=4,schedule=interleaved,vp=2",
+                                                   "cp=2,sp=true",
+                                                   "zero=3",
+                                                   "tp=0",
+                                                   "tp=x",
+                                                   "=",
+                                                   "recompute=full,micro_batch=1",
+                                                   "schedule=zb-v",
+                                                   "dp=3",
+                                                   "tp=99999999999999999999"};
+    std::string a =
+        source_dir() + "/configs/models/" + one(models) + " --cluster " + source_dir() +
+        "/configs/clusters/" +
+        one<std::string>({"dgx_a100_80gb.json", "h100_sxm.json", "local_cpu.json"}) + " --gpus " +
+        one<std::string>({"1", "8", "64", "1024", "0", "-4", "7", "99999999999999999999"});
+    if (coin(0.5))
+      a += " --global-batch " +
+           one<std::string>({"1", "16", "512", "0", "-1", "3", "9223372036854775807"});
+    if (coin(0.4)) a += " --seq " + one<std::string>({"128", "2048", "0", "-5", "100000"});
+    if (coin(0.4)) a += " --fix '" + one(fixes) + "'";
+    if (coin(0.3)) a += " --top " + one<std::string>({"0", "1", "5", "-1", "1000"});
+    return a;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+// exit 0, or exit 2 with one line "meshflow: error: ..."; returns why not ("" = fine).
+std::string judge(const CliRun& r) {
+  if (r.code == 0) {
+    for (const char* bad : {"terminate called", "check failed", "Segmentation", "Aborted"})
+      if (r.output.find(bad) != std::string::npos)
+        return std::string("exit 0 but output has ") + bad;
+    return "";
+  }
+  if (r.code == 124 || r.code == 137 || r.code == 128 + 9) return "time-out (hang)";
+  if (r.code >= 128) return "killed by signal " + std::to_string(r.code - 128);
+  if (r.code != 2) return "exit code " + std::to_string(r.code) + " (a user error is 2)";
+  if (r.output.rfind("meshflow: error: ", 0) != 0)
+    return "error does not start 'meshflow: error: '";
+  if (r.output.find('\n') != r.output.size() - 1) return "error is not one line";
+  return "";
+}
+
+class Fuzz : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshflow_fuzz_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Runs `args` under a 60 s limit; records a failure with the reproducer.
+  void check(const std::string& args, const std::string& what) {
+    CliRun r = run_cli_limited(args);
+    const std::string why = judge(r);
+    EXPECT_EQ(why, "") << what << "\n  meshflow " << args
+                       << "\n  output: " << r.output.substr(0, 2000);
+  }
+  static CliRun run_cli_limited(const std::string& args) {
+    return run_cli(args);  // the binary is wrapped in `timeout` by MESHFLOW_BIN below
+  }
+  fs::path dir_;
+};
+
+TEST_F(Fuzz, ConfigsNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120);
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1));
+  for (int i = 0; i < cases; ++i) {
+    const json cfg = gen.config();
+    const std::string path = (dir_ / "cfg.json").string();
+    std::ofstream(path) << cfg.dump();
+    const std::string ranks = std::to_string(gen.one<int>({1, 1, 2, 3, 4}));
+    const int cmd = gen.pick(3);
+    const std::string args = cmd == 0   ? "train " + path + " --quiet --ranks " + ranks
+                             : cmd == 1 ? "explain " + path + " --no-nodes --ranks " + ranks
+                                        : "graph " + path + " --phase forward";
+    check(args, "case " + std::to_string(i) + " config " + cfg.dump());
+    if (HasFailure()) return;  // one reproducer is enough
+  }
+}
+
+TEST_F(Fuzz, PlanArgumentsNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120);
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 1000);
+  for (int i = 0; i < cases; ++i) {
+    const std::string out = (dir_ / "plan.json").string();
+    const std::string args = "plan " + gen.plan_args() + (gen.coin(0.3) ? " --out " + out : "");
+    check(args, "case " + std::to_string(i));
+    if (HasFailure()) return;
+  }
+}
+
+TEST_F(Fuzz, CheckpointFilesNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2000);
+  // A valid checkpoint of the run config, then corrupted copies of it.
+  json cfg = gen.config();
+  cfg["model"] = {{"model_type", "gpt2"}, {"n_layer", 1},      {"n_embd", 16},
+                  {"n_head", 2},          {"n_positions", 16}, {"vocab_size", 256}};
+  cfg["data"] = {{"dataset", "fortunes"}};
+  cfg["train"] = {
+      {"steps", 1}, {"batch_size", 4}, {"seq_len", 8}, {"threads", 1}, {"eval_batches", 1}};
+  cfg["optimizer"] = {{"type", "adamw"}, {"lr", 1e-3}};
+  cfg.erase("parallel");
+  const std::string path = (dir_ / "ck.json").string(), good = (dir_ / "good.safetensors").string();
+  std::ofstream(path) << cfg.dump();
+  CliRun w = run_cli("train " + path + " --quiet --checkpoint " + good);
+  ASSERT_EQ(w.code, 0) << w.output;
+  std::string bytes;
+  {
+    std::ifstream f(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ASSERT_GT(bytes.size(), 16u);
+  for (int i = 0; i < cases; ++i) {
+    std::string b = bytes;
+    switch (gen.pick(5)) {
+      case 0:
+        b.resize(gen.pick(static_cast<int>(b.size())));
+        break;  // truncated
+      case 1:   // header length
+        for (int k = 0; k < 8; ++k) b[k] = static_cast<char>(gen.pick(256));
+        break;
+      case 2:  // bytes inside the JSON header
+        for (int k = 0; k < 4; ++k) b[8 + gen.pick(std::min<int>(200, b.size() - 8))] ^= 0x5a;
+        break;
+      case 3:
+        b = std::string(static_cast<size_t>(gen.pick(64)), '\0');
+        break;
+      default:  // random bytes anywhere
+        for (int k = 0; k < 16; ++k) b[gen.pick(static_cast<int>(b.size()))] = gen.pick(256);
+    }
+    const std::string bad = (dir_ / "bad.safetensors").string();
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << b;
+    check("train " + path + " --quiet --init " + bad, "case " + std::to_string(i));
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace meshflow
+
+// Every case runs under `timeout`: a hang is a failure, not a stuck test.
+int main(int argc, char** argv) {
+  const char* bin = std::getenv("MESHFLOW_BIN");
+  static std::string wrapped = std::string("timeout -s KILL ") +
+                               std::to_string(meshflow::env_int("MESHFLOW_FUZZ_TIMEOUT_S", 60)) +
+                               " " + (bin ? bin : MESHFLOW_BIN_DEFAULT);
+  setenv("MESHFLOW_BIN", wrapped.c_str(), 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
