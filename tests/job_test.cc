@@ -170,5 +170,54 @@ TEST_F(Job, ExplainResolvesLikeTrain) {
   EXPECT_NE(e.output.find("has a pp axis but no parallel.pipeline"), std::string::npos) << e.output;
 }
 
+// Sizes no machine here can hold: one line naming the biggest tensors (or the
+// key out of range), exit 2, before anything is allocated.
+TEST_F(Job, ModelsTooLargeForTheMachineAreUserErrors) {
+  const std::string gpt = source_dir() + "/configs/models/gpt_bytes_small.json";
+  const json base = value_or_throw(read_json_file(gpt));
+  const std::pair<const char*, json> cases[] = {{"n_positions", 1000000000},
+                                                {"n_layer", int64_t{1} << 40},
+                                                {"vocab_size", int64_t{1} << 31},
+                                                {"n_embd", 1 << 20}};
+  for (const auto& [key, value] : cases) {
+    SCOPED_TRACE(key);
+    json m = base;
+    m[key] = value;
+    json j = json::parse(std::ifstream(config(json())));
+    j["model"] = m;
+    const std::string path = (dir_ / "big.json").string();
+    std::ofstream(path) << j.dump();
+    CliRun r = run_cli("train " + path + " --quiet");
+    EXPECT_TRUE(one_line_error(r)) << r.output;
+    const bool names_tensor = r.output.find("does not fit in this machine") != std::string::npos &&
+                              r.output.find("the largest tensors are '") != std::string::npos;
+    const bool names_key = r.output.find(std::string("model.") + key) != std::string::npos;
+    EXPECT_TRUE(names_tensor || names_key) << r.output;
+  }
+}
+
+// Propagation from the matmuls only: explain says which activations stay whole
+// along tp and which op to configure.
+TEST_F(Job, ExplainSaysWhichActivationsStayWhole) {
+  CliRun e = run_cli("explain " +
+                     config(json{{"mode", "auto"},
+                                 {"mesh", "dp=2,tp=2"},
+                                 {"strategies",
+                                  {{"h.*.mlp.c_fc", "((dp,1,1),(1,tp))"},
+                                   {"h.*.mlp.c_proj", "((dp,1,tp),(tp,1))"}}}}) +
+                     " --no-nodes");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("activations not split"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("tp=2: "), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("configure those ops with a split tuple naming tp"), std::string::npos)
+      << e.output;
+  // Megatron-SP splits the residual stream over tp: no such note for tp.
+  e = run_cli("explain " +
+              config(json{{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"preset", "megatron-sp"}}) +
+              " --no-nodes");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(e.output.find("  tp=2: "), std::string::npos) << e.output;
+}
+
 }  // namespace
 }  // namespace meshflow

@@ -15,15 +15,15 @@ Result<GptConfig> parse_gpt_config(const nlohmann::json& j) {
   std::string type = "gpt", model_type = "gpt2";
   r.choice("type", &type, {"gpt"});
   r.choice("model_type", &model_type, {"gpt2"});
-  r.integer("n_layer", &c.n_layer, 1);
-  r.integer("n_embd", &c.n_embd, 1);
-  r.integer("n_head", &c.n_head, 1);
-  r.integer("n_positions", &c.n_positions, 1);
-  r.integer("vocab_size", &c.vocab_size, 2);
+  r.integer("n_layer", &c.n_layer, 1, kMaxModelLayers);
+  r.integer("n_embd", &c.n_embd, 1, kMaxModelDim);
+  r.integer("n_head", &c.n_head, 1, kMaxModelDim);
+  r.integer("n_positions", &c.n_positions, 1, kMaxModelDim);
+  r.integer("vocab_size", &c.vocab_size, 2, kMaxModelDim);
   if (j.is_object() && j.contains("n_inner") && j.at("n_inner").is_null())
     r.ignore({"n_inner"});  // HF writes null for the default
   else
-    r.integer("n_inner", &c.n_inner, 1);
+    r.integer("n_inner", &c.n_inner, 1, kMaxModelDim);
   r.number("layer_norm_epsilon", &c.layer_norm_epsilon, 0.0, 1.0);
   r.boolean("tie_word_embeddings", &c.tie_word_embeddings);
   r.number("resid_pdrop", &c.resid_pdrop, 0.0, 0.999);

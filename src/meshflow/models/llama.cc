@@ -12,16 +12,16 @@ Result<LlamaConfig> parse_llama_config(const nlohmann::json& j) {
   std::string type = "llama", model_type = "llama";
   r.choice("type", &type, {"llama"});
   r.choice("model_type", &model_type, {"llama"});
-  r.integer("num_hidden_layers", &c.num_hidden_layers, 1);
-  r.integer("hidden_size", &c.hidden_size, 1);
-  r.integer("num_attention_heads", &c.num_attention_heads, 1);
+  r.integer("num_hidden_layers", &c.num_hidden_layers, 1, kMaxModelLayers);
+  r.integer("hidden_size", &c.hidden_size, 1, kMaxModelDim);
+  r.integer("num_attention_heads", &c.num_attention_heads, 1, kMaxModelDim);
   if (j.is_object() && j.contains("num_key_value_heads") && j.at("num_key_value_heads").is_null())
     r.ignore({"num_key_value_heads"});  // HF: null means = num_attention_heads
   else
-    r.integer("num_key_value_heads", &c.num_key_value_heads, 1);
-  r.integer("intermediate_size", &c.intermediate_size, 1);
-  r.integer("vocab_size", &c.vocab_size, 2);
-  r.integer("max_position_embeddings", &c.max_position_embeddings, 1);
+    r.integer("num_key_value_heads", &c.num_key_value_heads, 1, kMaxModelDim);
+  r.integer("intermediate_size", &c.intermediate_size, 1, kMaxModelDim);
+  r.integer("vocab_size", &c.vocab_size, 2, kMaxModelDim);
+  r.integer("max_position_embeddings", &c.max_position_embeddings, 1, kMaxModelDim);
   r.number("rms_norm_eps", &c.rms_norm_eps, 0.0, 1.0);
   r.number("rope_theta", &c.rope_theta, 1.0, 1e12);
   r.boolean("tie_word_embeddings", &c.tie_word_embeddings);
@@ -34,7 +34,7 @@ Result<LlamaConfig> parse_llama_config(const nlohmann::json& j) {
   r.boolean("attention_bias", &attention_bias);
   r.boolean("mlp_bias", &mlp_bias);
   r.number("attention_dropout", &attention_dropout, 0.0, 1.0);
-  r.integer("head_dim", &head_dim, 1);
+  r.integer("head_dim", &head_dim, 1, kMaxModelDim);
   if (attention_bias)
     r.fail("model.attention_bias must be false (LLaMA projections have no biases)");
   if (attention_dropout != 0.f)

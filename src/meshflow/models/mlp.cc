@@ -12,9 +12,9 @@ Result<MlpConfig> parse_mlp_config(const nlohmann::json& j) {
   JsonObjectReader r(j, "model");
   std::string type = "mlp";
   r.choice("type", &type, {"mlp"});
-  r.integer("input_dim", &c.input_dim, 1);
+  r.integer("input_dim", &c.input_dim, 1, kMaxModelDim);
   r.int_list("hidden", &c.hidden, 1);
-  r.integer("num_classes", &c.num_classes, 2);
+  r.integer("num_classes", &c.num_classes, 2, kMaxModelDim);
   r.choice("activation", &c.activation, {"relu", "gelu"});
   MF_RETURN_IF_ERROR(r.finish());
   // Required keys are checked after finish() so a misspelled key is reported
@@ -31,9 +31,13 @@ Status validate_mlp_config(const MlpConfig& c) {
   if (c.num_classes < 2)
     return Status::invalid("model.num_classes must be >= 2, got " + std::to_string(c.num_classes));
   for (size_t i = 0; i < c.hidden.size(); ++i)
-    if (c.hidden[i] < 1)
-      return Status::invalid("model.hidden[" + std::to_string(i) + "] must be >= 1, got " +
+    if (c.hidden[i] < 1 || c.hidden[i] > kMaxModelDim)
+      return Status::invalid("model.hidden[" + std::to_string(i) + "] must be in [1, " +
+                             std::to_string(kMaxModelDim) + "], got " +
                              std::to_string(c.hidden[i]));
+  if (static_cast<int64_t>(c.hidden.size()) > kMaxModelLayers)
+    return Status::invalid("model.hidden has " + std::to_string(c.hidden.size()) +
+                           " layers; at most " + std::to_string(kMaxModelLayers));
   if (c.activation != "relu" && c.activation != "gelu")
     return Status::invalid("model.activation must be one of \"relu\", \"gelu\", got \"" +
                            c.activation + "\"");

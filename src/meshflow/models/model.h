@@ -32,6 +32,12 @@
 
 namespace meshflow {
 
+// Bounds of model config integers: a width or count above 2^31 - 1, or more
+// than 100,000 layers, is refused when the config is read (the planner's
+// largest published models use widths up to ~10^5 and ~10^2 layers).
+inline constexpr int64_t kMaxModelDim = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxModelLayers = 100000;
+
 struct ModelGraph {
   Graph graph;
   // Data inputs fed every step, in this order: {"tokens", "targets"} for

@@ -829,6 +829,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     ExecutorOptions eo;
     eo.seed = tc.seed;
     eo.fetch = l.program->keep_alive();
+    MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(l.program->graph));
     l.ex = std::make_unique<Executor>(l.program->graph, eo);
     if (im.spmd) l.ex->set_mesh_comms(im.mesh_comms.get());
     std::vector<NodeId> order = l.program->forward;

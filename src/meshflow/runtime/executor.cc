@@ -1,7 +1,10 @@
 #include "meshflow/runtime/executor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "meshflow/core/random.h"
@@ -66,6 +69,38 @@ void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t s
       for (int64_t i = 0; i < n; ++i) p[i] = init.scale * (2.f * uniform01(s, i) - 1.f);
       break;
   }
+}
+
+Status Executor::check_fits_in_memory(const Graph& g) {
+  const double machine =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  double persistent = 0, largest = 0;
+  std::vector<std::pair<double, ValueId>> sizes;
+  for (ValueId v = 0; v < g.num_values(); ++v) {
+    const Shape& s = g.shape(v);
+    double n = 4;  // bytes, computed in double: products of large dims overflow int64
+    for (int d = 0; d < s.rank(); ++d) n *= static_cast<double>(s.size(d));
+    sizes.emplace_back(n, v);
+    largest = std::max(largest, n);
+    const OpKind k = g.producer(v).kind;
+    if (k == OpKind::kParameter || k == OpKind::kState || k == OpKind::kInput) persistent += n;
+  }
+  if (persistent <= machine && largest <= machine) return Status::ok();
+  std::sort(sizes.rbegin(), sizes.rend());
+  auto gib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g GiB", b / (1024.0 * 1024 * 1024));
+    return std::string(buf);
+  };
+  std::string top;
+  for (size_t i = 0; i < std::min<size_t>(3, sizes.size()); ++i)
+    top += (i ? ", " : "") + ("'" + g.value(sizes[i].second).name + "' " +
+                              g.shape(sizes[i].second).to_string() + " " + gib(sizes[i].first));
+  return Status::invalid("the model does not fit in this machine's " + gib(machine) +
+                         " of memory: parameters, optimizer state and inputs need " +
+                         gib(persistent) + ", the largest tensors are " + top +
+                         "; use smaller model sizes, a shorter train.seq_len or a smaller "
+                         "batch, or split the model over more ranks (parallel.zero, tp)");
 }
 
 Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {

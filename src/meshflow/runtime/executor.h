@@ -46,6 +46,11 @@ struct MemoryStats {
 class Executor {
  public:
   explicit Executor(const Graph& g, ExecutorOptions options = {});
+  // Before building one: do the graph's parameters, optimizer state and inputs
+  // (allocated whole by the constructor), and its largest single value, fit in
+  // this machine's memory? The error names the biggest tensors (a user's
+  // mistake: sizes no machine here can hold), instead of a failed allocation.
+  static Status check_fits_in_memory(const Graph& g);
 
   const Graph& graph() const { return g_; }
 

@@ -124,6 +124,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
                                                  : "\"fashion_mnist\" for a classifier"));
   ExecutorOptions eo;
   eo.seed = tc.seed;
+  MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(g).with_context(rc.model_source));
   t->executor_ = std::make_unique<Executor>(g, eo);
   if (tc.micro_batches > 1 || t->world_ > 1) {
     t->buckets_ = std::make_unique<GradientBuckets>(g, t->executor_->forward_backward_order(), comm,
@@ -200,6 +201,8 @@ Status Trainer::init_partitioned(const PartitionOptions* given) {
   mesh_comms_ = std::make_unique<MeshComms>(std::move(mc));
   ExecutorOptions eo;
   eo.seed = tc.seed;
+  MF_RETURN_IF_ERROR(
+      Executor::check_fits_in_memory(program_->graph).with_context(rc_.model_source));
   executor_ = std::make_unique<Executor>(program_->graph, eo);
   executor_->set_mesh_comms(mesh_comms_.get());
   if (tc.micro_batches > 1) {  // accumulation only: the reductions are in the program
