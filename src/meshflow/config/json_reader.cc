@@ -43,7 +43,8 @@ void JsonObjectReader::integer(const std::string& key, int64_t* out, int64_t min
   if (!integral) return fail(path(key) + " must be an integer, got " + json_type_name(*v));
   int64_t x = v->is_number_float() ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
   if (x < min || x > max) {
-    std::string range = max == INT64_MAX || max == INT32_MAX
+    // The type's own limit is worth naming only when the value passes it.
+    std::string range = max == INT64_MAX || (max == INT32_MAX && x < min)
                             ? ">= " + std::to_string(min)
                             : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
     return fail(path(key) + " must be " + range + ", got " + std::to_string(x));
