@@ -21,24 +21,9 @@ namespace fs = std::filesystem;
 using meshflow::testing::CliRun;
 using nlohmann::json;
 
-std::string bin() {
-  const char* b = std::getenv("MESHFLOW_BIN");
-  return b ? b : MESHFLOW_BIN_DEFAULT;
-}
-
 // Runs `meshflow args` killed after `seconds` (exit code 124 or 137 then).
 CliRun run(const std::string& args, int seconds = 60) {
-  CliRun r;
-  const std::string cmd =
-      "timeout -k 5 " + std::to_string(seconds) + " " + bin() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return meshflow::testing::run_cli(args, seconds);
 }
 
 std::string config(const std::string& rel) {

@@ -19,9 +19,13 @@ struct CliRun {
   std::string output;  // stdout + stderr
 };
 
-inline CliRun run_cli(const std::string& args) {
+// seconds > 0: killed after that long (exit code 124, or 137 after the grace period).
+inline CliRun run_cli(const std::string& args, int seconds = 0) {
   const char* bin = std::getenv("MESHFLOW_BIN");
-  const std::string cmd = std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
+  const std::string limit =
+      seconds > 0 ? "timeout -k 5 " + std::to_string(seconds) + " " : std::string();
+  const std::string cmd =
+      limit + std::string(bin ? bin : MESHFLOW_BIN_DEFAULT) + " " + args + " 2>&1";
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

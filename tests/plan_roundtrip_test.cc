@@ -83,10 +83,13 @@ TEST(PlanRoundTrip, EveryPlanKindRunsAsPriced) {
     CliRun e = run_cli("explain " + out + " --no-nodes");
     ASSERT_EQ(e.code, 0) << e.output;
     EXPECT_NE(e.output.find("job: 4 rank(s)"), std::string::npos) << e.output;
-    if (pp > 1)
+    if (pp > 1) {
       EXPECT_NE(e.output.find("pipeline " + std::to_string(pp) + " stages"), std::string::npos)
           << e.output;
-    if (*c.collective) EXPECT_NE(e.output.find(c.collective), std::string::npos) << e.output;
+    }
+    if (*c.collective) {
+      EXPECT_NE(e.output.find(c.collective), std::string::npos) << e.output;
+    }
     // Every mesh axis of the plan carries traffic (nothing silently replicated).
     const std::map<std::string, double> bytes = axis_bytes(e.output);
     const std::pair<const char*, const char*> kinds[] = {

@@ -284,7 +284,7 @@ class Fuzz : public ::testing::Test {
                        << "\n  output: " << r.output.substr(0, 2000);
   }
   static CliRun run_cli_limited(const std::string& args) {
-    return run_cli(args);  // the binary is wrapped in `timeout` by MESHFLOW_BIN below
+    return run_cli(args, env_int("MESHFLOW_FUZZ_TIMEOUT_S", 60));
   }
   fs::path dir_;
 };
@@ -366,14 +366,3 @@ TEST_F(Fuzz, CheckpointFilesNeverCrash) {
 
 }  // namespace
 }  // namespace meshflow
-
-// Every case runs under `timeout`: a hang is a failure, not a stuck test.
-int main(int argc, char** argv) {
-  const char* bin = std::getenv("MESHFLOW_BIN");
-  static std::string wrapped = std::string("timeout -s KILL ") +
-                               std::to_string(meshflow::env_int("MESHFLOW_FUZZ_TIMEOUT_S", 60)) +
-                               " " + (bin ? bin : MESHFLOW_BIN_DEFAULT);
-  setenv("MESHFLOW_BIN", wrapped.c_str(), 1);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

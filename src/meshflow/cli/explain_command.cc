@@ -86,20 +86,6 @@ std::string explain_text(const Graph& g, const Annotation& a, const LocalProgram
 
 namespace {
 
-// "h.11.attn" -> "h.*.attn".
-std::string layer_glob(const std::string& name) {
-  std::string out;
-  for (size_t i = 0; i < name.size();) {
-    if (std::isdigit(static_cast<unsigned char>(name[i]))) {
-      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-      out += '*';
-    } else {
-      out += name[i++];
-    }
-  }
-  return out;
-}
-
 // For each mesh axis: the forward activations every rank along it holds whole
 // (Replicate on that axis), largest first, and which op to configure to split
 // them. Empty when every large activation is split over every axis.

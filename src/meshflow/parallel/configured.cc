@@ -24,20 +24,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// "h.11.mlp.c_fc" -> "h.*.mlp.c_fc": layers collapse into one candidate.
-std::string generalize(const std::string& name) {
-  std::string out;
-  for (size_t i = 0; i < name.size();) {
-    if (std::isdigit(static_cast<unsigned char>(name[i]))) {
-      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-      out += '*';
-    } else {
-      out += name[i++];
-    }
-  }
-  return out;
-}
-
 // Up to three candidates closest to `key`, quoted: "'a', 'b' or 'c'".
 std::string closest(const std::string& key, const std::set<std::string>& candidates) {
   std::vector<std::pair<size_t, std::string>> scored;
@@ -58,6 +44,19 @@ bool from_preset(const StrategyConfig& pc, const std::string& key) {
 }
 
 }  // namespace
+
+std::string layer_glob(const std::string& name) {
+  std::string out;
+  for (size_t i = 0; i < name.size();) {
+    if (std::isdigit(static_cast<unsigned char>(name[i]))) {
+      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+      out += '*';
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
 
 PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
   PartitionOptions o;
@@ -80,7 +79,7 @@ Status check_config_names(const Graph& g, const StrategyConfig& pc) {
     if (found) continue;
     std::set<std::string> names;
     for (const Node& n : g.nodes())
-      if (!n.inputs.empty() && n.phase == Phase::kForward) names.insert(generalize(n.name));
+      if (!n.inputs.empty() && n.phase == Phase::kForward) names.insert(layer_glob(n.name));
     return Status::invalid("parallel.strategies.\"" + key + "\" matches no node of the graph" +
                            (names.empty() ? "" : "; did you mean " + closest(key, names)) +
                            "? (`meshflow graph CONFIG --phase forward` lists the node names)");

@@ -21,6 +21,9 @@
 
 namespace meshflow {
 
+// "h.11.mlp.c_fc" -> "h.*.mlp.c_fc": the glob that names a node in every layer.
+std::string layer_glob(const std::string& name);
+
 // The partitioner's options from the "parallel" object (rules, split tuples, ZeRO over dp).
 PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh);
 
