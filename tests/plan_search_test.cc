@@ -58,13 +58,17 @@ TEST(PlanModels, ShippedConfigsParseWithTheirSizes) {
   }
 }
 
-TEST(PlanCostModel, LayerGraphIsTheModelsLayerAtLocalShapes) {
-  // One layer of gpt3_1.3b at tp=1: its priced forward FLOPs equal the
-  // model's per-layer count; at tp=4 each rank holds a quarter of the weights.
+TEST(PlanCostModel, RankProgramIsTheModelsBlockAsThePartitionerSplitsIt) {
+  // One block of gpt3_1.3b built by the model builder and partitioned as the
+  // plan's section says: at tp=1 its parameters are the model's per-layer
+  // count; at tp=4 each rank holds a quarter of the weights, and the block
+  // holds Megatron's collectives: 2 all_reduces forward, 2 backward.
   const ModelConfig m = load_model("gpt3_1.3b.json");
-  Result<Graph> g1 = build_local_layer_graph(m, {1, 2048, 1, 1});
-  Result<Graph> g4 = build_local_layer_graph(m, {1, 2048, 4, 1});
-  ASSERT_TRUE(g1.is_ok() && g4.is_ok());
+  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  Result<LocalProgram> p1 = build_rank_program(m, {1, 2048, 1, 1}, c, 2);
+  Result<LocalProgram> p4 = build_rank_program(m, {1, 2048, 4, 1}, c, 2);
+  ASSERT_TRUE(p1.is_ok()) << p1.status().message();
+  ASSERT_TRUE(p4.is_ok()) << p4.status().message();
   auto layer_params = [](const Graph& g) {
     int64_t n = 0;
     for (const Node& nd : g.nodes())
@@ -72,11 +76,57 @@ TEST(PlanCostModel, LayerGraphIsTheModelsLayerAtLocalShapes) {
     return n;
   };
   const int64_t h = 2048;
-  EXPECT_EQ(layer_params(*g1), 12 * h * h + 13 * h);
-  EXPECT_NEAR(double(layer_params(*g4)), double(12 * h * h) / 4, 13.0 * h);
-  Result<Graph> bad = build_local_layer_graph(m, {1, 2048, 3, 1});
+  EXPECT_EQ(layer_params(p1->graph), 12 * h * h + 13 * h);
+  EXPECT_NEAR(double(layer_params(p4->graph)), double(12 * h * h) / 4, 13.0 * h);
+  int fwd = 0, bwd = 0;
+  for (const Node& n : p4->graph.nodes()) {
+    if (n.layer != 0 || n.kind != OpKind::kAllReduce) continue;
+    EXPECT_EQ(p4->graph.shape(n.inputs[0]).numel(), 2048 * h) << n.name;
+    (n.phase == Phase::kForward ? fwd : bwd) += 1;
+  }
+  EXPECT_EQ(fwd, 2);
+  EXPECT_EQ(bwd, 2);
+  Result<LocalProgram> bad = build_rank_program(m, {1, 2048, 3, 1}, c, 2);
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("tp=3 does not divide heads=16"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("heads=16"), std::string::npos) << bad.status().message();
+}
+
+TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
+  // The MLP has no blocks: it is priced whole, dp x tp (Megatron's MLP split
+  // as rules), its tensor-parallel all_reduce priced on the tp link.
+  Result<json> j = read_json_file(source_dir() + "/configs/models/mlp_fashion.json");
+  ASSERT_TRUE(j.is_ok());
+  const ModelConfig m = *parse_model_config(*j);
+  CostModel cm(TrainingJob{m, 256, 1}, cluster("dgx_a100_80gb.json", 4));
+  ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
+  EXPECT_FALSE(cm.has_blocks());
+  Plan p;
+  p.dp = 2, p.tp = 2, p.micro_batch = 128, p.num_micro_batches = 1;
+  Result<StepCost> c = cm.price(p);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_GT(c->step_time_s, 0);
+  EXPECT_GT(c->tp_comm_s, 0);
+  EXPECT_GT(c->comm.tensor_parallel, 0);
+  EXPECT_GT(c->memory.activations, 0);
+  // Parameters on a rank: fc1 and fc2's weights split by tp, the rest whole.
+  const double params = c->memory.params / dtype_size(cm.compute_dtype());
+  EXPECT_NEAR(params, (784.0 * 512 + 512 + 512.0 * 256) / 2 + 256 + 256 * 10 + 10, 1.0);
+  Plan piped = p;
+  piped.dp = 1, piped.pp = 2, piped.micro_batch = 256;
+  EXPECT_NE(cm.invalid_reason(piped).find("no transformer blocks"), std::string::npos);
+  // tp=3 divides no hidden width: the partitioner says which dim.
+  CostModel three(TrainingJob{m, 255, 1}, cluster("dgx_a100_80gb.json", 3));
+  Plan p3;
+  p3.tp = 3, p3.micro_batch = 255;
+  Result<StepCost> bad = three.price(p3);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("hidden"), std::string::npos) << bad.status().message();
+  // The search finds a plan, and the plan `--out` writes trains as priced
+  // (the rules it writes are the ones the rank program was partitioned with).
+  SearchOptions o;
+  Result<SearchResult> r = search_plans(cm, 4, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_GT(r->valid, 1);
 }
 
 TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {

@@ -37,10 +37,15 @@ std::string gib(double b) {
   return fmt("%.1f", b / (1024.0 * 1024.0 * 1024.0));
 }
 std::string gbytes(double b) {
-  return fmt("%.2f GB", b / 1e9);
+  return b >= 1e8 || b == 0 ? fmt("%.2f GB", b / 1e9) : fmt("%.2f MB", b / 1e6);
 }
+// A small model's step is microseconds and its memory megabytes: units that show them.
 std::string secs(double s) {
-  return s >= 1 ? fmt("%.2f s", s) : fmt("%.1f ms", s * 1e3);
+  if (s >= 1) return fmt("%.2f s", s);
+  return s >= 1e-3 || s == 0 ? fmt("%.1f ms", s * 1e3) : fmt("%.1f us", s * 1e6);
+}
+std::string mem(double b) {
+  return b >= 0.1 * (1 << 30) ? gib(b) + " GiB" : fmt("%.1f MiB", b / (1 << 20));
 }
 
 ojson plan_json(const StepCost& c) {
@@ -76,7 +81,7 @@ ojson plan_json(const StepCost& c) {
   return j;
 }
 
-void print_plan(const StepCost& c) {
+void print_plan(const StepCost& c, bool lm) {
   const MemoryBreakdown& m = c.memory;
   std::printf(
       "  step time       %s  (compute %s, recompute %s, tp comm %s, cp comm %s, "
@@ -84,14 +89,23 @@ void print_plan(const StepCost& c) {
       secs(c.step_time_s).c_str(), secs(c.compute_s).c_str(), secs(c.recompute_s).c_str(),
       secs(c.tp_comm_s).c_str(), secs(c.cp_comm_s).c_str(), secs(c.pp_comm_s).c_str(),
       secs(c.bubble_s).c_str(), secs(c.dp_comm_s).c_str(), secs(c.optimizer_s).c_str());
-  std::printf("  throughput      %.0f tokens/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
-              c.tflops_per_gpu, 100 * c.mfu);
-  std::printf(
-      "  memory/device   %s GiB of %s usable: params %s, grads %s, optimizer %s, "
-      "activations %s, temporaries %s\n",
-      gib(m.total).c_str(), gib(c.usable_memory).c_str(), gib(m.params).c_str(),
-      gib(m.grads).c_str(), gib(m.optimizer).c_str(), gib(m.activations).c_str(),
-      gib(m.temporaries).c_str());
+  std::printf("  throughput      %.0f %s/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
+              lm ? "tokens" : "examples", c.tflops_per_gpu, 100 * c.mfu);
+  if (m.total >= 0.1 * (1 << 30)) {
+    std::printf(
+        "  memory/device   %s GiB of %s usable: params %s, grads %s, optimizer %s, "
+        "activations %s, temporaries %s\n",
+        gib(m.total).c_str(), gib(c.usable_memory).c_str(), gib(m.params).c_str(),
+        gib(m.grads).c_str(), gib(m.optimizer).c_str(), gib(m.activations).c_str(),
+        gib(m.temporaries).c_str());
+  } else {
+    std::printf(
+        "  memory/device   %s of %s GiB usable: params %s, grads %s, optimizer %s, "
+        "activations %s, temporaries %s\n",
+        mem(m.total).c_str(), gib(c.usable_memory).c_str(), mem(m.params).c_str(),
+        mem(m.grads).c_str(), mem(m.optimizer).c_str(), mem(m.activations).c_str(),
+        mem(m.temporaries).c_str());
+  }
   std::printf(
       "  comm/device     tensor-parallel %s, context-parallel %s, pipeline %s, "
       "data-parallel %s per step\n",
@@ -109,11 +123,12 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   // A run config `meshflow train` reads: byte-level text data (the planner
   // does not pick a dataset), the plan's batch and micro-batches (the
   // pipeline's when there is one), and its parallel layout.
-  f["data"] = {{"dataset", "fortunes"}};
-  f["train"] = {{"batch_size", cm.job().global_batch},
-                {"seq_len", cm.job().seq},
-                {"micro_batches", p.pp > 1 ? 1 : p.num_micro_batches}};
-  MF_ASSIGN_OR_RETURN(json par, parallel_section(p));
+  const bool lm = is_language_model(cm.job().model);
+  f["data"] = {{"dataset", lm ? "fortunes" : "fashion_mnist"}};
+  f["train"] = {{"batch_size", cm.job().global_batch}};
+  if (lm) f["train"]["seq_len"] = cm.job().seq;
+  f["train"]["micro_batches"] = p.pp > 1 ? 1 : p.num_micro_batches;
+  MF_ASSIGN_OR_RETURN(json par, parallel_section(p, cm.job().model));
   f["parallel"] = ojson::parse(par.dump());
   ojson planner;
   planner["gpus"] = gpus;
@@ -142,8 +157,6 @@ int run_plan(const PlanOptions& o) {
   if (!mj.is_ok()) return user_error(mj.status().message());
   Result<ModelConfig> model = parse_model_config(*mj);
   if (!model.is_ok()) return user_error(o.model + ": " + model.status().message());
-  if (!is_language_model(*model))
-    return user_error(o.model + ": the planner prices transformer language models (gpt2, llama)");
   Result<Cluster> base = load_cluster(o.cluster);
   if (!base.is_ok()) return user_error(base.status().message());
   if (o.gpus < 1) return user_error("--gpus must be >= 1, got " + std::to_string(o.gpus));
@@ -159,11 +172,17 @@ int run_plan(const PlanOptions& o) {
     if (!f.is_ok()) return user_error(f.status().message());
     so.fixed = *f;
   }
-  Result<TransformerDims> dims = transformer_dims(*model);
-  if (!dims.is_ok()) return user_error(dims.status().message());
+  const bool lm = is_language_model(*model);
+  if (!lm && o.seq > 1)
+    return user_error(o.model + ": --seq is for language models; an mlp has no sequence");
   TrainingJob job;
   job.model = *model;
-  job.seq = o.seq > 0 ? o.seq : dims->max_seq;
+  job.seq = 1;
+  if (lm) {
+    Result<TransformerDims> dims = transformer_dims(*model);
+    if (!dims.is_ok()) return user_error(dims.status().message());
+    job.seq = o.seq > 0 ? o.seq : dims->max_seq;
+  }
   job.global_batch = o.global_batch > 0 ? o.global_batch : std::max<int64_t>(512, o.gpus);
   CostConstants k;
   k.attention = *attention;
@@ -218,12 +237,12 @@ int run_plan(const PlanOptions& o) {
           o.time_limit_s);
     std::printf("\n");
     std::printf("best plan: %s\n", plan_label(best.plan).c_str());
-    print_plan(best);
+    print_plan(best, lm);
     for (size_t i = 1; i < r->plans.size(); ++i) {
       std::printf("\nrunner-up %zu of %zu (rank #%zu): %s\n", i, r->plans.size() - 1, i + 1,
                   plan_label(r->plans[i].plan).c_str());
       std::printf("  loses by        %s\n", explain_loss(best, r->plans[i]).c_str());
-      print_plan(r->plans[i]);
+      print_plan(r->plans[i], lm);
     }
   }
   if (!o.out.empty()) {

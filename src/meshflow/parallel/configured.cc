@@ -133,9 +133,11 @@ Status check_axes_used(const Graph& g, const Annotation& a, const StrategyConfig
 }
 
 Result<Annotation> annotate_config(const Graph& g, const Mesh& mesh, const StrategyConfig& pc,
-                                   const std::string& model) {
+                                   const std::string& model, const ReshardCostModel* cost) {
   MF_RETURN_IF_ERROR(check_config_names(g, pc));
-  Result<Annotation> a = annotate(g, mesh, partition_options(pc, mesh));
+  PartitionOptions o = partition_options(pc, mesh);
+  if (cost) o.cost = *cost;
+  Result<Annotation> a = annotate(g, mesh, o);
   if (!a.is_ok()) return a.status().with_context("parallel");
   MF_RETURN_IF_ERROR(check_axes_used(g, *a, pc, model));
   return a;

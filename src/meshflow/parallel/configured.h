@@ -37,7 +37,10 @@ Status check_axes_used(const Graph& g, const Annotation& a, const StrategyConfig
                        const std::string& model);
 
 // check_config_names, annotate with partition_options, check_axes_used.
+// cost: the links the reshard planner prices each mesh axis on (the planner
+// passes the cluster's, plan::reshard_costs); null: ReshardCostModel's defaults.
 Result<Annotation> annotate_config(const Graph& g, const Mesh& mesh, const StrategyConfig& pc,
-                                   const std::string& model);
+                                   const std::string& model,
+                                   const ReshardCostModel* cost = nullptr);
 
 }  // namespace meshflow

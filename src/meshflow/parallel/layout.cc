@@ -183,11 +183,26 @@ size_t Layout::hash() const {
 }
 
 std::string valid_splits(int64_t n) {
+  // The divisors in order: pairs (d, n / d) for d up to sqrt(n).
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
   std::string s;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  }
+  for (int64_t d : low) s += (s.empty() ? "" : ", ") + std::to_string(d);
   return s;
+}
+
+bool divides_evenly(const Layout& layout, const Mesh& mesh, const Shape& shape) {
+  if (layout.num_axes() != mesh.num_axes()) return false;
+  for (int a = 0; a < layout.num_axes(); ++a)
+    if (layout.at(a).is_shard() && layout.at(a).dim() >= shape.rank()) return false;
+  for (int d = 0; d < shape.rank(); ++d)
+    if (shape.size(d) % layout.shard_count(d, mesh) != 0) return false;
+  return true;
 }
 
 Status validate(const Layout& layout, const Mesh& mesh, const Shape& shape) {

@@ -99,6 +99,9 @@ class Layout {
 // (dims exist, every sharded dim divides evenly). Errors name the dim, the
 // sizes, the mesh axes and the valid split counts.
 Status validate(const Layout& layout, const Mesh& mesh, const Shape& shape);
+// validate(...).is_ok() without building the message (the reshard planner and
+// the strategy enumeration test many layouts that do not divide).
+bool divides_evenly(const Layout& layout, const Mesh& mesh, const Shape& shape);
 
 // The one spelling of `layout` on `mesh`: placements on mesh axes of size 1
 // become Replicate (a split into one block or a sum of one addend is the whole

@@ -101,7 +101,7 @@ std::optional<ShardingStrategy> dual_strategy(const Graph& g, const Node& f,
         p[ax] = Placement::Shard(rb.factors[factor[ax]].input_dim[j], order[ax]);
     // (All the axes of a factor move together, so the positions stay 0..k-1.)
     Result<Layout> made = Layout::make(p);
-    if (!made.is_ok() || !validate(*made, mesh, g.shape(b.inputs[j])).is_ok()) return std::nullopt;
+    if (!made.is_ok() || !divides_evenly(*made, mesh, g.shape(b.inputs[j]))) return std::nullopt;
     st.inputs.push_back(std::move(*made));
   }
   auto outs = derive_output_layouts(g, b, mesh, st.inputs);
@@ -156,7 +156,7 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       const Placement p = from.at(ax);
       l = l.with(ax, p.is_partial() ? Placement::Replicate() : p);
     }
-    return validate(l, mesh, shape).is_ok() ? l : ruled;
+    return divides_evenly(l, mesh, shape) ? l : ruled;
   };
   CostCache cost(mesh, o.cost);
 
@@ -632,7 +632,7 @@ class Lowering {
         if (shard == dst) return acc->second;
         auto key = std::make_tuple(v, "acc" + dst.to_string(), static_cast<int>(Phase::kOptimizer));
         if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-        MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, shard, dst, cost_));
+        MF_ASSIGN_OR_RETURN(ReshardPlan plan, reshard(g_.shape(v), shard, dst));
         MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(v, acc->second, plan, consumer));
         cache_[key] = cur;
         return cur;
@@ -649,7 +649,7 @@ class Lowering {
                             : consumer.phase;
     auto key = std::make_tuple(v, dst.to_string(), static_cast<int>(phase));
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    MF_ASSIGN_OR_RETURN(ReshardPlan plan, plan_reshard(g_.shape(v), mesh_, src, dst, cost_));
+    MF_ASSIGN_OR_RETURN(ReshardPlan plan, reshard(g_.shape(v), src, dst));
     MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(v, p_.local_of[v], plan, consumer));
     cache_[key] = cur;
     return cur;
@@ -689,8 +689,7 @@ class Lowering {
     ValueId sum = kNoValue;
     for (size_t k = 0; k < partial.size(); ++k) {
       const ValueId v = n.inputs[partial[k]];
-      MF_ASSIGN_OR_RETURN(ReshardPlan mask,
-                          plan_reshard(shape, mesh_, a_.produced(g_, v), sum_layout, cost_));
+      MF_ASSIGN_OR_RETURN(ReshardPlan mask, reshard(shape, a_.produced(g_, v), sum_layout));
       MF_ASSIGN_OR_RETURN(ValueId part,
                           emit_steps(g_.value(v).name, shape, dtype, v, p_.local_of[v], mask, n));
       if (sum == kNoValue) {
@@ -707,9 +706,8 @@ class Lowering {
       out.name = plus.name;
       sum = p_.graph.node(add(plus, {out}, kNoValue, {sum_layout})).outputs[0];
     }
-    MF_ASSIGN_OR_RETURN(
-        ReshardPlan plan,
-        plan_reshard(shape, mesh_, sum_layout, Layout::Replicated(mesh_.num_axes()), cost_));
+    MF_ASSIGN_OR_RETURN(ReshardPlan plan,
+                        reshard(shape, sum_layout, Layout::Replicated(mesh_.num_axes())));
     MF_ASSIGN_OR_RETURN(ValueId reduced, emit_steps(name, shape, dtype, kNoValue, sum, plan, n));
     ins.push_back(reduced);
     return ins;
@@ -808,8 +806,7 @@ class Lowering {
       const ValueId shard = ln.inputs[0];
       const Layout& whole = a_.produced(g_, param);
       // Treat the updated shard as a fresh value in st.inputs[0] and reshard it.
-      MF_ASSIGN_OR_RETURN(ReshardPlan plan,
-                          plan_reshard(g_.shape(param), mesh_, st.inputs[0], whole, cost_));
+      MF_ASSIGN_OR_RETURN(ReshardPlan plan, reshard(g_.shape(param), st.inputs[0], whole));
       MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(param, shard, plan, n));
       Node as;
       as.kind = OpKind::kAssign;
@@ -832,10 +829,21 @@ class Lowering {
 
   const Graph& g_;
   const Annotation& a_;
+  // The reshard planner's cheapest plan, once per (shape, src, dst): a
+  // program has many values of a few shapes moving between the same layouts.
+  Result<ReshardPlan> reshard(const Shape& shape, const Layout& src, const Layout& dst) {
+    std::string key = shape.to_string() + src.to_string() + ">" + dst.to_string();
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    Result<ReshardPlan> plan = plan_reshard(shape, mesh_, src, dst, cost_);
+    if (plan.is_ok()) plans_.emplace(std::move(key), *plan);
+    return plan;
+  }
+
   const Mesh& mesh_;
   int rank_;
   const ReshardCostModel& cost_;
   LocalProgram p_;
+  std::unordered_map<std::string, ReshardPlan> plans_;
   std::map<std::tuple<ValueId, std::string, int>, ValueId> cache_;
   std::map<ValueId, ValueId> grad_as_accumulated_;
   ValueId count_ = kNoValue;

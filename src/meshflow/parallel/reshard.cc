@@ -55,32 +55,33 @@ std::string ReshardPlan::to_string(const Mesh& mesh) const {
 void price_step(const Shape& shape, const Mesh& mesh, const ReshardCostModel& model,
                 ReshardStep* step) {
   const int n = mesh.size(step->mesh_axis);
-  const AxisLink& link = model.link(step->mesh_axis);
   auto local_bytes = [&](const Layout& l) {
     return value_or_throw(local_shape(shape, mesh, l)).numel() * model.bytes_per_element;
   };
-  double factor = 0;
-  int64_t big = 0;  // bytes of the larger side, per rank
-  int rounds = 0;   // message rounds
+  // The larger side per rank is the collective's full buffer (collective_cost.h).
+  Collective c = Collective::kAllReduce;
+  int64_t big = 0;
   switch (step->kind) {
     case ReshardKind::kAllGather:
-      factor = double(n - 1) / n, big = local_bytes(step->after), rounds = n - 1;
+      c = Collective::kAllGather, big = local_bytes(step->after);
       break;
     case ReshardKind::kReduceScatter:
-      factor = double(n - 1) / n, big = local_bytes(step->before), rounds = n - 1;
+      c = Collective::kReduceScatter, big = local_bytes(step->before);
       break;
     case ReshardKind::kAllReduce:
-      factor = 2.0 * (n - 1) / n, big = local_bytes(step->before), rounds = 2 * (n - 1);
+      c = Collective::kAllReduce, big = local_bytes(step->before);
       break;
     case ReshardKind::kAllToAll:
-      factor = double(n - 1) / n, big = local_bytes(step->before), rounds = n - 1;
+      c = Collective::kAllToAll, big = local_bytes(step->before);
       break;
     case ReshardKind::kLocalSlice:
     case ReshardKind::kLocalPartial:
-      break;
+      step->bytes_per_rank = 0;
+      step->cost_s = 0;
+      return;
   }
-  step->bytes_per_rank = static_cast<int64_t>(factor * big + 0.5);
-  step->cost_s = rounds * link.alpha_s + factor * big * link.beta_s_per_byte;
+  step->bytes_per_rank = static_cast<int64_t>(collective_bytes_per_rank(c, n, double(big)) + 0.5);
+  step->cost_s = collective_time_s(c, n, double(big), model.link(step->mesh_axis));
 }
 
 namespace {
@@ -150,7 +151,7 @@ Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Lay
       break;
     }
     for (ReshardStep& st : moves(cur, shape.rank())) {
-      if (!validate(st.after, mesh, shape).is_ok()) continue;  // does not divide evenly
+      if (!divides_evenly(st.after, mesh, shape)) continue;
       price_step(shape, mesh, model, &st);
       double c = cost + st.cost_s;
       int n = steps + 1;

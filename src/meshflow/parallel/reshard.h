@@ -9,10 +9,9 @@
 //   all_reduce      P    -> R
 //   local_slice     R    -> S(d)   (free: keep this rank's block)
 //   local_partial   R    -> P      (free: rank 0 of the axis keeps, others zero)
-// Every intermediate layout must divide the shape evenly. Cost is an
-// alpha-beta model per mesh axis on bytes per rank with ring factors:
-// all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n of the
-// larger side; ties go to fewer steps.
+// Every intermediate layout must divide the shape evenly. Cost is
+// collective_time_s (parallel/collective_cost.h: ring alpha-beta on the mesh
+// axis's link) of the larger side per rank; ties go to fewer steps.
 //
 //   Mesh m = value_or_throw(Mesh::parse("dp=2,tp=4"));
 //   auto plan = plan_reshard(shape, m, *Layout::parse("[P, S(1)]"), *Layout::parse("[R, S(1)]"));
@@ -25,24 +24,22 @@
 
 #include "meshflow/core/shape.h"
 #include "meshflow/core/status.h"
+#include "meshflow/parallel/collective_cost.h"
 #include "meshflow/parallel/layout.h"
 #include "meshflow/parallel/mesh.h"
 
 namespace meshflow {
 
-// One mesh axis's link: time = alpha_s per message round + beta_s_per_byte * bytes.
-struct AxisLink {
-  double alpha_s = 5e-6;
-  double beta_s_per_byte = 1.0 / 50e9;
-};
-
-// The cost model the planner uses. `axes[a]` prices mesh axis a; axes beyond
-// the vector use `default_link`. The planner issue refines this.
+// The links the planner prices each mesh axis's collectives on: `axes[a]`
+// for mesh axis a, `default_link` beyond the vector. Each step costs
+// collective_time_s (parallel/collective_cost.h), the one collective cost the
+// planner uses too; plan::reshard_costs (plan/cluster.h) fills the links from a
+// cluster file, so the cheapest redistribution is chosen on the real links.
 struct ReshardCostModel {
-  std::vector<AxisLink> axes;
-  AxisLink default_link;
+  std::vector<Link> axes;
+  Link default_link;
   int64_t bytes_per_element = 4;
-  const AxisLink& link(int axis) const {
+  const Link& link(int axis) const {
     return axis < static_cast<int>(axes.size()) ? axes[axis] : default_link;
   }
 };

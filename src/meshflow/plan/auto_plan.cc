@@ -97,16 +97,37 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
                            plan_label(least_memory->plan) + ") needs " + buf);
   }
   out.best = *best;
-  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan));
+  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan, model));
   return out;
 }
 
-Result<nlohmann::json> parallel_section(const Plan& p) {
+namespace {
+
+// Tensor parallelism for a model without attention heads (the MLP): Megatron's
+// MLP split, each pair of layers column- then row-parallel: the outputs of the
+// 1st, 3rd, ... hidden layers ("hidden", "hidden2", ...) split over tp, so the
+// layer after each reads a split input and its output is one all_reduce.
+nlohmann::json mlp_tensor_rules(const MlpConfig& m) {
+  nlohmann::json rules = {{"batch", "dp"}};
+  for (size_t i = 0; i < m.hidden.size(); i += 2)
+    rules[i == 0 ? "hidden" : "hidden" + std::to_string(i)] = "tp";
+  return rules;
+}
+
+}  // namespace
+
+Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model) {
+  const MlpConfig* mlp = std::get_if<MlpConfig>(&model);
+  if (mlp && (p.cp > 1 || p.pp > 1 || p.sp))
+    return Status::invalid("plan " + plan_label(p) +
+                           ": the mlp has no sequence (cp, sp) and no transformer blocks (pp)");
   nlohmann::json par;
   const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
   par["mode"] = spmd ? "semi" : "data";
   par["mesh"] = plan_mesh(p);
-  if (spmd)
+  if (spmd && mlp && p.tp > 1)
+    par["rules"] = mlp_tensor_rules(*mlp);
+  else if (spmd)
     par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";
   if (p.zero > 0) par["zero"] = p.zero;
   if (p.pp > 1)

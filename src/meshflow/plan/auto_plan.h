@@ -50,8 +50,9 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
 // cp and Ulysses attention on heads over tp*cp); cp alone: preset "ulysses";
 // ZeRO: "zero" on the partitioner (preset "dp" when nothing else splits); pp:
 // "pipeline" with the schedule, micro-batches and virtual stages; recompute:
-// "recompute".
-Result<nlohmann::json> parallel_section(const Plan& p);
+// "recompute". A model without attention heads (the MLP) gets Megatron's MLP
+// split as rules in place of a preset (see the .cc); it has no cp, sp or pp.
+Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model);
 
 // plan_local_run(...).parallel.
 Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local);

@@ -11,22 +11,6 @@
 
 namespace meshflow::plan {
 
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce:
-      return "all_reduce";
-    case Collective::kAllGather:
-      return "all_gather";
-    case Collective::kReduceScatter:
-      return "reduce_scatter";
-    case Collective::kAllToAll:
-      return "all_to_all";
-    case Collective::kSendRecv:
-      return "send_recv";
-  }
-  return "?";
-}
-
 const Link& Cluster::link_for_ranks(const std::vector<int64_t>& ranks) const {
   MF_CHECK(!ranks.empty());
   const int64_t node = ranks[0] / devices_per_node;
@@ -81,19 +65,26 @@ double Cluster::roofline_time_s(double flops, double bytes, DType dtype) const {
 }
 
 double Cluster::collective_time_s(Collective c, int64_t n, double bytes, const Link& link) const {
-  MF_CHECK(n >= 1);
-  if (c == Collective::kSendRecv) return link.latency_s + bytes / link.effective_bandwidth();
-  if (n == 1) return 0;
-  const double steps = static_cast<double>(n - 1);
-  const double frac = steps / static_cast<double>(n);
-  const double bw = link.effective_bandwidth();
-  if (c == Collective::kAllReduce) return 2 * steps * link.latency_s + 2 * frac * bytes / bw;
-  return steps * link.latency_s + frac * bytes / bw;  // all_gather, reduce_scatter, all_to_all
+  return meshflow::collective_time_s(c, n, bytes, link);
 }
 
 double Cluster::collective_time_s(Collective c, const std::vector<int64_t>& ranks,
                                   double bytes) const {
   return collective_time_s(c, static_cast<int64_t>(ranks.size()), bytes, link_for_ranks(ranks));
+}
+
+ReshardCostModel reshard_costs(const Cluster& c, const Mesh& mesh, std::vector<int64_t> strides,
+                               int64_t bytes_per_element) {
+  if (strides.empty()) {
+    strides.assign(static_cast<size_t>(mesh.num_axes()), 1);
+    for (int a = mesh.num_axes() - 2; a >= 0; --a) strides[a] = strides[a + 1] * mesh.size(a + 1);
+  }
+  MF_CHECK(static_cast<int>(strides.size()) == mesh.num_axes());
+  ReshardCostModel m;
+  m.bytes_per_element = bytes_per_element;
+  for (int a = 0; a < mesh.num_axes(); ++a)
+    m.axes.push_back(c.link_for_axis(mesh.size(a), strides[static_cast<size_t>(a)]));
+  return m;
 }
 
 Result<Cluster> with_devices(const Cluster& c, int64_t devices) {

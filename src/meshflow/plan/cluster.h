@@ -23,6 +23,9 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/status.h"
+#include "meshflow/parallel/collective_cost.h"
+#include "meshflow/parallel/mesh.h"
+#include "meshflow/parallel/reshard.h"
 
 namespace meshflow::plan {
 
@@ -51,16 +54,11 @@ struct Device {
   double memory_efficiency = 1;
 };
 
-// A link, as seen by one device: bandwidth per direction per device.
-struct Link {
-  double bandwidth_bytes_per_s = 0;
-  double latency_s = 0;  // alpha: per message step
-  double efficiency = 1;
-  double effective_bandwidth() const { return bandwidth_bytes_per_s * efficiency; }
-};
-
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
-const char* collective_name(Collective c);
+// Links and collectives are priced by parallel/collective_cost.h, the one
+// collective cost the reshard planner and the planner share.
+using meshflow::Collective;
+using meshflow::collective_name;
+using meshflow::Link;
 
 struct Cluster {
   std::string name;
@@ -93,15 +91,7 @@ struct Cluster {
   // call of that size) and its memory time.
   double roofline_time_s(double flops, double bytes, DType dtype) const;
 
-  // Ring alpha-beta time of one collective over `n` ranks on `link`; `bytes` is
-  // the full buffer (all_reduce: the buffer; all_gather: the gathered output;
-  // reduce_scatter: the input; all_to_all: one rank's input; send_recv: the message).
-  //   all_reduce      2(n-1) alpha + 2(n-1)/n bytes / bw
-  //   all_gather,
-  //   reduce_scatter,
-  //   all_to_all      (n-1) alpha +  (n-1)/n bytes / bw
-  //   send_recv       alpha + bytes / bw
-  // with bw = link bandwidth * efficiency. n == 1: 0.
+  // meshflow::collective_time_s (parallel/collective_cost.h) on `link`.
   double collective_time_s(Collective c, int64_t n, double bytes, const Link& link) const;
   // The same on the link a group of ranks maps to.
   double collective_time_s(Collective c, const std::vector<int64_t>& ranks, double bytes) const;
@@ -128,6 +118,14 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices);
 // at least that spin time: the link latency becomes latency + spin.
 // REQUIRES machine.total_devices() == 1 (errors otherwise), ranks >= 1.
 Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cores = 0);
+
+// The reshard planner's links on this cluster for `mesh`: axis a's groups of
+// mesh.size(a) ranks, strides[a] devices apart, on the link they map to
+// (link_for_axis). Without strides, the mesh's own row-major order (the last
+// axis innermost, as the runtime numbers ranks). REQUIRES: strides empty or
+// one per mesh axis.
+ReshardCostModel reshard_costs(const Cluster& c, const Mesh& mesh,
+                               std::vector<int64_t> strides = {}, int64_t bytes_per_element = 4);
 
 // Reads a cluster from its JSON (strict: unknown keys, wrong types and
 // out-of-range values are errors naming the key and what is valid).

@@ -1,7 +1,9 @@
 #include "meshflow/plan/cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "meshflow/autodiff/recompute.h"
@@ -21,27 +23,17 @@ bool is_source(OpKind k) {
   return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
 }
 
-// A node runs on tensor-parallel shards when a value it touches has a dim the
-// Megatron split cuts (heads, kv_heads, ffn, vocab); else it is in the
-// replicated region that sequence parallelism splits along seq instead.
-bool in_tp_region(const Graph& g, const Node& n) {
-  auto cut = [&](ValueId v) {
-    for (const Dim& d : g.shape(v).dims())
-      if (d.name == "heads" || d.name == "kv_heads" || d.name == "ffn" || d.name == "vocab")
-        return true;
-    return false;
-  };
-  for (ValueId v : n.inputs)
-    if (cut(v)) return true;
-  for (ValueId v : n.outputs)
-    if (cut(v)) return true;
-  return false;
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// Causal query-key pairs of one (batch, head) when the queries are the last
-// `tq` of `tk` positions (what the attention OpDef prices for a cp shard).
-double causal_pairs_last(int64_t tq, int64_t tk) {
-  return double(tq) * double(tk - tq) + double(tq) * double(tq + 1) / 2;
+// A node the recompute pass cloned into the backward, or a collective the
+// partitioner inserted for one.
+bool is_recompute(const Graph& g, const Node& n) {
+  if (ends_with(n.name, "@recompute")) return true;
+  if (!is_collective(n.kind) || n.inputs.empty()) return false;
+  const NodeId p = g.value(n.inputs[0]).producer;
+  return p >= 0 && ends_with(g.node(p).name, "@recompute");
 }
 
 // Backward nodes off the input-gradient chain: the W of zero-bubble
@@ -64,6 +56,57 @@ std::vector<bool> weight_grad_nodes(const Graph& g) {
   for (NodeId i = 0; i < g.num_nodes(); ++i)
     w[i] = g.node(i).phase == Phase::kBackward && !on_chain[i];
   return w;
+}
+
+// The block a node's work belongs to: its own layer; for a collective the
+// partitioner inserted, the layer of the value it moves (it is emitted in its
+// consumer's layer, so the embedding's all_reduce would count in block 0).
+std::vector<int> priced_layers(const Graph& g) {
+  std::vector<int> layer(g.num_nodes(), -1);
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    layer[i] = n.layer;
+    if (is_collective(n.kind) && !n.inputs.empty()) {
+      const NodeId p = g.value(n.inputs[0]).producer;
+      layer[i] = p >= 0 && !is_source(g.node(p).kind) ? layer[p] : -1;
+    }
+  }
+  return layer;
+}
+
+// Nodes outside the blocks on the embedding's side: forward nodes the first
+// block reads from, backward nodes fed by a block's backward (the embedding
+// gradient) and parameters the embedding-side forward reads. The rest of the
+// nodes outside blocks (final norm, head, loss) are the head's; without
+// blocks, everything is.
+std::vector<bool> before_blocks(const Graph& g, const std::vector<int>& layer) {
+  std::vector<bool> before(g.num_nodes(), false);
+  std::vector<NodeId> stack;
+  auto push_producers = [&](NodeId i) {
+    for (ValueId v : g.node(i).inputs) stack.push_back(g.value(v).producer);
+  };
+  for (NodeId i = 0; i < g.num_nodes(); ++i)
+    if (layer[i] == 0 && g.node(i).phase == Phase::kForward) push_producers(i);
+  while (!stack.empty()) {
+    const NodeId i = stack.back();
+    stack.pop_back();
+    if (i < 0 || before[i] || layer[i] >= 0) continue;
+    const Phase ph = g.node(i).phase;
+    if (ph != Phase::kForward && !is_source(g.node(i).kind)) continue;
+    before[i] = true;
+    push_producers(i);
+  }
+  std::vector<bool> fed(g.num_nodes(), false);  // reads a block's backward output
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    if (n.phase != Phase::kBackward) continue;
+    for (ValueId v : n.inputs) {
+      const NodeId p = g.value(v).producer;
+      if (p >= 0 && g.node(p).phase == Phase::kBackward && (layer[p] >= 0 || fed[p])) fed[i] = true;
+    }
+    if (fed[i] && layer[i] < 0) before[i] = true;
+  }
+  return before;
 }
 
 }  // namespace
@@ -115,6 +158,26 @@ double static_arena_bytes(const Graph& g) {
 
 }  // namespace
 
+Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
+  // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
+  // and lowered at each micro-batch (rank_program.h says why that is the same).
+  const auto key =
+      std::make_tuple(s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0), s.blocks);
+  std::shared_ptr<const Annotation> strategy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = strategy_cache_.find(key); it != strategy_cache_.end()) strategy = it->second;
+  }
+  const bool had = strategy != nullptr;
+  Result<LocalProgram> lp =
+      build_rank_program(job_.model, s, cluster_, dtype_size(dtype_), &strategy);
+  if (!had && strategy) {
+    std::lock_guard<std::mutex> lock(mu_);
+    strategy_cache_.emplace(key, strategy);
+  }
+  return lp;
+}
+
 Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   MF_RETURN_IF_ERROR(status_);
   const auto key = std::make_tuple(p.tp, p.cp, p.micro_batch, p.sp, int(p.recompute));
@@ -127,22 +190,19 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   }
   if (!cached) {
     double bytes[2] = {0, 0};
-    for (int64_t n = 1; n <= 2; ++n) {
-      LocalShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, n};
-      MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
-      if (p.recompute != Recompute::kNone) {
-        RecomputePolicy rp;
-        rp.mode =
-            p.recompute == Recompute::kFull ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
-        MF_RETURN_IF_ERROR(apply_recompute(g, rp).with_context("pricing recompute"));
-      }
-      bytes[n - 1] = static_arena_bytes(g);
+    // A model without blocks: its one whole program (nothing to extrapolate).
+    const int64_t programs = has_blocks() ? 2 : 1;
+    for (int64_t n = 1; n <= programs; ++n) {
+      RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, p.recompute, n};
+      MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
+      bytes[n - 1] = static_arena_bytes(lp.graph);
     }
+    if (programs == 1) bytes[1] = bytes[0];
     a = {bytes[0], bytes[1]};
     std::lock_guard<std::mutex> lock(mu_);
     arena_cache_.emplace(key, a);
   }
-  return a.first + double(layers - 1) * (a.second - a.first);
+  return a.first + double(std::max<int64_t>(layers, 1) - 1) * (a.second - a.first);
 }
 
 double CostModel::compute_time_s(double flops) const {
@@ -156,16 +216,23 @@ double CostModel::roofline_time_s(double flops, double bytes) const {
 CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
     : job_(std::move(job)), cluster_(std::move(cluster)), k_(constants) {
   dtype_ = cluster_.device.peak_flops.bf16 > 0 ? DType::BF16 : DType::F32;
-  Result<TransformerDims> d = transformer_dims(job_.model);
-  if (!d.is_ok()) {
-    status_ = d.status();
-    return;
+  if (!is_language_model(job_.model)) {
+    // One example is one "token"; the memory of a model without blocks is its
+    // program's static arena (no Korthikanti formula for it).
+    job_.seq = 1;
+    k_.memory_model = MemoryModel::kStaticArena;
+  } else {
+    Result<TransformerDims> d = transformer_dims(job_.model);
+    if (!d.is_ok()) {
+      status_ = d.status();
+      return;
+    }
+    dims_ = *d;
   }
-  dims_ = *d;
   const ModelSummary sum = summarize(job_.model, job_.seq);
   num_parameters_ = sum.parameters;
   forward_flops_per_token_ = sum.forward_flops_per_token;
-  if (job_.seq < 1 || job_.seq > dims_.max_seq)
+  if (has_blocks() && (job_.seq < 1 || job_.seq > dims_.max_seq))
     status_ = Status::invalid("seq=" + str(job_.seq) + " must be in [1, " + str(dims_.max_seq) +
                               "] (the model's maximum positions)");
   else if (job_.global_batch < 1)
@@ -180,7 +247,7 @@ double CostModel::model_flops_per_token() const {
   return 3 * forward_flops_per_token_;
 }
 
-double CostModel::node_time_s(const Graph& g, const Node& n, int64_t cp) const {
+double CostModel::node_time_s(const Graph& g, const Node& n) const {
   const OpCost c = op_cost(g, n);
   const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
   double t = 0;
@@ -211,11 +278,7 @@ double CostModel::node_time_s(const Graph& g, const Node& n, int64_t cp) const {
       }
       t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
     } else {
-      // A cp shard's queries are load-balanced (Megatron's zigzag split): the
-      // average causal work, not the last shard's that the OpDef sees.
-      const double ratio =
-          cp > 1 ? (double(tk) * double(tk + 1) / 2 / double(cp)) / causal_pairs_last(tq, tk) : 1.0;
-      t = roofline_time_s(c.flops * ratio, c.bytes * byte_scale);
+      t = roofline_time_s(c.flops, c.bytes * byte_scale);
     }
   } else {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);
@@ -223,75 +286,203 @@ double CostModel::node_time_s(const Graph& g, const Node& n, int64_t cp) const {
   return t;
 }
 
-Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const {
+double CostModel::collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p,
+                                         double* bytes, std::string* axis) const {
+  const Graph& g = lp.graph;
+  Collective c = Collective::kAllReduce;
+  int64_t elems = g.shape(n.inputs[0]).numel();  // all_reduce, reduce_scatter, all_to_all
+  if (n.kind == OpKind::kAllGather)
+    c = Collective::kAllGather, elems = g.shape(n.outputs[0]).numel();
+  if (n.kind == OpKind::kReduceScatter) c = Collective::kReduceScatter;
+  if (n.kind == OpKind::kAllToAll) c = Collective::kAllToAll;
+  // f32 values move in the compute dtype (what a mixed-precision run sends).
+  const DType dt = g.value(n.inputs[0]).dtype;
+  const double buffer = double(elems) * double(dtype_size(dt == DType::F32 ? dtype_ : dt));
+  *axis = lp.mesh.axis_name(n.attrs.mesh_axis);
+  const int64_t size = n.attrs.group_size;
+  *bytes = collective_bytes_per_rank(c, size, buffer);
+  return collective_time_s(c, size, buffer, cluster_.link_for_axis(size, axis_stride(p, *axis)));
+}
+
+Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch,
+                                        bool sp) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(tp, cp, micro_batch);
+  const auto key = std::make_tuple(tp, cp, micro_batch, sp);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
   }
-  LocalShape shape{micro_batch, job_.seq, tp, cp};
-  MF_ASSIGN_OR_RETURN(Graph g, build_local_layer_graph(job_.model, shape));
-  const std::vector<bool> wgrad = weight_grad_nodes(g);
-  LayerCost lc;
-  // Times split by region so price() can apply sequence parallelism.
-  for (NodeId i = 0; i < g.num_nodes(); ++i) {
-    const Node& n = g.node(i);
-    if (is_source(n.kind)) {
-      if (n.kind == OpKind::kParameter) {
-        const int64_t e = g.shape(n.outputs[0]).numel();
-        if (n.layer == 0)
-          lc.layer_params += e, ++lc.layer_param_tensors;
-        else if (n.name.find("embed") != std::string::npos || n.name.rfind("wte", 0) == 0 ||
-                 n.name.rfind("wpe", 0) == 0)
-          lc.embed_params += e, ++lc.embed_param_tensors;
-        else
-          lc.head_params += e, ++lc.head_param_tensors;
-      }
-      continue;
-    }
-    if (n.phase != Phase::kForward && n.phase != Phase::kBackward) continue;
-    ++lc.nodes;
-    const double t = node_time_s(g, n, cp);
-    if (n.kind == OpKind::kAttention && n.layer == 0) lc.attention_core_s += t;
-    const bool tp_region = in_tp_region(g, n);
-    const bool embed = n.kind == OpKind::kEmbedding || n.kind == OpKind::kEmbeddingGrad ||
-                       n.name.rfind("embed", 0) == 0 || n.name.rfind("embd_drop", 0) == 0;
-    if (n.layer == 0) {
-      // Replicated-region time is kept apart (price() divides it by tp under sp).
-      double* slot = n.phase == Phase::kForward ? &lc.forward_s
-                     : wgrad[i]                 ? &lc.weight_grad_s
-                                                : &lc.backward_s;
-      double* rep = n.phase == Phase::kForward ? &lc.forward_replicated_s
-                    : wgrad[i]                 ? &lc.weight_grad_replicated_s
-                                               : &lc.backward_replicated_s;
-      *(tp_region ? slot : rep) += t;
-    } else if (embed) {
-      (n.phase == Phase::kForward ? lc.embed_fwd_s : lc.embed_bwd_s) += t;
-    } else {
-      (n.phase == Phase::kForward ? lc.head_fwd_s : (wgrad[i] ? lc.head_wgrad_s : lc.head_bwd_s)) +=
-          t;
-    }
-  }
-  if (k_.recompute_from_pass) {
-    // What the recompute pass clones into block 0's backward, priced node by node.
-    for (RecomputePolicy::Mode mode : {RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
-      MF_ASSIGN_OR_RETURN(Graph rg, build_local_layer_graph(job_.model, shape));
-      RecomputePolicy rp;
-      rp.mode = mode;
-      MF_RETURN_IF_ERROR(apply_recompute(rg, rp).with_context("pricing recompute"));
-      double t = 0;
-      for (const Node& n : rg.nodes())
-        if (n.layer == 0 && n.name.size() > 10 &&
-            n.name.compare(n.name.size() - 10, 10, "@recompute") == 0)
-          t += node_time_s(rg, n, cp);
-      (mode == RecomputePolicy::kFull ? lc.recompute_full_s : lc.recompute_selective_s) = t;
-    }
-  }
-  auto shared = std::make_shared<const LayerCost>(lc);
+  Result<LayerCost> r = price_program(tp, cp, micro_batch, sp);
+  auto shared = std::make_shared<const Result<LayerCost>>(r);
   std::lock_guard<std::mutex> lock(mu_);
   cache_.emplace(key, shared);
+  return r;
+}
+
+namespace {
+
+// What one rank program costs, summed by kind of work (seconds, bytes sent,
+// parameter counts). A block's cost is the difference between the programs of
+// two blocks and of one, which needs no rule for where a collective at a
+// block's edge belongs (the partitioner emits it in its consumer's layer).
+enum Slot {
+  kFwd,
+  kBwd,
+  kWgrad,  // compute: forward, B, W
+  kTpFwd,
+  kTpBwd,
+  kCpFwd,
+  kCpBwd,  // collectives (seconds)
+  kTpFwdBytes,
+  kTpBwdBytes,
+  kCpFwdBytes,
+  kCpBwdBytes,
+  kOptComm,
+  kOptCommBytes,  // optimizer phase, once per step
+  kAttention,     // the attention op's forward
+  kRecompute,     // recompute clones and their collectives
+  kParams,
+  kParamTensors,
+  kNodes,
+  kCollectives,
+  kSlots
+};
+using Totals = std::array<double, kSlots>;
+
+Totals minus(const Totals& a, const Totals& b) {
+  Totals d{};
+  for (int i = 0; i < kSlots; ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+}  // namespace
+
+Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch,
+                                           bool sp) const {
+  Plan p;
+  p.tp = tp, p.cp = cp;
+  // Prices a program: all of it, and (embed) the part on the embedding's side.
+  auto price_all = [&](const LocalProgram& lp, Totals* all, Totals* embed) {
+    const Graph& g = lp.graph;
+    const std::vector<bool> wgrad = weight_grad_nodes(g);
+    const std::vector<bool> before = before_blocks(g, priced_layers(g));
+    for (NodeId i = 0; i < g.num_nodes(); ++i) {
+      const Node& n = g.node(i);
+      Totals& t = before[i] && embed ? *embed : *all;
+      if (n.kind == OpKind::kParameter) {
+        t[kParams] += double(g.shape(n.outputs[0]).numel());
+        t[kParamTensors] += 1;
+        continue;
+      }
+      if (is_source(n.kind) || n.kind == OpKind::kShardSlice || n.phase == Phase::kMetric) continue;
+      const bool fwd = n.phase == Phase::kForward;
+      double time = 0;
+      if (is_collective(n.kind)) {
+        double bytes = 0;
+        std::string axis;
+        time = collective_node_time_s(lp, n, p, &bytes, &axis);
+        t[kCollectives] += 1;
+        if (n.phase == Phase::kOptimizer) {
+          t[kOptComm] += time, t[kOptCommBytes] += bytes;
+          continue;
+        }
+        const bool on_cp = axis == "cp";
+        t[on_cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += time;
+        t[on_cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] += bytes;
+      } else {
+        if (n.phase == Phase::kOptimizer) continue;  // priced as memory-bound work
+        time = node_time_s(g, n);
+        t[kNodes] += 1;
+        t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
+        if (n.kind == OpKind::kAttention) t[kAttention] += time;
+      }
+      if (is_recompute(g, n)) t[kRecompute] += time;
+    }
+  };
+  // Totals of the program with `blocks` blocks and recompute `rc` (embed: its
+  // embedding side apart, else folded into the total).
+  auto totals = [&](int64_t blocks, Recompute rc, Totals* embed,
+                    bool optimizer = false) -> Result<Totals> {
+    const RankShape shape{micro_batch, job_.seq, tp, cp, sp, rc, blocks, optimizer};
+    MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
+    Totals all{};
+    price_all(lp, &all, embed);
+    if (embed)
+      for (int i = 0; i < kSlots; ++i) all[i] += (*embed)[i];
+    return all;
+  };
+  Totals embed{}, one{}, block{};
+  MF_ASSIGN_OR_RETURN(one, totals(1, Recompute::kNone, &embed));
+  if (has_blocks()) {
+    MF_ASSIGN_OR_RETURN(const Totals two, totals(2, Recompute::kNone, nullptr));
+    block = minus(two, one);
+  } else {
+    embed = Totals{};  // no blocks: everything is the head's
+  }
+  const Totals head = minus(minus(one, block), embed);
+
+  LayerCost lc;
+  lc.forward_s = block[kFwd], lc.backward_s = block[kBwd], lc.weight_grad_s = block[kWgrad];
+  lc.tp_fwd_s = block[kTpFwd], lc.tp_bwd_s = block[kTpBwd];
+  lc.cp_fwd_s = block[kCpFwd], lc.cp_bwd_s = block[kCpBwd];
+  lc.tp_fwd_bytes = block[kTpFwdBytes], lc.tp_bwd_bytes = block[kTpBwdBytes];
+  lc.cp_fwd_bytes = block[kCpFwdBytes], lc.cp_bwd_bytes = block[kCpBwdBytes];
+  lc.attention_core_s = block[kAttention];
+  // The optimizer phase's collectives act on parameters and gradients, whose
+  // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
+  const auto opt_key = std::make_tuple(tp, cp, sp);
+  std::optional<std::array<double, 4>> opt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = opt_cache_.find(opt_key); it != opt_cache_.end()) opt = it->second;
+  }
+  if (!opt) {
+    MF_ASSIGN_OR_RETURN(const Totals o1, totals(1, Recompute::kNone, nullptr, true));
+    Totals ob{};
+    if (has_blocks()) {
+      MF_ASSIGN_OR_RETURN(const Totals o2, totals(2, Recompute::kNone, nullptr, true));
+      ob = minus(o2, o1);
+    }
+    opt = {ob[kOptComm], ob[kOptCommBytes], o1[kOptComm] - ob[kOptComm],
+           o1[kOptCommBytes] - ob[kOptCommBytes]};
+    std::lock_guard<std::mutex> lock(mu_);
+    opt_cache_.emplace(opt_key, *opt);
+  }
+  lc.opt_comm_s = (*opt)[0], lc.opt_comm_bytes = (*opt)[1];
+  lc.opt_comm_outside_s = (*opt)[2], lc.opt_comm_outside_bytes = (*opt)[3];
+  auto comm = [](const Totals& t, bool fwd) {
+    return fwd ? t[kTpFwd] + t[kCpFwd] : t[kTpBwd] + t[kCpBwd];
+  };
+  lc.embed_fwd_s = embed[kFwd] + comm(embed, true);
+  lc.embed_bwd_s = embed[kBwd] + embed[kWgrad] + comm(embed, false);
+  lc.head_fwd_s = head[kFwd] + comm(head, true);
+  lc.head_bwd_s = head[kBwd] + comm(head, false);
+  lc.head_wgrad_s = head[kWgrad];
+  lc.embed_comm_s = comm(embed, true) + comm(embed, false);
+  lc.head_comm_s = comm(head, true) + comm(head, false);
+  lc.embed_comm_bytes =
+      embed[kTpFwdBytes] + embed[kTpBwdBytes] + embed[kCpFwdBytes] + embed[kCpBwdBytes];
+  lc.head_comm_bytes =
+      head[kTpFwdBytes] + head[kTpBwdBytes] + head[kCpFwdBytes] + head[kCpBwdBytes];
+  auto count = [](double x) { return static_cast<int64_t>(std::llround(x)); };
+  lc.layer_params = count(block[kParams]),
+  lc.layer_param_tensors = int(count(block[kParamTensors]));
+  lc.embed_params = count(embed[kParams]),
+  lc.embed_param_tensors = int(count(embed[kParamTensors]));
+  lc.head_params = count(head[kParams]), lc.head_param_tensors = int(count(head[kParamTensors]));
+  lc.nodes = int(count(one[kNodes]));
+  lc.collectives = int(count(one[kCollectives]));
+  if (k_.recompute_from_pass && has_blocks()) {
+    // What the recompute pass clones into a block's backward (and the
+    // collectives lowered for the clones), priced node by node.
+    for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
+      MF_ASSIGN_OR_RETURN(const Totals r1, totals(1, mode, nullptr));
+      MF_ASSIGN_OR_RETURN(const Totals r2, totals(2, mode, nullptr));
+      (mode == Recompute::kFull ? lc.recompute_full_s : lc.recompute_selective_s) =
+          r2[kRecompute] - r1[kRecompute];
+    }
+  }
   return lc;
 }
 
@@ -307,13 +498,23 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   if (p.dp * p.micro_batch * p.num_micro_batches != job_.global_batch)
     return "dp * micro_batch * num_micro_batches = " + str(p.dp) + "*" + str(p.micro_batch) + "*" +
            str(p.num_micro_batches) + " must equal the global batch " + str(job_.global_batch);
-  Status s = check_local_shape(d, LocalShape{p.micro_batch, job_.seq, p.tp, p.cp});
-  if (!s.is_ok()) return s.message();
+  if (!has_blocks()) {
+    // A model without blocks or sequence: dp and tp only (whether tp divides
+    // its layers is the partitioner's answer, when the plan is priced).
+    if (p.pp > 1 || p.cp > 1 || p.sp || p.vp > 1 || p.recompute != Recompute::kNone)
+      return "the " + summarize(job_.model, 1).kind +
+             " has no transformer blocks to pipeline (pp) or recompute and no sequence to "
+             "split (cp, sp): its plans are dp x tp with ZeRO";
+  } else {
+    Status s = check_local_shape(d, RankShape{p.micro_batch, job_.seq, p.tp, p.cp});
+    if (!s.is_ok()) return s.message();
+  }
   if (p.sp && p.tp == 1) return "sp (sequence parallelism) needs tp > 1";
   if (p.sp && (job_.seq / p.cp) % p.tp != 0)
     return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
            ", which does not divide it";
-  if (p.pp > d.layers) return "pp=" + str(p.pp) + " exceeds the " + str(d.layers) + " layers";
+  if (has_blocks() && p.pp > d.layers)
+    return "pp=" + str(p.pp) + " exceeds the " + str(d.layers) + " layers";
   if (p.zero < 0 || p.zero > 3) return "zero must be 0, 1, 2 or 3, got " + str(p.zero);
   if (p.pp == 1 && p.schedule != Schedule::kOneFOneB)
     return std::string("pp=1 has no pipeline schedule (use 1f1b), got ") +
@@ -364,7 +565,7 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
 Result<StepCost> CostModel::price(const Plan& p) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
-  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch));
+  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;
   const double act = double(dtype_size(dtype_));
@@ -375,33 +576,19 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   StepCost r;
   r.plan = p;
 
-  // ---- one layer, one micro-batch: compute + tp/cp collectives
-  const double rep = p.sp ? double(p.tp) : 1.0;
-  const double f_layer = lc.forward_s + lc.forward_replicated_s / rep;
-  const double b_layer = lc.backward_s + lc.backward_replicated_s / rep;
-  const double w_layer = lc.weight_grad_s + lc.weight_grad_replicated_s / rep;
+  // ---- one block, one micro-batch: compute + the collectives the partitioner put in it
+  const double f_layer = lc.forward_s, b_layer = lc.backward_s, w_layer = lc.weight_grad_s;
+  const double tp_fwd = lc.tp_fwd_s, tp_bwd = lc.tp_bwd_s;
+  const double cp_fwd = lc.cp_fwd_s, cp_bwd = lc.cp_bwd_s;
   const Link& tp_link = cl.link_for_axis(p.tp, 1);
   const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
-  // 2 all_reduce (or all_gather + reduce_scatter, the same time and bytes) each way.
-  const double tp_fwd = 2 * cl.collective_time_s(Collective::kAllReduce, p.tp, act_buf, tp_link);
-  const double tp_bwd = tp_fwd;
-  const double ring_ar = p.tp > 1 ? 2.0 * double(p.tp - 1) / double(p.tp) : 0.0;
-  const double tp_bytes_layer_fwd = 2 * ring_ar * act_buf;
-  const Link& cp_link = cl.link_for_axis(p.cp, p.tp);
-  const double kv_local = double(std::max<int64_t>(1, d.kv_heads / p.tp)) * double(d.head_dim);
-  const double kv_buf = 2.0 * double(p.micro_batch) * double(job_.seq) * kv_local * act;
-  const double cp_fwd = cl.collective_time_s(Collective::kAllGather, p.cp, kv_buf, cp_link);
-  const double cp_bwd = cl.collective_time_s(Collective::kReduceScatter, p.cp, kv_buf, cp_link);
-  const double ring_ag = p.cp > 1 ? double(p.cp - 1) / double(p.cp) : 0.0;
-  const double cp_bytes_layer = 2 * ring_ag * kv_buf;
 
-  // ---- stages: layers per stage, first (embedding) and last (head) stage
-  const int64_t ls_int = (d.layers + p.pp - 1) / p.pp;
+  // ---- stages: blocks per stage, first (embedding) and last (head) stage
+  const int64_t ls_int = has_blocks() ? (d.layers + p.pp - 1) / p.pp : 0;
   const double ls = double(ls_int);
-  const double emb_ar = cl.collective_time_s(Collective::kAllReduce, p.tp, act_buf, tp_link);
   double recompute_layer = 0;
   if (p.recompute == Recompute::kFull)
-    recompute_layer = (k_.recompute_from_pass ? lc.recompute_full_s : f_layer) + tp_fwd + cp_fwd;
+    recompute_layer = k_.recompute_from_pass ? lc.recompute_full_s : f_layer + tp_fwd + cp_fwd;
   if (p.recompute == Recompute::kSelective)
     recompute_layer = k_.recompute_from_pass ? lc.recompute_selective_s : lc.attention_core_s;
   StageTimes base;
@@ -412,13 +599,14 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   base.tp_comm_s = ls * (tp_fwd + tp_bwd + (p.recompute == Recompute::kFull ? tp_fwd : 0));
   base.cp_comm_s = ls * (cp_fwd + cp_bwd + (p.recompute == Recompute::kFull ? cp_fwd : 0));
   StageTimes first = base, last = base;
-  first.forward_s += lc.embed_fwd_s + emb_ar;
+  first.forward_s += lc.embed_fwd_s;
   first.backward_s += lc.embed_bwd_s;
-  first.tp_comm_s += emb_ar;
+  first.tp_comm_s += lc.embed_comm_s;
   auto add_head = [&](StageTimes& st) {
     st.forward_s += lc.head_fwd_s;
     st.backward_s += lc.head_bwd_s;
     st.weight_grad_s += lc.head_wgrad_s;
+    st.tp_comm_s += lc.head_comm_s;
   };
   if (p.pp == 1) {
     add_head(first);
@@ -545,6 +733,9 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   const double p_update = p.zero >= 1 ? p_stage / double(replicas) : p_stage;
   r.optimizer_s = cl.memory_time_s(
       p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+  // The optimizer phase's collectives in the program (tp: gradient norms of
+  // the parameters split or partial over it), once per step.
+  r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
   // ---- memory (bytes per device; the worse of the first and the last stage)
@@ -615,12 +806,11 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   r.fits = r.memory.total <= r.usable_memory;
 
   // ---- communication bytes per device per step
-  const double layers_comm = ls * m;
-  r.comm.tensor_parallel =
-      layers_comm * tp_bytes_layer_fwd * (p.recompute == Recompute::kFull ? 3 : 2) +
-      m * ring_ar * act_buf;
-  r.comm.context_parallel =
-      layers_comm * cp_bytes_layer * (p.recompute == Recompute::kFull ? 1.5 : 1);
+  const double full = p.recompute == Recompute::kFull ? 1.0 : 0.0;
+  r.comm.tensor_parallel = m * (ls * (lc.tp_fwd_bytes * (1 + full) + lc.tp_bwd_bytes) +
+                                lc.embed_comm_bytes + lc.head_comm_bytes);
+  r.comm.context_parallel = m * ls * (lc.cp_fwd_bytes * (1 + full) + lc.cp_bwd_bytes);
+  r.comm.tensor_parallel += ls * lc.opt_comm_bytes + lc.opt_comm_outside_bytes;
   r.comm.pipeline = p.pp > 1 ? m * 2 * v * p2p_bytes : 0.0;
   r.comm.data_parallel = dp_bytes;
 

@@ -1,23 +1,29 @@
 // CostModel: the predicted step time, memory and communication of a Plan for
-// training a transformer language model on a Cluster.
+// training a model on a Cluster: any model the engine builds (GPT, LLaMA, the
+// MLP), priced from the program the engine would run.
 //
 //   TrainingJob job{model_config, /*global_batch=*/1536, /*seq=*/2048};
 //   CostModel cm(job, cluster);                       // cluster sized to the plan's devices
 //   MF_ASSIGN_OR_RETURN(StepCost c, cm.price(plan));  // c.step_time_s, c.memory.total, ...
 //
 // How a step is priced (docs/planner.md has the derivation and the sources):
-//   1. One layer's per-rank program (plan/local_graph.h: the model builders' ops
-//      at local shapes micro_batch x seq/cp, heads/tp, ffn/tp) is priced node by
-//      node from each OpDef's cost: a roofline of its FLOPs (at the cluster's
-//      size-dependent matmul efficiency) and its bytes (at memory bandwidth),
-//      scaled to the compute dtype. Backward nodes split into input-gradient (B)
-//      and weight-gradient (W) work. Cached per (tp, cp, micro_batch): all layers
-//      are the same, so a 96-layer model costs one graph.
-//   2. A stage = its layers x that + the Megatron tensor-parallel collectives
-//      (2 all_reduce forward + 2 backward per layer, or all_gather +
-//      reduce_scatter with sequence parallelism), context-parallel K/V
-//      all_gather/reduce_scatter, embedding (first stage), head + loss (last).
-//      Recompute adds the forward (full) or the attention core (selective) to B.
+//   1. The rank's program (plan/rank_program.h: the model's own builder cut to
+//      one transformer block, autodiff, recompute, and the SPMD partitioner on
+//      the plan's cp x tp mesh, from the section `plan --out` writes) is priced
+//      node by node from each OpDef's cost: a roofline of its FLOPs (at the
+//      cluster's size-dependent matmul efficiency) and its bytes (at memory
+//      bandwidth), scaled to the compute dtype; each collective node the
+//      partitioner inserted by collective_time_s on the link of its mesh axis
+//      (parallel/collective_cost.h, the reshard planner's cost too). Backward
+//      nodes split into input-gradient (B) and weight-gradient (W) work.
+//      Cached per (tp, cp, micro_batch, sp): all blocks are the same, so a
+//      96-layer model costs one program. A model without blocks (the MLP) is
+//      built and priced whole.
+//   2. A stage = its blocks x that (compute + the block's collectives: the
+//      Megatron all_reduces, or all_gather + reduce_scatter with sequence
+//      parallelism, Ulysses' all_to_alls with cp), the embedding (first
+//      stage), head + loss (last). Recompute adds the forward (full) or the
+//      attention core (selective) to B, or the pass's clones (recompute_from_pass).
 //   3. The schedule: m (F + B + W) + the bubble: (p-1)(F+B+W) for GPipe/1F1B,
 //      /v for interleaved, (p-1)(F+B-W) for ZB-H1; point-to-point sends on the
 //      pp link; the gradient reduce over dp*cp ranks (ring, on the link the axis
@@ -38,6 +44,7 @@
 // outermost, as Megatron-LM) decides which link each axis uses.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,8 +56,9 @@
 #include "meshflow/core/status.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/plan/cluster.h"
-#include "meshflow/plan/local_graph.h"
+#include "meshflow/plan/model_dims.h"
 #include "meshflow/plan/plan.h"
+#include "meshflow/plan/rank_program.h"
 
 namespace meshflow::plan {
 
@@ -79,9 +87,10 @@ enum class AttentionKernel { kFused, kMaterialized, kBlockedCpu };
 //                 value of the per-rank program in one arena laid out before
 //                 the first step by the static memory planner
 //                 (runtime/memory_plan.h), gradients included. The cost model
-//                 runs that planner over the local program of one and of two
-//                 blocks (plan/local_graph.h, with the plan's recompute pass)
-//                 and extrapolates linearly to the stage's blocks.
+//                 runs that planner over the rank program of one and of two
+//                 blocks (plan/rank_program.h, with the plan's recompute pass)
+//                 and extrapolates linearly to the stage's blocks. A model
+//                 without blocks has no Korthikanti formula: it always uses this.
 enum class MemoryModel { kMegatron, kStaticArena };
 
 // Every constant of the cost model that is not in the Cluster file. Each is a
@@ -210,21 +219,31 @@ struct StepCost {
   double mfu = 0;             // model_flops / step / (devices x peak)
 };
 
-// The priced forward/backward of one layer (or of the embedding+head) per micro-batch.
+// The priced forward/backward of one transformer block (or of what lies
+// outside the blocks: embedding, final norm, head, loss) per micro-batch, read
+// off the rank's program (plan/rank_program.h). Compute times exclude the
+// collectives; the collectives the partitioner put in the block are priced
+// apart on the link of their mesh axis. A model without blocks (the MLP) is
+// all "head".
 struct LayerCost {
-  // Tensor-parallel region (nodes on heads/ffn shards) and replicated region
-  // (norms, residuals, dropout: what sequence parallelism splits by tp).
-  double forward_s = 0, backward_s = 0, weight_grad_s = 0;
-  double forward_replicated_s = 0, backward_replicated_s = 0, weight_grad_replicated_s = 0;
+  double forward_s = 0, backward_s = 0, weight_grad_s = 0;  // compute
+  // The block's collectives by mesh axis (tp; cp: Ulysses' all_to_alls).
+  double tp_fwd_s = 0, tp_bwd_s = 0, cp_fwd_s = 0, cp_bwd_s = 0;
+  double tp_fwd_bytes = 0, tp_bwd_bytes = 0, cp_fwd_bytes = 0, cp_bwd_bytes = 0;  // sent per rank
   double attention_core_s = 0;  // forward of the attention op (selective recompute)
-  double recompute_full_s = 0, recompute_selective_s = 0;   // recompute_from_pass: the clones
-  double embed_fwd_s = 0, embed_bwd_s = 0;                  // embedding (first stage)
-  double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // final norm, lm_head, loss
-  int64_t layer_params = 0;                                 // per rank
-  int64_t embed_params = 0;                                 // per rank (word + position table)
-  int64_t head_params = 0;  // per rank (final norm + lm_head; the table copy when tied)
+  double recompute_full_s = 0, recompute_selective_s = 0;  // recompute_from_pass: the clones
+  // Outside the blocks, collectives included; *_comm_s / *_comm_bytes: theirs.
+  double embed_fwd_s = 0, embed_bwd_s = 0;                  // before the first block
+  double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // after the last block
+  double embed_comm_s = 0, head_comm_s = 0, embed_comm_bytes = 0, head_comm_bytes = 0;
+  // The optimizer phase's collectives, once per step: the block's and the rest's.
+  double opt_comm_s = 0, opt_comm_outside_s = 0, opt_comm_bytes = 0, opt_comm_outside_bytes = 0;
+  int64_t layer_params = 0;  // per rank
+  int64_t embed_params = 0;  // per rank (word + position table)
+  int64_t head_params = 0;  // per rank (final norm + lm_head; everything of a model without blocks)
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
-  int nodes = 0;  // nodes priced (forward + backward of the one-layer program)
+  int nodes = 0;        // compute nodes priced (forward + backward of the program)
+  int collectives = 0;  // collective nodes priced
 };
 
 class CostModel {
@@ -238,15 +257,22 @@ class CostModel {
   const CostConstants& constants() const { return k_; }
   const TransformerDims& dims() const { return dims_; }
   DType compute_dtype() const { return dtype_; }
-  // An error when the job is not a transformer LM or seq exceeds the model's maximum.
+  // An error when seq exceeds a language model's maximum or the batch is < 1.
   const Status& status() const { return status_; }
+  // A transformer LM (dims() filled); false: a model without blocks (the MLP),
+  // priced whole on one stage (no pp, cp or sp).
+  bool has_blocks() const { return dims_.layers > 0; }
 
   // Why `p` is not a valid plan for this job ("" when it is).
   std::string invalid_reason(const Plan& p) const;
   // The cost of a valid plan (errors say why a plan is invalid).
   Result<StepCost> price(const Plan& p) const;
-  // One layer's cost at these local shapes (built and priced once, then cached).
-  Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch) const;
+  // One block's cost at these local shapes (the rank program built and priced
+  // once per (tp, cp, micro_batch, sp), then cached, errors included).
+  Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false) const;
+  // The rank program the planner prices (plan/rank_program.h), with the
+  // cluster's links for the reshard planner.
+  Result<LocalProgram> rank_program(const RankShape& s) const;
   // MemoryModel::kStaticArena: bytes of the executor's arena for one rank's
   // program of `layers` blocks (+ embedding, head, loss) at the plan's local
   // shapes and recompute policy: the static memory planner run over the local
@@ -264,8 +290,15 @@ class CostModel {
   // and the roofline of an op with that compute and `bytes` of memory traffic.
   double compute_time_s(double flops) const;
   // One node of a local program: roofline, attention by the kernel in use.
-  double node_time_s(const Graph& g, const Node& n, int64_t cp) const;
+  double node_time_s(const Graph& g, const Node& n) const;
+  // One collective node of a rank program: collective_time_s of its buffer
+  // (in the compute dtype) on the link its mesh axis maps to under plan `p`.
+  // Sets *bytes to what the rank sends, *axis to the mesh axis name.
+  double collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p, double* bytes,
+                                std::string* axis) const;
   double roofline_time_s(double flops, double bytes) const;
+  // layer_cost without the cache.
+  Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp) const;
 
   TrainingJob job_;
   Cluster cluster_;
@@ -276,7 +309,16 @@ class CostModel {
   double forward_flops_per_token_ = 0;
   Status status_;
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const LayerCost>> cache_;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool>,
+                   std::shared_ptr<const Result<LayerCost>>>
+      cache_;
+  // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
+  // bytes, the rest's seconds and bytes (LayerCost::opt_comm_*).
+  mutable std::map<std::tuple<int64_t, int64_t, bool>, std::array<double, 4>> opt_cache_;
+  // (tp, cp, sp, recompute, blocks) -> the partitioner's strategy for the rank program.
+  mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t>,
+                   std::shared_ptr<const Annotation>>
+      strategy_cache_;
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::pair<double, double>>
       arena_cache_;

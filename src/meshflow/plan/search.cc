@@ -154,7 +154,7 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
     for (int64_t cp : divisors(devices / tp)) {
       if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || seq % cp != 0)) continue;
       for (int64_t pp : divisors(devices / (tp * cp))) {
-        if (fx.pp ? pp != *fx.pp : pp > d.layers) continue;
+        if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, d.layers)) continue;
         const int64_t dp = devices / (tp * cp * pp);
         if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
         const int64_t replica_batch = gb / dp;

@@ -1,0 +1,72 @@
+#include "meshflow/plan/model_dims.h"
+
+#include <string>
+
+namespace meshflow::plan {
+
+Result<TransformerDims> transformer_dims(const ModelConfig& model) {
+  TransformerDims d;
+  if (const auto* g = std::get_if<GptConfig>(&model)) {
+    d.llama = false;
+    d.layers = g->n_layer;
+    d.hidden = g->n_embd;
+    d.heads = g->n_head;
+    d.kv_heads = g->n_head;
+    d.head_dim = g->head_dim();
+    d.ffn = g->ffn();
+    d.vocab = g->vocab_size;
+    d.max_seq = g->n_positions;
+    d.tied = g->tie_word_embeddings;
+    d.dropout = g->resid_pdrop > 0.f || g->embd_pdrop > 0.f;
+    return d;
+  }
+  if (const auto* l = std::get_if<LlamaConfig>(&model)) {
+    d.llama = true;
+    d.layers = l->num_hidden_layers;
+    d.hidden = l->hidden_size;
+    d.heads = l->num_attention_heads;
+    d.kv_heads = l->kv_heads();
+    d.head_dim = l->head_dim();
+    d.ffn = l->intermediate_size;
+    d.vocab = l->vocab_size;
+    d.max_seq = l->max_position_embeddings;
+    d.tied = l->tie_word_embeddings;
+    d.dropout = false;
+    return d;
+  }
+  return Status::invalid(
+      "the planner prices transformer language models (gpt2, llama); this model is an mlp");
+}
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+}  // namespace
+
+Status check_local_shape(const TransformerDims& d, const RankShape& s) {
+  if (s.micro_batch < 1 || s.seq < 1 || s.tp < 1 || s.cp < 1)
+    return Status::invalid("micro_batch, seq, tp and cp must be >= 1");
+  if (d.heads % s.tp != 0)
+    return Status::invalid("tp=" + str(s.tp) + " does not divide heads=" + str(d.heads) +
+                           " (tensor parallelism splits the attention heads)");
+  if (d.kv_heads % s.tp != 0 && s.tp % d.kv_heads != 0)
+    return Status::invalid("tp=" + str(s.tp) + " and kv_heads=" + str(d.kv_heads) +
+                           ": one must divide the other (kv heads are split or replicated)");
+  if (d.ffn % s.tp != 0)
+    return Status::invalid("tp=" + str(s.tp) + " does not divide ffn=" + str(d.ffn));
+  if (s.seq % s.cp != 0)
+    return Status::invalid("cp=" + str(s.cp) + " does not divide seq=" + str(s.seq) +
+                           " (context parallelism splits the sequence)");
+  if (s.sp && (s.tp < 2 || (s.seq / s.cp) % s.tp != 0))
+    return Status::invalid("sp splits the local seq " + str(s.seq / s.cp) + " by tp=" + str(s.tp) +
+                           ", which needs tp > 1 dividing it");
+  if (s.blocks < 1) return Status::invalid("blocks must be >= 1, got " + str(s.blocks));
+  if (s.seq > d.max_seq)
+    return Status::invalid("seq=" + str(s.seq) + " exceeds the model's maximum " + str(d.max_seq));
+  return Status::ok();
+}
+
+}  // namespace meshflow::plan

@@ -1,0 +1,89 @@
+#include "meshflow/plan/rank_program.h"
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "meshflow/autodiff/autodiff.h"
+#include "meshflow/autodiff/recompute.h"
+#include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/configured.h"
+#include "meshflow/plan/auto_plan.h"
+#include "meshflow/runtime/run_config.h"
+
+namespace meshflow::plan {
+
+ModelConfig with_blocks(const ModelConfig& model, int64_t blocks) {
+  ModelConfig m = model;
+  if (auto* g = std::get_if<GptConfig>(&m)) g->n_layer = blocks;
+  if (auto* l = std::get_if<LlamaConfig>(&m)) l->num_hidden_layers = blocks;
+  return m;
+}
+
+int64_t num_blocks(const ModelConfig& model) {
+  if (const auto* g = std::get_if<GptConfig>(&model)) return g->n_layer;
+  if (const auto* l = std::get_if<LlamaConfig>(&model)) return l->num_hidden_layers;
+  return 0;
+}
+
+int64_t axis_stride(const Plan& p, const std::string& axis) {
+  if (axis == "tp") return 1;
+  if (axis == "cp") return p.tp;
+  if (axis == "dp") return p.tp * p.cp;
+  return p.tp * p.cp * p.dp;  // pp
+}
+
+Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
+                                        const Cluster& cluster, int64_t bytes_per_element,
+                                        std::shared_ptr<const Annotation>* strategy) {
+  const ModelConfig cut = num_blocks(model) > 0 ? with_blocks(model, s.blocks) : model;
+  MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(cut, s.micro_batch, s.seq));
+  Graph& g = m.graph;
+  try {
+    append_backward(g);
+  } catch (const StatusError& e) {
+    return e.status().with_context("the planner's program");
+  }
+  if (s.recompute != Recompute::kNone) {
+    RecomputePolicy rp;
+    rp.mode =
+        s.recompute == Recompute::kFull ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
+    MF_RETURN_IF_ERROR(apply_recompute(g, rp).with_context("pricing recompute"));
+  }
+  if (s.optimizer) append_optimizer(g, RunConfig{}.optimizer);
+  Plan p;
+  p.tp = s.tp, p.cp = s.cp, p.sp = s.sp;
+  MF_ASSIGN_OR_RETURN(nlohmann::json section, parallel_section(p, model));
+  if (section.value("mode", "data") == "data") {
+    LocalProgram lp;
+    lp.graph = std::move(g);
+    lp.mesh = Mesh::line(1, "dp");
+    return lp;
+  }
+  // The mesh of the axes that split something (dp is 1 here): a size-1 axis
+  // only widens the reshard planner's search.
+  std::string axes;
+  std::vector<int64_t> strides;
+  for (const auto& [name, size] : {std::pair<std::string, int64_t>{"tp", p.tp}, {"cp", p.cp}})
+    if (size > 1) {
+      axes += (axes.empty() ? "" : ",") + name + "=" + std::to_string(size);
+      strides.push_back(axis_stride(p, name));
+    }
+  section["mesh"] = axes;
+  if (section.contains("rules"))  // a rule over an axis of size 1 (dp here) splits nothing
+    for (auto it = section["rules"].begin(); it != section["rules"].end();)
+      it = (it.value() == "tp" && p.tp > 1) || (it.value() == "cp" && p.cp > 1)
+               ? std::next(it)
+               : section["rules"].erase(it);
+  MF_ASSIGN_OR_RETURN(StrategyConfig pc, parse_strategy_config(section, "parallel (planned)"));
+  const Mesh& mesh = pc.mesh;
+  const ReshardCostModel cost = reshard_costs(cluster, mesh, strides, bytes_per_element);
+  if (strategy && *strategy) return lower(g, **strategy, /*rank=*/0, cost);
+  MF_ASSIGN_OR_RETURN(
+      Annotation a,
+      annotate_config(g, mesh, pc, "the planned " + summarize(model, s.seq).kind, &cost));
+  auto shared = std::make_shared<const Annotation>(std::move(a));
+  if (strategy) *strategy = shared;
+  return lower(g, *shared, /*rank=*/0, cost);
+}
+
+}  // namespace meshflow::plan

@@ -1,0 +1,76 @@
+// The program one rank runs under a plan, built the way the engine builds it,
+// for the planner to price node by node: the model's own builder
+// (models/from_config.h) with the model cut to `blocks` transformer blocks,
+// autodiff, the recompute pass, then the SPMD partitioner (parallel/configured.h)
+// on the plan's mesh, annotated from plan::parallel_section, the same section
+// `meshflow plan --out` writes and the trainer runs. So the planner prices the
+// ops, local shapes and collectives that run, for any model the engine builds
+// (GPT, LLaMA, the MLP), not a hand-written copy of a layer.
+//
+//   RankShape s{.micro_batch = 2, .seq = 2048, .tp = 8, .cp = 1, .blocks = 1};
+//   MF_ASSIGN_OR_RETURN(LocalProgram p, build_rank_program(model, s, cost));
+//   for (const Node& n : p.graph.nodes()) ...      // the per-rank program
+//
+// The mesh is cp x tp with dp = 1: a rank's forward and backward do not depend
+// on how many replicas there are, and the gradient reduction over dp is priced
+// by the cost model (bucketed and overlapped as the data-parallel runtime runs
+// it). The optimizer's nodes only with RankShape::optimizer (the cost model
+// prices the update itself as memory-bound work, and the optimizer phase's
+// collectives from the program).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "meshflow/core/status.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/parallel/partition.h"
+#include "meshflow/plan/cluster.h"
+#include "meshflow/plan/plan.h"
+
+namespace meshflow::plan {
+
+struct RankShape {
+  int64_t micro_batch = 1;  // sequences (examples) one rank runs per micro-batch
+  int64_t seq = 1;          // the full sequence (ignored by the MLP)
+  int64_t tp = 1;
+  int64_t cp = 1;
+  bool sp = false;
+  Recompute recompute = Recompute::kNone;
+  // Transformer blocks of the program (node.layer 0 .. blocks-1); a model
+  // without blocks (the MLP) is built whole.
+  int64_t blocks = 1;
+  // The optimizer a run config gets by default (AdamW, global-norm clipping's
+  // norm), so the collectives of the optimizer phase are in the program.
+  bool optimizer = false;
+};
+
+// The model with `blocks` transformer blocks (GPT n_layer, LLaMA
+// num_hidden_layers); a model without blocks unchanged.
+ModelConfig with_blocks(const ModelConfig& model, int64_t blocks);
+
+// Transformer blocks of the model (0 for a model without blocks).
+int64_t num_blocks(const ModelConfig& model);
+
+// The stride of a mesh axis in the planner's device order (rank = ((pp * dp +
+// d) * cp + c) * tp + t, as Megatron-LM: tp innermost), which decides the link
+// an axis's collectives use. axis: "tp", "cp", "dp" or "pp".
+int64_t axis_stride(const Plan& p, const std::string& axis);
+
+// The per-rank program of rank 0 (every rank of a cp x tp group runs the same
+// ops at the same shapes), on the mesh of the plan's axes of size > 1, the
+// reshard planner pricing each axis on the cluster link its stride maps to
+// (reshard_costs). Errors: the model cannot be built at these shapes, or the
+// plan's section does not partition it (names the dim and degree).
+//
+// `strategy` (may be null) caches the partitioner's annotation: when it holds
+// one, the program is lowered with it instead of annotating again (the
+// strategy of the same model and degrees at another micro-batch: annotating
+// is most of the cost, and the layouts it picks do not depend on the batch,
+// which no axis of this mesh splits); when empty, it receives the one chosen.
+Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
+                                        const Cluster& cluster, int64_t bytes_per_element,
+                                        std::shared_ptr<const Annotation>* strategy = nullptr);
+
+}  // namespace meshflow::plan
