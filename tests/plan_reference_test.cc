@@ -78,7 +78,7 @@ RowResult price_row(const json& row, const CostConstants& k, bool with_best = tr
   o.fixed.sp = false;
   o.fixed.recompute = Recompute::kFull;
   o.fixed.zero = 0;
-  o.fixed.schedule = pp > 1 ? Schedule::kInterleaved : Schedule::kOneFOneB;
+  o.fixed.schedule = pp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
   Result<SearchResult> pinned = search_plans(cm, gpus, o);
   MF_CHECK(pinned.is_ok()) << pinned.status().message();
   if (!with_best) return {pinned->plans[0], pinned->plans[0]};

@@ -162,12 +162,12 @@ TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   Plan p;
   p.dp = 16, p.tp = 8, p.pp = 8, p.micro_batch = 1, p.num_micro_batches = 96;
   p.recompute = Recompute::kFull;
-  p.schedule = Schedule::kOneFOneB;
+  p.schedule = ScheduleKind::k1F1B;
   StepCost one = *cm.price(p);
-  p.schedule = Schedule::kInterleaved;
+  p.schedule = ScheduleKind::kInterleaved;
   p.vp = 2;
   StepCost inter = *cm.price(p);
-  p.schedule = Schedule::kZeroBubbleH1;
+  p.schedule = ScheduleKind::kZbH1;
   p.vp = 1;
   StepCost zb = *cm.price(p);
   EXPECT_NEAR(inter.bubble_s / one.bubble_s, 0.5, 0.05);
@@ -176,10 +176,41 @@ TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   const double pipeline = one.step_time_s - one.dp_comm_s - one.optimizer_s;
   EXPECT_NEAR(one.bubble_s / pipeline, 7.0 / 103.0, 1e-6);
   // The simulated timeline agrees with the closed form for 1F1B.
-  p.schedule = Schedule::kOneFOneB;
+  p.schedule = ScheduleKind::k1F1B;
   SimulatedStep sim = simulate_step(one);
   EXPECT_NEAR(sim.step_time_s / one.step_time_s, 1.0, 0.01);
   EXPECT_GT(sim.trace.num_spans(), size_t(8 * 96 * 2));
+}
+
+TEST(PlanSearch, SimulatedTimelineRunsTheRuntimesSchedule) {
+  // `meshflow simulate` runs the per-rank orders the pipeline engine executes
+  // (pipeline/schedule.h) with the plan's per-action costs: GPipe and 1F1B
+  // match the closed form the search ranks by; interleaving and zb-h1 run
+  // between the bubble-free time and 1F1B's.
+  CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 64, 2048},
+               cluster("dgx_a100_80gb.json", 32));
+  Plan p;
+  p.dp = 1, p.tp = 8, p.pp = 4, p.micro_batch = 1, p.num_micro_batches = 64;
+  double one_f_one_b = 0;
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                         ScheduleKind::kZbH1}) {
+    SCOPED_TRACE(std::string(schedule_name(k)));
+    p.schedule = k;
+    p.vp = k == ScheduleKind::kInterleaved ? 2 : 1;
+    Result<StepCost> c = cm.price(p);
+    ASSERT_TRUE(c.is_ok()) << c.status().message();
+    const SimulatedStep sim = simulate_step(*c);
+    const double closed = c->step_time_s - c->dp_comm_s - c->optimizer_s;
+    const double steady = closed - c->bubble_s;
+    if (k == ScheduleKind::kGPipe || k == ScheduleKind::k1F1B) {
+      EXPECT_NEAR(sim.pipeline_s / closed, 1.0, 0.01);
+      if (k == ScheduleKind::k1F1B) one_f_one_b = sim.pipeline_s;
+    } else {
+      EXPECT_GT(sim.pipeline_s, steady);
+      EXPECT_LT(sim.pipeline_s, one_f_one_b);
+    }
+    EXPECT_GT(sim.bubble_fraction, 0);
+  }
 }
 
 TEST(PlanSearch, Gpt3On1024GpusIsFast) {
@@ -245,7 +276,8 @@ TEST(PlanSearch, FixErrorsNameTheKey) {
   };
   EXPECT_NE(msg("tq=4").find("unknown key 'tq'; valid: dp, tp, pp, cp, sp, vp"), std::string::npos);
   EXPECT_NE(msg("tp=0").find("--fix tp must be an integer >= 1"), std::string::npos);
-  EXPECT_NE(msg("schedule=2f2b").find("gpipe, 1f1b, interleaved, zb-h1"), std::string::npos);
+  EXPECT_NE(msg("schedule=2f2b").find(R"(valid: "gpipe", "1f1b", "interleaved", "zb-h1")"),
+            std::string::npos);
   EXPECT_NE(msg("zero=4").find("zero must be 0, 1, 2 or 3"), std::string::npos);
   EXPECT_NE(msg("tp").find("key=value"), std::string::npos);
 }

@@ -57,7 +57,7 @@ ojson plan_json(const StepCost& c) {
   j["virtual_stages"] = p.vp;
   j["micro_batch"] = p.micro_batch;
   j["num_micro_batches"] = p.num_micro_batches;
-  j["schedule"] = schedule_name(p.schedule);
+  j["schedule"] = std::string(schedule_name(p.schedule));
   j["recompute"] = recompute_name(p.recompute);
   j["zero"] = p.zero;
   j["step_time_s"] = c.step_time_s;

@@ -132,7 +132,7 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   if (p.zero > 0) par["zero"] = p.zero;
   if (p.pp > 1)
     par["pipeline"] = {{"stages", p.pp},
-                       {"schedule", schedule_name(p.schedule)},
+                       {"schedule", std::string(schedule_name(p.schedule))},
                        {"micro_batches", p.num_micro_batches},
                        {"virtual_stages", p.vp}};
   par["recompute"] = recompute_name(p.recompute);

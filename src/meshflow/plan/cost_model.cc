@@ -516,10 +516,10 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   if (has_blocks() && p.pp > d.layers)
     return "pp=" + str(p.pp) + " exceeds the " + str(d.layers) + " layers";
   if (p.zero < 0 || p.zero > 3) return "zero must be 0, 1, 2 or 3, got " + str(p.zero);
-  if (p.pp == 1 && p.schedule != Schedule::kOneFOneB)
-    return std::string("pp=1 has no pipeline schedule (use 1f1b), got ") +
-           schedule_name(p.schedule);
-  if (p.schedule == Schedule::kInterleaved) {
+  if (p.pp == 1 && p.schedule != ScheduleKind::k1F1B)
+    return "pp=1 has no pipeline schedule (use 1f1b), got " +
+           std::string(schedule_name(p.schedule));
+  if (p.schedule == ScheduleKind::kInterleaved) {
     if (p.vp < 2) return "the interleaved schedule needs vp >= 2 virtual stages";
     if (d.layers % (p.pp * p.vp) != 0)
       return "interleaved: pp*vp = " + str(p.pp * p.vp) + " must divide the " + str(d.layers) +
@@ -635,14 +635,14 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   double pipeline = steady;
   if (p.pp > 1) {
     switch (p.schedule) {
-      case Schedule::kGPipe:
-      case Schedule::kOneFOneB:
+      case ScheduleKind::kGPipe:
+      case ScheduleKind::k1F1B:
         pipeline = (m + pp - 1) * (T + p2p_mb);
         break;
-      case Schedule::kInterleaved:
+      case ScheduleKind::kInterleaved:
         pipeline = (m * v + pp - 1) * (T + p2p_mb) / v;
         break;
-      case Schedule::kZeroBubbleH1:
+      case ScheduleKind::kZbH1:
         // Qi et al. 2023: ZB-H1 (1F1B's memory) leaves (p-1)(F+B-W);
         // (p-1)(F+B-2W) is ZB-H2's, which needs about twice the activations.
         pipeline = steady + (pp - 1) * (std::max(0.0, F + B - W) + 2 * st.p2p_s);
@@ -752,19 +752,19 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   double in_flight = 1;
   if (p.pp > 1) {
     switch (p.schedule) {
-      case Schedule::kGPipe:
+      case ScheduleKind::kGPipe:
         in_flight = m;
         break;
-      case Schedule::kOneFOneB:
-      case Schedule::kZeroBubbleH1:
+      case ScheduleKind::k1F1B:
+      case ScheduleKind::kZbH1:
         in_flight = std::min(m, pp);
         break;
-      case Schedule::kInterleaved:
+      case ScheduleKind::kInterleaved:
         in_flight = std::min(m, pp) * (1 + (pp - 1) / (pp * m));
         break;
     }
   }
-  const double last_in_flight = p.schedule == Schedule::kGPipe ? m : 1.0;
+  const double last_in_flight = p.schedule == ScheduleKind::kGPipe ? m : 1.0;
   const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
                            (act + (d.dropout ? 1.0 : 0.0)) / (p.sp ? double(p.tp) : 1.0);
   // Temporaries: the recompute working set (one layer's full activations),

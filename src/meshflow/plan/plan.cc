@@ -2,28 +2,6 @@
 
 namespace meshflow::plan {
 
-const char* schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::kGPipe:
-      return "gpipe";
-    case Schedule::kOneFOneB:
-      return "1f1b";
-    case Schedule::kInterleaved:
-      return "interleaved";
-    case Schedule::kZeroBubbleH1:
-      return "zb-h1";
-  }
-  return "?";
-}
-
-Result<Schedule> parse_schedule(const std::string& s) {
-  for (Schedule x :
-       {Schedule::kGPipe, Schedule::kOneFOneB, Schedule::kInterleaved, Schedule::kZeroBubbleH1})
-    if (s == schedule_name(x)) return x;
-  return Status::invalid("schedule must be one of gpipe, 1f1b, interleaved, zb-h1, got '" + s +
-                         "'");
-}
-
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::kNone:

@@ -5,27 +5,24 @@
 //
 //   Plan p;  p.dp = 16; p.tp = 8; p.pp = 8; p.vp = 2;
 //   p.micro_batch = 1; p.num_micro_batches = 96;
-//   p.schedule = Schedule::kInterleaved; p.recompute = Recompute::kFull;
+//   p.schedule = ScheduleKind::kInterleaved; p.recompute = Recompute::kFull;
 //   std::string s = plan_label(p);   // "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0"
 //
 // Invariant (the search only makes such plans; validate_plan says why not):
 // dp * tp * pp * cp = the number of devices; vp > 1 only with kInterleaved;
-// pp == 1 uses kOneFOneB (no pipeline: one stage, micro-batches accumulate).
+// pp == 1 uses k1F1B (no pipeline: one stage, micro-batches accumulate).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "meshflow/core/status.h"
+#include "meshflow/pipeline/schedule.h"
 
 namespace meshflow::plan {
 
-enum class Schedule { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
 enum class Recompute { kNone, kSelective, kFull };
 
-// "gpipe", "1f1b", "interleaved", "zb-h1" and back.
-const char* schedule_name(Schedule s);
-Result<Schedule> parse_schedule(const std::string& s);
 // "none", "selective", "full" and back.
 const char* recompute_name(Recompute r);
 Result<Recompute> parse_recompute(const std::string& s);
@@ -39,7 +36,9 @@ struct Plan {
   int64_t vp = 1;                 // virtual stages (model chunks) per pipeline rank
   int64_t micro_batch = 1;        // sequences per micro-batch (per data-parallel replica)
   int64_t num_micro_batches = 1;  // per step per replica: global_batch / (dp * micro_batch)
-  Schedule schedule = Schedule::kOneFOneB;
+  // The runtime's schedules (pipeline/schedule.h): one enum, one parser
+  // (parse_schedule_kind), one generator of the per-rank orders.
+  ScheduleKind schedule = ScheduleKind::k1F1B;
   Recompute recompute = Recompute::kNone;
   int zero = 0;  // ZeRO stage 0..3, over the dp * cp replicas
 

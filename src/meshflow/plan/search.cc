@@ -65,7 +65,7 @@ std::string FixedChoices::to_string() const {
   if (sp) add(std::string("sp=") + (*sp ? "true" : "false"));
   if (vp) add("vp=" + str(*vp));
   if (micro_batch) add("micro_batch=" + str(*micro_batch));
-  if (schedule) add(std::string("schedule=") + schedule_name(*schedule));
+  if (schedule) add("schedule=" + std::string(schedule_name(*schedule)));
   if (recompute) add(std::string("recompute=") + recompute_name(*recompute));
   if (zero) add("zero=" + str(*zero));
   return s;
@@ -108,7 +108,7 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
         return Status::invalid("--fix sp must be true or false, got '" + v + "'");
       f.sp = v == "true" || v == "1";
     } else if (key == "schedule") {
-      Result<Schedule> s = parse_schedule(v);
+      Result<ScheduleKind> s = parse_schedule_kind(v);
       if (!s.is_ok()) return s.status().with_context("--fix");
       f.schedule = *s;
     } else if (key == "recompute") {
@@ -162,16 +162,16 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
           Plan p;
           p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
           p.num_micro_batches = replica_batch / mb;
-          std::vector<std::pair<Schedule, int64_t>> schedules;
+          std::vector<std::pair<ScheduleKind, int64_t>> schedules;
           if (pp == 1) {
-            schedules.push_back({Schedule::kOneFOneB, 1});
+            schedules.push_back({ScheduleKind::k1F1B, 1});
           } else {
-            for (Schedule s : {Schedule::kGPipe, Schedule::kOneFOneB, Schedule::kZeroBubbleH1})
+            for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
               schedules.push_back({s, 1});
             if (p.num_micro_batches % pp == 0)
               for (int64_t vp : divisors(d.layers / std::max<int64_t>(1, pp)))
                 if (vp >= 2 && vp <= o.max_vp && d.layers % (pp * vp) == 0)
-                  schedules.push_back({Schedule::kInterleaved, vp});
+                  schedules.push_back({ScheduleKind::kInterleaved, vp});
           }
           for (const auto& [sched, vp] : schedules) {
             p.schedule = sched;

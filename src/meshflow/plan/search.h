@@ -30,7 +30,7 @@ namespace meshflow::plan {
 struct FixedChoices {
   std::optional<int64_t> dp, tp, pp, cp, vp, micro_batch;
   std::optional<bool> sp;
-  std::optional<Schedule> schedule;
+  std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   std::optional<int> zero;
   bool matches(const Plan& p) const;

@@ -1,219 +1,103 @@
 #include "meshflow/plan/simulate.h"
 
 #include <algorithm>
-#include <deque>
-#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshflow/core/check.h"
 
 namespace meshflow::plan {
 
-namespace {
-
-enum Kind { kF = 0, kB = 1, kW = 2 };
-
-struct Op {
-  Kind kind;
-  int64_t chunk, mb;
-};
-
-// The order stage `s` runs its forward and backward chunks in.
-std::vector<Op> stage_order(const Plan& p, int64_t s) {
-  const int64_t m = p.num_micro_batches, v = p.vp, pp = p.pp;
-  std::vector<Op> fwd, bwd;
-  for (int64_t k = 0; k < m * v; ++k) {
-    if (p.schedule == Schedule::kInterleaved) {
-      // Megatron-LM: groups of pp micro-batches go through chunk 0, then chunk 1, ...
-      const int64_t mb = (k / (pp * v)) * pp + k % pp, c = (k / pp) % v;
-      fwd.push_back({kF, c, mb});
-      bwd.push_back({kB, v - 1 - c, mb});
-    } else {
-      fwd.push_back({kF, 0, k});
-      bwd.push_back({kB, 0, k});
-    }
-  }
-  std::vector<Op> order;
-  if (p.schedule == Schedule::kGPipe || pp == 1) {
-    order = fwd;
-    order.insert(order.end(), bwd.begin(), bwd.end());
-    return order;
-  }
-  const int64_t n = m * v;
-  const int64_t warm = p.schedule == Schedule::kInterleaved
-                           ? std::min((pp - s - 1) * 2 + (v - 1) * pp, n)
-                           : std::min(pp - s - 1, n);
-  size_t fi = 0, bi = 0;
-  for (; fi < static_cast<size_t>(warm); ++fi) order.push_back(fwd[fi]);
-  while (fi < fwd.size()) {
-    order.push_back(fwd[fi++]);
-    order.push_back(bwd[bi++]);
-  }
-  while (bi < bwd.size()) order.push_back(bwd[bi++]);
-  return order;
-}
-
-std::string op_name(const Op& o, int64_t v) {
-  const char* k = o.kind == kF ? "F" : o.kind == kB ? "B" : "W";
-  std::string s = std::string(k) + " mb=" + std::to_string(o.mb);
-  if (v > 1) s += " chunk=" + std::to_string(o.chunk);
-  return s;
-}
-
-}  // namespace
-
 SimulatedStep simulate_step(const StepCost& c) {
   const Plan& p = c.plan;
-  const int64_t pp = p.pp, v = p.vp, m = p.num_micro_batches;
-  const bool zb = p.schedule == Schedule::kZeroBubbleH1;
-  const double f_dur = c.stage.forward_s / double(v);
-  const double w_dur = c.stage.weight_grad_s / double(v);
-  const double b_dur = c.stage.backward_s / double(v) + (zb ? 0.0 : w_dur);
-  const double p2p = c.stage.p2p_s;
+  const int64_t pp = p.pp, v = p.vp;
+  // The runtime's schedule (pipeline/schedule.h: the per-rank orders the
+  // pipeline engine executes), run by its simulator with this plan's costs
+  // per chunk: F, B (B + W fused unless zb-h1 splits them), one p2p message.
+  ScheduleOptions so;
+  so.kind = p.schedule;
+  so.stages = static_cast<int>(pp);
+  so.micro_batches = static_cast<int>(p.num_micro_batches);
+  so.virtual_stages = static_cast<int>(v);
+  Result<meshflow::Schedule> sched = make_schedule(so);
+  MF_CHECK(sched.is_ok()) << plan_label(p) << ": " << sched.status().message();
+  SimCosts costs;
+  costs.forward = c.stage.forward_s / double(v);
+  costs.backward_input = c.stage.backward_s / double(v);
+  costs.backward_weight = c.stage.weight_grad_s / double(v);
+  costs.backward = costs.backward_input + costs.backward_weight;
+  costs.p2p = pp > 1 ? c.stage.p2p_s : 0.0;
+  Result<SimResult> sim = simulate(*sched, costs);
+  MF_CHECK(sim.is_ok()) << plan_label(p) << ": " << sim.status().message();
+  auto duration = [&](ActionKind k) {
+    switch (k) {
+      case ActionKind::kForward:
+        return costs.forward;
+      case ActionKind::kBackward:
+        return costs.backward;
+      case ActionKind::kBackwardInput:
+        return costs.backward_input;
+      case ActionKind::kBackwardWeight:
+        return costs.backward_weight;
+      default:
+        return costs.p2p;  // sends (eager, on the p2p row) and receives
+    }
+  };
+
   const double us = 1e6;
-
-  // finish[kind][stage][chunk][mb], -1 until scheduled.
-  auto at = [&](int k, int64_t s, int64_t ch, int64_t mb) {
-    return ((static_cast<size_t>(k) * pp + s) * v + ch) * m + mb;
-  };
-  std::vector<double> finish(static_cast<size_t>(3 * pp * v * m), -1.0);
-  // When op (stage s) may start by its data dependencies; < 0 if not yet known.
-  auto ready = [&](const Op& o, int64_t s) -> double {
-    if (o.kind == kF) {
-      if (s > 0)
-        return finish[at(kF, s - 1, o.chunk, o.mb)] < 0
-                   ? -1
-                   : finish[at(kF, s - 1, o.chunk, o.mb)] + p2p;
-      if (o.chunk > 0) {
-        const double f = finish[at(kF, pp - 1, o.chunk - 1, o.mb)];
-        return f < 0 ? -1 : f + p2p;
-      }
-      return 0;
-    }
-    const double own = finish[at(kF, s, o.chunk, o.mb)];
-    if (own < 0) return -1;
-    double dep = own;
-    if (s < pp - 1) {
-      const double b = finish[at(kB, s + 1, o.chunk, o.mb)];
-      if (b < 0) return -1;
-      dep = std::max(dep, b + p2p);
-    } else if (o.chunk < v - 1) {
-      const double b = finish[at(kB, 0, o.chunk + 1, o.mb)];
-      if (b < 0) return -1;
-      dep = std::max(dep, b + p2p);
-    }
-    return dep;
-  };
-
   SimulatedStep out;
-  std::vector<int> compute_track(pp), p2p_track(pp);
-  for (int64_t s = 0; s < pp; ++s) {
-    const std::string proc = "stage " + std::to_string(s);
-    compute_track[s] = out.trace.track(static_cast<int>(s), proc, 0, "compute");
-    p2p_track[s] = out.trace.track(static_cast<int>(s), proc, 1, "p2p");
-  }
-  std::vector<std::vector<Op>> order(pp);
-  for (int64_t s = 0; s < pp; ++s) order[s] = stage_order(p, s);
-  std::vector<size_t> next(pp, 0);
-  std::vector<double> free_at(pp, 0.0), busy(pp, 0.0);
-  std::vector<std::deque<Op>> pending_w(pp);
-  size_t remaining = 0;
-  for (const auto& o : order) remaining += o.size();
-  remaining += zb ? static_cast<size_t>(pp * v * m) : 0;
-
-  const double min_dur = std::min(f_dur, b_dur);
-  std::vector<double> t_main(pp);
-  while (remaining > 0) {
-    // The earliest start of each stage's next F or B (-1: its inputs are not known yet).
-    double t0 = std::numeric_limits<double>::infinity();
-    for (int64_t s = 0; s < pp; ++s) {
-      t_main[s] = -1;
-      if (next[s] < order[s].size()) {
-        const double r = ready(order[s][next[s]], s);
-        if (r >= 0) t_main[s] = std::max(free_at[s], r);
-      }
-      if (t_main[s] >= 0) t0 = std::min(t0, t_main[s]);
-    }
-    double best_t = std::numeric_limits<double>::infinity();
-    int64_t best_s = -1;
-    bool best_is_w = false;
-    for (int64_t s = 0; s < pp; ++s) {
-      // A deferred W runs where it delays nothing: before an F/B that cannot
-      // start until after it (an unknown input arrives no sooner than t0 + one op + p2p).
-      bool use_w = false;
-      if (!pending_w[s].empty()) {
-        const double earliest = t_main[s] >= 0 ? t_main[s]
-                                : next[s] < order[s].size()
-                                    ? t0 + min_dur + p2p
-                                    : std::numeric_limits<double>::infinity();
-        use_w = earliest >= free_at[s] + w_dur - 1e-12;
-      }
-      const double t = use_w ? free_at[s] : t_main[s];
-      if (t >= 0 && t < best_t) {
-        best_t = t;
-        best_s = s;
-        best_is_w = use_w;
-      }
-    }
-    if (best_s < 0) {  // only deferred Ws can run: the stage free first runs one
-      for (int64_t s = 0; s < pp; ++s)
-        if (!pending_w[s].empty() && free_at[s] < best_t) {
-          best_t = free_at[s];
-          best_s = s;
-          best_is_w = true;
-        }
-    }
-    MF_CHECK(best_s >= 0) << "pipeline schedule deadlocked: " << plan_label(p);
-    const int64_t s = best_s;
-    Op o;
-    double dur;
-    if (best_is_w) {
-      o = pending_w[s].front();
-      pending_w[s].pop_front();
-      dur = w_dur;
-    } else {
-      o = order[s][next[s]++];
-      dur = o.kind == kF ? f_dur : b_dur;
-    }
-    if (best_t > free_at[s] + 1e-12)
-      out.trace.span(compute_track[s], "bubble", "bubble", free_at[s] * us,
-                     (best_t - free_at[s]) * us);
-    const double end = best_t + dur;
-    finish[at(o.kind, s, o.chunk, o.mb)] = end;
-    free_at[s] = end;
-    busy[s] += dur;
-    --remaining;
-    const char* cat = o.kind == kF ? "forward" : o.kind == kB ? "backward" : "weight_grad";
-    out.trace.span(compute_track[s], op_name(o, v), cat, best_t * us, dur * us,
-                   {{"micro_batch", std::to_string(o.mb)}, {"chunk", std::to_string(o.chunk)}});
-    if (o.kind == kB && zb) pending_w[s].push_back({kW, o.chunk, o.mb});
-    // Sends to the neighbour that needs this result.
-    const bool send_f = o.kind == kF && (s < pp - 1 || o.chunk < v - 1);
-    const bool send_b = o.kind == kB && (s > 0 || o.chunk > 0);
-    if ((send_f || send_b) && pp > 1 && p2p > 0)
-      out.trace.span(p2p_track[s], send_f ? "send activation" : "send gradient", "send", end * us,
-                     p2p * us, {{"micro_batch", std::to_string(o.mb)}});
-  }
   double pipeline_end = 0;
-  for (double f : free_at) pipeline_end = std::max(pipeline_end, f);
-  double idle = 0;
-  for (int64_t s = 0; s < pp; ++s) {
-    if (pipeline_end > free_at[s] + 1e-12)
-      out.trace.span(compute_track[s], "bubble", "bubble", free_at[s] * us,
-                     (pipeline_end - free_at[s]) * us);
-    idle += pipeline_end - busy[s];
+  std::vector<double> free_at(pp, 0.0);
+  std::vector<int> compute_track(pp);
+  for (int64_t r = 0; r < pp; ++r) {
+    const std::string proc = "stage " + std::to_string(r);
+    const int compute = out.trace.track(static_cast<int>(r), proc, 0, "compute");
+    compute_track[r] = compute;
+    const int p2p = out.trace.track(static_cast<int>(r), proc, 1, "p2p");
+    const std::vector<Action>& acts = sched->ranks[r];
+    for (size_t k = 0; k < acts.size(); ++k) {
+      const Action& a = acts[k];
+      const double t = sim->start[r][k], dur = duration(a.kind);
+      const std::vector<std::pair<std::string, std::string>> args = {
+          {"micro_batch", std::to_string(a.micro)}, {"chunk", std::to_string(a.chunk)}};
+      if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+        if (costs.p2p > 0)
+          out.trace.span(p2p, a.kind == ActionKind::kSendAct ? "send activation" : "send gradient",
+                         "send", t * us, dur * us, args);
+        continue;
+      }
+      if (!is_compute(a.kind)) continue;
+      if (t > free_at[r] + 1e-12)
+        out.trace.span(compute, "bubble", "bubble", free_at[r] * us, (t - free_at[r]) * us);
+      const char* cat = a.kind == ActionKind::kForward          ? "forward"
+                        : a.kind == ActionKind::kBackwardWeight ? "weight_grad"
+                                                                : "backward";
+      std::string name = std::string(action_name(a.kind)) + " mb=" + std::to_string(a.micro);
+      if (v > 1) name += " chunk=" + std::to_string(a.chunk / pp);
+      out.trace.span(compute, name, cat, t * us, dur * us, args);
+      free_at[r] = t + dur;
+    }
+    pipeline_end = std::max(pipeline_end, free_at[r]);
+  }
+  for (int64_t r = 0; r < pp; ++r) {
+    const int compute = compute_track[r];
+    if (pipeline_end > free_at[r] + 1e-12)
+      out.trace.span(compute, "bubble", "bubble", free_at[r] * us,
+                     (pipeline_end - free_at[r]) * us);
     double t = pipeline_end;
     if (c.dp_comm_s > 0) {
-      out.trace.span(compute_track[s], "gradient reduce (exposed)", "collective", t * us,
-                     c.dp_comm_s * us, {{"zero", std::to_string(p.zero)}});
+      out.trace.span(compute, "gradient reduce (exposed)", "collective", t * us, c.dp_comm_s * us,
+                     {{"zero", std::to_string(p.zero)}});
       t += c.dp_comm_s;
     }
-    out.trace.span(compute_track[s], "optimizer", "optimizer", t * us, c.optimizer_s * us);
+    out.trace.span(compute, "optimizer", "optimizer", t * us, c.optimizer_s * us);
   }
+  double busy = 0;
+  for (double b : sim->busy) busy += b;
   out.pipeline_s = pipeline_end;
   out.step_time_s = pipeline_end + c.dp_comm_s + c.optimizer_s;
-  out.bubble_fraction = pipeline_end > 0 ? idle / (double(pp) * pipeline_end) : 0;
+  out.bubble_fraction = pipeline_end > 0 ? 1 - busy / (double(pp) * pipeline_end) : 0;
   return out;
 }
 
@@ -279,7 +163,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   MF_ASSIGN_OR_RETURN(p.num_micro_batches,
                       get_int(pipe, "parallel.pipeline", "micro_batches", accumulate, false));
   MF_ASSIGN_OR_RETURN(p.vp, get_int(pipe, "parallel.pipeline", "virtual_stages", 1, false));
-  MF_ASSIGN_OR_RETURN(p.schedule, parse_schedule(pipe.value("schedule", std::string("1f1b"))));
+  MF_ASSIGN_OR_RETURN(p.schedule, parse_schedule_kind(pipe.value("schedule", std::string("1f1b"))));
   MF_ASSIGN_OR_RETURN(p.recompute, parse_recompute(par.value("recompute", std::string("none"))));
   MF_ASSIGN_OR_RETURN(int64_t zero, get_int(par, "parallel", "zero", 0, false));
   p.zero = static_cast<int>(zero);
