@@ -384,7 +384,9 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
         time = collective_node_time_s(lp, n, p, &bytes, &axis);
         t[kCollectives] += 1;
         if (n.phase == Phase::kOptimizer) {
-          t[kOptComm] += time, t[kOptCommBytes] += bytes;
+          // Over tp only: the gradients' reduction over the dp * cp replicas
+          // is priced with the schedule (bucketed, overlapped), not twice.
+          if (axis == "tp") t[kOptComm] += time, t[kOptCommBytes] += bytes;
           continue;
         }
         const bool on_cp = axis == "cp";
@@ -461,10 +463,10 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   lc.head_wgrad_s = head[kWgrad];
   lc.embed_comm_s = comm(embed, true) + comm(embed, false);
   lc.head_comm_s = comm(head, true) + comm(head, false);
-  lc.embed_comm_bytes =
-      embed[kTpFwdBytes] + embed[kTpBwdBytes] + embed[kCpFwdBytes] + embed[kCpBwdBytes];
-  lc.head_comm_bytes =
-      head[kTpFwdBytes] + head[kTpBwdBytes] + head[kCpFwdBytes] + head[kCpBwdBytes];
+  lc.embed_comm_bytes = embed[kTpFwdBytes] + embed[kTpBwdBytes];
+  lc.head_comm_bytes = head[kTpFwdBytes] + head[kTpBwdBytes];
+  lc.outside_cp_bytes =
+      embed[kCpFwdBytes] + embed[kCpBwdBytes] + head[kCpFwdBytes] + head[kCpBwdBytes];
   auto count = [](double x) { return static_cast<int64_t>(std::llround(x)); };
   lc.layer_params = count(block[kParams]),
   lc.layer_param_tensors = int(count(block[kParamTensors]));
@@ -809,7 +811,8 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   const double full = p.recompute == Recompute::kFull ? 1.0 : 0.0;
   r.comm.tensor_parallel = m * (ls * (lc.tp_fwd_bytes * (1 + full) + lc.tp_bwd_bytes) +
                                 lc.embed_comm_bytes + lc.head_comm_bytes);
-  r.comm.context_parallel = m * ls * (lc.cp_fwd_bytes * (1 + full) + lc.cp_bwd_bytes);
+  r.comm.context_parallel =
+      m * (ls * (lc.cp_fwd_bytes * (1 + full) + lc.cp_bwd_bytes) + lc.outside_cp_bytes);
   r.comm.tensor_parallel += ls * lc.opt_comm_bytes + lc.opt_comm_outside_bytes;
   r.comm.pipeline = p.pp > 1 ? m * 2 * v * p2p_bytes : 0.0;
   r.comm.data_parallel = dp_bytes;

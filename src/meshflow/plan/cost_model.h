@@ -235,7 +235,9 @@ struct LayerCost {
   // Outside the blocks, collectives included; *_comm_s / *_comm_bytes: theirs.
   double embed_fwd_s = 0, embed_bwd_s = 0;                  // before the first block
   double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // after the last block
+  // (seconds: all collectives; bytes: over tp, and over cp in outside_cp_bytes)
   double embed_comm_s = 0, head_comm_s = 0, embed_comm_bytes = 0, head_comm_bytes = 0;
+  double outside_cp_bytes = 0;
   // The optimizer phase's collectives, once per step: the block's and the rest's.
   double opt_comm_s = 0, opt_comm_outside_s = 0, opt_comm_bytes = 0, opt_comm_outside_bytes = 0;
   int64_t layer_params = 0;  // per rank
