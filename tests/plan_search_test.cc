@@ -91,6 +91,29 @@ TEST(PlanCostModel, RankProgramIsTheModelsBlockAsThePartitionerSplitsIt) {
   EXPECT_NE(bad.status().message().find("heads=16"), std::string::npos) << bad.status().message();
 }
 
+TEST(PlanCostModel, CollectivesInsideKernelsAreDeclaredRecordedAndPriced) {
+  // The vocab-parallel cross-entropy all-reduces three f32 per row over tp
+  // inside its kernel: the op table declares them, the partitioner records
+  // them for explain, and the cost model prices them with the head.
+  const ModelConfig m = load_model("gpt_bytes_small.json");
+  const Cluster c = cluster("dgx_a100_80gb.json", 2);
+  Result<LocalProgram> p = build_rank_program(m, {2, 64, 2, 1}, c, 2);
+  ASSERT_TRUE(p.is_ok()) << p.status().message();
+  int inside = 0;
+  for (const CollectiveRecord& r : p->collectives) {
+    if (r.consumer.find("(in its kernel)") == std::string::npos) continue;
+    ++inside;
+    EXPECT_EQ(r.kind, OpKind::kAllReduce);
+    EXPECT_EQ(r.mesh_axis, "tp");
+    EXPECT_EQ(r.bytes_per_rank, 2 * 64 * 4);  // rows x f32, ring factor 2(n-1)/n = 1
+  }
+  EXPECT_EQ(inside, 3);
+  CostModel cm(TrainingJob{m, 2, 64}, c);
+  Result<LayerCost> lc = cm.layer_cost(2, 1, 2);
+  ASSERT_TRUE(lc.is_ok()) << lc.status().message();
+  EXPECT_GE(lc->head_comm_bytes, 3 * 2 * 64 * 4);
+}
+
 TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
   // The MLP has no blocks: it is priced whole, dp x tp (Megatron's MLP split
   // as rules), its tensor-parallel all_reduce priced on the tp link.

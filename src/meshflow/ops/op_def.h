@@ -10,6 +10,7 @@
 //   std::vector<Value> outs;  MF_RETURN_IF_ERROR(d.infer(graph, node, &outs));
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "meshflow/core/status.h"
@@ -34,6 +35,21 @@ using CostFn = OpCost (*)(const Graph& g, const Node& n);
 struct ShardingRule;
 using ShardingRuleFn = ShardingRule (*)(const Graph& g, const Node& n);
 
+// A collective an op's kernel runs inside itself rather than as a node of the
+// graph, declared here so that `meshflow explain` (parallel/partition.h
+// records it), the planner's cost model and anyone reading the program see
+// it. The vocab-parallel cross-entropy is the one today: its kernel
+// all-reduces the row maxima, the sums of exp and the target logits over the
+// mesh axes that split the vocabulary (attrs.ints), as Megatron-LM's
+// vocab_parallel_cross_entropy does.
+struct InnerCollective {
+  OpKind kind = OpKind::kAllReduce;
+  int mesh_axis = -1;    // of the program's mesh
+  int64_t elements = 0;  // f32 elements of the buffer
+  std::string what;      // "row maxima", ...
+};
+using InnerCollectivesFn = std::vector<InnerCollective> (*)(const Graph& g, const Node& n);
+
 struct OpDef {
   OpKind kind = OpKind::kCount;
   int num_inputs = -1;  // -1: variadic
@@ -43,6 +59,7 @@ struct OpDef {
   uint32_t mutates = 0;               // bit i set: input i is updated in place (optimizer ops)
   bool stateful_rng = false;          // reads the graph's rng offset (dropout)
   ShardingRuleFn sharding = nullptr;  // set beside the op by set_sharding()
+  InnerCollectivesFn inner_collectives = nullptr;  // set by set_inner_collectives()
 };
 
 const OpDef& op_def(OpKind kind);
@@ -70,6 +87,10 @@ void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
 
 // Sets kind's sharding rule (after its add_op).
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);
+// Declares the collectives kind's kernel runs inside itself (after its add_op).
+void set_inner_collectives(OpTable& t, OpKind kind, InnerCollectivesFn fn);
+// The collectives node n's kernel runs inside itself (empty for most ops).
+std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n);
 
 // all_gather, reduce_scatter, all_reduce, all_to_all: the ops that move data
 // between ranks (shard_slice and partial_mask are local).

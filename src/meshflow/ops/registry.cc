@@ -68,6 +68,15 @@ void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn) {
   t[static_cast<int>(kind)].sharding = fn;
 }
 
+void set_inner_collectives(OpTable& t, OpKind kind, InnerCollectivesFn fn) {
+  t[static_cast<int>(kind)].inner_collectives = fn;
+}
+
+std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n) {
+  const OpDef& d = op_def(n.kind);
+  return d.inner_collectives ? d.inner_collectives(g, n) : std::vector<InnerCollective>{};
+}
+
 std::string node_label(const Node& n) {
   return std::string(op_name(n.kind)) + " '" + n.name + "'";
 }

@@ -210,6 +210,21 @@ ShardingRule sharding_correct_count(const Graph& g, const Node& n) {
 }
 }  // namespace
 
+// Vocab-parallel (the partitioner set attrs.ints: the mesh axes splitting
+// the vocabulary): per axis, three all_reduces of one f32 per row (maxima,
+// sums of exp, target logits; kernels/cpu/softmax.cc).
+namespace {
+std::vector<InnerCollective> cross_entropy_collectives(const Graph& g, const Node& n) {
+  std::vector<InnerCollective> out;
+  const Shape& x = g.shape(n.inputs[0]);
+  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
+  for (int64_t axis : n.attrs.ints)
+    for (const char* what : {"row maxima", "row sums of exp", "target logits"})
+      out.push_back({OpKind::kAllReduce, static_cast<int>(axis), rows, what});
+  return out;
+}
+}  // namespace
+
 void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
   add_op(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
@@ -223,6 +238,7 @@ void register_softmax_ops(OpTable& t) {
        {OpKind::kSoftmax, OpKind::kSoftmaxGrad, OpKind::kLogSoftmax, OpKind::kLogSoftmaxGrad})
     set_sharding(t, k, sharding_softmax);
   set_sharding(t, OpKind::kCrossEntropy, sharding_cross_entropy);
+  set_inner_collectives(t, OpKind::kCrossEntropy, cross_entropy_collectives);
   set_sharding(t, OpKind::kCrossEntropyGrad, sharding_cross_entropy_grad);
   set_sharding(t, OpKind::kCorrectCount, sharding_correct_count);
 }

@@ -398,6 +398,24 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
         t[kNodes] += 1;
         t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
         if (n.kind == OpKind::kAttention) t[kAttention] += time;
+        // The collectives its kernel runs inside itself (the vocab-parallel
+        // cross-entropy's f32 all_reduces; ops/op_def.h).
+        for (const InnerCollective& ic : inner_collectives(g, n)) {
+          const std::string& axis = lp.mesh.axis_name(ic.mesh_axis);
+          const int64_t size = lp.mesh.size(ic.mesh_axis);
+          const Collective kind = ic.kind == OpKind::kAllReduce   ? Collective::kAllReduce
+                                  : ic.kind == OpKind::kAllGather ? Collective::kAllGather
+                                                                  : Collective::kAllToAll;
+          const double buffer = double(ic.elements) * 4.0;
+          const double ct = collective_time_s(kind, size, buffer,
+                                              cluster_.link_for_axis(size, axis_stride(p, axis)));
+          const bool on_cp = axis == "cp";
+          t[on_cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += ct;
+          t[on_cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] +=
+              collective_bytes_per_rank(kind, size, buffer);
+          t[kCollectives] += 1;
+          time += ct;
+        }
       }
       if (is_recompute(g, n)) t[kRecompute] += time;
     }
