@@ -227,6 +227,103 @@ void check_mesh(int rows, int cols) {
   EXPECT_TRUE(s.is_ok()) << s.message();
 }
 
+// ---- typed collectives: every dtype the graph has ----------------------------------------------
+
+TEST(CommDTypes, HalfConversionsRoundToNearestEven) {
+  // Every f16 pattern that is a number survives f16 -> f32 -> f16.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const bool nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+    if (!nan) ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+  EXPECT_EQ(f32_to_f16(65504.f), 0x7bffu);           // the largest finite f16
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00u);           // halfway to 65536: to even, i.e. infinity
+  EXPECT_EQ(f32_to_f16(1e-8f), 0u);                  // below half the smallest subnormal 2^-24
+  EXPECT_EQ(f32_to_f16(4e-8f), 1u);                  // above it: the smallest subnormal
+  EXPECT_EQ(f32_to_f16(1.f + 1.f / 2048), 0x3c00u);  // a tie to the even mantissa (1.0)
+  EXPECT_EQ(f32_to_f16(1.f + 3.f / 2048), 0x3c02u);  // a tie to the even mantissa (up)
+  EXPECT_EQ(f32_to_bf16(1.f + 1.f / 256), 0x3f80u);  // bf16 ties to even too
+  EXPECT_EQ(f32_to_bf16(1.f + 3.f / 256), 0x3f82u);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+}
+
+TEST(CommDTypes, EveryCollectiveMovesAndReducesEveryDType) {
+  for (int n : {2, 3}) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    Status s = run_local_ranks(n, [&](const std::shared_ptr<Transport>& t) -> Status {
+      auto comm = Communicator::world(t);
+      const int r = t->rank();
+      // i64 sums beyond f32's 24 bits are exact; i32 max.
+      std::vector<int64_t> big = {(int64_t{1} << 40) + r, -(int64_t{1} << 50) * (r + 1), 7};
+      MF_RETURN_IF_ERROR(comm->all_reduce(big.data(), 3, DType::I64, ReduceOp::kSum));
+      const int64_t ranks_sum = int64_t{n} * (n - 1) / 2;
+      EXPECT_EQ(big[0], int64_t{n} * (int64_t{1} << 40) + ranks_sum);
+      EXPECT_EQ(big[1], -(int64_t{1} << 50) * (int64_t{n} * (n + 1) / 2));
+      EXPECT_EQ(big[2], 7 * n);
+      std::vector<int32_t> mx = {r, -r, 100000000 + r};
+      MF_RETURN_IF_ERROR(comm->all_reduce(mx.data(), 3, DType::I32, ReduceOp::kMax));
+      EXPECT_EQ(mx, (std::vector<int32_t>{n - 1, 0, 100000000 + n - 1}));
+      // bf16 and f16 reduce in f32 and round once: small integers stay exact.
+      for (DType dt : {DType::BF16, DType::F16}) {
+        std::vector<uint16_t> h(5);
+        for (int i = 0; i < 5; ++i)
+          h[i] = dt == DType::BF16 ? f32_to_bf16(float(i + r)) : f32_to_f16(float(i + r));
+        MF_RETURN_IF_ERROR(comm->all_reduce(h.data(), 5, dt, ReduceOp::kSum));
+        for (int i = 0; i < 5; ++i)
+          EXPECT_EQ(dt == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]),
+                    float(n * i + ranks_sum));
+        // reduce_scatter: rank q gets the sum of block q (2 elements per rank).
+        std::vector<uint16_t> in(2 * n), out(2);
+        for (int i = 0; i < 2 * n; ++i)
+          in[i] = dt == DType::BF16 ? f32_to_bf16(float(i)) : f32_to_f16(float(i));
+        MF_RETURN_IF_ERROR(comm->reduce_scatter(in.data(), 2, out.data(), dt, ReduceOp::kSum));
+        for (int i = 0; i < 2; ++i)
+          EXPECT_EQ(dt == DType::BF16 ? bf16_to_f32(out[i]) : f16_to_f32(out[i]),
+                    float(n * (2 * r + i)));
+      }
+      // An odd count of 2-byte elements (not whole f32 words) moves bit for bit.
+      std::vector<uint16_t> mine = {uint16_t(0x7c01 + r), uint16_t(0x8000 | r), uint16_t(r)};
+      std::vector<uint16_t> all(3 * n);
+      MF_RETURN_IF_ERROR(comm->all_gather(mine.data(), 3, all.data(), DType::F16));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_EQ(all[3 * q], 0x7c01 + q);  // a NaN pattern, kept
+        EXPECT_EQ(all[3 * q + 1], 0x8000 | q);
+        EXPECT_EQ(all[3 * q + 2], q);
+      }
+      std::vector<uint16_t> a2a(3 * n), got(3 * n);
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i < 3; ++i) a2a[3 * q + i] = uint16_t(100 * r + 10 * q + i);
+      MF_RETURN_IF_ERROR(comm->all_to_all(a2a.data(), 3, got.data(), DType::BF16));
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(got[3 * q + i], 100 * q + 10 * r + i);
+      std::vector<int64_t> ids(3 * n), back(3 * n);
+      for (int q = 0; q < 3 * n; ++q) ids[q] = (int64_t{1} << 45) * r + q;
+      MF_RETURN_IF_ERROR(comm->all_to_all(ids.data(), 3, back.data(), DType::I64));
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(back[3 * q + i], (int64_t{1} << 45) * q + 3 * r + i);
+      // i32 reduce_scatter exact beyond 2^24.
+      std::vector<int32_t> iin(n), iout(1);
+      for (int q = 0; q < n; ++q) iin[q] = (1 << 25) + q * 1000 + r;
+      MF_RETURN_IF_ERROR(
+          comm->reduce_scatter(iin.data(), 1, iout.data(), DType::I32, ReduceOp::kSum));
+      EXPECT_EQ(iout[0], n * ((1 << 25) + r * 1000) + int32_t(ranks_sum));
+      std::vector<uint16_t> b = {uint16_t(r == 1 ? 0xabcd : 0), 0, 0};
+      MF_RETURN_IF_ERROR(comm->broadcast(b.data(), 3, DType::BF16, /*root=*/1));
+      EXPECT_EQ(b[0], 0xabcd);
+      if (r == 0) {
+        const std::vector<uint16_t> msg = {1, 2, 3};
+        MF_RETURN_IF_ERROR(comm->send(msg.data(), 3, DType::F16, 1));
+      } else if (r == 1) {
+        std::vector<uint16_t> msg(3);
+        MF_RETURN_IF_ERROR(comm->recv(msg.data(), 3, DType::F16, 0));
+        EXPECT_EQ(msg, (std::vector<uint16_t>{1, 2, 3}));
+      }
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+  }
+}
+
 TEST(CommMesh, Rows2Cols2) {
   check_mesh(2, 2);
 }

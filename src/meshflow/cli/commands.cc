@@ -60,33 +60,6 @@ FaultInjection fault_from_env(int rank) {
   return f;
 }
 
-// What the training loop drives on one rank: the one-program Trainer (data
-// parallel or partitioned) or the PipelineTrainer. Collective calls
-// (evaluate, save) are made by every rank.
-struct RankTrainer {
-  std::unique_ptr<Trainer> single;
-  std::unique_ptr<PipelineTrainer> pipe;
-
-  StepResult step() { return pipe ? pipe->step() : single->step(); }
-  EvalResult evaluate() { return pipe ? pipe->evaluate() : single->evaluate(); }
-  Status save(const std::string& path) {
-    return pipe ? pipe->save_checkpoint(path) : single->save_checkpoint(path);
-  }
-  Status load(const std::string& path) {
-    return pipe ? pipe->load_checkpoint(path) : single->load_checkpoint(path);
-  }
-  // Executor memory, plus the pipeline's measured activation stash.
-  int64_t peak_bytes() const {
-    return pipe ? pipe->memory().total() + pipe->stash_stats().peak_bytes : single->peak_bytes();
-  }
-  int64_t num_parameters() const {
-    return pipe ? pipe->num_parameters() : single->num_parameters();
-  }
-  bool language_model() const {
-    return pipe ? pipe->is_language_model() : single->is_language_model();
-  }
-};
-
 // One rank's training run. Rank 0 (the main rank) reports progress and
 // writes metrics and checkpoints; every rank computes. trace: optional, this
 // rank's writer.
@@ -98,31 +71,22 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   ProgressReporter progress(o.quiet || !main_rank);
   if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
-  RankTrainer trainer;
+  MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer, make_engine(job, comm, trace, o.profile));
   const std::optional<PipelineConfig>& pc = job.pipeline;
   const int micro_batches = job.micro_batches;
-  double flops_scale = world;  // StepResult::flops -> the whole job's FLOPs
-  if (pc) {
-    MF_ASSIGN_OR_RETURN(trainer.pipe, PipelineTrainer::create(rc, *pc, comm, trace));
-    // flops are one replica's step (SPMD stages: the whole job's)
-    flops_scale = trainer.pipe->spmd() ? 1 : world / pc->stages;
-  } else {
-    MF_ASSIGN_OR_RETURN(trainer.single, Trainer::create(rc, comm));
-    trainer.single->executor().set_profiling(o.profile);
-    trainer.single->set_trace(trace);
-  }
+  const double flops_scale = trainer->flops_scale();  // StepResult::flops -> the whole job's
   const std::string how = job.describe();
-  if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer.load(o.init));
+  if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer->load_checkpoint(o.init));
   const TrainConfig& tc = rc.train;
   progress.message(
-      "meshflow: " + rc.model_source + ": " + std::to_string(trainer.num_parameters()) +
+      "meshflow: " + rc.model_source + ": " + std::to_string(trainer->num_parameters()) +
       " parameters; " + std::to_string(tc.steps) + " steps of batch " +
       std::to_string(tc.batch_size) +
       (micro_batches > 1 ? " (" + std::to_string(micro_batches) + " micro-batches)" : "") +
       (world > 1 || pc ? " on " + std::to_string(world) + " ranks (" +
                              std::string(comm->transport().backend()) + ", " + how + ")"
                        : "") +
-      "; memory planned " + format_bytes(trainer.peak_bytes()) +
+      "; memory planned " + format_bytes(trainer->peak_bytes()) +
       (world > 1 ? (pc ? " on rank 0 (stage 0)" : " per rank") : ""));
 
   double window_s = 0, window_flops = 0, window_wait = 0;
@@ -131,7 +95,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   const FaultInjection fault = fault_from_env(comm ? comm->rank() : 0);
   for (int s = 0; s < tc.steps; ++s) {
     if (fault.step == s) fault.trigger();
-    StepResult r = trainer.step();
+    StepResult r = trainer->step();
     steps_done = r.step;
     window_s += r.seconds;
     window_flops += r.flops * flops_scale;
@@ -146,9 +110,9 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
       rep.lr = r.lr;
       rep.grad_norm = r.grad_norm;
       rep.items_per_s = window_s > 0 ? window_items / window_s : 0;
-      rep.items_are_tokens = trainer.language_model();
+      rep.items_are_tokens = trainer->is_language_model();
       rep.gflops = window_s > 0 ? window_flops / window_s / 1e9 : 0;
-      rep.peak_bytes = trainer.peak_bytes();
+      rep.peak_bytes = trainer->peak_bytes();
       rep.comm_wait_fraction = window_s > 0 && world > 1 ? window_wait / window_s : -1;
       MF_RETURN_IF_ERROR(progress.step(rep));
       window_s = window_flops = window_wait = 0;
@@ -159,22 +123,21 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
                                          std::to_string(r.step) +
                                          "; lower optimizer.lr or set optimizer.grad_clip");
     if (tc.eval_every > 0 && r.step % tc.eval_every == 0 && !last) {
-      EvalResult e = trainer.evaluate();
+      EvalResult e = trainer->evaluate();
       MF_RETURN_IF_ERROR(progress.eval({r.step, e.loss, e.accuracy}));
     }
     if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
-      MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
+      MF_RETURN_IF_ERROR(trainer->save_checkpoint(tc.checkpoint));
   }
-  EvalResult e = trainer.evaluate();
+  EvalResult e = trainer->evaluate();
   MF_RETURN_IF_ERROR(progress.eval({steps_done, e.loss, e.accuracy}));
   if (!tc.checkpoint.empty()) {
-    MF_RETURN_IF_ERROR(trainer.save(tc.checkpoint));
+    MF_RETURN_IF_ERROR(trainer->save_checkpoint(tc.checkpoint));
     progress.message("meshflow: wrote checkpoint " + tc.checkpoint);
   }
   MF_RETURN_IF_ERROR(progress.finish());
-  if (o.profile && main_rank && trainer.single)
-    std::fprintf(stderr, "kernel time by op:\n%s",
-                 trainer.single->executor().profile_report().c_str());
+  if (o.profile && main_rank)
+    std::fprintf(stderr, "kernel time by op:\n%s", trainer->profile_report().c_str());
   return Status::ok();
 }
 

@@ -220,4 +220,17 @@ Result<Job> resolve_job(RunConfig rc_in, int world) {
   return job;
 }
 
+Result<std::unique_ptr<Engine>> make_engine(const Job& job, std::shared_ptr<Communicator> comm,
+                                            TraceWriter* trace, bool profile) {
+  if (job.pipeline) {
+    MF_ASSIGN_OR_RETURN(std::unique_ptr<PipelineTrainer> p,
+                        PipelineTrainer::create(job.rc, *job.pipeline, std::move(comm), trace));
+    return std::unique_ptr<Engine>(std::move(p));
+  }
+  MF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::create(job.rc, std::move(comm)));
+  t->executor().set_profiling(profile);
+  t->set_trace(trace);
+  return std::unique_ptr<Engine>(std::move(t));
+}
+
 }  // namespace meshflow

@@ -31,6 +31,7 @@
 #include "meshflow/core/status.h"
 #include "meshflow/parallel/mesh.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
+#include "meshflow/runtime/engine.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -60,5 +61,12 @@ struct Job {
 
 // REQUIRES: world >= 1.
 Result<Job> resolve_job(RunConfig rc, int world);
+
+// The engine the job calls for (runtime/engine.h): the PipelineTrainer when
+// it has stages, else the Trainer (data parallel or the partitioned
+// program). comm: all ranks (null for one); trace: this rank's writer (may
+// be null); profile: per-op timing in the executor (one-program engine).
+Result<std::unique_ptr<Engine>> make_engine(const Job& job, std::shared_ptr<Communicator> comm,
+                                            TraceWriter* trace = nullptr, bool profile = false);
 
 }  // namespace meshflow

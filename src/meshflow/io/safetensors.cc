@@ -190,32 +190,7 @@ Result<Header> parse_header(const std::string& path, const std::string& text, ui
   return out;
 }
 
-float bf16_to_f32(uint16_t h) {
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {
-    // Subnormal: shift the mantissa up until its leading one is the implicit bit.
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
+// bf16 / f16 -> f32: core/dtype.h.
 
 // Closes a FILE* on scope exit.
 struct FileCloser {

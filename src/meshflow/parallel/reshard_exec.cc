@@ -35,33 +35,50 @@ struct Around {
 
 }  // namespace
 
-// chunks[c] = in[:, c*m:(c+1)*m, :] (m = len/n), each chunk contiguous.
-static void pack(const float* in, const Around& a, int n, float* out) {
+// chunks[c] = in[:, c*m:(c+1)*m, :] (m = len/n), each chunk contiguous;
+// `elem` bytes per element.
+static void pack(const char* in, const Around& a, int n, char* out, size_t elem) {
   const int64_t m = a.len / n, chunk = a.outer * m * a.inner;
   for (int c = 0; c < n; ++c) {
     for (int64_t o = 0; o < a.outer; ++o) {
-      std::memcpy(out + c * chunk + o * m * a.inner, in + (o * a.len + c * m) * a.inner,
-                  sizeof(float) * m * a.inner);
+      std::memcpy(out + (c * chunk + o * m * a.inner) * elem,
+                  in + (o * a.len + c * m) * a.inner * elem, elem * m * a.inner);
     }
   }
 }
 
 // The inverse: out[:, c*m:(c+1)*m, :] = chunks[c]; `a` describes one chunk.
-static void unpack(const float* chunks, const Around& a, int n, float* out) {
+static void unpack(const char* chunks, const Around& a, int n, char* out, size_t elem) {
   const int64_t m = a.len, chunk = a.outer * m * a.inner;
   for (int c = 0; c < n; ++c) {
     for (int64_t o = 0; o < a.outer; ++o) {
-      std::memcpy(out + (o * n * m + c * m) * a.inner, chunks + c * chunk + o * m * a.inner,
-                  sizeof(float) * m * a.inner);
+      std::memcpy(out + (o * n * m + c * m) * a.inner * elem,
+                  chunks + (c * chunk + o * m * a.inner) * elem, elem * m * a.inner);
     }
   }
 }
 
+static void pack(const float* in, const Around& a, int n, float* out) {
+  pack(reinterpret_cast<const char*>(in), a, n, reinterpret_cast<char*>(out), sizeof(float));
+}
+static void unpack(const float* chunks, const Around& a, int n, float* out) {
+  unpack(reinterpret_cast<const char*>(chunks), a, n, reinterpret_cast<char*>(out), sizeof(float));
+}
+
+void pack_chunks(const void* in, const Shape& shape, int dim, int n, void* out, DType dt) {
+  pack(static_cast<const char*>(in), Around(shape, dim), n, static_cast<char*>(out),
+       dtype_size(dt));
+}
+void unpack_chunks(const void* chunks, const Shape& chunk_shape, int dim, int n, void* out,
+                   DType dt) {
+  unpack(static_cast<const char*>(chunks), Around(chunk_shape, dim), n, static_cast<char*>(out),
+         dtype_size(dt));
+}
 void pack_chunks(const float* in, const Shape& shape, int dim, int n, float* out) {
-  pack(in, Around(shape, dim), n, out);
+  pack_chunks(in, shape, dim, n, out, DType::F32);
 }
 void unpack_chunks(const float* chunks, const Shape& chunk_shape, int dim, int n, float* out) {
-  unpack(chunks, Around(chunk_shape, dim), n, out);
+  unpack_chunks(chunks, chunk_shape, dim, n, out, DType::F32);
 }
 
 namespace {

@@ -41,6 +41,10 @@ class MeshComms {
 // unpack_chunks: the inverse; chunk_shape is one chunk's shape.
 void pack_chunks(const float* in, const Shape& shape, int dim, int n, float* out);
 void unpack_chunks(const float* chunks, const Shape& chunk_shape, int dim, int n, float* out);
+// The same for elements of any dtype.
+void pack_chunks(const void* in, const Shape& shape, int dim, int n, void* out, DType dt);
+void unpack_chunks(const void* chunks, const Shape& chunk_shape, int dim, int n, void* out,
+                   DType dt);
 
 // Replaces *data (this rank's shard under plan.src) by its shard under plan.dst.
 Status run_reshard(const ReshardPlan& plan, const Shape& shape, const Mesh& mesh,

@@ -514,6 +514,10 @@ bool PipelineTrainer::is_language_model() const {
 bool PipelineTrainer::spmd() const {
   return impl_->spmd;
 }
+double PipelineTrainer::flops_scale() const {
+  const int world = impl_->world ? impl_->world->size() : 1;
+  return spmd() ? 1.0 : double(world) / double(pc_.stages);
+}
 const Mesh& PipelineTrainer::stage_mesh() const {
   return impl_->submesh;
 }

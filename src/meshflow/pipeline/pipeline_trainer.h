@@ -91,7 +91,7 @@ struct StashStats {
   int64_t bytes_per_micro_batch = 0;  // sum over local chunks of one micro-batch's stash
 };
 
-class PipelineTrainer {
+class PipelineTrainer : public Engine {
  public:
   // world: all stages x dp ranks of the job. trace (optional, owned by the
   // caller, used only by this rank's thread): F/B/W/send/recv/optimizer spans.
@@ -101,19 +101,24 @@ class PipelineTrainer {
                                                          TraceWriter* trace = nullptr);
   ~PipelineTrainer();
 
-  StepResult step();
+  StepResult step() override;
   // Collective over the world: rank 0 gets every parameter whole, by name
   // (the other ranks an empty map).
   Result<std::map<std::string, Tensor>> gather_parameters();
   // Collective: rank 0 evaluates on held-out data (train.eval_batches
   // batches of one micro-batch each); the other ranks get an empty result.
-  EvalResult evaluate();
+  EvalResult evaluate() override;
   // Collective: rank 0 writes a safetensors file of every parameter.
-  Status save_checkpoint(const std::string& path);
+  Status save_checkpoint(const std::string& path) override;
   // Each rank loads its own parameters from the file (names and shapes checked).
-  Status load_checkpoint(const std::string& path);
-  int64_t num_parameters() const;  // of the whole model
-  bool is_language_model() const;
+  Status load_checkpoint(const std::string& path) override;
+  int64_t num_parameters() const override;  // of the whole model
+  bool is_language_model() const override;
+  // The executors' planned memory plus the measured activation stash.
+  int64_t peak_bytes() const override { return memory().total() + stash_stats_.peak_bytes; }
+  // SPMD stages report the whole job's FLOPs; otherwise one data-parallel
+  // replica's (world / stages replicas).
+  double flops_scale() const override;
   // SPMD stages (parallel.mode "semi" / "auto"): each stage runs the
   // partitioned program on stage_mesh(); StepResult::flops is then the whole
   // job's (otherwise one data-parallel replica's).

@@ -23,30 +23,14 @@
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
 #include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/runtime/engine.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
 
-struct StepResult {
-  double comm_wait_seconds = 0;  // time the step blocked on gradient all-reduce (data parallel)
-  int step = 0;                  // 1-based count of finished steps
-  float loss = 0;                // mean over the micro-batches
-  float lr = 0;
-  float grad_norm = 0;  // before clipping
-  double seconds = 0;
-  int64_t items = 0;  // tokens (LMs) or samples in the global batch
-  double flops = 0;   // executed FLOPs of this step
-};
-
-struct EvalResult {
-  float loss = 0;
-  std::optional<float> accuracy;  // classifiers
-  int64_t items = 0;
-};
-
-class Trainer {
+class Trainer : public Engine {
  public:
   // comm: all ranks of the job; null for one rank.
   // Data parallel (no "parallel" section, or mode "data"): rank r trains on
@@ -62,10 +46,10 @@ class Trainer {
                                                  std::shared_ptr<Communicator> comm = nullptr,
                                                  const PartitionOptions* partition = nullptr);
 
-  StepResult step();
-  EvalResult evaluate();
-  Status save_checkpoint(const std::string& path);
-  Status load_checkpoint(const std::string& path);
+  StepResult step() override;
+  EvalResult evaluate() override;
+  Status save_checkpoint(const std::string& path) override;
+  Status load_checkpoint(const std::string& path) override;
 
   const RunConfig& config() const { return rc_; }
   const Graph& graph() const { return model_.graph; }  // the whole (global) training graph
@@ -76,11 +60,14 @@ class Trainer {
   // Every parameter whole (gathered from the shards when partitioned), by name.
   Result<std::map<std::string, Tensor>> gather_parameters();
   Executor& executor() { return *executor_; }
-  bool is_language_model() const { return language_model_; }
+  bool is_language_model() const override { return language_model_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
-  int64_t num_parameters() const { return num_params_; }
-  int64_t peak_bytes() const { return executor_->memory().total(); }
+  int64_t num_parameters() const override { return num_params_; }
+  int64_t peak_bytes() const override { return executor_->memory().total(); }
+  // Every rank runs the same program on its share: the job's FLOPs are world x.
+  double flops_scale() const override { return world_; }
+  std::string profile_report() const override { return executor_->profile_report(); }
   int steps_done() const { return step_; }
   // Chrome trace of each step (meshflow train --trace): per micro-batch a
   // forward and a backward span, one span per collective node, the gradient
@@ -128,7 +115,6 @@ Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64
 // The whole training graph of a run config (model + backward + optimizer) for
 // micro-batches of `micro_batch` rows.
 Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch);
-
 
 // The dataset a data config names, for a model (language model or classifier).
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,

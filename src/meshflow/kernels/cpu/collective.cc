@@ -33,37 +33,47 @@ int64_t numel_in(const KernelCall& c) {
   return c.in_shape(0).numel();
 }
 
+// The dtype the collective moves (its input's: f32 activations, i32 ids, ...).
+DType dtype_in(const KernelCall& c) {
+  return c.g.value(c.n.inputs[0]).dtype;
+}
+size_t elem(const KernelCall& c) {
+  return dtype_size(dtype_in(c));
+}
+
 void all_gather_kernel(const KernelCall& c) {
   Communicator& comm = group(c);
   const int n = comm.size(), d = static_cast<int>(c.attrs().axes[0]);
   const int64_t count = numel_in(c);
+  const DType dt = dtype_in(c);
   if (c.in_shape(0).prod(0, d) == 1) {  // leading dim: the chunks are the output
-    check(c, comm.all_gather(c.in_f(0), count, c.out_f(0)));
+    check(c, comm.all_gather(c.in[0], count, c.out[0], dt));
     return;
   }
-  std::vector<float> chunks(count * n);
-  check(c, comm.all_gather(c.in_f(0), count, chunks.data()));
-  unpack_chunks(chunks.data(), c.in_shape(0), d, n, c.out_f(0));
+  std::vector<char> chunks(count * n * elem(c));
+  check(c, comm.all_gather(c.in[0], count, chunks.data(), dt));
+  unpack_chunks(chunks.data(), c.in_shape(0), d, n, c.out[0], dt);
 }
 
 void reduce_scatter_kernel(const KernelCall& c) {
   Communicator& comm = group(c);
   const int n = comm.size(), d = static_cast<int>(c.attrs().axes[0]);
   const int64_t count = numel_in(c);
+  const DType dt = dtype_in(c);
   if (c.in_shape(0).prod(0, d) == 1) {
-    check(c, comm.reduce_scatter(c.in_f(0), count / n, c.out_f(0), ReduceOp::kSum));
+    check(c, comm.reduce_scatter(c.in[0], count / n, c.out[0], dt, ReduceOp::kSum));
     return;
   }
-  std::vector<float> packed(count);
-  pack_chunks(c.in_f(0), c.in_shape(0), d, n, packed.data());
-  check(c, comm.reduce_scatter(packed.data(), count / n, c.out_f(0), ReduceOp::kSum));
+  std::vector<char> packed(count * elem(c));
+  pack_chunks(c.in[0], c.in_shape(0), d, n, packed.data(), dt);
+  check(c, comm.reduce_scatter(packed.data(), count / n, c.out[0], dt, ReduceOp::kSum));
 }
 
 void all_reduce_kernel(const KernelCall& c) {
   Communicator& comm = group(c);
   const int64_t count = numel_in(c);
-  std::memcpy(c.out_f(0), c.in_f(0), count * sizeof(float));
-  check(c, comm.all_reduce(c.out_f(0), count, ReduceOp::kSum));
+  std::memcpy(c.out[0], c.in[0], count * elem(c));
+  check(c, comm.all_reduce(c.out[0], count, dtype_in(c), ReduceOp::kSum));
 }
 
 void all_to_all_kernel(const KernelCall& c) {
@@ -71,12 +81,13 @@ void all_to_all_kernel(const KernelCall& c) {
   const int n = comm.size();
   const int i = static_cast<int>(c.attrs().axes[0]), j = static_cast<int>(c.attrs().axes[1]);
   const int64_t count = numel_in(c);
-  std::vector<float> packed(count), got(count);
-  pack_chunks(c.in_f(0), c.in_shape(0), j, n, packed.data());
-  check(c, comm.all_to_all(packed.data(), count / n, got.data()));
+  const DType dt = dtype_in(c);
+  std::vector<char> packed(count * elem(c)), got(count * elem(c));
+  pack_chunks(c.in[0], c.in_shape(0), j, n, packed.data(), dt);
+  check(c, comm.all_to_all(packed.data(), count / n, got.data(), dt));
   // One received chunk: the output's shape with dim i at its input size.
   const Shape chunk = c.out_shape(0).with_size(i, c.in_shape(0).size(i));
-  unpack_chunks(got.data(), chunk, i, n, c.out_f(0));
+  unpack_chunks(got.data(), chunk, i, n, c.out[0], dt);
 }
 
 void shard_slice_kernel(const KernelCall& c) {
@@ -85,22 +96,24 @@ void shard_slice_kernel(const KernelCall& c) {
   const Shape& s = c.in_shape(0);
   const int64_t outer = s.prod(0, d), len = s.size(d), inner = s.prod(d + 1, s.rank());
   const int64_t m = len / n;
+  const size_t e = elem(c);
+  const char* in = static_cast<const char*>(c.in[0]);
+  char* out = static_cast<char*>(c.out[0]);
   for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(c.out_f(0) + o * m * inner, c.in_f(0) + (o * len + coord * m) * inner,
-                sizeof(float) * m * inner);
+    std::memcpy(out + o * m * inner * e, in + (o * len + coord * m) * inner * e, e * m * inner);
 }
 
 void partial_mask_kernel(const KernelCall& c) {
   const int coord = c.comms ? c.comms->axis(c.attrs().mesh_axis).rank() : 0;
-  const int64_t count = numel_in(c);
+  const size_t bytes = numel_in(c) * elem(c);
   if (coord == 0)
-    std::memcpy(c.out_f(0), c.in_f(0), count * sizeof(float));
+    std::memcpy(c.out[0], c.in[0], bytes);
   else
-    std::memset(c.out_f(0), 0, count * sizeof(float));
+    std::memset(c.out[0], 0, bytes);
 }
 
 void assign_kernel(const KernelCall& c) {
-  std::memcpy(c.in_mut_f(0), c.in_f(1), c.in_shape(0).numel() * sizeof(float));
+  std::memcpy(c.in[0], c.in[1], c.in_shape(0).numel() * elem(c));
 }
 
 }  // namespace

@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/core/dtype.h"
 #include "meshflow/runtime/comm/transport.h"
 
 namespace meshflow {
@@ -108,6 +109,22 @@ class Communicator {
   Status send(const float* data, int64_t count, int peer);
   Status recv(float* data, int64_t count, int peer);
   Status barrier();
+
+  // Typed forms: the same collectives for elements of any dtype
+  // (core/dtype.h); counts are elements. Data movement (all_gather,
+  // all_to_all, broadcast, send, recv) moves the elements' bytes. Reductions
+  // add f32 as above; bf16 and f16 in f32 (converted in, reduced by the
+  // algorithms above, rounded back once, to nearest even); i32 and i64
+  // exactly, in 64-bit integers: every rank gathers the group's inputs
+  // (all_gather, or all_to_all for reduce_scatter) and reduces them in rank
+  // order (the traffic of a gather: meant for ids, counts and offsets).
+  Status all_reduce(void* data, int64_t count, DType dt, ReduceOp op);
+  Status all_gather(const void* in, int64_t count, void* out, DType dt);
+  Status reduce_scatter(const void* in, int64_t count_per_rank, void* out, DType dt, ReduceOp op);
+  Status all_to_all(const void* in, int64_t count_per_rank, void* out, DType dt);
+  Status broadcast(void* data, int64_t count, DType dt, int root);
+  Status send(const void* data, int64_t count, DType dt, int peer);
+  Status recv(void* data, int64_t count, DType dt, int peer);
 
   Work all_reduce_async(float* data, int64_t count, ReduceOp op);
   Work all_gather_async(const float* in, int64_t count, float* out);

@@ -1,0 +1,61 @@
+// Engine: the one interface every plan trains through. A rank's training loop
+// (cli/commands.cc) drives an Engine and does not know which plan it runs:
+// the one-program Trainer (runtime/trainer.h: data parallel, or the SPMD
+// partitioner's program for semi / auto / ZeRO) or the PipelineTrainer
+// (pipeline/pipeline_trainer.h: stages, each one program). make_engine
+// (engine/job.h) builds the one a resolved Job calls for.
+//
+//   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make_engine(job, comm, trace));
+//   for (int s = 0; s < job.rc.train.steps; ++s) { StepResult r = e->step(); ... }
+//   EvalResult v = e->evaluate();                 // collective: every rank calls it
+//   MF_RETURN_IF_ERROR(e->save_checkpoint(path)); // collective
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "meshflow/core/status.h"
+
+namespace meshflow {
+
+struct StepResult {
+  double comm_wait_seconds = 0;  // time the step blocked on gradient all-reduce (data parallel)
+  int step = 0;                  // 1-based count of finished steps
+  float loss = 0;                // mean over the micro-batches
+  float lr = 0;
+  float grad_norm = 0;  // before clipping
+  double seconds = 0;
+  int64_t items = 0;  // tokens (LMs) or samples in the global batch
+  double flops = 0;   // executed FLOPs of this step (see Engine::flops_scale)
+};
+
+struct EvalResult {
+  float loss = 0;
+  std::optional<float> accuracy;  // classifiers
+  int64_t items = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // One optimizer step over train.batch_size (all micro-batches).
+  virtual StepResult step() = 0;
+  // Collective: the held-out loss (and accuracy) on rank 0.
+  virtual EvalResult evaluate() = 0;
+  // Collective: one safetensors file of the whole model, whatever the plan.
+  virtual Status save_checkpoint(const std::string& path) = 0;
+  // Every rank loads its part of a whole-model file (names and shapes checked).
+  virtual Status load_checkpoint(const std::string& path) = 0;
+  // Bytes this rank planned to hold (parameters, gradients, optimizer state,
+  // activations: the executors' plans, plus a pipeline's activation stash).
+  virtual int64_t peak_bytes() const = 0;
+  virtual int64_t num_parameters() const = 0;  // of the whole model
+  virtual bool is_language_model() const = 0;
+  // StepResult::flops times this is the whole job's FLOPs of a step.
+  virtual double flops_scale() const = 0;
+  // Kernel time by op kind when profiling is on ("" when the engine has none).
+  virtual std::string profile_report() const { return ""; }
+};
+
+}  // namespace meshflow
