@@ -18,19 +18,9 @@ namespace {
 
 constexpr int64_t B = 8, C = 16, F = 32;
 
-// The parameter `name` of global shape `whole`, of which this program holds
-// the block `layout` of rank `rank` (its init draws the whole tensor's numbers).
 ValueId shard_param(Builder& b, const std::string& name, const Shape& whole, const Mesh& mesh,
                     const Layout& layout, int rank) {
-  Shape local = value_or_throw(local_shape(whole, mesh, layout));
-  ValueId p = b.parameter(name, local, Init::normal(0.5f));
-  Node& n = b.graph().mutable_node(b.graph().value(p).producer);
-  for (auto [first, last] : local_ranges(whole, mesh, layout, rank)) {
-    n.attrs.global_offset.push_back(first);
-    (void)last;
-  }
-  for (int d = 0; d < whole.rank(); ++d) n.attrs.global_dims.push_back(whole.size(d));
-  return p;
+  return shard_parameter(b, name, whole, mesh, layout, rank, Init::normal(0.5f));
 }
 
 // loss = mean((gelu(x W1) W2)^2); on tp ranks W1 is split by columns and W2 by

@@ -26,20 +26,11 @@ namespace {
 constexpr int64_t kBatch = 16, kHidden = 32, kFfn = 64;
 constexpr int kSteps = 20;
 
-// This rank's block of a parameter of global shape `whole` laid out as
-// `layout` on `mesh`: its initializer draws the whole tensor's numbers, so
-// every split of the model starts from the same weights.
+// This rank's block of a parameter (parallel/partition.h): its initializer
+// draws the whole tensor's numbers, so every split starts from the same weights.
 ValueId shard_param(Builder& b, const std::string& name, const Shape& whole, const Mesh& mesh,
                     const Layout& layout, int rank) {
-  const Shape local = value_or_throw(local_shape(whole, mesh, layout));
-  const ValueId p = b.parameter(name, local, Init::normal(0.2f));
-  Node& n = b.graph().mutable_node(b.graph().value(p).producer);
-  for (auto [first, last] : local_ranges(whole, mesh, layout, rank)) {
-    n.attrs.global_offset.push_back(first);
-    (void)last;
-  }
-  for (int d = 0; d < whole.rank(); ++d) n.attrs.global_dims.push_back(whole.size(d));
-  return p;
+  return shard_parameter(b, name, whole, mesh, layout, rank, Init::normal(0.2f));
 }
 
 // loss = mean((gelu(x W1) W2 - target)^2); on tp ranks the all_reduce sums

@@ -951,6 +951,17 @@ void place_block(const Tensor& block, const Mesh& mesh, const Layout& layout, in
 
 // ---- random strategies (property tests) ----
 
+ValueId shard_parameter(Builder& b, const std::string& name, const Shape& whole, const Mesh& mesh,
+                        const Layout& layout, int rank, Init init) {
+  const Shape local = value_or_throw(local_shape(whole, mesh, layout));
+  const ValueId p = b.parameter(name, local, init);
+  Node& n = b.graph().mutable_node(b.graph().value(p).producer);
+  for (const auto& range : local_ranges(whole, mesh, layout, rank))
+    n.attrs.global_offset.push_back(range.first);
+  for (int d = 0; d < whole.rank(); ++d) n.attrs.global_dims.push_back(whole.size(d));
+  return p;
+}
+
 PartitionOptions random_strategies(const Graph& g, const Mesh& mesh, uint64_t seed) {
   std::mt19937_64 rng(seed);
   PartitionOptions o;

@@ -34,6 +34,7 @@
 
 #include "meshflow/core/status.h"
 #include "meshflow/core/tensor.h"
+#include "meshflow/ir/builder.h"
 #include "meshflow/ir/graph.h"
 #include "meshflow/parallel/layout.h"
 #include "meshflow/parallel/mesh.h"
@@ -124,6 +125,14 @@ Tensor local_block(const Tensor& whole, const Mesh& mesh, const Layout& layout, 
 // and checkpoints). Partial layouts are not blocks: REQUIRES !has_partial().
 void place_block(const Tensor& block, const Mesh& mesh, const Layout& layout, int rank,
                  Tensor* whole);
+
+// Hybrid mode (collectives placed by hand): the parameter `name` of global
+// shape `whole` of which rank `rank`'s program holds the block `layout` on
+// `mesh`. Its initializer draws the whole tensor's numbers and keeps this
+// block, so every split of a model starts from the same weights as one device.
+// Throws StatusError (as Builder does) when the layout does not divide `whole`.
+ValueId shard_parameter(Builder& b, const std::string& name, const Shape& whole, const Mesh& mesh,
+                        const Layout& layout, int rank, Init init);
 
 // A random valid strategy for every node and a random valid stored layout for
 // every parameter (the property tests: any assignment must train like one device).
