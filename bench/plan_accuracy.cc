@@ -1,4 +1,5 @@
-// The planner against this machine (issue 6 §6): trains a small GPT under a
+// The planner against this machine (issue 6 §6): trains a small GPT (or, with
+// --model configs/models/mlp_fashion.json, the MLP on Fashion-MNIST) under a
 // dozen plans on 1-4 in-process ranks (data parallel, Megatron tensor
 // parallel, sequence parallel, ZeRO 1-3, recompute, gradient accumulation),
 // measures the median step time and each rank's peak memory (Executor::memory:
@@ -34,6 +35,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/cluster.h"
+#include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/comm/local_world.h"
@@ -141,20 +143,33 @@ void print_profile(Executor& ex, int steps, int micro_batches) {
   std::printf("    %-22s %6s %10.2f %10.2f\n", "total", "", 1e3 * tm, 1e3 * tp);
 }
 
-Result<Measured> measure(const json& model, const Case& c, int batch, int seq, int warmup,
-                         int steps) {
-  json doc = {
-      {"model", model},
-      {"data", {{"dataset", "fortunes"}}},
-      {"train",
-       {{"steps", warmup + steps},
-        {"batch_size", batch},
-        {"micro_batches", c.micro_batches},
-        {"seq_len", seq},
-        {"recompute", c.recompute},
-        {"eval_batches", 1}}},
-      {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
-      {"parallel", {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}}}};
+// The run config's "parallel" section of a case: the partitioned program
+// (mode semi, as meshflow_cpu_constants prices it) with the preset's rules; an
+// MLP's tensor parallelism is the rules `meshflow plan --out` writes for it
+// (plan::parallel_section).
+json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
+  json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
+  if (!is_language_model(mc) && p.tp > 1) {
+    par = value_or_throw(plan::parallel_section(p, mc));
+    par["mesh"] = c.mesh;
+  }
+  return par;
+}
+
+Result<Measured> measure(const json& model, const Case& c, const json& parallel, int batch,
+                         int seq, int warmup, int steps) {
+  const bool lm = is_language_model(value_or_throw(parse_model_config(model)));
+  json train = {{"steps", warmup + steps},
+                {"batch_size", batch},
+                {"micro_batches", c.micro_batches},
+                {"recompute", c.recompute},
+                {"eval_batches", 1}};
+  if (lm) train["seq_len"] = seq;
+  json doc = {{"model", model},
+              {"data", {{"dataset", lm ? "fortunes" : "fashion_mnist"}}},
+              {"train", train},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
+              {"parallel", parallel}};
   MF_ASSIGN_OR_RETURN(RunConfig rc, parse_run_config(doc, ""));
   std::mutex mu;
   std::string collectives;
@@ -306,7 +321,8 @@ int main(int argc, char** argv) {
   const plan::Cluster machine = value_or_throw(plan::load_cluster(cluster_path));
   const ModelConfig mc = value_or_throw(parse_model_config(model));
 
-  const std::vector<Case> cases = {
+  const bool lm = is_language_model(mc);
+  const std::vector<Case> lm_cases = {
       {"dp1", 1, "dp=1", "dp"},
       {"dp1-mb4", 1, "dp=1", "dp", 0, "none", 4},
       {"dp1-full", 1, "dp=1", "dp", 0, "full"},
@@ -323,9 +339,22 @@ int main(int argc, char** argv) {
       {"dp4-zero3", 4, "dp=4", "dp", 3},
       {"dp2-full-zero1", 2, "dp=2", "dp", 1, "full"},
   };
+  // A model without blocks or sequence: dp x tp and ZeRO (the MLP's tp is
+  // Megatron's MLP split, the rules plan::parallel_section writes).
+  const std::vector<Case> mlp_cases = {
+      {"dp1", 1, "dp=1", "dp"},
+      {"dp1-mb4", 1, "dp=1", "dp", 0, "none", 4},
+      {"dp2", 2, "dp=2", "dp"},
+      {"dp4", 4, "dp=4", "dp"},
+      {"tp2", 2, "dp=1,tp=2", "megatron"},
+      {"dp2-tp2", 4, "dp=2,tp=2", "megatron"},
+      {"dp2-zero1", 2, "dp=2", "dp", 1},
+      {"dp2-zero3", 2, "dp=2", "dp", 3},
+  };
+  const std::vector<Case>& cases = lm ? lm_cases : mlp_cases;
 
-  std::printf("plan accuracy: GPT %s, batch %d x seq %d, cluster %s (%.1f GFLOP/s, %.1f GB/s)\n",
-              model.dump().c_str(), batch, seq, cluster_path.c_str(),
+  std::printf("plan accuracy: %s, batch %d x seq %d, cluster %s (%.1f GFLOP/s, %.1f GB/s)\n",
+              model.dump().c_str(), batch, lm ? seq : 1, cluster_path.c_str(),
               machine.device.peak_flops.f32 / 1e9,
               machine.device.memory_bandwidth_bytes_per_s / 1e9);
   std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
@@ -333,19 +362,21 @@ int main(int argc, char** argv) {
   std::vector<double> time_err, mem_err;
   for (const Case& c : cases) {
     if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
-    plan::TrainingJob job{mc, batch, seq};
+    plan::TrainingJob job{mc, batch, lm ? seq : 1};
     const plan::Cluster cl = value_or_throw(plan::share_machine(machine, c.ranks));
     plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
     g_cluster = &cl;
-    Result<plan::StepCost> pc = cm.price(plan_of(c, batch));
+    const plan::Plan planned = plan_of(c, batch);
+    const json parallel = parallel_of(mc, c, planned);
+    Result<plan::StepCost> pc = cm.price(planned);
     if (!pc.is_ok()) {
       std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
       continue;
     }
     // The least disturbed of `repeat` runs (the machine may be shared).
-    Result<Measured> me = measure(model, c, batch, seq, warmup, steps);
+    Result<Measured> me = measure(model, c, parallel, batch, seq, warmup, steps);
     for (int r = 1; r < repeat && me.is_ok(); ++r) {
-      Result<Measured> again = measure(model, c, batch, seq, warmup, steps);
+      Result<Measured> again = measure(model, c, parallel, batch, seq, warmup, steps);
       if (!again.is_ok()) continue;
       if (again->clean > me->clean || (again->clean == me->clean && again->step_s < me->step_s))
         me = std::move(again);

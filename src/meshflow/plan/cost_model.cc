@@ -346,6 +346,7 @@ enum Slot {
   kParamTensors,
   kNodes,
   kCollectives,
+  kInputBytes,  // fed data of one micro-batch
   kSlots
 };
 using Totals = std::array<double, kSlots>;
@@ -373,6 +374,11 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
       if (n.kind == OpKind::kParameter) {
         t[kParams] += double(g.shape(n.outputs[0]).numel());
         t[kParamTensors] += 1;
+        continue;
+      }
+      if (n.kind == OpKind::kInput) {  // fed data (scalars like lr are not)
+        const Value& v = g.value(n.outputs[0]);
+        if (v.shape.rank() > 0) t[kInputBytes] += double(v.shape.numel() * dtype_size(v.dtype));
         continue;
       }
       if (is_source(n.kind) || n.kind == OpKind::kShardSlice || n.phase == Phase::kMetric) continue;
@@ -492,6 +498,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   lc.embed_param_tensors = int(count(embed[kParamTensors]));
   lc.head_params = count(head[kParams]), lc.head_param_tensors = int(count(head[kParamTensors]));
   lc.nodes = int(count(one[kNodes]));
+  lc.input_bytes = one[kInputBytes];
   lc.collectives = int(count(one[kCollectives]));
   if (k_.recompute_from_pass && has_blocks()) {
     // What the recompute pass clones into a block's backward (and the
@@ -804,10 +811,11 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient accumulators
-    // exist only with micro-batching; the fed token and target ids (i32) are
-    // the temporaries.
+    // exist only with micro-batching; the fed inputs (an LM's i32 token and
+    // target ids, an MLP's f32 features and i32 labels: the program's input
+    // values) are the temporaries.
     MF_ASSIGN_OR_RETURN(const double arena, arena_bytes(p, ls_int));
-    const double ids = 2 * 4.0 * double(p.micro_batch) * double(job_.seq);
+    const double ids = lc.input_bytes;
     for (MemoryBreakdown* mb : {&mf, &ml}) {
       if (p.num_micro_batches == 1) mb->grads = 0;
       mb->activations = (mb == &mf ? in_flight : last_in_flight) * arena;

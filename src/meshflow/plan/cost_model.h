@@ -244,6 +244,7 @@ struct LayerCost {
   int64_t embed_params = 0;  // per rank (word + position table)
   int64_t head_params = 0;  // per rank (final norm + lm_head; everything of a model without blocks)
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
+  double input_bytes = 0;  // the data one micro-batch feeds the rank (inputs of the program)
   int nodes = 0;        // compute nodes priced (forward + backward of the program)
   int collectives = 0;  // collective nodes priced
 };
