@@ -34,8 +34,8 @@
 
 #include "meshflow/config/json_reader.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/plan/cluster.h"
 #include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/runtime/comm/communicator.h"
 #include "meshflow/runtime/comm/local_world.h"
@@ -156,8 +156,8 @@ json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
   return par;
 }
 
-Result<Measured> measure(const json& model, const Case& c, const json& parallel, int batch,
-                         int seq, int warmup, int steps) {
+Result<Measured> measure(const json& model, const Case& c, const json& parallel, int batch, int seq,
+                         int warmup, int steps) {
   const bool lm = is_language_model(value_or_throw(parse_model_config(model)));
   json train = {{"steps", warmup + steps},
                 {"batch_size", batch},

@@ -589,20 +589,16 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
   return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
 }
 
-Result<StepCost> CostModel::price(const Plan& p) const {
-  const std::string why = invalid_reason(p);
-  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
-  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
+int64_t CostModel::blocks_per_stage(const Plan& p) const {
+  return has_blocks() ? (dims_.layers + p.pp - 1) / p.pp : 0;
+}
+
+StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const {
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;
   const double act = double(dtype_size(dtype_));
-  const bool mixed = dtype_ != DType::F32;
-  const double m = double(p.num_micro_batches), pp = double(p.pp), v = double(p.vp);
   const double s_local = double(job_.seq) / double(p.cp);
-
-  StepCost r;
-  r.plan = p;
-
+  const double ls = double(blocks_per_stage(p));
   // ---- one block, one micro-batch: compute + the collectives the partitioner put in it
   const double f_layer = lc.forward_s, b_layer = lc.backward_s, w_layer = lc.weight_grad_s;
   const double tp_fwd = lc.tp_fwd_s, tp_bwd = lc.tp_bwd_s;
@@ -611,8 +607,6 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
 
   // ---- stages: blocks per stage, first (embedding) and last (head) stage
-  const int64_t ls_int = has_blocks() ? (d.layers + p.pp - 1) / p.pp : 0;
-  const double ls = double(ls_int);
   double recompute_layer = 0;
   if (p.recompute == Recompute::kFull)
     recompute_layer = k_.recompute_from_pass ? lc.recompute_full_s : f_layer + tp_fwd + cp_fwd;
@@ -647,15 +641,22 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   // ---- pipeline: p2p sends (Megatron's scatter/gather: 1/tp of the activation)
   const int64_t pp_stride = p.tp * p.cp * p.dp;
   const Link& pp_link = cl.link_for_axis(p.pp, pp_stride);
-  const double p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
+  *p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
   st.p2p_s = 0;
   if (p.pp > 1) {
     st.p2p_s =
-        cl.collective_time_s(Collective::kSendRecv, 2, p2p_bytes, pp_link) / k_.p2p_efficiency;
+        cl.collective_time_s(Collective::kSendRecv, 2, *p2p_bytes, pp_link) / k_.p2p_efficiency;
     if (k_.p2p_scatter_gather)
       st.p2p_s += cl.collective_time_s(Collective::kAllGather, p.tp, act_buf, tp_link);
   }
-  r.stage = st;
+  return st;
+}
+
+// The pipeline's time for one step's micro-batches (the schedule's closed
+// form; simulate.h runs the schedule itself); fills the step's parts.
+double CostModel::pipeline_time(const Plan& p, const StageTimes& st, StepCost* out) const {
+  StepCost& r = *out;
+  const double m = double(p.num_micro_batches), pp = double(p.pp), v = double(p.vp);
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s, T = F + B + W;
   const double p2p_mb = 2 * v * st.p2p_s;  // per micro-batch: activation out, gradient back
   const double steady = m * (T + p2p_mb);
@@ -683,6 +684,13 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   r.cp_comm_s = m * st.cp_comm_s;
   r.compute_s = m * T - r.recompute_s - r.tp_comm_s - r.cp_comm_s;
 
+  return pipeline;
+}
+
+void CostModel::stage_parameters(const Plan& p, const LayerCost& lc, double* first,
+                                 double* last) const {
+  const TransformerDims& d = dims_;
+  const double ls = double(blocks_per_stage(p));
   // ---- parameters per rank on the first and the last stage
   const double layer_params = double(lc.layer_params);
   double p_first = ls * layer_params + double(lc.embed_params);
@@ -693,8 +701,18 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   } else if (d.tied) {
     p_last += double((d.vocab + p.tp - 1) / p.tp) * double(d.hidden);  // the table's copy
   }
-  const double p_stage = std::max(p_first, p_last);
 
+  *first = p_first, *last = p_last;
+}
+
+// The exposed time of the gradients' reduction (and ZeRO's gathers) over the
+// dp * cp replicas; *bytes: what a device sends for it per step.
+double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
+                                     double p_stage, double* bytes) const {
+  const Cluster& cl = cluster_;
+  const double act = double(dtype_size(dtype_));
+  const double m = double(p.num_micro_batches), ls = double(blocks_per_stage(p));
+  const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s;
   // ---- data parallel over the dp * cp replicas of each weight
   const int64_t replicas = p.dp * p.cp;
   const Link& dp_link = cl.link_for_axis(replicas, p.tp);
@@ -754,17 +772,21 @@ Result<StepCost> CostModel::price(const Plan& p) const {
     dp_exposed = m * (fwd + bwd);
     dp_bytes = m * ring_dp * ((1 + bwd_gathers) * p_stage * act + grad_bytes);
   }
-  r.dp_comm_s = dp_exposed;
+  *bytes = dp_bytes;
+  return dp_exposed;
+}
 
-  // ---- optimizer: memory-bound AdamW over the parameters this rank updates
-  const double p_update = p.zero >= 1 ? p_stage / double(replicas) : p_stage;
-  r.optimizer_s = cl.memory_time_s(
-      p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
-  // The optimizer phase's collectives in the program (tp: gradient norms of
-  // the parameters split or partial over it), once per step.
-  r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
-  r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
-
+// Bytes per device, the worse of the first and the last stage.
+Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc,
+                                                     double p_first, double p_last) const {
+  const TransformerDims& d = dims_;
+  const double act = double(dtype_size(dtype_));
+  const bool mixed = dtype_ != DType::F32;
+  const double m = double(p.num_micro_batches), pp = double(p.pp);
+  const double s_local = double(job_.seq) / double(p.cp);
+  const int64_t ls_int = blocks_per_stage(p);
+  const double ls = double(ls_int), layer_params = double(lc.layer_params);
+  const int64_t replicas = p.dp * p.cp;
   // ---- memory (bytes per device; the worse of the first and the last stage)
   // Mixed precision: 16-bit weights (2) and gradients (2), f32 master weights and
   // Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
@@ -829,7 +851,41 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   }
   for (MemoryBreakdown* mb : {&mf, &ml})
     mb->total = mb->params + mb->grads + mb->optimizer + mb->activations + mb->temporaries;
-  r.memory = mf.total >= ml.total ? mf : ml;
+  return mf.total >= ml.total ? mf : ml;
+}
+
+Result<StepCost> CostModel::price(const Plan& p) const {
+  const std::string why = invalid_reason(p);
+  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
+  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
+  const TransformerDims& d = dims_;
+  const Cluster& cl = cluster_;
+  const bool mixed = dtype_ != DType::F32;
+  const double m = double(p.num_micro_batches), v = double(p.vp);
+  const double ls = double(blocks_per_stage(p));
+
+  StepCost r;
+  r.plan = p;
+  double p2p_bytes = 0;
+  r.stage = slowest_stage(p, lc, &p2p_bytes);
+  const double pipeline = pipeline_time(p, r.stage, &r);
+  double p_first = 0, p_last = 0;
+  stage_parameters(p, lc, &p_first, &p_last);
+  const double p_stage = std::max(p_first, p_last);
+  const int64_t replicas = p.dp * p.cp;
+  double dp_bytes = 0;
+  r.dp_comm_s = data_parallel_time(p, lc, r.stage, p_stage, &dp_bytes);
+
+  // ---- optimizer: memory-bound AdamW over the parameters this rank updates
+  const double p_update = p.zero >= 1 ? p_stage / double(replicas) : p_stage;
+  r.optimizer_s = cl.memory_time_s(
+      p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+  // The optimizer phase's collectives in the program (tp: gradient norms of
+  // the parameters split or partial over it), once per step.
+  r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
+  r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
+
+  MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc, p_first, p_last));
   r.usable_memory = k_.usable_memory_fraction * double(cl.device.memory_bytes);
   r.fits = r.memory.total <= r.usable_memory;
 

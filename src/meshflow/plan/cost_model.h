@@ -245,8 +245,8 @@ struct LayerCost {
   int64_t head_params = 0;  // per rank (final norm + lm_head; everything of a model without blocks)
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
   double input_bytes = 0;  // the data one micro-batch feeds the rank (inputs of the program)
-  int nodes = 0;        // compute nodes priced (forward + backward of the program)
-  int collectives = 0;  // collective nodes priced
+  int nodes = 0;           // compute nodes priced (forward + backward of the program)
+  int collectives = 0;     // collective nodes priced
 };
 
 class CostModel {
@@ -300,6 +300,15 @@ class CostModel {
   double collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p, double* bytes,
                                 std::string* axis) const;
   double roofline_time_s(double flops, double bytes) const;
+  // The parts of price(), in order (cost_model.cc).
+  int64_t blocks_per_stage(const Plan& p) const;
+  StageTimes slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const;
+  double pipeline_time(const Plan& p, const StageTimes& st, StepCost* r) const;
+  void stage_parameters(const Plan& p, const LayerCost& lc, double* first, double* last) const;
+  double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
+                            double p_stage, double* bytes) const;
+  Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc, double p_first,
+                                            double p_last) const;
   // layer_cost without the cache.
   Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp) const;
 
