@@ -424,6 +424,35 @@ TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
   r = run("simulate " + model("gpt3_1.3b.json"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("plan file"), std::string::npos) << r.output;
+  // The MLP: no sequence, no blocks to pipeline; the answer says so.
+  r = run("plan " + model("mlp_fashion.json") + " --cluster " + dgx() + " --gpus 4 --seq 128");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("an mlp has no sequence"), std::string::npos) << r.output;
+  r = run("plan " + model("mlp_fashion.json") + " --cluster " + dgx() + " --gpus 4 --fix pp=2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("no transformer blocks"), std::string::npos) << r.output;
+  r = run("plan " + model("mlp_fashion.json") + " --cluster " + dgx() + " --gpus 3 --fix tp=3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("hidden"), std::string::npos) << r.output;
+}
+
+TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
+  // `meshflow plan` on the MLP config, its --out written and trained: the
+  // rules it writes are the ones the planner partitioned its program with.
+  const std::string out =
+      (fs::temp_directory_path() / ("meshflow_mlp_plan_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  CliRun r = run("plan " + model("mlp_fashion.json") + " --cluster " + source_dir() +
+                 "/configs/clusters/local_cpu.json --gpus 4 --global-batch 64 --top 0 " +
+                 "--fix tp=2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("examples/s"), std::string::npos) << r.output;
+  const json f = value_or_throw(read_json_file(out));
+  EXPECT_EQ(f["data"]["dataset"], "fashion_mnist");
+  EXPECT_EQ(f["parallel"]["rules"]["hidden"], "tp") << f["parallel"].dump();
+  CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
+  EXPECT_EQ(t.code, 0) << t.output;
+  fs::remove(out);
 }
 
 }  // namespace
