@@ -16,7 +16,6 @@
 #include <set>
 
 #include "meshflow/core/file_io.h"
-#include "meshflow/runtime/executor.h"
 
 namespace meshflow {
 
@@ -406,7 +405,7 @@ std::string name_list(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Status save_parameters(Executor& ex, const std::string& path,
+Status save_parameters(ParameterStore& ex, const std::string& path,
                        const std::map<std::string, std::string>& metadata,
                        CheckpointOptions options) {
   const Graph& g = ex.graph();
@@ -416,7 +415,8 @@ Status save_parameters(Executor& ex, const std::string& path,
   return write_safetensors(path, tensors, metadata);
 }
 
-Result<std::map<std::string, std::string>> load_parameters(Executor& ex, const std::string& path,
+Result<std::map<std::string, std::string>> load_parameters(ParameterStore& ex,
+                                                           const std::string& path,
                                                            CheckpointOptions options) {
   MF_ASSIGN_OR_RETURN(SafetensorsFile file, read_safetensors(path));
   MF_RETURN_IF_ERROR(check_finite_weights(file, path));

@@ -29,10 +29,19 @@
 
 #include "meshflow/core/status.h"
 #include "meshflow/core/tensor.h"
+#include "meshflow/ir/graph.h"
 
 namespace meshflow {
 
-class Executor;
+// What holds a graph's parameters and optimizer state while it trains: the
+// runtime's Executor (runtime/executor.h) is one. Checkpoints read and write
+// through it, so this file does not depend on the runtime above it.
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+  virtual const Graph& graph() const = 0;
+  virtual Tensor& storage(ValueId v) = 0;  // the value's persistent tensor
+};
 
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;        // F32 or I32; dims have empty names
@@ -62,7 +71,7 @@ struct CheckpointOptions {
 };
 
 // Saves every parameter of the executor's graph under its value name.
-Status save_parameters(Executor& ex, const std::string& path,
+Status save_parameters(ParameterStore& ex, const std::string& path,
                        const std::map<std::string, std::string>& metadata = {},
                        CheckpointOptions options = {});
 
@@ -73,7 +82,8 @@ Status save_parameters(Executor& ex, const std::string& path,
 //   "checkpoint 'x.safetensors': parameter 'h.0.ln_1.weight' has shape [256] in
 //    the file but [512] in the model"
 // On success returns the file's metadata.
-Result<std::map<std::string, std::string>> load_parameters(Executor& ex, const std::string& path,
+Result<std::map<std::string, std::string>> load_parameters(ParameterStore& ex,
+                                                           const std::string& path,
                                                            CheckpointOptions options = {});
 
 }  // namespace meshflow

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "meshflow/core/tensor.h"
+#include "meshflow/io/safetensors.h"
 #include "meshflow/ir/graph.h"
 #include "meshflow/runtime/memory_plan.h"
 
@@ -43,7 +44,7 @@ struct MemoryStats {
   int64_t total() const { return params + grads + optimizer + inputs + arena; }
 };
 
-class Executor {
+class Executor : public ParameterStore {
  public:
   explicit Executor(const Graph& g, ExecutorOptions options = {});
   // Before building one: do the graph's parameters, optimizer state and inputs
@@ -52,7 +53,7 @@ class Executor {
   // mistake: sizes no machine here can hold), instead of a failed allocation.
   static Status check_fits_in_memory(const Graph& g);
 
-  const Graph& graph() const { return g_; }
+  const Graph& graph() const override { return g_; }
 
   // Node orders: forward + backward (one micro-batch), optimizer, and eval
   // (forward + metrics, no backward).
@@ -73,7 +74,7 @@ class Executor {
   void feed_scalar_i32(const std::string& name, int32_t v);
 
   // Any persistent value (parameter, state, input) by id.
-  Tensor& storage(ValueId v);
+  Tensor& storage(ValueId v) override;
   // Pointer to any value's current data (persistent or in the arena).
   void* data(ValueId v);
   const float* data_f(ValueId v) { return static_cast<const float*>(data(v)); }
