@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "bench_table.h"
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 
 using namespace meshflow;
 

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "bench_table.h"
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/mpi_transport.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/mpi_transport.h"
 
 using namespace meshflow::bench;
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

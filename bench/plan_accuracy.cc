@@ -37,8 +37,8 @@
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/trainer.h"
 
 using namespace meshflow;

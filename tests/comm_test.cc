@@ -15,8 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "grad_check.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/trainer.h"
 
 namespace meshflow {

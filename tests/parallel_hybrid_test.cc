@@ -10,7 +10,7 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

@@ -21,7 +21,7 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/trainer.h"
 
 namespace meshflow {

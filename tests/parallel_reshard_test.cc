@@ -14,7 +14,7 @@
 #include "meshflow/parallel/mesh.h"
 #include "meshflow/parallel/reshard.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

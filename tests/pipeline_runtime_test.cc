@@ -13,7 +13,7 @@
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

@@ -13,7 +13,7 @@
 #include "grad_check.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

@@ -10,8 +10,8 @@
 #include <set>
 
 #include "meshflow/plan/auto_plan.h"
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/trainer.h"
 
 namespace meshflow::plan {

@@ -16,7 +16,7 @@
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/executor.h"
 
 using namespace meshflow;

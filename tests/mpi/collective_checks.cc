@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow::mpitest {
 namespace {

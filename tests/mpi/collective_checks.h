@@ -13,7 +13,7 @@
 #include <string>
 
 #include "meshflow/core/status.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow::mpitest {
 

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "collective_checks.h"
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/mpi_transport.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/mpi_transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow::mpitest {
 namespace {

@@ -19,8 +19,8 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/runtime/comm/local_world.h"
-#include "meshflow/runtime/comm/mpi_transport.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/comm/mpi_transport.h"
 #include "meshflow/runtime/progress.h"
 #include "meshflow/runtime/trainer.h"
 

@@ -2,7 +2,7 @@
 // today; bf16/f16 are reserved for the GPU backend and for the planner, which
 // prices 16-bit training at cluster scale; i32 holds token ids and targets,
 // i64 counts and offsets. The communicator moves and reduces every one of
-// them (runtime/comm/communicator.h); bf16/f16 are storage formats converted
+// them (comm/communicator.h); bf16/f16 are storage formats converted
 // to and from f32 here (round to nearest even).
 #pragma once
 

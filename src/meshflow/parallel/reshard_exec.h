@@ -19,7 +19,7 @@
 #include "meshflow/core/status.h"
 #include "meshflow/parallel/mesh.h"
 #include "meshflow/parallel/reshard.h"
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 
 namespace meshflow {
 

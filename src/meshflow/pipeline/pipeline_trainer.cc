@@ -16,7 +16,7 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 #include "meshflow/runtime/grad_buckets.h"
 
 namespace meshflow {

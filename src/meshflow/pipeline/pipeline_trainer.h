@@ -56,7 +56,7 @@
 #include "meshflow/parallel/partition.h"
 #include "meshflow/pipeline/schedule.h"
 #include "meshflow/pipeline/stage_graph.h"
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 #include "meshflow/runtime/run_config.h"
 #include "meshflow/runtime/trainer.h"
 

@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "meshflow/runtime/comm/communicator.h"
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 
 namespace meshflow::plan {
 namespace {

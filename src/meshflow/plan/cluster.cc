@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "meshflow/core/check.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow::plan {
 

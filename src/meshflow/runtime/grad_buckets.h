@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "meshflow/ir/graph.h"
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

@@ -15,7 +15,7 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow {
 

@@ -22,7 +22,7 @@
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 #include "meshflow/runtime/engine.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/grad_buckets.h"

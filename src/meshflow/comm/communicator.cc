@@ -1,6 +1,6 @@
 // Collective algorithms on the point-to-point Transport (see communicator.h
 // for the list and the reduction order). Nothing here knows the backend.
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 
 #include <algorithm>
 #include <condition_variable>

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "meshflow/core/status.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow {
 

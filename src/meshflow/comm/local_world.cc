@@ -1,5 +1,5 @@
 // run_local_ranks: one thread per rank; the first failure aborts the transport.
-#include "meshflow/runtime/comm/local_world.h"
+#include "meshflow/comm/local_world.h"
 
 #include <cstdio>
 #include <exception>

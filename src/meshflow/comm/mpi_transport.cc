@@ -1,7 +1,7 @@
 // The mpi Transport: blocking point-to-point over a duplicate of
 // MPI_COMM_WORLD, every MPI call checked by MF_MPI_CALL (rank, call,
 // file:line and MPI_Error_string). See mpi_transport.h for the wire format.
-#include "meshflow/runtime/comm/mpi_transport.h"
+#include "meshflow/comm/mpi_transport.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "meshflow/core/dtype.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow {
 

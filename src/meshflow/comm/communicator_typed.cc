@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "meshflow/core/check.h"
-#include "meshflow/runtime/comm/communicator.h"
+#include "meshflow/comm/communicator.h"
 
 namespace meshflow {
 

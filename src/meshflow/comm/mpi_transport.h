@@ -39,7 +39,7 @@
 #include <memory>
 
 #include "meshflow/core/status.h"
-#include "meshflow/runtime/comm/transport.h"
+#include "meshflow/comm/transport.h"
 
 namespace meshflow {
 
