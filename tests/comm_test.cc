@@ -233,7 +233,9 @@ TEST(CommDTypes, HalfConversionsRoundToNearestEven) {
   // Every f16 pattern that is a number survives f16 -> f32 -> f16.
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const bool nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
-    if (!nan) ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+    if (!nan) {
+      ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+    }
   }
   EXPECT_EQ(f32_to_f16(65504.f), 0x7bffu);           // the largest finite f16
   EXPECT_EQ(f32_to_f16(65520.f), 0x7c00u);           // halfway to 65536: to even, i.e. infinity

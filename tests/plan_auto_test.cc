@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <set>
 
-#include "meshflow/plan/auto_plan.h"
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/trainer.h"
 
 namespace meshflow::plan {
@@ -62,6 +62,30 @@ TEST(PlanAuto, ShareMachineSplitsTheDevice) {
   Result<Cluster> bad = share_machine(two, 2);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("one-device cluster"), std::string::npos);
+}
+
+TEST(PlanAuto, PlansTheMlpToo) {
+  // Any model the engine builds: the MLP's dp x tp splits are priced from
+  // its partitioned program; a tensor-parallel choice writes the MLP rules.
+  const Cluster m = local();
+  json doc = {
+      {"model", {{"type", "mlp"}, {"input_dim", 784}, {"hidden", {512, 256}}, {"num_classes", 10}}},
+      {"data", {{"dataset", "fashion_mnist"}}},
+      {"train", {{"steps", 1}, {"batch_size", 64}, {"eval_batches", 1}}},
+      {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  Result<LocalAutoPlan> a = plan_local_run(rc, 2, m);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  std::set<int64_t> tps;
+  for (const StepCost& c : a->candidates) tps.insert(c.plan.tp);
+  EXPECT_EQ(tps, (std::set<int64_t>{1, 2}));
+  const json& par = a->parallel;
+  Result<StrategyConfig> sc = parse_strategy_config(par);
+  ASSERT_TRUE(sc.is_ok()) << sc.status().message() << "\n" << par.dump();
+  EXPECT_EQ(sc->mesh.num_ranks(), 2);
+  if (a->best.plan.tp == 2) {
+    EXPECT_EQ(par["rules"]["hidden"], "tp") << par.dump();
+  }
 }
 
 TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {

@@ -553,28 +553,36 @@ Status Communicator::broadcast(float* data, int64_t count, int root) {
   });
 }
 
-Status Communicator::send(const float* data, int64_t count, int peer) {
-  const std::string what =
-      "send(" + std::to_string(count) + " floats to rank " + std::to_string(peer) + ")";
+Status Communicator::point_to_point(bool is_send, void* data, int64_t count, DType dt, int peer) {
+  const std::string what = std::string(is_send ? "send(" : "recv(") + std::to_string(count) + " " +
+                           std::string(dtype_name(dt)) + (is_send ? " to" : " from") + " rank " +
+                           std::to_string(peer) + ")";
   MF_RETURN_IF_ERROR(bad_count(what, count, data));
   if (peer < 0 || peer >= size() || peer == rank_)
     return Status::invalid(what + ": the peer must be another rank in [0, " +
                            std::to_string(size()) + ")");
   impl_->drain();
   const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
-  return t_->send(ranks_[peer], tag, data, count * sizeof(float)).with_context(what + where());
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+  const Status s =
+      is_send ? t_->send(ranks_[peer], tag, data, bytes) : t_->recv(ranks_[peer], tag, data, bytes);
+  return s.with_context(what + where());
+}
+
+Status Communicator::send(const float* data, int64_t count, int peer) {
+  return point_to_point(true, const_cast<float*>(data), count, DType::F32, peer);
 }
 
 Status Communicator::recv(float* data, int64_t count, int peer) {
-  const std::string what =
-      "recv(" + std::to_string(count) + " floats from rank " + std::to_string(peer) + ")";
-  MF_RETURN_IF_ERROR(bad_count(what, count, data));
-  if (peer < 0 || peer >= size() || peer == rank_)
-    return Status::invalid(what + ": the peer must be another rank in [0, " +
-                           std::to_string(size()) + ")");
-  impl_->drain();
-  const uint64_t tag = (static_cast<uint64_t>(group_id_) << 32) | kPointToPointBit;
-  return t_->recv(ranks_[peer], tag, data, count * sizeof(float)).with_context(what + where());
+  return point_to_point(false, data, count, DType::F32, peer);
+}
+
+Status Communicator::send(const void* data, int64_t count, DType dt, int peer) {
+  return point_to_point(true, const_cast<void*>(data), count, dt, peer);
+}
+
+Status Communicator::recv(void* data, int64_t count, DType dt, int peer) {
+  return point_to_point(false, data, count, dt, peer);
 }
 
 Status Communicator::barrier() {

@@ -49,8 +49,8 @@
 #include <string>
 #include <vector>
 
-#include "meshflow/core/dtype.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/core/dtype.h"
 
 namespace meshflow {
 
@@ -135,6 +135,8 @@ class Communicator {
   Communicator(std::shared_ptr<Transport> t, std::vector<int> ranks, uint32_t group_id);
   uint64_t next_tag();
   std::string where() const;  // " in group [0,2] on rank 2", for error messages
+  // send / recv of `count` elements of `dt` (bytes on the transport).
+  Status point_to_point(bool is_send, void* data, int64_t count, DType dt, int peer);
   // Runs `op` on the calling thread after the pending async work.
   Status run_now(const std::string& what, const std::function<Status(uint64_t tag)>& op);
   // Queues `op` for the progress thread.

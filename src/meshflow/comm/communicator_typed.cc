@@ -1,12 +1,13 @@
 // The Communicator's typed collectives (communicator.h): bytes of any dtype
-// moved as f32 words through the f32 algorithms, bf16/f16 reduced in f32,
+// moved as f32 words through the f32 algorithms (send/recv move bytes
+// directly: communicator.cc), bf16/f16 reduced in f32,
 // integers reduced exactly after a gather.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "meshflow/core/check.h"
 #include "meshflow/comm/communicator.h"
+#include "meshflow/core/check.h"
 
 namespace meshflow {
 
@@ -108,23 +109,6 @@ Status Communicator::broadcast(void* data, int64_t count, DType dt, int root) {
   std::vector<float> buf(words_of(bytes), 0.f);
   std::memcpy(buf.data(), data, bytes);
   MF_RETURN_IF_ERROR(broadcast(buf.data(), static_cast<int64_t>(buf.size()), root));
-  std::memcpy(data, buf.data(), bytes);
-  return Status::ok();
-}
-
-Status Communicator::send(const void* data, int64_t count, DType dt, int peer) {
-  const int64_t bytes = bytes_of(count, dt);
-  if (bytes % 4 == 0) return send(static_cast<const float*>(data), bytes / 4, peer);
-  std::vector<float> buf(words_of(bytes), 0.f);
-  std::memcpy(buf.data(), data, bytes);
-  return send(buf.data(), static_cast<int64_t>(buf.size()), peer);
-}
-
-Status Communicator::recv(void* data, int64_t count, DType dt, int peer) {
-  const int64_t bytes = bytes_of(count, dt);
-  if (bytes % 4 == 0) return recv(static_cast<float*>(data), bytes / 4, peer);
-  std::vector<float> buf(words_of(bytes));
-  MF_RETURN_IF_ERROR(recv(buf.data(), static_cast<int64_t>(buf.size()), peer));
   std::memcpy(data, buf.data(), bytes);
   return Status::ok();
 }

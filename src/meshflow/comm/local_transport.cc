@@ -27,8 +27,8 @@
 #include <string>
 #include <thread>
 
-#include "meshflow/core/check.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/core/check.h"
 
 namespace meshflow {
 

@@ -17,8 +17,8 @@
 #include <memory>
 #include <vector>
 
-#include "meshflow/core/status.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/core/status.h"
 
 namespace meshflow {
 

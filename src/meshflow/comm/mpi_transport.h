@@ -38,8 +38,8 @@
 
 #include <memory>
 
-#include "meshflow/core/status.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/core/status.h"
 
 namespace meshflow {
 

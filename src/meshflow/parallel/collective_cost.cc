@@ -20,6 +20,19 @@ const char* collective_name(Collective c) {
   return "?";
 }
 
+Collective collective_of(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllGather:
+      return Collective::kAllGather;
+    case OpKind::kReduceScatter:
+      return Collective::kReduceScatter;
+    case OpKind::kAllToAll:
+      return Collective::kAllToAll;
+    default:
+      return Collective::kAllReduce;
+  }
+}
+
 double collective_bytes_per_rank(Collective c, int64_t n, double bytes) {
   MF_CHECK(n >= 1);
   if (c == Collective::kSendRecv) return bytes;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "meshflow/ir/op_kind.h"
+
 namespace meshflow {
 
 // A link, as seen by one device: bandwidth per direction per device.
@@ -23,6 +25,9 @@ struct Link {
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
 const char* collective_name(Collective c);  // "all_reduce", ...
+// The collective a graph op runs (all_gather, reduce_scatter, all_to_all;
+// all_reduce for the rest).
+Collective collective_of(OpKind kind);
 
 // Ring alpha-beta time of one collective over `n` ranks on `link`; `bytes` is
 // the full buffer (all_reduce: the buffer; all_gather: the gathered output;

@@ -802,10 +802,11 @@ class Lowering {
     // The collectives its kernel runs inside itself (op_def.h), recorded like
     // the inserted ones: a partial sum per rank reduced to the whole.
     for (const InnerCollective& ic : inner_collectives(p_.graph, p_.graph.node(lid))) {
-      const int n_ranks = mesh_.size(ic.mesh_axis);
       const Layout whole = Layout::Replicated(mesh_.num_axes());
       const int64_t bytes = static_cast<int64_t>(
-          2.0 * (n_ranks - 1) / n_ranks * double(ic.elements) * sizeof(float) + 0.5);
+          collective_bytes_per_rank(collective_of(ic.kind), mesh_.size(ic.mesh_axis),
+                                    double(ic.elements) * sizeof(float)) +
+          0.5);
       p_.collectives.push_back({lid, ic.kind, n.name + " " + ic.what, n.name + " (in its kernel)",
                                 n.phase, mesh_.axis_name(ic.mesh_axis),
                                 whole.with(ic.mesh_axis, Placement::Partial()), whole, bytes});

@@ -39,8 +39,9 @@ struct LocalAutoPlan {
 
 // The fastest fitting plan for `rc`'s model, train.batch_size, train.seq_len
 // and train.micro_batches on `ranks` local ranks of the one-device cluster
-// `local` (ties: less memory). Errors: a model the planner cannot price (not a
-// transformer LM), no dp x tp split valid for the batch and heads, nothing fits.
+// `local` (ties: less memory). Any model the engine builds (the MLP's plans
+// are dp x tp with ZeRO). Errors: no dp x tp split valid for the batch and
+// the model's widths, nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
 // The run config's "parallel" object that runs plan `p` exactly (one function

@@ -6,8 +6,8 @@
 #include <sstream>
 #include <thread>
 
-#include "meshflow/core/check.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/core/check.h"
 
 namespace meshflow::plan {
 

@@ -286,22 +286,24 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
   return t;
 }
 
+double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_bytes,
+                                     const std::string& axis, const Plan& p, double* bytes) const {
+  const Collective c = collective_of(kind);
+  *bytes = collective_bytes_per_rank(c, group, buffer_bytes);
+  return collective_time_s(c, group, buffer_bytes,
+                           cluster_.link_for_axis(group, axis_stride(p, axis)));
+}
+
 double CostModel::collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p,
                                          double* bytes, std::string* axis) const {
   const Graph& g = lp.graph;
-  Collective c = Collective::kAllReduce;
-  int64_t elems = g.shape(n.inputs[0]).numel();  // all_reduce, reduce_scatter, all_to_all
-  if (n.kind == OpKind::kAllGather)
-    c = Collective::kAllGather, elems = g.shape(n.outputs[0]).numel();
-  if (n.kind == OpKind::kReduceScatter) c = Collective::kReduceScatter;
-  if (n.kind == OpKind::kAllToAll) c = Collective::kAllToAll;
+  // The full buffer: the gathered output of an all_gather, else the input.
+  const int64_t elems = g.shape(n.kind == OpKind::kAllGather ? n.outputs[0] : n.inputs[0]).numel();
   // f32 values move in the compute dtype (what a mixed-precision run sends).
   const DType dt = g.value(n.inputs[0]).dtype;
   const double buffer = double(elems) * double(dtype_size(dt == DType::F32 ? dtype_ : dt));
   *axis = lp.mesh.axis_name(n.attrs.mesh_axis);
-  const int64_t size = n.attrs.group_size;
-  *bytes = collective_bytes_per_rank(c, size, buffer);
-  return collective_time_s(c, size, buffer, cluster_.link_for_axis(size, axis_stride(p, *axis)));
+  return collective_time_on(n.kind, n.attrs.group_size, buffer, *axis, p, bytes);
 }
 
 Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch,
@@ -351,6 +353,14 @@ enum Slot {
 };
 using Totals = std::array<double, kSlots>;
 
+// A forward or backward collective's seconds and bytes, on cp or (any other axis) tp.
+void add_comm(Totals& t, const std::string& axis, bool fwd, double seconds, double bytes) {
+  t[kCollectives] += 1;
+  const bool cp = axis == "cp";
+  t[cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += seconds;
+  t[cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] += bytes;
+}
+
 Totals minus(const Totals& a, const Totals& b) {
   Totals d{};
   for (int i = 0; i < kSlots; ++i) d[i] = a[i] - b[i];
@@ -388,16 +398,14 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
         double bytes = 0;
         std::string axis;
         time = collective_node_time_s(lp, n, p, &bytes, &axis);
-        t[kCollectives] += 1;
         if (n.phase == Phase::kOptimizer) {
+          t[kCollectives] += 1;
           // Over tp only: the gradients' reduction over the dp * cp replicas
           // is priced with the schedule (bucketed, overlapped), not twice.
           if (axis == "tp") t[kOptComm] += time, t[kOptCommBytes] += bytes;
           continue;
         }
-        const bool on_cp = axis == "cp";
-        t[on_cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += time;
-        t[on_cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] += bytes;
+        add_comm(t, axis, fwd, time, bytes);
       } else {
         if (n.phase == Phase::kOptimizer) continue;  // priced as memory-bound work
         time = node_time_s(g, n);
@@ -407,19 +415,11 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
         // The collectives its kernel runs inside itself (the vocab-parallel
         // cross-entropy's f32 all_reduces; ops/op_def.h).
         for (const InnerCollective& ic : inner_collectives(g, n)) {
+          double bytes = 0;
           const std::string& axis = lp.mesh.axis_name(ic.mesh_axis);
-          const int64_t size = lp.mesh.size(ic.mesh_axis);
-          const Collective kind = ic.kind == OpKind::kAllReduce   ? Collective::kAllReduce
-                                  : ic.kind == OpKind::kAllGather ? Collective::kAllGather
-                                                                  : Collective::kAllToAll;
-          const double buffer = double(ic.elements) * 4.0;
-          const double ct = collective_time_s(kind, size, buffer,
-                                              cluster_.link_for_axis(size, axis_stride(p, axis)));
-          const bool on_cp = axis == "cp";
-          t[on_cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += ct;
-          t[on_cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] +=
-              collective_bytes_per_rank(kind, size, buffer);
-          t[kCollectives] += 1;
+          const double ct = collective_time_on(ic.kind, lp.mesh.size(ic.mesh_axis),
+                                               double(ic.elements) * 4.0, axis, p, &bytes);
+          add_comm(t, axis, fwd, ct, bytes);
           time += ct;
         }
       }

@@ -299,6 +299,10 @@ class CostModel {
   // Sets *bytes to what the rank sends, *axis to the mesh axis name.
   double collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p, double* bytes,
                                 std::string* axis) const;
+  // The same for a collective of `kind` over `group` ranks of mesh axis
+  // `axis` moving a buffer of `buffer_bytes` (a node's, or one a kernel runs).
+  double collective_time_on(OpKind kind, int64_t group, double buffer_bytes,
+                            const std::string& axis, const Plan& p, double* bytes) const;
   double roofline_time_s(double flops, double bytes) const;
   // The parts of price(), in order (cost_model.cc).
   int64_t blocks_per_stage(const Plan& p) const;

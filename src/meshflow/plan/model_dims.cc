@@ -35,7 +35,7 @@ Result<TransformerDims> transformer_dims(const ModelConfig& model) {
     return d;
   }
   return Status::invalid(
-      "the planner prices transformer language models (gpt2, llama); this model is an mlp");
+      "an mlp has no transformer layers, heads or positions (the sizes of a gpt2 or llama model)");
 }
 
 namespace {

@@ -59,23 +59,10 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
     lp.mesh = Mesh::line(1, "dp");
     return lp;
   }
-  // The mesh of the axes that split something (dp is 1 here): a size-1 axis
-  // only widens the reshard planner's search.
-  std::string axes;
-  std::vector<int64_t> strides;
-  for (const auto& [name, size] : {std::pair<std::string, int64_t>{"tp", p.tp}, {"cp", p.cp}})
-    if (size > 1) {
-      axes += (axes.empty() ? "" : ",") + name + "=" + std::to_string(size);
-      strides.push_back(axis_stride(p, name));
-    }
-  section["mesh"] = axes;
-  if (section.contains("rules"))  // a rule over an axis of size 1 (dp here) splits nothing
-    for (auto it = section["rules"].begin(); it != section["rules"].end();)
-      it = (it.value() == "tp" && p.tp > 1) || (it.value() == "cp" && p.cp > 1)
-               ? std::next(it)
-               : section["rules"].erase(it);
   MF_ASSIGN_OR_RETURN(StrategyConfig pc, parse_strategy_config(section, "parallel (planned)"));
   const Mesh& mesh = pc.mesh;
+  std::vector<int64_t> strides;
+  for (int a = 0; a < mesh.num_axes(); ++a) strides.push_back(axis_stride(p, mesh.axis_name(a)));
   const ReshardCostModel cost = reshard_costs(cluster, mesh, strides, bytes_per_element);
   if (strategy && *strategy) return lower(g, **strategy, /*rank=*/0, cost);
   MF_ASSIGN_OR_RETURN(

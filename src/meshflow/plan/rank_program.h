@@ -59,7 +59,7 @@ int64_t num_blocks(const ModelConfig& model);
 int64_t axis_stride(const Plan& p, const std::string& axis);
 
 // The per-rank program of rank 0 (every rank of a cp x tp group runs the same
-// ops at the same shapes), on the mesh of the plan's axes of size > 1, the
+// ops at the same shapes), on the mesh the section names (dp = 1), the
 // reshard planner pricing each axis on the cluster link its stride maps to
 // (reshard_costs). Errors: the model cannot be built at these shapes, or the
 // plan's section does not partition it (names the dim and degree).
