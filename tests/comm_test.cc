@@ -664,6 +664,13 @@ TEST(CommErrors, BadArgumentsNameWhatIsValid) {
     MF_RETURN_IF_ERROR(
         expect(c->all_reduce_async(nullptr, 4, ReduceOp::kSum).wait(), "null buffer"));
     MF_RETURN_IF_ERROR(expect(t->send(t->rank(), 0, x, 4), "the peer must be another rank"));
+    // The typed forms check before they pad or convert.
+    MF_RETURN_IF_ERROR(
+        expect(c->all_gather(nullptr, 3, x, DType::F16), "all_gather(3 f16): null buffer"));
+    MF_RETURN_IF_ERROR(expect(c->all_reduce(static_cast<void*>(x), -2, DType::BF16, ReduceOp::kSum),
+                              "count must be >= 0, got -2"));
+    MF_RETURN_IF_ERROR(expect(c->send(static_cast<const void*>(x), 1, DType::I64, t->rank()),
+                              "the peer must be another rank in [0, 3)"));
     return c->barrier();  // still usable: nothing was sent
   });
   EXPECT_TRUE(s.is_ok()) << s.message();

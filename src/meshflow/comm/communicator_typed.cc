@@ -4,6 +4,8 @@
 // integers reduced exactly after a gather.
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
@@ -74,9 +76,22 @@ void reduce_ints(const char* blocks, int n, int64_t count, DType dt, ReduceOp op
   }
 }
 
+// The typed forms' own argument check (before any padding copy): a negative
+// count or a null buffer is the caller's error, named with what is valid.
+Status check_args(const char* what, int64_t count, DType dt,
+                  std::initializer_list<const void*> ps) {
+  const std::string w =
+      std::string(what) + "(" + std::to_string(count) + " " + std::string(dtype_name(dt)) + ")";
+  if (count < 0) return Status::invalid(w + ": count must be >= 0, got " + std::to_string(count));
+  for (const void* p : ps)
+    if (count > 0 && p == nullptr) return Status::invalid(w + ": null buffer");
+  return Status::ok();
+}
+
 }  // namespace
 
 Status Communicator::all_gather(const void* in, int64_t count, void* out, DType dt) {
+  MF_RETURN_IF_ERROR(check_args("all_gather", count, dt, {in, out}));
   const int64_t bytes = bytes_of(count, dt);
   if (bytes % 4 == 0)
     return all_gather(static_cast<const float*>(in), bytes / 4, static_cast<float*>(out));
@@ -90,6 +105,7 @@ Status Communicator::all_gather(const void* in, int64_t count, void* out, DType 
 }
 
 Status Communicator::all_to_all(const void* in, int64_t count_per_rank, void* out, DType dt) {
+  MF_RETURN_IF_ERROR(check_args("all_to_all", count_per_rank, dt, {in, out}));
   const int64_t bytes = bytes_of(count_per_rank, dt);
   if (bytes % 4 == 0)
     return all_to_all(static_cast<const float*>(in), bytes / 4, static_cast<float*>(out));
@@ -104,6 +120,7 @@ Status Communicator::all_to_all(const void* in, int64_t count_per_rank, void* ou
 }
 
 Status Communicator::broadcast(void* data, int64_t count, DType dt, int root) {
+  MF_RETURN_IF_ERROR(check_args("broadcast", count, dt, {data}));
   const int64_t bytes = bytes_of(count, dt);
   if (bytes % 4 == 0) return broadcast(static_cast<float*>(data), bytes / 4, root);
   std::vector<float> buf(words_of(bytes), 0.f);
@@ -114,6 +131,7 @@ Status Communicator::broadcast(void* data, int64_t count, DType dt, int root) {
 }
 
 Status Communicator::all_reduce(void* data, int64_t count, DType dt, ReduceOp op) {
+  MF_RETURN_IF_ERROR(check_args("all_reduce", count, dt, {data}));
   if (dt == DType::F32) return all_reduce(static_cast<float*>(data), count, op);
   if (is_float16(dt)) {
     std::vector<float> f(count);
@@ -131,6 +149,7 @@ Status Communicator::all_reduce(void* data, int64_t count, DType dt, ReduceOp op
 
 Status Communicator::reduce_scatter(const void* in, int64_t count_per_rank, void* out, DType dt,
                                     ReduceOp op) {
+  MF_RETURN_IF_ERROR(check_args("reduce_scatter", count_per_rank, dt, {in, out}));
   if (dt == DType::F32)
     return reduce_scatter(static_cast<const float*>(in), count_per_rank, static_cast<float*>(out),
                           op);
