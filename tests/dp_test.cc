@@ -7,6 +7,7 @@
 
 #include "grad_check.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/job.h"
 #include "meshflow/runtime/trainer.h"
 
 namespace meshflow {
@@ -51,11 +52,8 @@ Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
   auto trainer = value_or_throw(Trainer::create(rc, comm));
   for (int s = 0; s < rc.train.steps; ++s) t.losses.push_back(trainer->step().loss);
   t.eval_loss = trainer->evaluate().loss;
-  const Graph& g = trainer->graph();
-  for (ValueId p : g.parameters()) {
-    const Tensor& w = trainer->executor().storage(p);
-    t.weights[g.value(p).name].assign(w.data<float>(), w.data<float>() + w.numel());
-  }
+  for (const auto& [name, w] : value_or_throw(trainer->gather_parameters()))
+    t.weights[name].assign(w.data<float>(), w.data<float>() + w.numel());
   return t;
 }
 
@@ -114,12 +112,36 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel,
 TEST(DataParallelErrors, BatchThatDoesNotSplitAcrossRanks) {
   RunConfig rc = dp_run("gpt", 1, "sgd");
   rc.train.batch_size = 6;
+  // As the CLI resolves it: in the user's terms.
+  Result<Job> job = resolve_job(rc, 4);
+  ASSERT_FALSE(job.is_ok());
+  EXPECT_NE(job.status().message().find("train.batch_size=6"), std::string::npos)
+      << job.status().message();
+  EXPECT_NE(job.status().message().find("4 data-parallel replicas"), std::string::npos)
+      << job.status().message();
+  // The C++ API straight to the trainer: the partitioner names the dim.
   Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
     return Trainer::create(rc, Communicator::world(t)).status();
   });
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("batch_size=6"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("4 ranks"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("batch=6) cannot be split 4 ways"), std::string::npos) << s.message();
+}
+
+// Data parallel is the partitioner's plan: its gradient all_reduces are run by
+// the buckets (overlapped with the backward), not as nodes of the optimizer.
+TEST(DataParallel, GradientReductionsRunInBuckets) {
+  RunConfig rc = dp_run("gpt", 2, "sgd");
+  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto trainer = value_or_throw(Trainer::create(rc, Communicator::world(t)));
+    const Graph& pg = trainer->program_graph();
+    const std::vector<GradientSync> syncs = gradient_syncs(pg);
+    EXPECT_EQ(syncs.size(), pg.grad_of_param.size());
+    for (const GradientSync& sync : syncs)
+      EXPECT_EQ(sync.reduce.size(), 1u) << pg.value(sync.grad).name;
+    trainer->step();
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
 }
 
 TEST(DataParallelErrors, AFailingRankStopsTheOthers) {

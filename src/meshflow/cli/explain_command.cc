@@ -8,6 +8,7 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/configured.h"
+#include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/progress.h"
 #include "meshflow/runtime/trainer.h"
 
@@ -171,11 +172,14 @@ int run_explain(const ExplainOptions& o) {
   std::printf("job: %d rank(s), mode %s, %s\n", world, parallel_mode_name(job->mode),
               job->describe().c_str());
   for (const std::string& note : job->notes) std::printf("note: %s\n", note.c_str());
-  if (!job->partitioned)
+  int bucketed = 0;
+  for (const GradientSync& s : gradient_syncs(p->graph)) bucketed += !s.reduce.empty();
+  if (bucketed > 0)
     std::printf(
-        "note: mode \"data\" runs these gradient all_reduces in buckets of %g MiB, started during "
-        "the backward (train.bucket_mib, train.overlap_comm)\n",
-        job->rc.train.bucket_mib);
+        "note: the all_reduces of %d parameter gradients (optimizer phase below) run in buckets "
+        "of %g MiB, started during the backward as each bucket's gradients are final "
+        "(train.bucket_mib, train.overlap_comm)\n",
+        bucketed, job->rc.train.bucket_mib);
   if (job->pipeline)
     std::printf(
         "note: each of the %d pipeline stages runs its layers of this program on its own "

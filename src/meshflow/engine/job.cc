@@ -111,8 +111,10 @@ std::string Job::describe() const {
           (partitioned ? "mesh " + mesh.to_string() : "dp " + str(mesh.num_ranks())) + ", " +
           std::string(schedule_name(pipeline->schedule)) +
           (pipeline->virtual_stages > 1 ? " v=" + str(pipeline->virtual_stages) : "");
+  else if (mode == ParallelMode::kData)
+    how = "data parallel" + (partitioned ? ", mesh " + mesh.to_string() : std::string());
   else
-    how = partitioned ? "partitioned, mesh " + mesh.to_string() : "data parallel";
+    how = partitioned ? "partitioned, mesh " + mesh.to_string() : "one rank";
   if (!planned.empty()) how += "; planned by search: " + planned;
   return how;
 }
@@ -204,12 +206,21 @@ Result<Job> resolve_job(RunConfig rc_in, int world) {
   if (!job.pipeline) {
     MF_ASSIGN_OR_RETURN(job.mesh, flat_mesh(par, world, job.partitioned));
     job.micro_batches = rc.train.micro_batches;
+    // Data parallel over several ranks is the partitioner's plan "batch on
+    // dp": its gradient all_reduces run in buckets, overlapped with the
+    // backward (runtime/grad_buckets.h). One rank runs the graph as it is.
+    if (!job.partitioned && world > 1) {
+      use_data_parallel_plan(&par, job.mesh);
+      rc.has_parallel = true;
+      job.partitioned = true;
+    }
   }
 
-  // Batch arithmetic, once. Data parallel (and data-mode pipelines) feed each
-  // replica its rows; the partitioner splits the global micro-batch itself.
+  // Batch arithmetic, once, in the user's terms: data parallel (and data-mode
+  // pipelines) split every micro-batch over the replicas; in the other modes
+  // the partitioner checks the split of each dim and names it.
   const TrainConfig& tc = rc.train;
-  const int replicas = job.partitioned ? 1 : job.mesh.num_ranks();
+  const int replicas = job.mode == ParallelMode::kData ? job.mesh.num_ranks() : 1;
   if (tc.batch_size % (job.micro_batches * replicas) != 0)
     return Status::invalid(
         "train.batch_size=" + str(tc.batch_size) + " does not split into " +

@@ -43,8 +43,9 @@ struct Job {
   RunConfig rc;  // resolved (see above); what the engines are built from
   int world = 1;
   ParallelMode mode = ParallelMode::kData;  // as resolved ("auto" full becomes kSemi)
-  // The SPMD partitioner builds the program (semi, auto, or ZeRO); false: the
-  // bucketed data-parallel runtime.
+  // The SPMD partitioner builds the program: semi, auto, ZeRO, and data
+  // parallel over more than one rank (the plan "batch on dp"). False: one
+  // rank's graph as it is, or the replicas of a data-mode pipeline.
   bool partitioned = false;
   // The mesh one program runs on: parallel.mesh (without pp when pipelined),
   // or dp = world (/ stages) when the config gives none.

@@ -323,6 +323,14 @@ std::string DimRules::to_string() const {
   return s + "}";
 }
 
+void use_data_parallel_plan(StrategyConfig* c, const Mesh& mesh) {
+  c->mode = "semi";
+  c->preset = "dp";
+  c->mesh = mesh;
+  c->has_mesh = true;
+  c->rules = preset_rules("dp", mesh);
+}
+
 DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
   // Rule order is priority: a dim earlier in the list takes a mesh axis first.
   std::vector<std::pair<std::string, std::string>> all;

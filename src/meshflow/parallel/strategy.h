@@ -135,6 +135,13 @@ struct StrategyConfig {
   const std::string* strategy_for(const std::string& name) const;
 };
 
+// Data parallel as a plan of the partitioner: `c` (mode "data", perhaps with
+// a ZeRO stage) becomes mode "semi" with the preset "dp" (the batch split over
+// dp) on `mesh`. The gradient reductions are then the program's all_reduce
+// (ZeRO: reduce_scatter) nodes, which the trainer runs in buckets overlapped
+// with the backward (runtime/grad_buckets.h).
+void use_data_parallel_plan(StrategyConfig* c, const Mesh& mesh);
+
 // Strict: unknown keys and bad values are errors naming the key ("parallel.mesh.tp").
 // Rules are checked against the mesh, split tuples parsed (not yet applied to nodes).
 Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j,

@@ -3,33 +3,98 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+
+#include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/reshard_exec.h"
 
 namespace meshflow {
+
+std::vector<GradientSync> gradient_syncs(const Graph& g) {
+  std::vector<std::vector<NodeId>> readers(g.num_values());
+  for (NodeId id = 0; id < g.num_nodes(); ++id)
+    for (ValueId v : g.node(id).inputs) readers[v].push_back(id);
+  std::vector<GradientSync> out;
+  for (const auto& [param, grad] : g.grad_of_param) {
+    GradientSync s;
+    s.grad = grad;
+    for (ValueId cur = grad; readers[cur].size() == 1;) {
+      const Node& n = g.node(readers[cur][0]);
+      if (n.kind != OpKind::kAllReduce || n.phase != Phase::kOptimizer) break;
+      s.reduce.push_back(readers[cur][0]);
+      cur = n.outputs[0];
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& order,
+                                 const std::vector<GradientSync>& syncs, const MeshComms* comms,
+                                 int64_t bucket_bytes, bool overlap)
+    : overlap_(overlap) {
+  std::vector<std::vector<Communicator*>> groups;
+  for (const GradientSync& s : syncs) {
+    std::vector<Communicator*> gs;
+    for (NodeId id : s.reduce) {
+      MF_CHECK(comms != nullptr) << "gradient reductions need the mesh's communicators";
+      gs.push_back(&comms->axis(g.node(id).attrs.mesh_axis));
+    }
+    groups.push_back(std::move(gs));
+  }
+  build(g, order, syncs, groups, bucket_bytes);
+}
 
 GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& order,
                                  std::shared_ptr<Communicator> comm, int64_t bucket_bytes,
                                  bool overlap)
     : comm_(std::move(comm)), overlap_(overlap) {
-  // Gradients in the order their producers run.
+  std::vector<GradientSync> syncs;
+  std::vector<std::vector<Communicator*>> groups;
+  for (const auto& [param, grad] : g.grad_of_param) {
+    syncs.push_back({grad, {}});
+    groups.push_back(comm_ && comm_->size() > 1 ? std::vector<Communicator*>{comm_.get()}
+                                                : std::vector<Communicator*>{});
+  }
+  build(g, order, syncs, groups, bucket_bytes);
+}
+
+// Gradients in the order their producers run; one open bucket per group chain.
+void GradientBuckets::build(const Graph& g, const std::vector<NodeId>& order,
+                            const std::vector<GradientSync>& syncs,
+                            const std::vector<std::vector<Communicator*>>& groups,
+                            int64_t bucket_bytes) {
   std::vector<int> position(g.num_nodes(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
-  std::vector<std::pair<int, ValueId>> grads;
-  for (const auto& [param, grad] : g.grad_of_param)
-    grads.push_back({position[g.value(grad).producer], grad});
-  std::sort(grads.begin(), grads.end());
+  std::vector<std::pair<int, size_t>> by_position;
+  for (size_t i = 0; i < syncs.size(); ++i)
+    by_position.push_back({position[g.value(syncs[i].grad).producer], i});
+  std::sort(by_position.begin(), by_position.end());
   slots_of_node_.assign(g.num_nodes(), {});
+  replaced_.assign(g.num_nodes(), false);
   const int64_t bucket_elems = std::max<int64_t>(1, bucket_bytes / 4);
-  for (const auto& [pos, grad] : grads) {
-    const int64_t n = g.shape(grad).numel();
-    if (buckets_.empty() || (buckets_.back().data.size() > 0 &&
-                             static_cast<int64_t>(buckets_.back().data.size()) + n > bucket_elems))
+  std::map<std::vector<Communicator*>, int> open;  // group chain -> its filling bucket
+  for (const auto& [pos, i] : by_position) {
+    const GradientSync& s = syncs[i];
+    const int64_t n = g.shape(s.grad).numel();
+    auto it = open.find(groups[i]);
+    if (it == open.end() ||
+        (buckets_[it->second].data.size() > 0 &&
+         static_cast<int64_t>(buckets_[it->second].data.size()) + n > bucket_elems)) {
       buckets_.emplace_back();
-    Bucket& b = buckets_.back();
-    slots_.push_back(
-        {grad, static_cast<int>(buckets_.size()) - 1, static_cast<int64_t>(b.data.size()), n});
+      buckets_.back().groups = groups[i];
+      it = open.insert_or_assign(groups[i], static_cast<int>(buckets_.size()) - 1).first;
+    }
+    Bucket& b = buckets_[it->second];
+    Slot slot{s.grad, {}, it->second, static_cast<int64_t>(b.data.size()), n};
+    for (NodeId id : s.reduce) {
+      slot.reduced.push_back(g.node(id).outputs[0]);
+      replaced_[id] = true;
+    }
+    slots_.push_back(std::move(slot));
     b.data.resize(b.data.size() + n);
     ++b.total;
-    slots_of_node_[g.value(grad).producer].push_back(static_cast<int>(slots_.size()) - 1);
+    slots_of_node_[g.value(s.grad).producer].push_back(static_cast<int>(slots_.size()) - 1);
   }
 }
 
@@ -39,11 +104,24 @@ int64_t GradientBuckets::bytes() const {
   return b;
 }
 
+int GradientBuckets::num_reduced_gradients() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += !buckets_[s.bucket].groups.empty();
+  return n;
+}
+
+std::vector<NodeId> GradientBuckets::without_replaced(const std::vector<NodeId>& order) const {
+  std::vector<NodeId> out;
+  for (NodeId id : order)
+    if (!replaced_[id]) out.push_back(id);
+  return out;
+}
+
 void GradientBuckets::launch(Bucket& b) {
   b.launched = true;
-  if (comm_ && comm_->size() > 1)
-    b.work =
-        comm_->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()), ReduceOp::kSum);
+  if (!b.groups.empty())
+    b.work = b.groups[0]->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()),
+                                           ReduceOp::kSum);
 }
 
 void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {
@@ -71,10 +149,18 @@ Status GradientBuckets::finish(Executor& ex) {
   for (Bucket& b : buckets_) {
     Status s = b.work.wait();
     b.work = Work();
+    // A sum over more than one mesh axis: the others, one after the other.
+    for (size_t k = 1; k < b.groups.size() && s.is_ok(); ++k)
+      s = b.groups[k]->all_reduce(b.data.data(), static_cast<int64_t>(b.data.size()),
+                                  ReduceOp::kSum);
     if (first.is_ok() && !s.is_ok()) first = s;
   }
   wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const Slot& s : slots_) ex.bind(s.grad, buckets_[s.bucket].data.data() + s.offset);
+  for (const Slot& s : slots_) {
+    float* at = buckets_[s.bucket].data.data() + s.offset;
+    ex.bind(s.grad, at);
+    for (ValueId v : s.reduced) ex.bind(v, at);
+  }
   return first;
 }
 

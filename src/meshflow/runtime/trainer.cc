@@ -3,11 +3,13 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/comm/transport.h"
 #include "meshflow/data/fashion_mnist.h"
 #include "meshflow/data/text.h"
 #include "meshflow/io/safetensors.h"
@@ -15,7 +17,6 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
-#include "meshflow/comm/transport.h"
 
 namespace meshflow {
 
@@ -89,52 +90,68 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
   // The machine's threads are shared among the ranks running on it.
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
-  const bool partitioned = (rc.has_parallel && rc.parallel.mode != "data") || partition;
-  if (partitioned) {
-    MF_RETURN_IF_ERROR(t->init_partitioned(partition));
-    return t;
+  StrategyConfig& pc = t->rc_.parallel;
+  const bool data_mode = !rc.has_parallel || pc.mode == "data";
+  // Data parallel over several ranks (or with ZeRO) is the partitioner's
+  // plan "batch on dp" (resolve_job does the same for the CLI).
+  if (!partition && data_mode && (t->world_ > 1 || pc.zero > 0)) {
+    use_data_parallel_plan(&pc, pc.has_mesh ? pc.mesh : Mesh::line(t->world_, "dp"));
+    t->rc_.has_parallel = true;
   }
-  if (tc.batch_size % (tc.micro_batches * t->world_) != 0)
+  if (partition || (t->rc_.has_parallel && pc.mode != "data")) {
+    MF_RETURN_IF_ERROR(t->init_partitioned(partition));
+  } else {
+    MF_RETURN_IF_ERROR(t->init_one_rank());
+  }
+  return t;
+}
+
+// One rank, nothing split: the training graph as it is.
+Status Trainer::init_one_rank() {
+  const TrainConfig& tc = rc_.train;
+  if (tc.batch_size % tc.micro_batches != 0)
     return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
                            " does not split into " + std::to_string(tc.micro_batches) +
-                           " micro-batches on " + std::to_string(t->world_) +
-                           " ranks; use a multiple of micro_batches x ranks = " +
-                           std::to_string(tc.micro_batches * t->world_));
-  t->global_micro_batch_ = tc.batch_size / tc.micro_batches;
-  t->micro_batch_ = t->global_micro_batch_ / t->world_;
+                           " micro-batches; use a multiple of " + std::to_string(tc.micro_batches));
+  micro_batch_ = tc.batch_size / tc.micro_batches;
+  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
+  return init_executor(model_.graph, nullptr);
+}
 
-  Result<ModelGraph> m = build_model_from_json(rc.model, t->micro_batch_, tc.seq_len);
-  if (!m.is_ok()) return m.status().with_context(rc.model_source);
-  t->model_ = std::move(m).value();
-  Graph& g = t->model_.graph;
-  t->language_model_ = g.find("tokens") != kNoValue;
-  t->num_params_ = count_parameters(g);
-  append_backward(g);
-  MF_RETURN_IF_ERROR(apply_recompute(g, tc.recompute).with_context("train.recompute"));
-  append_optimizer(g, rc.optimizer);
-  Status v = verify(g);
-  if (!v.is_ok()) return Status::internal("training graph failed verification: " + v.message());
-
-  MF_ASSIGN_OR_RETURN(t->data_, make_dataset(rc.data, t->language_model_, tc.seq_len, tc.seed));
-  for (const std::string& name : t->data_->input_names())
+// What both paths share once the program is built: the data, the executor,
+// the gradient buckets (accumulation over micro-batches and the gradient
+// reductions of a partitioned program, overlapped with the backward).
+Status Trainer::init_executor(const Graph& program, const MeshComms* comms) {
+  const TrainConfig& tc = rc_.train;
+  const Graph& g = model_.graph;
+  language_model_ = g.find("tokens") != kNoValue;
+  num_params_ = count_parameters(g);
+  MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
+  for (const std::string& name : data_->input_names())
     if (g.find(name) == kNoValue)
-      return Status::invalid("data.dataset \"" + rc.data.dataset + "\" provides '" + name +
-                             "', which model " + rc.model_source + " does not take; use " +
-                             (t->language_model_ ? "\"fortunes\" for a language model"
-                                                 : "\"fashion_mnist\" for a classifier"));
+      return Status::invalid("data.dataset \"" + rc_.data.dataset + "\" provides '" + name +
+                             "', which model " + rc_.model_source + " does not take; use " +
+                             (language_model_ ? "\"fortunes\" for a language model"
+                                              : "\"fashion_mnist\" for a classifier"));
   ExecutorOptions eo;
   eo.seed = tc.seed;
-  MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(g).with_context(rc.model_source));
-  t->executor_ = std::make_unique<Executor>(g, eo);
-  if (tc.micro_batches > 1 || t->world_ > 1) {
-    t->buckets_ = std::make_unique<GradientBuckets>(g, t->executor_->forward_backward_order(), comm,
-                                                    static_cast<int64_t>(tc.bucket_mib * (1 << 20)),
-                                                    tc.overlap_comm);
-    t->executor_->add_grad_accumulator_bytes(t->buckets_->bytes());
+  MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(program).with_context(rc_.model_source));
+  executor_ = std::make_unique<Executor>(program, eo);
+  executor_->set_mesh_comms(comms);
+  optimizer_order_ = executor_->optimizer_order();
+  const std::vector<GradientSync> syncs = gradient_syncs(program);
+  const bool reduces = std::any_of(syncs.begin(), syncs.end(),
+                                   [](const GradientSync& s) { return !s.reduce.empty(); });
+  if (tc.micro_batches > 1 || reduces) {
+    buckets_ = std::make_unique<GradientBuckets>(
+        program, executor_->forward_backward_order(), syncs, comms,
+        static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
+    executor_->add_grad_accumulator_bytes(buckets_->bytes());
+    optimizer_order_ = buckets_->without_replaced(optimizer_order_);
   }
-  t->flops_per_micro_ = flops_of(g, t->executor_->forward_backward_order());
-  t->flops_optimizer_ = flops_of(g, t->executor_->optimizer_order());
-  return t;
+  flops_per_micro_ = flops_of(program, executor_->forward_backward_order());
+  flops_optimizer_ = flops_of(program, optimizer_order_);
+  return Status::ok();
 }
 
 Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch) {
@@ -171,13 +188,9 @@ Status Trainer::init_partitioned(const PartitionOptions* given) {
     return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
                            " does not split into " + std::to_string(tc.micro_batches) +
                            " micro-batches");
-  global_micro_batch_ = tc.batch_size / tc.micro_batches;
-  micro_batch_ = global_micro_batch_;  // the program's shapes say what each rank holds
-  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, global_micro_batch_));
+  micro_batch_ = tc.batch_size / tc.micro_batches;  // the program's shapes say what a rank holds
+  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
   Graph& g = model_.graph;
-  language_model_ = g.find("tokens") != kNoValue;
-  num_params_ = count_parameters(g);
-  MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
 
   const PartitionOptions o = given ? *given : partition_options(pc, mesh);
   if (given) {
@@ -199,21 +212,7 @@ Status Trainer::init_partitioned(const PartitionOptions* given) {
   }
   MF_ASSIGN_OR_RETURN(MeshComms mc, MeshComms::make(world, mesh));
   mesh_comms_ = std::make_unique<MeshComms>(std::move(mc));
-  ExecutorOptions eo;
-  eo.seed = tc.seed;
-  MF_RETURN_IF_ERROR(
-      Executor::check_fits_in_memory(program_->graph).with_context(rc_.model_source));
-  executor_ = std::make_unique<Executor>(program_->graph, eo);
-  executor_->set_mesh_comms(mesh_comms_.get());
-  if (tc.micro_batches > 1) {  // accumulation only: the reductions are in the program
-    buckets_ =
-        std::make_unique<GradientBuckets>(program_->graph, executor_->forward_backward_order(),
-                                          nullptr, static_cast<int64_t>(tc.bucket_mib * (1 << 20)));
-    executor_->add_grad_accumulator_bytes(buckets_->bytes());
-  }
-  flops_per_micro_ = flops_of(program_->graph, executor_->forward_backward_order());
-  flops_optimizer_ = flops_of(program_->graph, executor_->optimizer_order());
-  return Status::ok();
+  return init_executor(program_->graph, mesh_comms_.get());
 }
 
 Result<std::map<std::string, Tensor>> Trainer::gather_parameters() {
@@ -242,18 +241,12 @@ Result<std::map<std::string, Tensor>> Trainer::gather_parameters() {
   return out;
 }
 
-float Trainer::all_reduce_mean(float v) {
-  if (world_ == 1 || program_) return v;
-  throw_if_error(comm_->all_reduce(&v, 1, ReduceOp::kSum));
-  return v / static_cast<float>(world_);
-}
-
+// The batch is whole; a partitioned program's rank feeds its block of each input.
 void Trainer::feed_batch(const Batch& b) {
   if (!program_) {
     for (const auto& [name, tensor] : b.tensors) throw_if_error(executor_->feed(name, tensor));
     return;
   }
-  // Partitioned: the batch is whole; each rank feeds its block of each input.
   for (const auto& [name, tensor] : b.tensors) {
     const ValueId gv = model_.graph.find(name);
     MF_CHECK_NE(gv, kNoValue) << name;
@@ -277,22 +270,19 @@ StepResult Trainer::step() {
   StepResult r;
   r.lr = rc_.schedule.at(step_);
   double loss_sum = 0;
-  // The backward seed averages over micro-batches and ranks, so the summed
-  // (all-reduced) gradient is the gradient of the global batch's mean loss.
-  // (A partitioned program's loss is already the global batch's mean.)
-  const int dp_world = program_ ? 1 : world_;
-  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m * dp_world));
-  const Shard shard = program_ ? Shard{0, 1} : Shard{rank_, world_};
+  // The backward seed averages over micro-batches (the program's loss is
+  // already the mean over the global micro-batch).
+  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m));
   for (int micro = 0; micro < m; ++micro) {
     BatchIndex at;
     at.seed = tc.seed;
     at.step = step_;
     at.micro = micro;
     at.micro_batches = m;
-    feed_batch(value_or_throw(data_->train_batch(at, global_micro_batch_, shard)));
-    // Dropout: one stream per micro-batch; this rank's rows draw their global
+    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
+    // Dropout: one stream per micro-batch; a rank's block draws its global
     // elements of it, so the masks are those of one device.
-    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), program_ ? 0 : rank_};
+    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), 0};
     if (g.find("rng_offset") != kNoValue)
       throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
     if (buckets_)
@@ -311,12 +301,12 @@ StepResult Trainer::step() {
   }
   ex.feed_scalar("lr", r.lr);
   ex.feed_scalar("step", static_cast<float>(step_ + 1));
-  run_traced(ex.optimizer_order(), {}, -1);
+  run_traced(optimizer_order_, {}, -1);
   r.grad_norm = ex.scalar(g.outputs.at("grad_norm"));
   ex.unbind_all();
   ++step_;
   r.step = step_;
-  r.loss = all_reduce_mean(static_cast<float>(loss_sum / m));
+  r.loss = static_cast<float>(loss_sum / m);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.items = static_cast<int64_t>(tc.batch_size) * (language_model_ ? tc.seq_len : 1);
   r.flops = flops_per_micro_ * m + flops_optimizer_;
@@ -331,23 +321,15 @@ EvalResult Trainer::evaluate() {
   int64_t batches = 0;
   const bool has_correct = g.outputs.count("correct") > 0;
   const int64_t per_batch =
-      static_cast<int64_t>(global_micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
+      static_cast<int64_t>(micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
   ex.feed_scalar_i32("rng_offset", -1);  // evaluation: dropout off
-  const Shard eval_shard = program_ ? Shard{0, 1} : Shard{rank_, world_};
-  for (EvalIterator it = data_->eval(global_micro_batch_, eval_shard, rc_.train.eval_batches);
+  for (EvalIterator it = data_->eval(micro_batch_, Shard{0, 1}, rc_.train.eval_batches);
        !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());
     loss_sum += ex.scalar(g.loss);
     if (has_correct) correct += ex.scalar(g.outputs.at("correct"));
     ++batches;
-  }
-  if (world_ > 1 && !program_) {
-    // Every rank evaluated its slice of the same batches: sum and average.
-    float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
-    throw_if_error(comm_->all_reduce(sums, 2, ReduceOp::kSum));
-    loss_sum = sums[0] / world_;
-    correct = sums[1];
   }
   e.items = batches * per_batch;
   e.loss = batches ? static_cast<float>(loss_sum / batches) : 0.f;
@@ -356,8 +338,8 @@ EvalResult Trainer::evaluate() {
   return e;
 }
 
-// Data parallel: every rank holds the same weights, rank 0 writes.
-// Partitioned: the shards are gathered (every rank takes part), rank 0 writes.
+// One rank writes its weights; a partitioned program's shards are gathered
+// (every rank takes part) and rank 0 writes.
 Status Trainer::save_checkpoint(const std::string& path) {
   if (!program_) return rank_ == 0 ? save_parameters(*executor_, path) : Status::ok();
   MF_ASSIGN_OR_RETURN(auto whole, gather_parameters());

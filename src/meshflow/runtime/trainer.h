@@ -16,13 +16,13 @@
 #include <optional>
 #include <string>
 
+#include "meshflow/comm/communicator.h"
 #include "meshflow/core/trace.h"
 #include "meshflow/data/dataset.h"
 #include "meshflow/models/model.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/comm/communicator.h"
 #include "meshflow/runtime/engine.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/grad_buckets.h"
@@ -33,12 +33,13 @@ namespace meshflow {
 class Trainer : public Engine {
  public:
   // comm: all ranks of the job; null for one rank.
-  // Data parallel (no "parallel" section, or mode "data"): rank r trains on
-  // its 1/n slice of every global batch; gradients are averaged over the group
-  // (GradientBuckets), so every rank holds the same weights after every step.
-  // Semi / auto (the SPMD partitioner): the whole training graph is annotated
-  // and lowered to this rank's program (parallel/partition.h) on the mesh of
-  // rc.parallel; the collectives are nodes of that program.
+  // One rank with no "parallel" section (or mode "data"): the training graph
+  // as it is. Otherwise the whole training graph is annotated and lowered to
+  // this rank's program (parallel/partition.h) on the mesh of rc.parallel;
+  // the collectives are nodes of that program. Data parallel (mode "data" on
+  // several ranks, as resolve_job does) is the plan "batch on dp"; the
+  // gradient all_reduces of any plan run in buckets overlapped with the
+  // backward (runtime/grad_buckets.h).
   // partition (optional, C++ API of semi-auto): strategies and layouts given
   // directly (PartitionOptions::fixed / source_layouts); used with
   // rc.parallel's mesh, instead of its rules and split tuples.
@@ -78,8 +79,9 @@ class Trainer : public Engine {
  private:
   Trainer() = default;
   void feed_batch(const Batch& b);
+  Status init_one_rank();
   Status init_partitioned(const PartitionOptions* given);
-  float all_reduce_mean(float v);
+  Status init_executor(const Graph& program, const MeshComms* comms);
   // Trace hook: ex.run(order, after_node) with spans when a trace is set.
   void run_traced(const std::vector<NodeId>& order, const std::function<void(NodeId)>& after_node,
                   int micro);
@@ -90,12 +92,12 @@ class Trainer : public Engine {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Executor> executor_;
   std::shared_ptr<Communicator> comm_;
-  std::unique_ptr<GradientBuckets> buckets_;  // null: one rank and one micro-batch
+  std::unique_ptr<GradientBuckets> buckets_;  // null: no accumulation and no reduction
+  std::vector<NodeId> optimizer_order_;       // without the reductions buckets_ runs
   int rank_ = 0, world_ = 1;
   bool language_model_ = true;
   int64_t num_params_ = 0;
-  int micro_batch_ = 0;         // rows per micro-batch on this rank
-  int global_micro_batch_ = 0;  // rows per micro-batch over all ranks
+  int micro_batch_ = 0;  // rows per micro-batch over all ranks (the global graph's)
   double flops_per_micro_ = 0, flops_optimizer_ = 0;
   int step_ = 0;
   // Partitioned (semi / auto) runs.
