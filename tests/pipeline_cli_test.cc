@@ -122,7 +122,7 @@ TEST_F(PipelineCli, TrainsTwoStagesTimesTwoReplicasWithTraceEvalAndCheckpoint) {
   CliRun r = run("train " + cfg + " --ranks 4 --trace " + path("trace.json") + " --metrics " +
                  path("m.jsonl") + " --checkpoint " + path("w.safetensors"));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("pipeline 2 stages x dp 2, 1f1b"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pipeline 2 stages x mesh {dp: 2}, 1f1b"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(path("w.safetensors")));
   std::vector<json> lines = read_lines(path("m.jsonl"));

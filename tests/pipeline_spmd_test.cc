@@ -11,9 +11,9 @@
 #include <cmath>
 
 #include "grad_check.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {
@@ -77,7 +77,6 @@ std::vector<TrainRun> train_pipeline(const RunConfig& rc, const PipelineConfig& 
   std::vector<TrainRun> per_rank(ranks);
   Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
     MF_ASSIGN_OR_RETURN(auto pt, PipelineTrainer::create(rc, pc, Communicator::world(t)));
-    EXPECT_TRUE(pt->spmd());
     int collectives = 0;  // the stages run partitioned programs
     for (size_t c = 0; c < pt->chunks().size(); ++c)
       for (const Node& n : pt->chunk_program(static_cast<int>(c)).graph.nodes())

@@ -185,6 +185,10 @@ Result<Job> resolve_job(RunConfig rc_in, int world) {
       } else {
         MF_RETURN_IF_ERROR(check_data_pipeline(par, pc, world));
         job.mesh = Mesh::line(world / pc.stages, "dp");
+        // Each stage's replicas: the plan "batch on dp" on the stage's sub-mesh.
+        use_data_parallel_plan(&par, job.mesh);
+        rc.has_parallel = true;
+        job.partitioned = true;
       }
       job.pipeline = pc;
       job.micro_batches = pc.micro_batches;

@@ -12,11 +12,11 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/autodiff/recompute.h"
+#include "meshflow/comm/transport.h"
 #include "meshflow/io/safetensors.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/comm/transport.h"
 #include "meshflow/runtime/grad_buckets.h"
 
 namespace meshflow {
@@ -175,9 +175,9 @@ struct PipelineTrainer::Impl {
   ModelGraph model;  // the full training graph (for FLOPs and messages)
   PipelineSplit split;
   std::unique_ptr<Dataset> data;
-  std::shared_ptr<Communicator> world, pp, dp;
-  int p = 1, ndp = 1, m = 1;
-  int micro_rows = 0, global_micro_rows = 0;
+  std::shared_ptr<Communicator> world, pp;
+  int p = 1, m = 1;
+  int micro_rows = 0;  // rows of one micro-batch (the global graph's)
   bool language_model = true;
   double flops_per_micro = 0, flops_optimizer = 0;
   int64_t num_params = 0;
@@ -185,9 +185,8 @@ struct PipelineTrainer::Impl {
   std::unique_ptr<Trainer> eval_trainer;  // rank 0: the one-device model evaluate() runs
   int step = 0;
   TraceWriter* trace = nullptr;
-  // SPMD stages (parallel.mode != "data"): each stage is the partitioned
-  // program of the whole model on its sub-mesh; world rank = stage * S + sub_rank.
-  bool spmd = false;
+  // Each stage is the partitioned program of the whole model on its sub-mesh
+  // (data mode: the plan "batch on dp"); world rank = stage * S + sub_rank.
   Mesh submesh = Mesh::line(1, "dp");
   int sub_rank = 0, sub_size = 1;
   Annotation annotation;
@@ -201,6 +200,7 @@ struct PipelineTrainer::Impl {
     const ChunkProgram* program = nullptr;
     std::unique_ptr<Executor> ex;
     std::unique_ptr<GradientBuckets> buckets;
+    std::vector<NodeId> sum_squares, update;     // the program's, without what buckets runs
     std::vector<int> stash_index, weight_index;  // value id -> entry, -1
     std::map<int, Stash> stash, weight_stash;    // by micro-batch
     int live_micro = 0;
@@ -231,22 +231,17 @@ struct PipelineTrainer::Impl {
     at.step = step;
     at.micro = micro;
     at.micro_batches = m;
-    Shard shard{dp ? dp->rank() : 0, ndp};
-    return batches[micro] = value_or_throw(data->train_batch(at, global_micro_rows, shard));
+    return batches[micro] = value_or_throw(data->train_batch(at, micro_rows, Shard{0, 1}));
   }
   void feed_inputs(Local& l, int micro) {
     const Graph& g = l.program->graph;
     for (const auto& [name, t] : batch(micro).tensors) {
       if (g.find(name) == kNoValue) continue;
-      if (!spmd) {
-        throw_if_error(l.ex->feed(name, t));
-        continue;
-      }
-      // SPMD: the micro-batch is whole; this rank feeds its block.
+      // The micro-batch is whole; this rank feeds its block.
       const Layout& layout = annotation.produced(model.graph, model.graph.find(name));
       throw_if_error(l.ex->feed(name, local_block(t, submesh, layout, sub_rank)));
     }
-    if (spmd && g.find("loss_count") != kNoValue) {
+    if (g.find("loss_count") != kNoValue) {
       // A loss whose rows are sharded divides by the whole micro-batch's valid targets.
       const Tensor& t = batch(micro).get(count_targets);
       const int32_t* tp = t.data<int32_t>();
@@ -255,7 +250,7 @@ struct PipelineTrainer::Impl {
       l.ex->feed_scalar("loss_count", static_cast<float>(valid));
     }
     if (g.find("rng_offset") != kNoValue) {
-      const int32_t rng[2] = {static_cast<int32_t>(step * m + micro), dp ? dp->rank() : 0};
+      const int32_t rng[2] = {static_cast<int32_t>(step * m + micro), 0};
       throw_if_error(l.ex->feed_data("rng_offset", rng, sizeof rng));
     }
   }
@@ -511,62 +506,19 @@ int64_t PipelineTrainer::num_parameters() const {
 bool PipelineTrainer::is_language_model() const {
   return impl_->language_model;
 }
-bool PipelineTrainer::spmd() const {
-  return impl_->spmd;
-}
+// Every stage's ranks run the partitioned program: the job's FLOPs.
 double PipelineTrainer::flops_scale() const {
-  const int world = impl_->world ? impl_->world->size() : 1;
-  return spmd() ? 1.0 : double(world) / double(pc_.stages);
+  return 1.0;
 }
 const Mesh& PipelineTrainer::stage_mesh() const {
   return impl_->submesh;
 }
 
-// Replica 0's stages send their chunks' parameters (chunk order, graph order
-// within a chunk, one message per stage) to world rank 0, which knows every
-// chunk's parameter list from the split.
+// Each stage all-gathers its shards over its sub-mesh (every rank of the
+// stage takes part); the stage's sub-mesh rank 0 then sends the whole
+// parameters (chunk order, graph order within a chunk, one message per stage)
+// to world rank 0, which knows every chunk's parameter list from the split.
 Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
-  Impl& im = *impl_;
-  if (im.spmd) return gather_spmd();
-  std::map<std::string, Tensor> out;
-  if (dp_rank_ != 0) return out;
-  const int me = im.world ? im.world->rank() : 0;
-  if (me != 0) {
-    std::vector<float> msg;
-    for (auto& [name, t] : parameters())
-      msg.insert(msg.end(), t->data<float>(), t->data<float>() + t->numel());
-    MF_RETURN_IF_ERROR(im.world->send(msg.data(), static_cast<int64_t>(msg.size()), 0));
-    return out;
-  }
-  for (auto& [name, t] : parameters()) out.emplace(name, t->clone());
-  for (int s = 1; s < im.p; ++s) {
-    std::vector<std::pair<std::string, Shape>> expect;
-    int64_t n = 0;
-    for (int c = 0; c < schedule_.num_chunks(); ++c) {
-      if (schedule_.rank_of_chunk(c) != s) continue;
-      const Graph& g = im.split.chunks[c].graph;
-      for (ValueId v : g.parameters()) {
-        expect.push_back({g.value(v).name, g.shape(v)});
-        n += g.shape(v).numel();
-      }
-    }
-    std::vector<float> msg(n);
-    MF_RETURN_IF_ERROR(im.world->recv(msg.data(), n, s));
-    int64_t at = 0;
-    for (auto& [name, shape] : expect) {
-      Tensor t(shape, DType::F32);
-      t.copy_from(msg.data() + at);
-      at += shape.numel();
-      out.emplace(name, std::move(t));
-    }
-  }
-  return out;
-}
-
-// SPMD: each stage all-gathers its shards over its sub-mesh (every rank of
-// the stage takes part); the stage's sub-mesh rank 0 then sends the whole
-// parameters to world rank 0, as above.
-Result<std::map<std::string, Tensor>> PipelineTrainer::gather_spmd() {
   Impl& im = *impl_;
   const Graph& g = im.model.graph;
   std::map<std::string, Tensor> out;
@@ -664,7 +616,7 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
   const Graph& g = im.model.graph;
   for (auto& [name, t] : params) {  // check everything before changing anything
     auto it = f.tensors.find(name);
-    const Shape& want = im.spmd ? g.shape(g.find(name)) : t->shape();
+    const Shape& want = g.shape(g.find(name));
     if (it == f.tensors.end())
       return Status::not_found("checkpoint '" + path + "': parameter '" + name + "' is missing");
     if (!it->second.shape().same_sizes(want) || it->second.dtype() != DType::F32)
@@ -674,10 +626,6 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
   }
   for (auto& [name, t] : params) {
     const Tensor& whole = f.tensors.at(name);
-    if (!im.spmd) {
-      t->copy_from(whole.raw());
-      continue;
-    }
     const Layout& layout = im.annotation.produced(g, g.find(name));
     t->copy_from(local_block(whole, im.submesh, layout, im.sub_rank).raw());
   }
@@ -698,11 +646,12 @@ MemoryStats PipelineTrainer::memory() const {
 }
 
 Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
-    const RunConfig& rc, const PipelineConfig& pc, std::shared_ptr<Communicator> world,
+    const RunConfig& rc_in, const PipelineConfig& pc, std::shared_ptr<Communicator> world,
     TraceWriter* trace) {
   std::unique_ptr<PipelineTrainer> t(new PipelineTrainer());
   Impl& im = *t->impl_;
-  im.rc = rc;
+  im.rc = rc_in;
+  const RunConfig& rc = im.rc;
   im.world = world;
   t->pc_ = pc;
   const int world_size = world ? world->size() : 1, me = world ? world->rank() : 0;
@@ -712,62 +661,53 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
                            " does not divide the " + std::to_string(world_size) +
                            " ranks of the job (ranks = stages x ranks per stage)");
   const TrainConfig& tc = rc.train;
-  im.spmd = rc.has_parallel && rc.parallel.mode != "data";
-  if (im.spmd) {
-    MF_RETURN_IF_ERROR(spmd_stage_mesh(rc.parallel, pc.stages, world_size).status());
-    im.submesh = *spmd_stage_mesh(rc.parallel, pc.stages, world_size);
-    im.sub_size = im.submesh.num_ranks();
-    im.ndp = 1;  // data parallel is the sub-mesh's dp axis, inside the program
-    t->stage_ = me / im.sub_size;
-    im.sub_rank = me % im.sub_size;
-    const int dp_axis = im.submesh.axis_index("dp");
-    t->dp_rank_ = dp_axis >= 0 ? im.submesh.coords(im.sub_rank)[dp_axis] : 0;
-  } else {
-    im.ndp = world_size / pc.stages;
-    t->stage_ = me % pc.stages;
-    t->dp_rank_ = me / pc.stages;
+  // Every stage runs the partitioned program on its sub-mesh; a data-mode
+  // pipeline's replicas are the plan "batch on dp" there.
+  if (!rc.has_parallel || rc.parallel.mode == "data") {
+    MF_ASSIGN_OR_RETURN(Mesh sub, spmd_stage_mesh(rc.parallel, pc.stages, world_size));
+    use_data_parallel_plan(&im.rc.parallel, sub);
+    im.rc.has_parallel = true;
   }
+  MF_ASSIGN_OR_RETURN(im.submesh, spmd_stage_mesh(rc.parallel, pc.stages, world_size));
+  im.sub_size = im.submesh.num_ranks();
+  t->stage_ = me / im.sub_size;
+  im.sub_rank = me % im.sub_size;
+  const int dp_axis = im.submesh.axis_index("dp");
+  t->dp_rank_ = dp_axis >= 0 ? im.submesh.coords(im.sub_rank)[dp_axis] : 0;
   im.m = pc.micro_batches;
   if (tc.micro_batches != 1 && tc.micro_batches != pc.micro_batches)
     return Status::invalid(
         "train.micro_batches=" + std::to_string(tc.micro_batches) +
         " differs from pipeline.micro_batches=" + std::to_string(pc.micro_batches) +
         "; set only pipeline.micro_batches (or both to the same number)");
-  if (tc.batch_size % (im.m * im.ndp) != 0)
+  if (tc.batch_size % im.m != 0)
     return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
-                           " does not split into " + std::to_string(im.m) + " micro-batches on " +
-                           std::to_string(im.ndp) + " data-parallel replicas; use a multiple of " +
-                           std::to_string(im.m * im.ndp));
+                           " does not split into " + std::to_string(im.m) +
+                           " micro-batches; use a multiple of " + std::to_string(im.m));
   MF_ASSIGN_OR_RETURN(t->schedule_,
                       make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}));
-  im.global_micro_rows = tc.batch_size / im.m;
-  im.micro_rows = im.global_micro_rows / im.ndp;
+  im.micro_rows = tc.batch_size / im.m;
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   im.threads_per_rank = std::max(1, threads / ranks_on_this_machine(world.get()));
   set_compute_threads(im.threads_per_rank);
 
-  // The training graph Trainer builds (SPMD: partitioned for this rank's
-  // coordinate in the stage sub-mesh), then its split.
+  // The training graph Trainer builds, partitioned for this rank's
+  // coordinate in the stage sub-mesh, then its split into chunks.
   Result<ModelGraph> m = build_training_graph(rc, im.micro_rows);
   if (!m.is_ok()) return m.status();
   im.model = std::move(m).value();
   Graph& g = im.model.graph;
   im.language_model = g.find("tokens") != kNoValue;
   im.num_params = count_parameters(g);
-  const Graph* to_split = &g;
-  if (im.spmd) {
-    const PartitionOptions o = partition_options(rc.parallel, im.submesh);
-    MF_ASSIGN_OR_RETURN(im.annotation,
-                        annotate_config(g, im.submesh, rc.parallel, rc.model_source));
-    im.annotation.one_norm_reduction = false;  // the split exchanges the norm per parameter
-    MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, o.cost));
-    im.program = std::make_unique<LocalProgram>(std::move(lp));
-    to_split = &im.program->graph;
-    for (const Node& n : g.nodes())
-      if (n.kind == OpKind::kCrossEntropy) im.count_targets = g.value(n.inputs[1]).name;
-  }
-  MF_ASSIGN_OR_RETURN(
-      im.split, split_pipeline(*to_split, pc.stages * pc.virtual_stages, pc.layers_per_stage));
+  const PartitionOptions o = partition_options(rc.parallel, im.submesh);
+  MF_ASSIGN_OR_RETURN(im.annotation, annotate_config(g, im.submesh, rc.parallel, rc.model_source));
+  im.annotation.one_norm_reduction = false;  // the split exchanges the norm per parameter
+  MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, o.cost));
+  im.program = std::make_unique<LocalProgram>(std::move(lp));
+  for (const Node& n : g.nodes())
+    if (n.kind == OpKind::kCrossEntropy) im.count_targets = g.value(n.inputs[1]).name;
+  MF_ASSIGN_OR_RETURN(im.split, split_pipeline(im.program->graph, pc.stages * pc.virtual_stages,
+                                               pc.layers_per_stage));
   for (const Node& n : g.nodes()) {
     if (n.phase == Phase::kForward || n.phase == Phase::kBackward)
       im.flops_per_micro += op_cost(g, n).flops;
@@ -775,15 +715,13 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   }
   MF_ASSIGN_OR_RETURN(im.data, make_dataset(rc.data, im.language_model, tc.seq_len, tc.seed));
 
-  // Groups: this replica's pipeline, this stage's data-parallel group (SPMD:
-  // this stage's sub-mesh), and one 2-rank group per (sender, receiver, kind)
-  // between neighbouring stages. SPMD: the ranks with the same sub-mesh
-  // coordinate form a pipeline and exchange their shards.
-  const int p = pc.stages, d = t->dp_rank_, s = t->stage_;
-  auto rank_at = [&](int stage) {
-    return im.spmd ? stage * im.sub_size + im.sub_rank : d * p + stage;
-  };
-  if (im.spmd) {
+  // Groups: this stage's sub-mesh (its communicators per mesh axis), this
+  // rank's pipeline (the ranks with the same sub-mesh coordinate, which
+  // exchange their shards), and one 2-rank group per (sender, receiver, kind)
+  // between neighbouring stages.
+  const int p = pc.stages, s = t->stage_;
+  auto rank_at = [&](int stage) { return stage * im.sub_size + im.sub_rank; };
+  {
     std::shared_ptr<Communicator> w = world;
     if (!w) w = Communicator::world(make_local_transports(1)[0]);
     std::vector<int> stage_ranks;
@@ -796,13 +734,6 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
       for (int i = 0; i < p; ++i) pp_ranks.push_back(rank_at(i));
       MF_ASSIGN_OR_RETURN(im.pp, world->split(pp_ranks));
     }
-  } else if (world && world_size > 1) {
-    std::vector<int> pp_ranks, dp_ranks;
-    for (int i = 0; i < p; ++i) pp_ranks.push_back(rank_at(i));
-    for (int i = 0; i < im.ndp; ++i) dp_ranks.push_back(i * p + s);
-    MF_ASSIGN_OR_RETURN(im.pp, world->split(pp_ranks));
-    MF_ASSIGN_OR_RETURN(im.dp, world->split(dp_ranks));
-    if (im.ndp == 1) im.dp = nullptr;
   }
   if (world && world_size > 1 && p > 1) {
     for (int kind = 0; kind < 2; ++kind)
@@ -835,13 +766,17 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     eo.fetch = l.program->keep_alive();
     MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(l.program->graph));
     l.ex = std::make_unique<Executor>(l.program->graph, eo);
-    if (im.spmd) l.ex->set_mesh_comms(im.mesh_comms.get());
+    l.ex->set_mesh_comms(im.mesh_comms.get());
     std::vector<NodeId> order = l.program->forward;
     order.insert(order.end(), l.program->backward.begin(), l.program->backward.end());
-    l.buckets = std::make_unique<GradientBuckets>(l.program->graph, order, im.dp,
-                                                  static_cast<int64_t>(tc.bucket_mib * (1 << 20)),
-                                                  tc.overlap_comm);
+    // Accumulation over micro-batches, and the chunk's gradient all_reduces
+    // (over dp, or tp for replicated weights) in buckets overlapped with the backward.
+    l.buckets = std::make_unique<GradientBuckets>(
+        l.program->graph, order, gradient_syncs(l.program->graph), im.mesh_comms.get(),
+        static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
     l.ex->add_grad_accumulator_bytes(l.buckets->bytes());
+    l.sum_squares = l.buckets->without_replaced(l.program->sum_squares);
+    l.update = l.buckets->without_replaced(l.program->update);
     const int nv = l.program->graph.num_values();
     l.stash_index.assign(nv, -1);
     l.weight_index.assign(nv, -1);
@@ -865,8 +800,7 @@ StepResult PipelineTrainer::step() {
   r.lr = im.rc.schedule.at(im.step);
   im.loss_sum = 0;
   im.batches.clear();
-  for (auto& l : im.locals)
-    l.ex->feed_scalar("loss_scale", 1.f / static_cast<float>(im.m * im.ndp));
+  for (auto& l : im.locals) l.ex->feed_scalar("loss_scale", 1.f / static_cast<float>(im.m));
 
   // The schedule. Sends go to the outgoing channel (peer + kOutgoing).
   for (const Action& a : schedule_.ranks[stage_]) {
@@ -901,7 +835,7 @@ StepResult PipelineTrainer::step() {
   for (size_t i = 0; i < im.split.norm_order.size(); ++i)
     norm_index[im.split.norm_order[i]] = static_cast<int>(i);
   for (auto& l : im.locals) {
-    l.ex->run(l.program->sum_squares);
+    l.ex->run(l.sum_squares);
     for (const auto& [name, v] : l.program->norm_out)
       squares[norm_index.at(name)] = l.ex->scalar(v);
   }
@@ -915,7 +849,7 @@ StepResult PipelineTrainer::step() {
       *static_cast<float*>(l.ex->data(v)) = squares[norm_index.at(name)];
     l.ex->feed_scalar("lr", r.lr);
     l.ex->feed_scalar("step", static_cast<float>(im.step + 1));
-    l.ex->run(l.program->update);
+    l.ex->run(l.update);
     if (l.program->graph.outputs.count("grad_norm"))
       r.grad_norm = l.ex->scalar(l.program->graph.outputs.at("grad_norm"));
     l.ex->unbind_all();
@@ -931,10 +865,6 @@ StepResult PipelineTrainer::step() {
   // Loss: the last stage has it; every rank returns the replicas' mean.
   float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};
   if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(loss, 1, ReduceOp::kSum));
-  if (im.dp) {
-    throw_if_error(im.dp->all_reduce(loss, 1, ReduceOp::kSum));
-    loss[0] /= static_cast<float>(im.ndp);
-  }
   ++im.step;
   r.step = im.step;
   r.loss = loss[0];

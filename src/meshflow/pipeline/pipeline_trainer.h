@@ -15,11 +15,17 @@
 //     return Status::ok();   // then merge the per-rank traces and write one file
 //   });
 //
-// Rank layout (mode "data"): world rank w is stage w % stages of
-// data-parallel replica w / stages. Replicas average their gradients per chunk (GradientBuckets
-// over the dp group), like Trainer does. Micro-batches: pipeline.micro_batches
-// (train.micro_batches must be 1 or the same number); batch_size must divide
-// by micro_batches x dp. Every rank returns the same StepResult.loss.
+// Every stage is the partitioned program of the whole model on its own
+// sub-mesh (spmd_stage_mesh: the mesh without pp; mode "data": dp = world /
+// stages with the plan "batch on dp"), lowered for this rank's sub-mesh rank
+// and then split; world rank = stage * S + sub-mesh rank (S = sub-mesh size).
+// Tensor / sequence / context parallel, data parallel (the sub-mesh's dp
+// axis) and ZeRO run inside the stages; each chunk's gradient all_reduces run
+// in buckets overlapped with its backward (runtime/grad_buckets.h). The ranks
+// with the same sub-mesh rank form a pipeline and exchange their boundary
+// shards (same program, so the same layouts on both sides). Micro-batches:
+// pipeline.micro_batches (train.micro_batches must be 1 or the same number).
+// Every rank returns the same StepResult.loss.
 //
 // Messages: one sender thread per (peer, activations|gradients) channel, so a
 // send never blocks the schedule; receives block. Each message starts with
@@ -36,14 +42,6 @@
 // 0, which owns the update; after each update stage 0 sends the new values
 // to the last stage's copy (PipelineSplit::tied).
 //
-// SPMD stages (rc.parallel.mode "semi" / "auto"; docs/pipeline.md): every
-// stage is the partitioned program of the whole model on its own sub-mesh
-// (spmd_stage_mesh: the mesh without pp), lowered for this rank's sub-mesh
-// rank and then split; world rank = stage * S + sub-mesh rank (S = sub-mesh
-// size). Tensor / sequence / context parallel, data parallel (the sub-mesh's
-// dp axis: the reductions are in the program, no replica all-reduce) and
-// ZeRO run inside the stages; the ranks with the same sub-mesh rank exchange
-// their boundary shards (same program, so the same layouts on both sides).
 #pragma once
 
 #include <map>
@@ -51,12 +49,12 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/comm/communicator.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/trace.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/pipeline/schedule.h"
 #include "meshflow/pipeline/stage_graph.h"
-#include "meshflow/comm/communicator.h"
 #include "meshflow/runtime/run_config.h"
 #include "meshflow/runtime/trainer.h"
 
@@ -116,13 +114,9 @@ class PipelineTrainer : public Engine {
   bool is_language_model() const override;
   // The executors' planned memory plus the measured activation stash.
   int64_t peak_bytes() const override { return memory().total() + stash_stats_.peak_bytes; }
-  // SPMD stages report the whole job's FLOPs; otherwise one data-parallel
-  // replica's (world / stages replicas).
+  // Each stage runs the partitioned program on stage_mesh() (data mode: the
+  // plan "batch on dp"); StepResult::flops is the whole job's.
   double flops_scale() const override;
-  // SPMD stages (parallel.mode "semi" / "auto"): each stage runs the
-  // partitioned program on stage_mesh(); StepResult::flops is then the whole
-  // job's (otherwise one data-parallel replica's).
-  bool spmd() const;
   const Mesh& stage_mesh() const;
 
   int stage() const { return stage_; }
@@ -142,7 +136,6 @@ class PipelineTrainer : public Engine {
  private:
   struct Impl;
   PipelineTrainer();
-  Result<std::map<std::string, Tensor>> gather_spmd();
   std::unique_ptr<Impl> impl_;
   PipelineConfig pc_;
   Schedule schedule_;
