@@ -182,7 +182,6 @@ struct PipelineTrainer::Impl {
   double flops_per_micro = 0, flops_optimizer = 0;
   int64_t num_params = 0;
   int threads_per_rank = 1;
-  std::unique_ptr<Trainer> eval_trainer;  // rank 0: the one-device model evaluate() runs
   int step = 0;
   TraceWriter* trace = nullptr;
   // Each stage is the partitioned program of the whole model on its sub-mesh
@@ -234,8 +233,12 @@ struct PipelineTrainer::Impl {
     return batches[micro] = value_or_throw(data->train_batch(at, micro_rows, Shard{0, 1}));
   }
   void feed_inputs(Local& l, int micro) {
+    feed_batch(l, batch(micro), static_cast<int32_t>(step * m + micro));
+  }
+  // rng: the dropout stream of this micro-batch; -1 turns dropout off (evaluation).
+  void feed_batch(Local& l, const Batch& b, int32_t rng_stream) {
     const Graph& g = l.program->graph;
-    for (const auto& [name, t] : batch(micro).tensors) {
+    for (const auto& [name, t] : b.tensors) {
       if (g.find(name) == kNoValue) continue;
       // The micro-batch is whole; this rank feeds its block.
       const Layout& layout = annotation.produced(model.graph, model.graph.find(name));
@@ -243,14 +246,14 @@ struct PipelineTrainer::Impl {
     }
     if (g.find("loss_count") != kNoValue) {
       // A loss whose rows are sharded divides by the whole micro-batch's valid targets.
-      const Tensor& t = batch(micro).get(count_targets);
+      const Tensor& t = b.get(count_targets);
       const int32_t* tp = t.data<int32_t>();
       int64_t valid = 0;
       for (int64_t i = 0; i < t.numel(); ++i) valid += tp[i] >= 0;
       l.ex->feed_scalar("loss_count", static_cast<float>(valid));
     }
     if (g.find("rng_offset") != kNoValue) {
-      const int32_t rng[2] = {static_cast<int32_t>(step * m + micro), 0};
+      const int32_t rng[2] = {rng_stream, 0};
       throw_if_error(l.ex->feed_data("rng_offset", rng, sizeof rng));
     }
   }
@@ -573,28 +576,46 @@ Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
   return out;
 }
 
+// Evaluation runs on the plan: every eval batch flows forward through the
+// chunks (activations to the next stage as in training, dropout off, nothing
+// stashed); the last chunk's loss is summed and shared over the pipeline.
 EvalResult PipelineTrainer::evaluate() {
   Impl& im = *impl_;
-  std::map<std::string, Tensor> params = value_or_throw(gather_parameters());
-  const int me = im.world ? im.world->rank() : 0;
-  if (me != 0) return {};
-  if (!im.eval_trainer) {
-    RunConfig erc = im.rc;
-    erc.has_parallel = false;
-    erc.parallel = StrategyConfig{};
-    erc.train.micro_batches = im.m;
-    erc.train.recompute = RecomputePolicy{};
-    im.eval_trainer = value_or_throw(Trainer::create(erc, nullptr));
-    set_compute_threads(im.threads_per_rank);  // create() took all of the machine's threads
+  const int C = schedule_.num_chunks();
+  double loss_sum = 0;
+  int64_t batches = 0;
+  for (EvalIterator it = im.data->eval(im.micro_rows, Shard{0, 1}, im.rc.train.eval_batches);
+       !it.done(); ++batches) {
+    const int b = static_cast<int>(it.index());
+    const Batch batch = it.next();
+    for (int c = 0; c < C; ++c) {
+      if (schedule_.rank_of_chunk(c) != stage_) continue;
+      Impl::Local& l = im.local(c);
+      if (c > 0 && schedule_.rank_of_chunk(c - 1) != stage_)
+        im.receive(l, l.program->act_in, b, c, schedule_.rank_of_chunk(c - 1), 0, "recv_act");
+      im.feed_batch(l, batch, -1);
+      l.ex->run(l.program->forward);
+      if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
+      if (c + 1 < C) {
+        const int next = schedule_.rank_of_chunk(c + 1);
+        std::vector<float> msg = im.pack(l, l.program->act_out, b, c + 1);
+        if (next == stage_)
+          im.unpack(im.local(c + 1), im.local(c + 1).program->act_in, msg.data());
+        else
+          im.channels.at({next + kOutgoing, 0})->push(std::move(msg));
+      }
+    }
   }
-  Executor& ex = im.eval_trainer->executor();
-  const Graph& g = im.eval_trainer->graph();
-  for (ValueId v : g.parameters()) {
-    auto it = params.find(g.value(v).name);
-    MF_CHECK(it != params.end()) << "parameter '" << g.value(v).name << "' not gathered";
-    ex.storage(v).copy_from(it->second.raw());
+  for (auto& [key, ch] : im.channels) {
+    throw_if_error(ch->flush());
+    if (key.first >= kOutgoing) ch->take_sent();  // not part of a step's trace
   }
-  return im.eval_trainer->evaluate();
+  float loss = static_cast<float>(loss_sum);
+  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(&loss, 1, ReduceOp::kSum));
+  EvalResult e;
+  e.items = batches * im.micro_rows * (im.language_model ? im.rc.train.seq_len : 1);
+  e.loss = batches ? loss / static_cast<float>(batches) : 0.f;
+  return e;
 }
 
 Status PipelineTrainer::save_checkpoint(const std::string& path) {

@@ -33,9 +33,9 @@
 //
 // Recomputation: rc.train.recompute is applied to the training graph before
 // the split (as Trainer does), so each chunk recomputes its own blocks.
-// Evaluation and checkpoints gather the stages' parameters to world rank 0
-// (every rank calls them); evaluation then runs the one-device Trainer there,
-// so the whole model must fit on rank 0.
+// Evaluation runs on the plan: each eval batch flows forward through the
+// stages (no parameter moves); every rank returns the same loss. Checkpoints
+// gather the stages' parameters to world rank 0 (every rank calls it).
 //
 // Tied embeddings (GPT's wte read by the first and the last stage): the last
 // stage's gradient contribution travels with the gradient messages to stage
@@ -103,8 +103,8 @@ class PipelineTrainer : public Engine {
   // Collective over the world: rank 0 gets every parameter whole, by name
   // (the other ranks an empty map).
   Result<std::map<std::string, Tensor>> gather_parameters();
-  // Collective: rank 0 evaluates on held-out data (train.eval_batches
-  // batches of one micro-batch each); the other ranks get an empty result.
+  // Collective: held-out data (train.eval_batches batches of one
+  // micro-batch each) through the pipeline's forward; every rank gets the loss.
   EvalResult evaluate() override;
   // Collective: rank 0 writes a safetensors file of every parameter.
   Status save_checkpoint(const std::string& path) override;
