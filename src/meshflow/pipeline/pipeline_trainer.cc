@@ -785,6 +785,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     ExecutorOptions eo;
     eo.seed = tc.seed;
     eo.fetch = l.program->keep_alive();
+    const std::vector<GradientSync> syncs = gradient_syncs(l.program->graph);
+    for (const GradientSync& sync : syncs)  // run by the buckets
+      eo.run_elsewhere.insert(eo.run_elsewhere.end(), sync.reduce.begin(), sync.reduce.end());
     MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(l.program->graph));
     l.ex = std::make_unique<Executor>(l.program->graph, eo);
     l.ex->set_mesh_comms(im.mesh_comms.get());
@@ -793,7 +796,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     // Accumulation over micro-batches, and the chunk's gradient all_reduces
     // (over dp, or tp for replicated weights) in buckets overlapped with the backward.
     l.buckets = std::make_unique<GradientBuckets>(
-        l.program->graph, order, gradient_syncs(l.program->graph), im.mesh_comms.get(),
+        l.program->graph, order, syncs, im.mesh_comms.get(),
         static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
     l.ex->add_grad_accumulator_bytes(l.buckets->bytes());
     l.sum_squares = l.buckets->without_replaced(l.program->sum_squares);

@@ -9,6 +9,7 @@
 #include "meshflow/autodiff/recompute.h"
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/memory_plan.h"
 
 namespace meshflow::plan {
@@ -130,6 +131,7 @@ CostConstants meshflow_cpu_constants() {
   k.overlap_grad_reduce = false;
   k.zero3_prefetch = false;
   k.collective_per_tensor = true;
+  k.bucketed_grad_all_reduce = true;
   k.attention = AttentionKernel::kBlockedCpu;
   k.recompute_from_pass = true;
   k.memory_model = MemoryModel::kStaticArena;
@@ -143,9 +145,16 @@ namespace {
 // end, everything else is planned over the graph order.
 double static_arena_bytes(const Graph& g) {
   std::vector<char> persistent(g.num_values(), 0), keep(g.num_values(), 0);
+  std::vector<char> elsewhere(g.num_nodes(), 0);  // the gradient all_reduces the buckets run
+  for (const GradientSync& s : gradient_syncs(g))
+    for (NodeId id : s.reduce) {
+      elsewhere[id] = 1;
+      persistent[g.node(id).outputs[0]] = 1;
+    }
   std::vector<NodeId> order;
   for (NodeId i = 0; i < g.num_nodes(); ++i) {
     const Node& n = g.node(i);
+    if (elsewhere[i]) continue;
     order.push_back(i);
     if (is_source(n.kind))
       for (ValueId v : n.outputs) persistent[v] = 1;
@@ -341,9 +350,10 @@ enum Slot {
   kCpFwdBytes,
   kCpBwdBytes,
   kOptComm,
-  kOptCommBytes,  // optimizer phase, once per step
-  kAttention,     // the attention op's forward
-  kRecompute,     // recompute clones and their collectives
+  kOptCommBytes,   // optimizer phase, once per step
+  kOptBucketedTp,  // buffer bytes of the gradient all_reduces over tp run in buckets
+  kAttention,      // the attention op's forward
+  kRecompute,      // recompute clones and their collectives
   kParams,
   kParamTensors,
   kNodes,
@@ -378,6 +388,10 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
     const Graph& g = lp.graph;
     const std::vector<bool> wgrad = weight_grad_nodes(g);
     const std::vector<bool> before = before_blocks(g, priced_layers(g));
+    std::vector<bool> bucketed(g.num_nodes(), false);  // run by the runtime's GradientBuckets
+    if (k_.bucketed_grad_all_reduce)
+      for (const GradientSync& s : gradient_syncs(g))
+        for (NodeId id : s.reduce) bucketed[id] = true;
     for (NodeId i = 0; i < g.num_nodes(); ++i) {
       const Node& n = g.node(i);
       Totals& t = before[i] && embed ? *embed : *all;
@@ -401,8 +415,12 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
         if (n.phase == Phase::kOptimizer) {
           t[kCollectives] += 1;
           // Over tp only: the gradients' reduction over the dp * cp replicas
-          // is priced with the schedule (bucketed, overlapped), not twice.
-          if (axis == "tp") t[kOptComm] += time, t[kOptCommBytes] += bytes;
+          // is priced with the schedule (bucketed, overlapped), not twice;
+          // so are the tp ones the runtime puts in its buckets.
+          if (axis == "tp" && bucketed[i])
+            t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
+          else if (axis == "tp")
+            t[kOptComm] += time, t[kOptCommBytes] += bytes;
           continue;
         }
         add_comm(t, axis, fwd, time, bytes);
@@ -458,7 +476,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // The optimizer phase's collectives act on parameters and gradients, whose
   // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
   const auto opt_key = std::make_tuple(tp, cp, sp);
-  std::optional<std::array<double, 4>> opt;
+  std::optional<std::array<double, 6>> opt;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = opt_cache_.find(opt_key); it != opt_cache_.end()) opt = it->second;
@@ -470,13 +488,18 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
       MF_ASSIGN_OR_RETURN(const Totals o2, totals(2, Recompute::kNone, nullptr, true));
       ob = minus(o2, o1);
     }
-    opt = {ob[kOptComm], ob[kOptCommBytes], o1[kOptComm] - ob[kOptComm],
-           o1[kOptCommBytes] - ob[kOptCommBytes]};
+    opt = {ob[kOptComm],
+           ob[kOptCommBytes],
+           o1[kOptComm] - ob[kOptComm],
+           o1[kOptCommBytes] - ob[kOptCommBytes],
+           ob[kOptBucketedTp],
+           o1[kOptBucketedTp] - ob[kOptBucketedTp]};
     std::lock_guard<std::mutex> lock(mu_);
     opt_cache_.emplace(opt_key, *opt);
   }
   lc.opt_comm_s = (*opt)[0], lc.opt_comm_bytes = (*opt)[1];
   lc.opt_comm_outside_s = (*opt)[2], lc.opt_comm_outside_bytes = (*opt)[3];
+  lc.opt_bucketed_tp_bytes = (*opt)[4], lc.opt_bucketed_tp_outside_bytes = (*opt)[5];
   auto comm = [](const Totals& t, bool fwd) {
     return fwd ? t[kTpFwd] + t[kCpFwd] : t[kTpBwd] + t[kCpBwd];
   };
@@ -731,7 +754,20 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   auto dp_collective = [&](Collective c, double bytes) {
     return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
   };
-  if (p.zero == 0) {
+  if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
+    // The runtime's buckets: over the replicas, and over tp for the weights
+    // replicated across it, all started during the last backward.
+    auto bucketed = [&](int64_t group, double bytes, const Link& link) {
+      if (group <= 1 || bytes <= 0) return 0.0;
+      const double n = std::max(1.0, std::ceil(bytes / k_.grad_bucket_bytes));
+      return n * cl.collective_time_s(Collective::kAllReduce, group, bytes / n, link);
+    };
+    const double tp_bytes = ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes;
+    const double t = bucketed(replicas, grad_bytes, dp_link) +
+                     bucketed(p.tp, tp_bytes, cl.link_for_axis(p.tp, axis_stride(p, "tp")));
+    dp_exposed = std::max(0.0, t - window);
+    dp_bytes = 2 * ring_dp * grad_bytes;
+  } else if (p.zero == 0) {
     const double t = dp_collective(Collective::kAllReduce, grad_bytes);
     dp_exposed = std::max(0.0, t - window);
     dp_bytes = 2 * ring_dp * grad_bytes;
@@ -832,14 +868,18 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   states(p_last, ml);
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
-    // temporaries together (activations); persistent gradient accumulators
-    // exist only with micro-batching; the fed inputs (an LM's i32 token and
-    // target ids, an MLP's f32 features and i32 labels: the program's input
-    // values) are the temporaries.
+    // temporaries together (activations); persistent gradient buckets exist
+    // with micro-batching, or when the buckets all_reduce gradients (ZeRO-0
+    // over dp * cp replicas, or weights replicated over tp); the fed inputs
+    // (an LM's i32 token and target ids, an MLP's f32 features and i32
+    // labels: the program's input values) are the temporaries.
     MF_ASSIGN_OR_RETURN(const double arena, arena_bytes(p, ls_int));
     const double ids = lc.input_bytes;
+    const bool buckets = p.num_micro_batches > 1 ||
+                         (p.zero == 0 && (p.dp * p.cp > 1 || lc.opt_bucketed_tp_bytes > 0 ||
+                                          lc.opt_bucketed_tp_outside_bytes > 0));
     for (MemoryBreakdown* mb : {&mf, &ml}) {
-      if (p.num_micro_batches == 1) mb->grads = 0;
+      if (!buckets) mb->grads = 0;
       mb->activations = (mb == &mf ? in_flight : last_in_flight) * arena;
       mb->temporaries = ids;
     }
@@ -896,6 +936,9 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   r.comm.context_parallel =
       m * (ls * (lc.cp_fwd_bytes * (1 + full) + lc.cp_bwd_bytes) + lc.outside_cp_bytes);
   r.comm.tensor_parallel += ls * lc.opt_comm_bytes + lc.opt_comm_outside_bytes;
+  if (p.tp > 1)  // the tp gradient all_reduces in buckets (ring: 2 (tp-1)/tp of the buffer)
+    r.comm.tensor_parallel += 2.0 * double(p.tp - 1) / double(p.tp) *
+                              (ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes);
   r.comm.pipeline = p.pp > 1 ? m * 2 * v * p2p_bytes : 0.0;
   r.comm.data_parallel = dp_bytes;
 

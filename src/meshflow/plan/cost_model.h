@@ -143,6 +143,16 @@ struct CostConstants {
   // bucketed into a few large ones whose latency is negligible (PyTorch DDP,
   // Megatron-LM, DeepSpeed: false).
   bool collective_per_tensor = false;
+  // meshflow's runtime: the gradient all_reduces of ZeRO-0 (over the replicas,
+  // and over tp for weights replicated across it) run in buckets of
+  // grad_bucket_bytes, each started as soon as its gradients are final in the
+  // last micro-batch's backward (runtime/grad_buckets.h), whatever
+  // collective_per_tensor says of the other collectives. They hide behind the
+  // backward only with overlap_grad_reduce: on a CPU the in-process transport's
+  // copies and sums run on the cores the backward computes on, so
+  // meshflow_cpu_constants counts them whole.
+  bool bucketed_grad_all_reduce = false;
+  double grad_bucket_bytes = 4 << 20;  // train.bucket_mib
   // Recompute prices what meshflow's recompute pass (autodiff/recompute.h)
   // clones into the backward (full: the forward nodes whose outputs the
   // backward reads, and what they need; selective: the attention core and its
@@ -240,6 +250,10 @@ struct LayerCost {
   double outside_cp_bytes = 0;
   // The optimizer phase's collectives, once per step: the block's and the rest's.
   double opt_comm_s = 0, opt_comm_outside_s = 0, opt_comm_bytes = 0, opt_comm_outside_bytes = 0;
+  // Of those, the gradient all_reduces over tp the runtime runs in buckets
+  // (bucketed_grad_all_reduce; weights replicated over tp): their buffer bytes,
+  // priced with the data-parallel buckets instead (not in opt_comm_*).
+  double opt_bucketed_tp_bytes = 0, opt_bucketed_tp_outside_bytes = 0;
   int64_t layer_params = 0;  // per rank
   int64_t embed_params = 0;  // per rank (word + position table)
   int64_t head_params = 0;  // per rank (final norm + lm_head; everything of a model without blocks)
@@ -329,8 +343,8 @@ class CostModel {
                    std::shared_ptr<const Result<LayerCost>>>
       cache_;
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
-  // bytes, the rest's seconds and bytes (LayerCost::opt_comm_*).
-  mutable std::map<std::tuple<int64_t, int64_t, bool>, std::array<double, 4>> opt_cache_;
+  // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
+  mutable std::map<std::tuple<int64_t, int64_t, bool>, std::array<double, 6>> opt_cache_;
   // (tp, cp, sp, recompute, blocks) -> the partitioner's strategy for the rank program.
   mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t>,
                    std::shared_ptr<const Annotation>>

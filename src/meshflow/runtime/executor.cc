@@ -108,8 +108,13 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
   persistent_.resize(nv);
   seconds_by_kind_.assign(kNumOpKinds, 0.0);
   override_.assign(nv, nullptr);
-  std::vector<char> is_persistent(nv, 0), keep(nv, 0);
+  std::vector<char> is_persistent(nv, 0), keep(nv, 0), elsewhere(g.num_nodes(), 0);
+  for (NodeId id : options.run_elsewhere) {
+    elsewhere[id] = 1;
+    for (ValueId v : g.node(id).outputs) is_persistent[v] = 1;  // bound, not in the arena
+  }
   for (const Node& n : g.nodes()) {
+    if (elsewhere[&n - g.nodes().data()]) continue;
     switch (n.kind) {
       case OpKind::kParameter: {
         ValueId v = n.outputs[0];
@@ -152,7 +157,8 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
   // One plan over everything: forward, backward, optimizer, metrics in graph
   // order. Every sub-order is a subsequence of it, so the plan is valid for each.
   std::vector<NodeId> all;
-  for (NodeId id = 0; id < g.num_nodes(); ++id) all.push_back(id);
+  for (NodeId id = 0; id < g.num_nodes(); ++id)
+    if (!elsewhere[id]) all.push_back(id);
   plan_ = plan_memory(g, all, is_persistent, keep);
   arena_ = aligned_buffer(static_cast<size_t>(plan_.arena_bytes));
   stats_.arena = plan_.arena_bytes;

@@ -33,6 +33,10 @@ struct ExecutorOptions {
   uint64_t seed = 0;  // parameter init
   // Values that must stay readable after run() (besides loss and g.outputs).
   std::vector<ValueId> fetch;
+  // Nodes another part of the runtime runs instead (the gradient all_reduces
+  // GradientBuckets runs): left out of the orders, their outputs get no arena
+  // bytes and must be bound (bind) before anything reads them.
+  std::vector<NodeId> run_elsewhere;
 };
 
 struct MemoryStats {
