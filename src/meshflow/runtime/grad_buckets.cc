@@ -104,12 +104,6 @@ int64_t GradientBuckets::bytes() const {
   return b;
 }
 
-int GradientBuckets::num_reduced_gradients() const {
-  int n = 0;
-  for (const Slot& s : slots_) n += !buckets_[s.bucket].groups.empty();
-  return n;
-}
-
 std::vector<NodeId> GradientBuckets::without_replaced(const std::vector<NodeId>& order) const {
   std::vector<NodeId> out;
   for (NodeId id : order)

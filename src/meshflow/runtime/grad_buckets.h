@@ -73,7 +73,6 @@ class GradientBuckets {
   double last_wait_seconds() const { return wait_s_; }  // time finish() blocked
   int64_t bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  int num_reduced_gradients() const;  // gradients the buckets sum over ranks
 
  private:
   struct Slot {

@@ -3,7 +3,6 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -135,22 +134,21 @@ Status Trainer::init_executor(const Graph& program, const MeshComms* comms) {
                                               : "\"fashion_mnist\" for a classifier"));
   ExecutorOptions eo;
   eo.seed = tc.seed;
+  // The gradient all_reduces run in the buckets, not as the executor's nodes.
+  const std::vector<GradientSync> syncs = gradient_syncs(program);
+  for (const GradientSync& s : syncs)
+    eo.run_elsewhere.insert(eo.run_elsewhere.end(), s.reduce.begin(), s.reduce.end());
   MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(program).with_context(rc_.model_source));
   executor_ = std::make_unique<Executor>(program, eo);
   executor_->set_mesh_comms(comms);
-  optimizer_order_ = executor_->optimizer_order();
-  const std::vector<GradientSync> syncs = gradient_syncs(program);
-  const bool reduces = std::any_of(syncs.begin(), syncs.end(),
-                                   [](const GradientSync& s) { return !s.reduce.empty(); });
-  if (tc.micro_batches > 1 || reduces) {
+  if (tc.micro_batches > 1 || !eo.run_elsewhere.empty()) {
     buckets_ = std::make_unique<GradientBuckets>(
         program, executor_->forward_backward_order(), syncs, comms,
         static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
     executor_->add_grad_accumulator_bytes(buckets_->bytes());
-    optimizer_order_ = buckets_->without_replaced(optimizer_order_);
   }
   flops_per_micro_ = flops_of(program, executor_->forward_backward_order());
-  flops_optimizer_ = flops_of(program, optimizer_order_);
+  flops_optimizer_ = flops_of(program, executor_->optimizer_order());
   return Status::ok();
 }
 
@@ -301,7 +299,7 @@ StepResult Trainer::step() {
   }
   ex.feed_scalar("lr", r.lr);
   ex.feed_scalar("step", static_cast<float>(step_ + 1));
-  run_traced(optimizer_order_, {}, -1);
+  run_traced(ex.optimizer_order(), {}, -1);
   r.grad_norm = ex.scalar(g.outputs.at("grad_norm"));
   ex.unbind_all();
   ++step_;

@@ -93,7 +93,6 @@ class Trainer : public Engine {
   std::unique_ptr<Executor> executor_;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<GradientBuckets> buckets_;  // null: no accumulation and no reduction
-  std::vector<NodeId> optimizer_order_;       // without the reductions buckets_ runs
   int rank_ = 0, world_ = 1;
   bool language_model_ = true;
   int64_t num_params_ = 0;
