@@ -37,8 +37,8 @@ case $MODE in
     echo "$out"
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit code $rc"
     [ $el -lt 30 ] || fail "took ${el}s"
-    echo "$out" | grep -q "rank 1" || fail "message does not name rank 1"
-    echo "$out" | grep -q "injected fault" || fail "message does not say what failed" ;;
+    grep -q "rank 1" <<<"$out" || fail "message does not name rank 1"
+    grep -q "injected fault" <<<"$out" || fail "message does not say what failed" ;;
   mpi-kill|mpi-throw)
     kind=${MODE#mpi-}
     start=$(date +%s)
@@ -47,8 +47,8 @@ case $MODE in
     echo "$out" | tail -20
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit code $rc (124 = hung until timeout)"
     [ $el -lt 30 ] || fail "took ${el}s"
-    echo "$out" | grep -qiE "rank 1|rank: 1" || fail "output does not name rank 1"
-    [ "$kind" = kill ] || echo "$out" | grep -q "injected fault" || fail "output does not say what failed" ;;
+    grep -qiE "rank 1|rank: 1" <<<"$out" || fail "output does not name rank 1"
+    [ "$kind" = kill ] || grep -q "injected fault" <<<"$out" || fail "output does not say what failed" ;;
   *) fail "unknown mode $MODE" ;;
 esac
 echo "PASS $MODE"

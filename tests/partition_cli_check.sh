@@ -35,46 +35,46 @@ case $MODE in
   explain)
     out=$("$BIN" explain "$dir/run.json" --no-nodes) || fail "explain failed"
     echo "$out" | tail -12
-    echo "$out" | grep -q "all_gather *over tp" || fail "no all_gather over tp listed"
-    echo "$out" | grep -q "reduce_scatter *over tp" || fail "no reduce_scatter over tp listed"
-    echo "$out" | grep -q "total sent per rank per step" || fail "no totals"
+    grep -q "all_gather *over tp" <<<"$out" || fail "no all_gather over tp listed"
+    grep -q "reduce_scatter *over tp" <<<"$out" || fail "no reduce_scatter over tp listed"
+    grep -q "total sent per rank per step" <<<"$out" || fail "no totals"
     all=$("$BIN" explain "$dir/run.json") || fail "explain with nodes failed"
-    echo "$all" | grep -q "rms_norm" || fail "node layouts not listed" ;;
+    grep -q "rms_norm" <<<"$all" || fail "node layouts not listed" ;;
   errors)
     out=$("$BIN" train "$dir/run.json" --ranks 2 --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for a mesh of 4 on 2 ranks"
-    echo "$out" | grep -q "has 4 ranks but the job has 2" || fail "message does not name the sizes"
+    grep -q "has 4 ranks but the job has 2" <<<"$out" || fail "message does not name the sizes"
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set parallel.preset=fsdp --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for an unknown preset"
-    echo "$out" | grep -q "megatron-sp" || fail "message does not list the presets"
+    grep -q "megatron-sp" <<<"$out" || fail "message does not list the presets"
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set 'parallel.strategies={"*.mlp.up_proj": "((dp, 1, 1), (3, tp))"}' --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for a split of 3"
-    echo "$out" | grep -q "split 3 ways" || fail "message does not say the split"
+    grep -q "split 3 ways" <<<"$out" || fail "message does not say the split"
     out=$("$BIN" explain "$dir/run.json" --rank 9 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for explain --rank 9"
-    echo "$out" | grep -q "0..3" || fail "message does not give the valid ranks"
+    grep -q "0..3" <<<"$out" || fail "message does not give the valid ranks"
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set train.recompute=ops --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for recompute ops without a list"
-    echo "$out" | grep -q "recompute_ops" || fail "message does not name recompute_ops"
+    grep -q "recompute_ops" <<<"$out" || fail "message does not name recompute_ops"
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set train.recompute=full --set 'train.recompute_layers=[7]' --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -eq 2 ] || fail "exit $rc for a layer that does not exist"
-    echo "$out" | grep -q "valid layers are 0..1" || fail "message does not give the valid layers"
+    grep -q "valid layers are 0..1" <<<"$out" || fail "message does not give the valid layers"
     out=$("$BIN" train "$dir/run.json" --ranks 4 --init "$dir/missing.safetensors" --quiet 2>&1); rc=$?
     echo "$out"
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "exit $rc for a missing checkpoint"
-    echo "$out" | grep -q "missing.safetensors" || fail "message does not name the file" ;;
+    grep -q "missing.safetensors" <<<"$out" || fail "message does not name the file" ;;
   auto)
     out=$("$BIN" train "$dir/run.json" --ranks 4 --set 'parallel={"mode": "auto", "search": "full"}' 2>&1); rc=$?
     echo "$out" | tail -4
     [ $rc -eq 0 ] || fail "exit $rc"
-    echo "$out" | grep -q "planned by search" || fail "the chosen plan is not reported"
-    echo "$out" | grep -q "eval @ step 3" || fail "did not train to the end" ;;
+    grep -q "planned by search" <<<"$out" || fail "the chosen plan is not reported"
+    grep -q "eval @ step 3" <<<"$out" || fail "did not train to the end" ;;
   *) fail "unknown mode $MODE" ;;
 esac
 echo "PASS $MODE"
