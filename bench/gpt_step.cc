@@ -15,11 +15,12 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/executor.h"
-#include "meshflow/runtime/trainer.h"
 
 using namespace meshflow;
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "meshflow/pipeline/pipeline_trainer.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/pipeline_trainer.h"
 
 namespace meshflow {
 namespace {

@@ -32,14 +32,14 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
-#include "meshflow/comm/communicator.h"
-#include "meshflow/comm/local_world.h"
-#include "meshflow/runtime/trainer.h"
 
 using namespace meshflow;
 

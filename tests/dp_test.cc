@@ -8,7 +8,7 @@
 #include "grad_check.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/job.h"
-#include "meshflow/runtime/trainer.h"
+#include "meshflow/engine/trainer.h"
 
 namespace meshflow {
 namespace {

@@ -4,6 +4,7 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow::testing {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "meshflow/core/tensor.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow::testing {
 

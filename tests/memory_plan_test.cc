@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "meshflow/core/random.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 namespace {

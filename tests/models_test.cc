@@ -14,6 +14,7 @@
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

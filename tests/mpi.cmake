@@ -24,15 +24,6 @@ if(NOT TARGET MPI::MPI_CXX)
   return()
 endif()
 
-# The library needs MPI for the mpi backend. The top-level CMakeLists.txt links
-# it; this covers a tree where it does not yet.
-get_target_property(_mf_defs meshflow COMPILE_DEFINITIONS)
-if(NOT _mf_defs OR NOT "MESHFLOW_HAVE_MPI" IN_LIST _mf_defs)
-  message(STATUS "meshflow: linking MPI into the meshflow library from tests/mpi.cmake")
-  target_link_libraries(meshflow PUBLIC MPI::MPI_CXX)
-  target_compile_definitions(meshflow PUBLIC MESHFLOW_HAVE_MPI)
-endif()
-
 add_executable(meshflow_mpi_test ${CMAKE_CURRENT_LIST_DIR}/mpi/mpi_main.cc
   ${CMAKE_CURRENT_LIST_DIR}/mpi/collective_checks.cc)
 target_link_libraries(meshflow_mpi_test PRIVATE meshflow)

@@ -12,6 +12,7 @@
 #include "grad_check.h"
 #include "meshflow/kernels/cpu/attention_dropout.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

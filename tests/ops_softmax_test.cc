@@ -8,6 +8,7 @@
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

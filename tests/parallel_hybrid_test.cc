@@ -6,11 +6,11 @@
 
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/ops/builder.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

@@ -5,8 +5,8 @@
 
 #include <unordered_set>
 
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 
 namespace meshflow {
 namespace {

@@ -17,12 +17,12 @@
 #include "cli_run.h"
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
-#include "meshflow/comm/local_world.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow {
 namespace {

@@ -10,11 +10,11 @@
 #include <numeric>
 #include <random>
 
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/parallel/reshard.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/comm/local_world.h"
 
 namespace meshflow {
 namespace {

@@ -1,4 +1,4 @@
-// Sharding rules (parallel/sharding_rule.h): rule/shape consistency for every
+// Sharding rules (ops/sharding_rule.h): rule/shape consistency for every
 // op of real training graphs, enumeration on 1-D and 2-D meshes, error
 // messages, and a numerical check per op family: for strategies from
 // enumerate_strategies, each rank runs the op's CPU kernel on its local block
@@ -13,12 +13,12 @@
 #include <random>
 
 #include "meshflow/autodiff/autodiff.h"
-#include "meshflow/ir/builder.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/models/llama.h"
+#include "meshflow/ops/builder.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/sharding_rule.h"
 #include "meshflow/optim/optimizer.h"
-#include "meshflow/parallel/sharding_rule.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/pipeline/stage_graph.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow {
 namespace {

@@ -11,9 +11,9 @@
 
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
-#include "meshflow/optim/optimizer.h"
-#include "meshflow/pipeline/pipeline_trainer.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/optim/optimizer.h"
 
 namespace meshflow {
 namespace {

@@ -12,8 +12,8 @@
 
 #include "grad_check.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/pipeline/pipeline_trainer.h"
 
 namespace meshflow {
 namespace {

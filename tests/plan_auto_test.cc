@@ -11,8 +11,8 @@
 
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow::plan {
 namespace {

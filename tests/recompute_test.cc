@@ -20,6 +20,7 @@
 #include "meshflow/models/llama.h"
 #include "meshflow/models/mlp.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/executor.h"
 

@@ -13,7 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 #include "meshflow/runtime/executor.h"
 
 namespace meshflow {

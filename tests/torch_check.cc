@@ -24,6 +24,7 @@
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/models/llama.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/executor.h"
 

@@ -8,10 +8,11 @@
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
+#include "meshflow/engine/trainer.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/executor.h"
 #include "meshflow/runtime/memory_plan.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow {
 namespace {

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "meshflow/autodiff/autodiff.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/ops/builder.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/reshard_exec.h"
-#include "meshflow/comm/local_world.h"
 #include "meshflow/runtime/executor.h"
 
 using namespace meshflow;

@@ -6,6 +6,7 @@
 
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 
 namespace meshflow {
 

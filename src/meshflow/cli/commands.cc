@@ -15,14 +15,14 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/cli/errors.h"
-#include "meshflow/core/file_io.h"
-#include "meshflow/engine/job.h"
-#include "meshflow/optim/optimizer.h"
-#include "meshflow/pipeline/pipeline_trainer.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/comm/mpi_transport.h"
+#include "meshflow/core/file_io.h"
+#include "meshflow/engine/job.h"
+#include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/engine/trainer.h"
+#include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/progress.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow::cli {
 

@@ -6,11 +6,11 @@
 #include <map>
 
 #include "meshflow/engine/job.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/progress.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow::cli {
 

@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
-#include "meshflow/parallel/mesh.h"
-#include "meshflow/pipeline/pipeline_trainer.h"
-#include "meshflow/runtime/engine.h"
+#include "meshflow/engine/engine.h"
+#include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -63,7 +63,7 @@ struct Job {
 // REQUIRES: world >= 1.
 Result<Job> resolve_job(RunConfig rc, int world);
 
-// The engine the job calls for (runtime/engine.h): the PipelineTrainer when
+// The engine the job calls for (engine/engine.h): the PipelineTrainer when
 // it has stages, else the Trainer (data parallel or the partitioned
 // program). comm: all ranks (null for one); trace: this rank's writer (may
 // be null); profile: per-op timing in the executor (one-program engine).

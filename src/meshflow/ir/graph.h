@@ -11,11 +11,11 @@
 // the verifier checks nothing reads a mutated source after the mutation (a
 // transient updated in place, like a ZeRO shard copy, is written through).
 //
-//   Graph g;  Builder b(g);                        // see builder.h
+//   Graph g;  Builder b(g);                        // ops/builder.h
 //   ValueId x = b.input("x", Shape{{"batch",8},{"hidden",4}});
 //   ValueId w = b.parameter("w", Shape{{"hidden",4},{"out",2}}, Init::normal(0.02f));
 //   ValueId y = b.matmul(x, w);
-//   verify(g).is_ok();  print(g) -> text
+//   verify(g).is_ok();  print(g) -> text     // verify: ops/verify.h
 #pragma once
 
 #include <cstdint>
@@ -134,16 +134,6 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<Value> values_;
 };
-
-// Checks the invariants above: inputs defined before use, output types match
-// the op's shape rule, no read of a value after an op mutated it, names unique
-// for sources. Returns the first violation, naming the node.
-Status verify(const Graph& g);
-
-// Run at the end of every pass: in debug builds, verify(g) and stop with the
-// pass's name on a violation; in release builds, nothing (callers that take a
-// graph from outside verify it explicitly).
-void debug_verify(const Graph& g, const char* pass);
 
 // Human-readable text, one node a line:
 //   %5:[batch=8,out=2] = matmul(%1, %3) "fc1" {fwd}

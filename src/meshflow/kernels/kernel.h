@@ -13,7 +13,7 @@
 
 namespace meshflow {
 
-class MeshComms;  // parallel/reshard_exec.h
+class MeshComms;  // comm/mesh_comms.h
 
 struct KernelCall {
   const Graph& g;

@@ -4,8 +4,8 @@
 
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/random.h"
-#include "meshflow/ir/builder.h"
 #include "meshflow/models/model_util.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 

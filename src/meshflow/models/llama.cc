@@ -1,8 +1,8 @@
 #include "meshflow/models/llama.h"
 
 #include "meshflow/config/json_reader.h"
-#include "meshflow/ir/builder.h"
 #include "meshflow/models/model_util.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "meshflow/config/json_reader.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 

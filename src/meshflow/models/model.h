@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "meshflow/core/status.h"
-#include "meshflow/ir/builder.h"
 #include "meshflow/ir/graph.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 

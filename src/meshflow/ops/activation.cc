@@ -8,9 +8,9 @@
 //   gelu_grad(x, dy)      dy * gelu'(x)
 //   silu_grad(x, dy)      dy * silu'(x)
 // No attrs.
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

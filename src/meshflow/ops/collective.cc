@@ -17,9 +17,9 @@
 // shard_slice, reduce_scatter -> all_gather, all_reduce -> identity (each
 // addend's gradient is the replicated cotangent), all_to_all -> all_to_all
 // with i and j swapped, partial_mask -> identity.
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

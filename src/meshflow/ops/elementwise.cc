@@ -5,9 +5,9 @@
 //   bias_add             x[.., N] + bias[N]
 //   sum_to               x -> sum over broadcast dims down to attrs.shape (gradient of
 //   broadcasting) broadcast_to         x -> attrs.shape
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

@@ -4,9 +4,9 @@
 //   embedding_grad (dy [.., C], ids [..] i32) -> dtable [V, C] (attrs.shape = the table's shape)
 //                  dtable[v] = sum of dy at the positions whose id is v (deterministic order).
 // An id outside [0, V) at run time stops with a check naming the id and V.
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

@@ -7,10 +7,10 @@
 //   y: [batch.., M.., N..]
 // attrs: contract = number of K dims, batch_dims = number of shared leading dims.
 // It is one GEMM (per batch element) of sizes M=prod(M..), K=prod(K..), N=prod(N..).
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/matmul_dims.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

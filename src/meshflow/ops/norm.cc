@@ -7,9 +7,9 @@
 //   rms_norm_grad  (dy [.., C], x, gamma, rstd) -> (dx [.., C], dgamma [C])
 // attrs: eps. mean and rstd are saved for the backward; no gradient flows
 // through them (using them in the loss is an error at autodiff time).
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

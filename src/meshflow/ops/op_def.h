@@ -1,6 +1,6 @@
 // OpDef: one table entry per OpKind. Everything meshflow knows about an op is
 // here, as data: its shape rule, its gradient rule, its cost, which inputs it
-// updates in place, and its sharding rule (parallel/sharding_rule.h). The CPU kernel lives
+// updates in place, and its sharding rule (ops/sharding_rule.h). The CPU kernel lives
 // in kernels/cpu/ under the same OpKind.
 //
 // Each op family registers its entries in its own file (ops/matmul.cc,
@@ -18,7 +18,7 @@
 
 namespace meshflow {
 
-class GradContext;  // autodiff/grad_context.h
+class GradContext;  // ops/grad_context.h
 
 struct OpCost {
   double flops = 0;  // floating-point operations (multiply-add = 2)
@@ -28,10 +28,10 @@ struct OpCost {
 // Fills *outs with the output types of `n` (whose inputs and attrs are set).
 // A user-facing error names the node, the dims and what would be valid.
 using InferFn = Status (*)(const Graph& g, const Node& n, std::vector<Value>* outs);
-// Emits the gradient nodes of `n` through ctx (see autodiff/grad_context.h).
+// Emits the gradient nodes of `n` through ctx (see ops/grad_context.h).
 using GradFn = void (*)(GradContext& ctx, const Node& n);
 using CostFn = OpCost (*)(const Graph& g, const Node& n);
-// The op's sharding rule (parallel/sharding_rule.h), for a node with valid shapes.
+// The op's sharding rule (ops/sharding_rule.h), for a node with valid shapes.
 struct ShardingRule;
 using ShardingRuleFn = ShardingRule (*)(const Graph& g, const Node& n);
 

@@ -10,7 +10,7 @@
 //        attrs: beta1, beta2, eps, weight_decay (decoupled); step is 1-based
 // grad is multiplied by coef first (global-norm clipping).
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

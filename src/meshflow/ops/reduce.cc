@@ -11,9 +11,9 @@
 //   b.reduce_mean(x /*[batch=8,seq=16,hidden=64]*/, {-1}, false)  -> [batch=8,seq=16]
 #include <algorithm>
 
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

@@ -9,9 +9,9 @@
 //              keeps x0's name
 // Gradients: transpose by the inverse permutation, reshape back, slice <-> slice_grad,
 // one slice per concat input.
-#include "meshflow/autodiff/grad_context.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 
@@ -222,7 +222,7 @@ OpCost cost_slice(const Graph& g, const Node& n) {
 }  // namespace
 
 // ---- sharding: every op here is linear (Partial passes through) ----
-// transpose: dims move with their factors; reshape: parallel/sharding_rule.h's
+// transpose: dims move with their factors; reshape: ops/sharding_rule.h's
 // reshape_rule; slice/slice_grad/concat: the cut or joined dim must be
 // replicated, the others pass through.
 namespace {

@@ -14,10 +14,10 @@
 //   correct_count(logits[.., V], targets[..] i32) -> [] number of valid positions whose
 //       argmax (first maximum) equals the target; a metric, no gradient.
 // No attrs.
-#include "meshflow/autodiff/grad_context.h"
 #include "meshflow/core/check.h"
+#include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

@@ -3,7 +3,7 @@
 //   input      attrs.shape                  fed before each run (tokens, targets, lr, ...)
 //   state      attrs.shape                  optimizer state (momentum, Adam moments), zero-init
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 

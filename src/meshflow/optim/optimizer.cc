@@ -3,7 +3,8 @@
 #include <cmath>
 
 #include "meshflow/core/check.h"
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
+#include "meshflow/ops/verify.h"
 
 namespace meshflow {
 

@@ -32,14 +32,14 @@
 #include <utility>
 #include <vector>
 
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
 #include "meshflow/core/tensor.h"
-#include "meshflow/ir/builder.h"
 #include "meshflow/ir/graph.h"
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
+#include "meshflow/ops/builder.h"
+#include "meshflow/ops/sharding_rule.h"
 #include "meshflow/parallel/reshard.h"
-#include "meshflow/parallel/sharding_rule.h"
 #include "meshflow/parallel/strategy.h"
 
 namespace meshflow {

@@ -152,7 +152,7 @@ Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Lay
     }
     for (ReshardStep& st : moves(cur, shape.rank())) {
       // A size-1 axis moves no data: where it holds nothing now and in the
-      // target (canonical layouts, parallel/layout.h), it is not a detour.
+      // target (canonical layouts, core/layout.h), it is not a detour.
       const int a = st.mesh_axis;
       if (mesh.size(a) == 1 && cur.at(a).is_replicate() && dst.at(a).is_replicate()) continue;
       if (!divides_evenly(st.after, mesh, shape)) continue;

@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/shape.h"
 #include "meshflow/core/status.h"
 #include "meshflow/parallel/collective_cost.h"
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
 
 namespace meshflow {
 

@@ -22,12 +22,12 @@
 #include <utility>
 #include <vector>
 
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/shape.h"
 #include "meshflow/core/status.h"
 #include "meshflow/ir/graph.h"
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 
@@ -119,7 +119,7 @@ struct StrategyConfig {
   std::string preset;                // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
   std::string search = "propagate";  // auto mode: "propagate" | "full"
   int zero = 0;                      // ZeRO stage over the dp axis
-  // "pipeline": {...} (pipeline/pipeline_trainer.h parse_pipeline_config), kept raw here.
+  // "pipeline": {...} (engine/pipeline_trainer.h parse_pipeline_config), kept raw here.
   nlohmann::json pipeline;
   // "recompute": "none" | "full" | "selective" as a plan writes it (the same
   // as train.recompute; "" when absent).

@@ -22,9 +22,9 @@
 
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/dtype.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
 #include "meshflow/parallel/collective_cost.h"
-#include "meshflow/parallel/mesh.h"
 #include "meshflow/parallel/reshard.h"
 
 namespace meshflow::plan {

@@ -5,10 +5,10 @@
 #include <cstring>
 #include <vector>
 
+#include "meshflow/comm/mesh_comms.h"
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/reshard_exec.h"
 
 namespace meshflow {
 

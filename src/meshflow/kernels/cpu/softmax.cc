@@ -15,12 +15,12 @@
 #include <cstring>
 #include <limits>
 
+#include "meshflow/comm/mesh_comms.h"
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/cpu/vmath.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/op_def.h"
-#include "meshflow/parallel/reshard_exec.h"
 
 namespace meshflow {
 

@@ -1,4 +1,4 @@
-#include "meshflow/parallel/layout.h"
+#include "meshflow/core/layout.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "meshflow/parallel/sharding_rule.h"
+#include "meshflow/ops/sharding_rule.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 
 #include "meshflow/ops/op_def.h"
 

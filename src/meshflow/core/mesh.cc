@@ -1,4 +1,4 @@
-#include "meshflow/parallel/mesh.h"
+#include "meshflow/core/mesh.h"
 
 #include <cctype>
 #include <functional>

@@ -52,11 +52,11 @@
 #include "meshflow/comm/communicator.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/trace.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/pipeline/schedule.h"
 #include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/run_config.h"
-#include "meshflow/runtime/trainer.h"
 
 namespace meshflow {
 

@@ -1,4 +1,4 @@
-#include "meshflow/runtime/trainer.h"
+#include "meshflow/engine/trainer.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -14,6 +14,7 @@
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
 

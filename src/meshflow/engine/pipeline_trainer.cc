@@ -1,4 +1,4 @@
-#include "meshflow/pipeline/pipeline_trainer.h"
+#include "meshflow/engine/pipeline_trainer.h"
 
 #include <omp.h>
 

@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
 #include "meshflow/ir/graph.h"
-#include "meshflow/parallel/layout.h"
-#include "meshflow/parallel/mesh.h"
 
 namespace meshflow {
 

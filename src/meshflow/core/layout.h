@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
+#include "meshflow/core/mesh.h"
 #include "meshflow/core/shape.h"
 #include "meshflow/core/status.h"
-#include "meshflow/parallel/mesh.h"
 
 namespace meshflow {
 

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "meshflow/ir/builder.h"
+#include "meshflow/ops/builder.h"
 
 namespace meshflow {
 

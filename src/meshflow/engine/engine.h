@@ -1,8 +1,8 @@
 // Engine: the one interface every plan trains through. A rank's training loop
 // (cli/commands.cc) drives an Engine and does not know which plan it runs:
-// the one-program Trainer (runtime/trainer.h: data parallel, or the SPMD
+// the one-program Trainer (engine/trainer.h: data parallel, or the SPMD
 // partitioner's program for semi / auto / ZeRO) or the PipelineTrainer
-// (pipeline/pipeline_trainer.h: stages, each one program). make_engine
+// (engine/pipeline_trainer.h: stages, each one program). make_engine
 // (engine/job.h) builds the one a resolved Job calls for.
 //
 //   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make_engine(job, comm, trace));
