@@ -345,9 +345,9 @@ TEST(PartitionPropagation, MatmulStrategiesAloneReproduceMegatron) {
     // Derived, not configured: propagated, deferred, the gradients' dual of a
     // configured matmul, the optimizer's reads.
     int propagated = 0;
-    for (const std::string& why : a.why)
-      propagated += why == "propagated" || why == "deferred reduction" ||
-                    why.rfind("user (gradient of ", 0) == 0 || why == "where the update reads it";
+    for (StrategySource s : a.source)
+      propagated += s == StrategySource::kPropagated || s == StrategySource::kDeferredReduction ||
+                    s == StrategySource::kUserGradient || s == StrategySource::kUpdateReads;
     EXPECT_GT(propagated, m.graph.num_nodes() / 2) << model;
     const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
     // The preset's block plan: Megatron's rules without the vocab-parallel

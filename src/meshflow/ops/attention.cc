@@ -266,6 +266,11 @@ void register_attention_ops(OpTable& t) {
   add_op(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
   set_sharding(t, OpKind::kAttention, sharding_attention);
   set_sharding(t, OpKind::kAttentionGrad, sharding_attention);
+  // A shard's masks and rotations are those of its block of the global
+  // value: the kernels index by global position.
+  for (OpKind k : {OpKind::kDropout, OpKind::kDropoutGrad, OpKind::kRope})
+    set_local_attrs(
+        t, k, [](LocalAttrsCall& c) { c.set_offsets(c.g.shape(c.n.outputs[0]), c.outputs[0]); });
   set_sharding(t, OpKind::kDropout, sharding_dropout);
   set_sharding(t, OpKind::kDropoutGrad, sharding_dropout);
   set_sharding(t, OpKind::kRope, sharding_rope);

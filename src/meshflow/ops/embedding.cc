@@ -117,6 +117,12 @@ void register_embedding_ops(OpTable& t) {
   add_op(t, OpKind::kEmbedding, 2, infer_embedding, grad_embedding, cost_embedding);
   add_op(t, OpKind::kEmbeddingGrad, 2, infer_embedding_grad, grad_embedding_grad,
          cost_embedding_grad);
+  // Vocab-parallel: a shard of the table knows its first row.
+  set_local_attrs(t, OpKind::kEmbedding,
+                  [](LocalAttrsCall& c) { c.set_offsets(c.g.shape(c.n.inputs[0]), c.inputs[0]); });
+  set_local_attrs(t, OpKind::kEmbeddingGrad, [](LocalAttrsCall& c) {
+    c.set_offsets(c.g.shape(c.n.outputs[0]), c.outputs[0]);
+  });
   set_sharding(t, OpKind::kEmbedding, sharding_embedding);
   set_sharding(t, OpKind::kEmbeddingGrad, sharding_embedding);
 }

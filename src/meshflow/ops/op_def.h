@@ -49,6 +49,12 @@ struct InnerCollective {
   std::string what;      // "row maxima", ...
 };
 using InnerCollectivesFn = std::vector<InnerCollective> (*)(const Graph& g, const Node& n);
+// Sets the attrs a node needs on one rank once the partitioner has split it
+// (ops/sharding_rule.h: LocalAttrsCall): where its shard sits in the global
+// value, the mesh axes its kernel reduces over. nullptr: none beyond the
+// local shapes.
+struct LocalAttrsCall;
+using LocalAttrsFn = void (*)(LocalAttrsCall& c);
 
 struct OpDef {
   OpKind kind = OpKind::kCount;
@@ -60,6 +66,7 @@ struct OpDef {
   bool stateful_rng = false;          // reads the graph's rng offset (dropout)
   ShardingRuleFn sharding = nullptr;  // set beside the op by set_sharding()
   InnerCollectivesFn inner_collectives = nullptr;  // set by set_inner_collectives()
+  LocalAttrsFn local_attrs = nullptr;              // set by set_local_attrs()
 };
 
 const OpDef& op_def(OpKind kind);
@@ -89,6 +96,8 @@ void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);
 // Declares the collectives kind's kernel runs inside itself (after its add_op).
 void set_inner_collectives(OpTable& t, OpKind kind, InnerCollectivesFn fn);
+// Sets kind's local-attributes hook (after its add_op).
+void set_local_attrs(OpTable& t, OpKind kind, LocalAttrsFn fn);
 // The collectives node n's kernel runs inside itself (empty for most ops).
 std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n);
 

@@ -72,6 +72,10 @@ void set_inner_collectives(OpTable& t, OpKind kind, InnerCollectivesFn fn) {
   t[static_cast<int>(kind)].inner_collectives = fn;
 }
 
+void set_local_attrs(OpTable& t, OpKind kind, LocalAttrsFn fn) {
+  t[static_cast<int>(kind)].local_attrs = fn;
+}
+
 std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n) {
   const OpDef& d = op_def(n.kind);
   return d.inner_collectives ? d.inner_collectives(g, n) : std::vector<InnerCollective>{};

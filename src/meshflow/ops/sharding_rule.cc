@@ -343,4 +343,24 @@ ShardingRule reshape_rule(const Shape& in, const Shape& out) {
   return r;
 }
 
+void set_shard_offsets(Attrs& attrs, const Shape& global, const Layout& l, const Mesh& mesh,
+                       int rank) {
+  if (l.is_replicated() || !l.has_partial()) {
+    bool sharded = false;
+    for (int d = 0; d < global.rank(); ++d) sharded |= l.shard_count(d, mesh) > 1;
+    if (!sharded) return;
+  }
+  attrs.global_dims.clear();
+  attrs.global_offset.clear();
+  const auto ranges = local_ranges(global, mesh, l, rank);
+  for (int d = 0; d < global.rank(); ++d) {
+    attrs.global_dims.push_back(global.size(d));
+    attrs.global_offset.push_back(ranges[d].first);
+  }
+}
+
+void set_local_attrs(LocalAttrsCall& c) {
+  if (const LocalAttrsFn fn = op_def(c.n.kind).local_attrs) fn(c);
+}
+
 }  // namespace meshflow

@@ -94,4 +94,37 @@ void set_input_factor_kind(ShardingRule& r, int input, int dim, ShardingRule::Fa
 // need-replicate.
 ShardingRule reshape_rule(const Shape& in, const Shape& out);
 
+// attrs.global_dims / global_offset: where `rank`'s block of a value of
+// `global` shape in layout `l` starts (left as they are when l splits nothing).
+void set_shard_offsets(Attrs& attrs, const Shape& global, const Layout& l, const Mesh& mesh,
+                       int rank);
+
+// What an op's local-attributes hook (OpDef::local_attrs) sees when the
+// partitioner lowers global node `n` with strategy (inputs, outputs) to
+// `rank`: it fills `attrs`, the local node's (whose shapes are already the
+// local ones), and may ask for the global count of valid targets as an extra
+// last input (a loss whose rows are split over ranks divides by it).
+//
+//   void embedding_local(LocalAttrsCall& c) {  // vocab-parallel: the row offset
+//     c.set_offsets(c.g.shape(c.n.inputs[0]), c.inputs[0]);
+//   }
+struct LocalAttrsCall {
+  const Graph& g;
+  const Node& n;
+  const std::vector<Layout>& inputs;
+  const std::vector<Layout>& outputs;
+  const Mesh& mesh;
+  int rank = 0;
+  Attrs& attrs;
+  bool add_loss_count = false;  // out
+
+  // set_shard_offsets on this node's attrs, for this rank.
+  void set_offsets(const Shape& global, const Layout& l) {
+    set_shard_offsets(attrs, global, l, mesh, rank);
+  }
+};
+
+// Runs n's local-attributes hook, if its op has one.
+void set_local_attrs(LocalAttrsCall& c);
+
 }  // namespace meshflow

@@ -225,6 +225,25 @@ std::vector<InnerCollective> cross_entropy_collectives(const Graph& g, const Nod
 }
 }  // namespace
 
+namespace {
+
+// On one rank: rows split over ranks divide by the global count of valid
+// targets (an extra input); with the vocabulary split, the kernel reduces over
+// the mesh axes that split it (attrs.ints) and knows its block's first column.
+// (An axis of size 1 splits nothing; annotate() never gives one, a hand-made
+// Annotation might.)
+void cross_entropy_local(LocalAttrsCall& c) {
+  const Shape& logits = c.g.shape(c.n.inputs[0]);
+  for (int d = 0; d + 1 < logits.rank(); ++d)
+    c.add_loss_count |= c.inputs[0].shard_count(d, c.mesh) > 1;
+  c.attrs.ints.clear();
+  for (int ax : c.inputs[0].shard_axes(logits.rank() - 1))
+    if (c.mesh.size(ax) > 1) c.attrs.ints.push_back(ax);
+  if (!c.attrs.ints.empty()) c.set_offsets(logits, c.inputs[0]);
+}
+
+}  // namespace
+
 void register_softmax_ops(OpTable& t) {
   add_op(t, OpKind::kSoftmax, 1, infer_softmax, grad_softmax, cost_softmax);
   add_op(t, OpKind::kSoftmaxGrad, 2, infer_softmax_grad, nullptr, cost_softmax);
@@ -239,6 +258,8 @@ void register_softmax_ops(OpTable& t) {
     set_sharding(t, k, sharding_softmax);
   set_sharding(t, OpKind::kCrossEntropy, sharding_cross_entropy);
   set_inner_collectives(t, OpKind::kCrossEntropy, cross_entropy_collectives);
+  set_local_attrs(t, OpKind::kCrossEntropy, cross_entropy_local);
+  set_local_attrs(t, OpKind::kCrossEntropyGrad, cross_entropy_local);
   set_sharding(t, OpKind::kCrossEntropyGrad, sharding_cross_entropy_grad);
   set_sharding(t, OpKind::kCorrectCount, sharding_correct_count);
 }

@@ -113,84 +113,157 @@ std::optional<ShardingStrategy> dual_strategy(const Graph& g, const Node& f,
 
 }  // namespace
 
-Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOptions& o) {
-  MF_RETURN_IF_ERROR(o.rules.check(mesh));
-  if (o.zero_stage < 0 || o.zero_stage > 3)
-    return Status::invalid("zero stage " + std::to_string(o.zero_stage) +
-                           " is not one of 0, 1, 2, 3");
-  if (o.zero_stage > 0 && (o.zero_axis < 0 || o.zero_axis >= mesh.num_axes()))
-    return Status::invalid("ZeRO needs the data-parallel mesh axis; the mesh " + mesh.to_string() +
-                           " has axes 0.." + std::to_string(mesh.num_axes() - 1));
-  const int na = mesh.num_axes();
-  std::vector<Layout> desired(g.num_values(), Layout::Replicated(na));
-  if (!o.rules.rules.empty()) {
-    for (ValueId v = 0; v < g.num_values(); ++v) {
-      auto l = apply_rules(o.rules, mesh, g.shape(v));
+namespace {
+
+// A strategy one source chose, and why.
+struct Choice {
+  ShardingStrategy strategy;
+  StrategySource source = StrategySource::kPropagated;
+  std::string why;
+};
+using Found = Result<std::optional<Choice>>;
+
+// annotate(): the options resolved once against the graph (the rules' layouts,
+// the user's split tuples, every source's stored layout), then each node in
+// graph order asks the strategy sources (kSources in run()) in turn; the first that
+// answers decides.
+class Annotator {
+ public:
+  Annotator(const Graph& g, const Mesh& mesh, const PartitionOptions& o)
+      : g_(g), mesh_(mesh), o_(o), na_(mesh.num_axes()), cost_(mesh, o.cost) {}
+
+  Result<Annotation> run() {
+    MF_RETURN_IF_ERROR(check_options());
+    MF_RETURN_IF_ERROR(resolve_rules());
+    MF_RETURN_IF_ERROR(resolve_user_strategies());
+    MF_RETURN_IF_ERROR(resolve_stored_layouts());
+    find_update_reads();
+    a_.mesh = mesh_;
+    a_.zero_stage = o_.zero_stage;
+    a_.node.resize(g_.num_nodes());
+    a_.source.resize(g_.num_nodes());
+    a_.why.resize(g_.num_nodes());
+    // The strategy sources, most binding first.
+    static constexpr SourceFn kSources[] = {
+        &Annotator::from_stored,
+        &Annotator::from_optimizer_update,
+        &Annotator::from_fixed,
+        &Annotator::from_user,
+        &Annotator::from_user_gradient,
+        &Annotator::from_update_reads,
+        &Annotator::from_deferred_reduction,
+        &Annotator::from_rules,
+        &Annotator::from_propagation,
+    };
+    for (NodeId id = 0; id < g_.num_nodes(); ++id) {
+      std::optional<Choice> c;
+      for (SourceFn source : kSources) {
+        MF_ASSIGN_OR_RETURN(c, (this->*source)(id, g_.node(id)));
+        if (c) break;
+      }
+      MF_CHECK(c.has_value()) << node_label(g_.node(id)) << ": no strategy source answered";
+      a_.node[id] = std::move(c->strategy);
+      a_.source[id] = c->source;
+      a_.why[id] = c->why.empty() ? std::string(strategy_source_name(c->source)) : c->why;
+      note_requests(id);
+    }
+    return std::move(a_);
+  }
+
+ private:
+  using SourceFn = Found (Annotator::*)(NodeId, const Node&);
+
+  static Choice choice(std::vector<Layout> ins, std::vector<Layout> outs, StrategySource s,
+                       std::string why = "") {
+    return Choice{ShardingStrategy{std::move(ins), std::move(outs)}, s, std::move(why)};
+  }
+
+  const Layout& current(ValueId v) const { return a_.produced(g_, v); }
+
+  Status check_options() const {
+    MF_RETURN_IF_ERROR(o_.rules.check(mesh_));
+    if (o_.zero_stage < 0 || o_.zero_stage > 3)
+      return Status::invalid("zero stage " + std::to_string(o_.zero_stage) +
+                             " is not one of 0, 1, 2, 3");
+    if (o_.zero_stage > 0 && (o_.zero_axis < 0 || o_.zero_axis >= na_))
+      return Status::invalid("ZeRO needs the data-parallel mesh axis; the mesh " +
+                             mesh_.to_string() + " has axes 0.." + std::to_string(na_ - 1));
+    return Status::ok();
+  }
+
+  // Every value's layout under the dim-name rules, and the mesh axes they
+  // speak for. On the others ({batch: dp} on a dp x tp mesh says nothing about
+  // tp) a value may stay split where an op put it (a user's split tuple): the
+  // rules' wish there is "wherever it is", not "whole".
+  Status resolve_rules() {
+    desired_.assign(g_.num_values(), Layout::Replicated(na_));
+    governed_.assign(na_, 0);
+    if (o_.rules.rules.empty()) return Status::ok();
+    for (ValueId v = 0; v < g_.num_values(); ++v) {
+      auto l = apply_rules(o_.rules, mesh_, g_.shape(v));
       if (!l.is_ok())
-        return l.status().with_context(node_label(g.producer(v)) + ": value '" + g.value(v).name +
+        return l.status().with_context(node_label(g_.producer(v)) + ": value '" + g_.value(v).name +
                                        "'");
-      desired[v] = *l;
+      desired_[v] = *l;
     }
-  }
-  // The mesh axes the rules speak for. On the others ({batch: dp} on a dp x tp
-  // mesh says nothing about tp) a value may stay split where an op put it (a
-  // user's split tuple): the rules' wish there is "wherever it is", not "whole".
-  std::vector<char> governed(na, 0);
-  for (const auto& [dim, axes] : o.rules.rules) {
-    size_t b = 0;
-    while (true) {
-      const size_t e = axes.find('*', b);
-      std::string name = axes.substr(b, e == std::string::npos ? std::string::npos : e - b);
-      name.erase(0, name.find_first_not_of(' '));
-      name.erase(name.find_last_not_of(' ') + 1);
-      if (const int ax = mesh.axis_index(name); ax >= 0) governed[ax] = 1;
-      if (e == std::string::npos) break;
-      b = e + 1;
+    for (const auto& [dim, axes] : o_.rules.rules) {
+      size_t b = 0;
+      while (true) {
+        const size_t e = axes.find('*', b);
+        std::string name = axes.substr(b, e == std::string::npos ? std::string::npos : e - b);
+        name.erase(0, name.find_first_not_of(' '));
+        name.erase(name.find_last_not_of(' ') + 1);
+        if (const int ax = mesh_.axis_index(name); ax >= 0) governed_[ax] = 1;
+        if (e == std::string::npos) break;
+        b = e + 1;
+      }
     }
+    return Status::ok();
   }
+
   // The rules' layout of a value of `shape` on the governed axes, `from`'s
   // placements (made whole where Partial) on the others, if that divides.
-  auto with_free_axes = [&](const Layout& ruled, const Layout& from, const Shape& shape) {
+  Layout with_free_axes(const Layout& ruled, const Layout& from, const Shape& shape) const {
     Layout l = ruled;
-    for (int ax = 0; ax < na; ++ax) {
-      if (governed[ax]) continue;
+    for (int ax = 0; ax < na_; ++ax) {
+      if (governed_[ax]) continue;
       const Placement p = from.at(ax);
       l = l.with(ax, p.is_partial() ? Placement::Replicate() : p);
     }
-    return divides_evenly(l, mesh, shape) ? l : ruled;
-  };
-  CostCache cost(mesh, o.cost);
+    return divides_evenly(l, mesh_, shape) ? l : ruled;
+  }
 
   // User split tuples, resolved per node as StrategyConfig::strategy_for does:
   // an exact name first, else the longest (most specific) matching glob, ties
-  // to the first given.
-  std::map<NodeId, ShardingStrategy> user;
-  std::map<NodeId, size_t> user_specificity;  // SIZE_MAX: an exact name; else the glob's length
-  for (NodeId id = 0; id < g.num_nodes(); ++id) {
-    const Node& n = g.node(id);
-    if (n.inputs.empty() || n.name.empty()) continue;
-    const std::string* text = nullptr;
-    size_t spec = 0;
-    for (const auto& [pattern, t] : o.strategies) {
-      if (pattern == n.name) {
-        text = &t;
-        spec = std::numeric_limits<size_t>::max();
-        break;
+  // to the first given. Then the layouts the configured consumers ask of the
+  // weights they read.
+  Status resolve_user_strategies() {
+    for (NodeId id = 0; id < g_.num_nodes(); ++id) {
+      const Node& n = g_.node(id);
+      if (n.inputs.empty() || n.name.empty()) continue;
+      const std::string* text = nullptr;
+      size_t spec = 0;
+      for (const auto& [pattern, t] : o_.strategies) {
+        if (pattern == n.name) {
+          text = &t;
+          spec = std::numeric_limits<size_t>::max();
+          break;
+        }
+        if (glob_match(pattern, n.name) && (text == nullptr || pattern.size() > spec)) {
+          text = &t;
+          spec = pattern.size();
+        }
       }
-      if (glob_match(pattern, n.name) && (text == nullptr || pattern.size() > spec)) {
-        text = &t;
-        spec = pattern.size();
-      }
+      if (text == nullptr) continue;
+      MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g_, id, mesh_, *text));
+      user_[id] = std::move(st);
+      user_specificity_[id] = spec;
     }
-    if (text == nullptr) continue;
-    MF_ASSIGN_OR_RETURN(ShardingStrategy st, strategy_from_splits(g, id, mesh, *text));
-    user[id] = std::move(st);
-    user_specificity[id] = spec;
+    for (const auto& [id, st] : user_)
+      if (g_.node(id).phase == Phase::kForward) by_name_[g_.node(id).name] = id;
+    resolve_weights_from_users();
+    return Status::ok();
   }
-
-  std::map<std::string, NodeId> by_name;  // configured forward nodes
-  for (const auto& [id, st] : user)
-    if (g.node(id).phase == Phase::kForward) by_name[g.node(id).name] = id;
 
   // Sharding propagation's first principle (../shared/seeds/003), and what a
   // MindSpore shard() on an op means: a weight without a layout of its own is
@@ -198,265 +271,270 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
   // its optimizer state and its update are split alike. Several configured
   // consumers reading it differently: the most specific configuration wins
   // (then the first in graph order); the others reshard, and explain says so.
-  struct UserLayout {
-    Layout layout;
-    NodeId by = -1;
-    size_t specificity = 0;
-    std::string others;  // the consumers that read it otherwise
-  };
-  std::map<ValueId, UserLayout> from_user;
-  for (const auto& [id, st] : user) {
-    const Node& n = g.node(id);
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const ValueId v = n.inputs[i];
-      if (g.producer(v).kind != OpKind::kParameter) continue;
-      const size_t spec = user_specificity[id];
-      auto it = from_user.find(v);
-      if (it == from_user.end()) {
-        from_user[v] = {st.inputs[i], id, spec, ""};
-        continue;
+  void resolve_weights_from_users() {
+    for (const auto& [id, st] : user_) {
+      const Node& n = g_.node(id);
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId v = n.inputs[i];
+        if (g_.producer(v).kind != OpKind::kParameter) continue;
+        const size_t spec = user_specificity_[id];
+        auto it = from_user_.find(v);
+        if (it == from_user_.end()) {
+          from_user_[v] = {st.inputs[i], id, spec, ""};
+          continue;
+        }
+        UserLayout& u = it->second;
+        if (u.layout == st.inputs[i]) continue;
+        std::string loser = g_.node(id).name + " reads " + st.inputs[i].to_string();
+        if (spec > u.specificity) {
+          loser = g_.node(u.by).name + " reads " + u.layout.to_string();
+          u.layout = st.inputs[i];
+          u.by = id;
+          u.specificity = spec;
+        }
+        u.others += (u.others.empty() ? "" : "; ") + loser;
       }
-      UserLayout& u = it->second;
-      if (u.layout == st.inputs[i]) continue;
-      std::string loser = g.node(id).name + " reads " + st.inputs[i].to_string();
-      if (spec > u.specificity) {
-        loser = g.node(u.by).name + " reads " + u.layout.to_string();
-        u.layout = st.inputs[i];
-        u.by = id;
-        u.specificity = spec;
-      }
-      u.others += (u.others.empty() ? "" : "; ") + loser;
     }
   }
-  // Stored layouts of the sources. Optimizer state follows its parameter
-  // (the update mutates both in place, so they must be split alike).
-  std::vector<Layout> stored(g.num_values(), Layout::Replicated(na));
-  std::vector<std::string> source_why(g.num_nodes());
-  std::vector<char> is_param(g.num_values(), 0);
-  for (const Node& n : g.nodes()) {
-    if (!n.inputs.empty()) continue;
-    const ValueId v = n.outputs[0];
-    const NodeId id = g.value(v).producer;
-    Layout l = desired[v];
-    source_why[id] = "source";
-    if (auto it = o.source_layouts.find(v); it != o.source_layouts.end()) {
-      l = it->second;
-    } else if (auto f = o.fixed.find(id); f != o.fixed.end() && !f->second.outputs.empty()) {
-      l = f->second.outputs[0];
-    } else if (auto u = from_user.find(v); u != from_user.end()) {
-      // The user's split of the consumer wins over the rules' wish for the weight.
-      l = u->second.layout;
-      source_why[id] = "user: stored as " + g.node(u->second.by).name + " reads it";
-      if (!u->second.others.empty())
-        source_why[id] +=
-            " (most specific configuration; resharded where " + u->second.others + ")";
+
+  // Stored layouts of the sources: the caller's, a fixed one, the configured
+  // consumer's, else the rules'. ZeRO-3 shards parameters over its axis.
+  // Optimizer state follows its parameter (the update mutates both in place,
+  // so they must be split alike).
+  Status resolve_stored_layouts() {
+    stored_.assign(g_.num_values(), Layout::Replicated(na_));
+    source_why_.assign(g_.num_nodes(), "");
+    for (const Node& n : g_.nodes()) {
+      if (!n.inputs.empty()) continue;
+      const ValueId v = n.outputs[0];
+      const NodeId id = g_.value(v).producer;
+      Layout l = desired_[v];
+      if (auto it = o_.source_layouts.find(v); it != o_.source_layouts.end()) {
+        l = it->second;
+      } else if (auto f = o_.fixed.find(id); f != o_.fixed.end() && !f->second.outputs.empty()) {
+        l = f->second.outputs[0];
+      } else if (auto u = from_user_.find(v); u != from_user_.end()) {
+        // The user's split of the consumer wins over the rules' wish for the weight.
+        l = u->second.layout;
+        source_why_[id] = "user: stored as " + g_.node(u->second.by).name + " reads it";
+        if (!u->second.others.empty())
+          source_why_[id] +=
+              " (most specific configuration; resharded where " + u->second.others + ")";
+      }
+      if (l.num_axes() != na_)
+        return Status::invalid(node_label(n) + ": layout " + l.to_string() + " has " +
+                               std::to_string(l.num_axes()) + " entries, the mesh " +
+                               mesh_.to_string() + " has " + std::to_string(na_) + " axes");
+      MF_RETURN_IF_ERROR(validate(l, mesh_, g_.shape(v)).with_context(node_label(n)));
+      l = canonical(l, mesh_);
+      if (n.kind == OpKind::kParameter && o_.zero_stage >= 3)
+        l = zero_shard(l, g_.shape(v), mesh_, o_.zero_axis);
+      stored_[v] = l;
     }
-    if (l.num_axes() != na)
-      return Status::invalid(node_label(n) + ": layout " + l.to_string() + " has " +
-                             std::to_string(l.num_axes()) + " entries, the mesh " +
-                             mesh.to_string() + " has " + std::to_string(na) + " axes");
-    MF_RETURN_IF_ERROR(validate(l, mesh, g.shape(v)).with_context(node_label(n)));
-    l = canonical(l, mesh);
-    if (n.kind == OpKind::kParameter) {
-      is_param[v] = 1;
-      if (o.zero_stage >= 3) l = zero_shard(l, g.shape(v), mesh, o.zero_axis);
+    for (const Node& n : g_.nodes()) {
+      if (!is_update(n.kind)) continue;
+      const Layout l = update_layout(n);
+      for (size_t i = 1; i < n.inputs.size(); ++i)
+        if ((op_def(n.kind).mutates >> i) & 1u) stored_[n.inputs[i]] = l;
     }
-    stored[v] = l;
+    return Status::ok();
   }
+
   // The layout an update runs in: its parameter's, split over the ZeRO axis from stage 1.
-  auto update_layout = [&](const Node& n) {
+  Layout update_layout(const Node& n) const {
     const ValueId p = n.inputs[0];
-    return o.zero_stage >= 1 ? zero_shard(stored[p], g.shape(p), mesh, o.zero_axis) : stored[p];
-  };
-  for (const Node& n : g.nodes()) {
-    if (!is_update(n.kind)) continue;
-    const Layout l = update_layout(n);
-    for (size_t i = 1; i < n.inputs.size(); ++i)
-      if ((op_def(n.kind).mutates >> i) & 1u) stored[n.inputs[i]] = l;
+    return o_.zero_stage >= 1 ? zero_shard(stored_[p], g_.shape(p), mesh_, o_.zero_axis)
+                              : stored_[p];
   }
 
   // Where optimizer updates will read their (non-source) inputs: the gradients.
-  std::map<ValueId, Layout> update_reads;
-  for (const Node& n : g.nodes())
-    if (is_update(n.kind))
-      for (size_t i = 0; i < n.inputs.size(); ++i)
-        if (!g.producer(n.inputs[i]).inputs.empty()) update_reads[n.inputs[i]] = update_layout(n);
+  void find_update_reads() {
+    for (const Node& n : g_.nodes())
+      if (is_update(n.kind))
+        for (ValueId v : n.inputs)
+          if (!g_.producer(v).inputs.empty()) update_reads_[v] = update_layout(n);
+  }
 
-  Annotation a;
-  a.mesh = mesh;
-  a.zero_stage = o.zero_stage;
-  a.node.resize(g.num_nodes());
-  a.why.resize(g.num_nodes());
-  auto current = [&](ValueId v) -> const Layout& { return a.produced(g, v); };
-  // Reshards asked for so far, by (value, layout, phase): a later consumer
-  // reading the same value in the same layout shares them.
-  std::set<std::tuple<ValueId, std::string, Phase>> requested;
   // Every layout of the annotation is canonical (nothing on a size-1 mesh
-  // axis): a Shard on tp=1 is not a split, a Partial on it is not a sum.
-  auto note_requests = [&](NodeId id) {
-    for (Layout& l : a.node[id].inputs) l = canonical(l, mesh);
-    for (Layout& l : a.node[id].outputs) l = canonical(l, mesh);
-    const Node& n = g.node(id);
-    for (size_t i = 0; i < n.inputs.size() && i < a.node[id].inputs.size(); ++i)
-      if (!(a.node[id].inputs[i] == current(n.inputs[i])))
-        requested.insert({n.inputs[i], a.node[id].inputs[i].to_string(), n.phase});
-  };
-  for (NodeId id = 0; id < g.num_nodes(); note_requests(id), ++id) {
-    const Node& n = g.node(id);
-    ShardingStrategy& st = a.node[id];
-    if (n.inputs.empty()) {
-      st.outputs = {stored[n.outputs[0]]};
-      a.why[id] = source_why[id];
-      continue;
+  // axis): a Shard on tp=1 is not a split, a Partial on it is not a sum. The
+  // reshards node `id` asks for are remembered by (value, layout, phase): a
+  // later consumer reading the same value in the same layout shares them.
+  void note_requests(NodeId id) {
+    for (Layout& l : a_.node[id].inputs) l = canonical(l, mesh_);
+    for (Layout& l : a_.node[id].outputs) l = canonical(l, mesh_);
+    const Node& n = g_.node(id);
+    for (size_t i = 0; i < n.inputs.size() && i < a_.node[id].inputs.size(); ++i)
+      if (!(a_.node[id].inputs[i] == current(n.inputs[i])))
+        requested_.insert({n.inputs[i], a_.node[id].inputs[i].to_string(), n.phase});
+  }
+
+  // Input layouts `ins` with the outputs they determine, as `source`; nullopt
+  // when they are not a valid strategy of n.
+  std::optional<Choice> derived(const Node& n, std::vector<Layout> ins, StrategySource source) {
+    auto outs = derive_output_layouts(g_, n, mesh_, ins);
+    if (!outs.is_ok()) return std::nullopt;
+    return choice(std::move(ins), std::move(*outs), source);
+  }
+
+  // ---- the strategy sources, in the order kSources asks them ----
+
+  // A source (parameter, input, state): its stored layout.
+  Found from_stored(NodeId id, const Node& n) {
+    if (!n.inputs.empty()) return std::optional<Choice>();
+    return std::optional<Choice>(
+        choice({}, {stored_[n.outputs[0]]}, StrategySource::kStored, source_why_[id]));
+  }
+
+  // An optimizer update: every input in the update's layout (scalars whole).
+  Found from_optimizer_update(NodeId, const Node& n) {
+    if (!is_update(n.kind)) return std::optional<Choice>();
+    const Layout l = update_layout(n);
+    std::vector<Layout> ins;
+    for (ValueId v : n.inputs)
+      ins.push_back(g_.shape(v).numel() == 1 && g_.shape(v).rank() == 0 ? Layout::Replicated(na_)
+                                                                        : l);
+    std::vector<Layout> outs;
+    MF_RETURN_IF_ERROR(validate_strategy(g_, n, mesh_, ins, outs));
+    return std::optional<Choice>(
+        choice(std::move(ins), std::move(outs), StrategySource::kOptimizer));
+  }
+
+  // PartitionOptions::fixed: the caller's strategy for this node.
+  Found from_fixed(NodeId id, const Node& n) {
+    auto f = o_.fixed.find(id);
+    if (f == o_.fixed.end()) return std::optional<Choice>();
+    MF_RETURN_IF_ERROR(validate_strategy(g_, n, mesh_, f->second.inputs, f->second.outputs));
+    return std::optional<Choice>(Choice{f->second, StrategySource::kFixed, ""});
+  }
+
+  // The user's split tuple for this node.
+  Found from_user(NodeId id, const Node&) {
+    auto u = user_.find(id);
+    if (u == user_.end()) return std::optional<Choice>();
+    return std::optional<Choice>(Choice{u->second, StrategySource::kUser, ""});
+  }
+
+  // The gradient nodes of a configured forward node ("<node>.grad.*") run the
+  // strategy dual to its (as a MindSpore shard() does): the weight's gradient
+  // comes out in the weight's layout (Partial over the batch split), the
+  // input's gradient Partial over the contraction split.
+  Found from_user_gradient(NodeId, const Node& n) {
+    if (n.phase != Phase::kBackward) return std::optional<Choice>();
+    const size_t at = n.name.find(".grad.");
+    if (at == std::string::npos) return std::optional<Choice>();
+    const auto f = by_name_.find(n.name.substr(0, at));
+    if (f == by_name_.end() || !user_.count(f->second)) return std::optional<Choice>();
+    auto d = dual_strategy(g_, g_.node(f->second), user_.at(f->second), n, mesh_);
+    if (!d) return std::optional<Choice>();
+    return std::optional<Choice>(Choice{std::move(*d), StrategySource::kUserGradient,
+                                        "user (gradient of " + f->first + ")"});
+  }
+
+  // In the optimizer phase a gradient is read where its update reads it
+  // (sum_squares of a ZeRO shard: the reduce_scatter is shared, and the shard
+  // sums of squares stay Partial until the one reduction of the norm).
+  Found from_update_reads(NodeId, const Node& n) {
+    if (n.phase != Phase::kOptimizer) return std::optional<Choice>();
+    std::vector<Layout> ins;
+    bool shared = false;
+    for (ValueId v : n.inputs) {
+      auto it = update_reads_.find(v);
+      shared |= it != update_reads_.end();
+      ins.push_back(it != update_reads_.end() ? it->second : current(v));
     }
-    if (is_update(n.kind)) {
-      const Layout l = update_layout(n);
-      for (ValueId v : n.inputs)
-        st.inputs.push_back(
-            g.shape(v).numel() == 1 && g.shape(v).rank() == 0 ? Layout::Replicated(na) : l);
-      MF_RETURN_IF_ERROR(validate_strategy(g, n, mesh, st.inputs, st.outputs));
-      a.why[id] = "optimizer";
-      continue;
+    if (!shared) return std::optional<Choice>();
+    return derived(n, std::move(ins), StrategySource::kUpdateReads);
+  }
+
+  // In the backward, a Partial input the node is linear in stays Partial: the
+  // reduction is deferred to where a value must be whole (three partial
+  // gradient sums added first cost one all_reduce, not three). Not in the
+  // forward: a Partial activation would be reduced again for the backward.
+  Found from_deferred_reduction(NodeId, const Node& n) {
+    if (n.phase == Phase::kForward) return std::optional<Choice>();
+    bool partial_in = false;
+    std::vector<Layout> ins;
+    for (ValueId v : n.inputs) {
+      ins.push_back(current(v));
+      partial_in |= ins.back().has_partial();
     }
-    if (auto f = o.fixed.find(id); f != o.fixed.end()) {
-      MF_RETURN_IF_ERROR(validate_strategy(g, n, mesh, f->second.inputs, f->second.outputs));
-      st = f->second;
-      a.why[id] = "fixed";
-      continue;
+    if (!partial_in) return std::optional<Choice>();
+    return derived(n, std::move(ins), StrategySource::kDeferredReduction);
+  }
+
+  // The rules' wish: every input in its dim-name layout.
+  Found from_rules(NodeId, const Node& n) {
+    if (o_.rules.rules.empty()) return std::optional<Choice>();
+    std::vector<Layout> ins;
+    for (ValueId v : n.inputs) ins.push_back(with_free_axes(desired_[v], current(v), g_.shape(v)));
+    return derived(n, std::move(ins), StrategySource::kRules);
+  }
+
+  // The layout output `out` would like to keep: its like-shaped input's (made
+  // whole where that input is Partial); nullopt when no input is like-shaped.
+  std::optional<Layout> stay_with(const Node& n, ValueId out) const {
+    for (ValueId v : n.inputs) {
+      if (!(g_.shape(v) == g_.shape(out))) continue;
+      Layout l = current(v);
+      for (int ax = 0; ax < na_; ++ax)
+        if (l.at(ax).is_partial()) l = l.with(ax, Placement::Replicate());
+      return l;
     }
-    if (auto u = user.find(id); u != user.end()) {
-      st = u->second;
-      a.why[id] = "user";
-      continue;
-    }
-    // The gradient nodes of a configured forward node ("<node>.grad.*") run
-    // the strategy dual to its (as a MindSpore shard() does): the weight's
-    // gradient comes out in the weight's layout (Partial over the batch
-    // split), the input's gradient Partial over the contraction split.
-    if (n.phase == Phase::kBackward) {
-      const size_t at = n.name.find(".grad.");
-      const auto f = at == std::string::npos ? by_name.end() : by_name.find(n.name.substr(0, at));
-      if (f != by_name.end() && user.count(f->second)) {
-        if (auto d = dual_strategy(g, g.node(f->second), user[f->second], n, mesh)) {
-          st = std::move(*d);
-          a.why[id] = "user (gradient of " + f->first + ")";
-          continue;
-        }
-      }
-    }
-    // In the optimizer phase a gradient is read where its update reads it
-    // (sum_squares of a ZeRO shard: the reduce_scatter is shared, and the
-    // shard sums of squares stay Partial until the one reduction of the norm).
-    if (n.phase == Phase::kOptimizer) {
-      std::vector<Layout> ins;
-      bool shared = false;
-      for (ValueId v : n.inputs) {
-        auto it = update_reads.find(v);
-        shared |= it != update_reads.end();
-        ins.push_back(it != update_reads.end() ? it->second : current(v));
-      }
-      if (shared) {
-        auto outs = derive_output_layouts(g, n, mesh, ins);
-        if (outs.is_ok()) {
-          st.inputs = std::move(ins);
-          st.outputs = std::move(*outs);
-          a.why[id] = "where the update reads it";
-          continue;
-        }
-      }
-    }
-    // In the backward, a Partial input the node is linear in stays Partial:
-    // the reduction is deferred to where a value must be whole (three partial
-    // gradient sums added first cost one all_reduce, not three). Not in the
-    // forward: a Partial activation would be reduced again for the backward.
-    if (n.phase != Phase::kForward) {
-      bool partial_in = false;
-      std::vector<Layout> ins;
-      for (ValueId v : n.inputs) {
-        ins.push_back(current(v));
-        partial_in |= ins.back().has_partial();
-      }
-      if (partial_in) {
-        auto outs = derive_output_layouts(g, n, mesh, ins);
-        if (outs.is_ok()) {
-          st.inputs = std::move(ins);
-          st.outputs = std::move(*outs);
-          a.why[id] = "deferred reduction";
-          continue;
-        }
-      }
-    }
-    // The rules' wish: every input in its dim-name layout.
-    if (!o.rules.rules.empty()) {
-      std::vector<Layout> ins;
-      for (ValueId v : n.inputs) ins.push_back(with_free_axes(desired[v], current(v), g.shape(v)));
-      auto outs = derive_output_layouts(g, n, mesh, ins);
-      if (outs.is_ok()) {
-        st.inputs = std::move(ins);
-        st.outputs = std::move(*outs);
-        a.why[id] = "rules";
+    return std::nullopt;
+  }
+
+  // What candidate `c` costs node n: reshards from where its inputs are, plus
+  // from where its outputs land to where they are wanted. Stops adding once
+  // over `bound`.
+  double candidate_cost(const Node& n, const ShardingStrategy& c, double bound) {
+    double total = 0;
+    for (size_t i = 0; i < n.inputs.size() && total <= bound; ++i) {
+      // Free when an optimizer update will read the value there anyway, or an
+      // earlier consumer in this phase already asked for it there (the
+      // lowering makes each reshard once per phase and shares it).
+      auto later = update_reads_.find(n.inputs[i]);
+      if (later != update_reads_.end() && later->second == c.inputs[i] &&
+          n.phase == Phase::kOptimizer)
         continue;
+      if (requested_.count({n.inputs[i], c.inputs[i].to_string(), n.phase})) continue;
+      total += cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]);
+    }
+    for (size_t i = 0; i < n.outputs.size() && total < bound; ++i) {
+      const ValueId out = n.outputs[i];
+      const std::optional<Layout> w = stay_with(n, out);
+      if (!o_.rules.rules.empty()) {
+        // The rules' layout; on the axes they do not govern, where its
+        // like-shaped input is (else where the candidate puts it, made whole).
+        total += cost_(g_.shape(out), c.outputs[i],
+                       with_free_axes(desired_[out], w ? *w : c.outputs[i], g_.shape(out)));
+      } else if (w) {
+        // No rules: an output wishes to stay where its like-named whole input
+        // is (a residual stream keeps its layout), so a reduce_scatter that
+        // must be undone by an all_gather later is priced as such.
+        total += cost_(g_.shape(out), c.outputs[i], *w);
       }
     }
-    // Propagation: the strategy with the least reshard cost from where the
-    // inputs are, plus from where the outputs land to where the rules want them.
-    // The layout an output would like to keep: its like-shaped input's (made
-    // whole where that input is Partial).
-    std::optional<Layout> wish;
-    auto stay_with = [&](const Node& n, ValueId out) -> const Layout* {
-      for (ValueId v : n.inputs) {
-        if (!(g.shape(v) == g.shape(out))) continue;
-        Layout l = current(v);
-        for (int ax = 0; ax < na; ++ax)
-          if (l.at(ax).is_partial()) l = l.with(ax, Placement::Replicate());
-        wish = l;
-        return &*wish;
-      }
-      return nullptr;
-    };
+    return total;
+  }
+
+  // Propagation: of the strategy that keeps the inputs where they are and
+  // every strategy the op's rule enumerates, the one with the least reshard
+  // cost (candidate_cost). Ties: in the forward, prefer whole outputs (a
+  // Partial activation carried along would need its reduction where it is read).
+  Found from_propagation(NodeId, const Node& n) {
     std::vector<ShardingStrategy> cands;
     {
       std::vector<Layout> ins;
       for (ValueId v : n.inputs) ins.push_back(current(v));
-      auto outs = derive_output_layouts(g, n, mesh, ins);
+      auto outs = derive_output_layouts(g_, n, mesh_, ins);
       if (outs.is_ok()) cands.push_back({std::move(ins), std::move(*outs)});
     }
-    for (ShardingStrategy& s : enumerate_strategies(g, n, mesh)) cands.push_back(std::move(s));
+    for (ShardingStrategy& s : enumerate_strategies(g_, n, mesh_)) cands.push_back(std::move(s));
     double best = kInf;
     int best_i = -1;
     bool best_partial = true;
     for (size_t c = 0; c < cands.size(); ++c) {
-      double total = 0;
-      for (size_t i = 0; i < n.inputs.size() && total <= best; ++i) {
-        // Free when an optimizer update will read the value there anyway, or
-        // an earlier consumer in this phase already asked for it there (the
-        // lowering makes each reshard once per phase and shares it).
-        auto later = update_reads.find(n.inputs[i]);
-        if (later != update_reads.end() && later->second == cands[c].inputs[i] &&
-            n.phase == Phase::kOptimizer)
-          continue;
-        if (requested.count({n.inputs[i], cands[c].inputs[i].to_string(), n.phase})) continue;
-        total += cost(g.shape(n.inputs[i]), current(n.inputs[i]), cands[c].inputs[i]);
-      }
-      if (!o.rules.rules.empty()) {
-        // The rules' layout; on the axes they do not govern, where its
-        // like-shaped input is (else where the candidate puts it, made whole).
-        for (size_t i = 0; i < n.outputs.size() && total < best; ++i) {
-          const ValueId out = n.outputs[i];
-          const Layout* w = stay_with(n, out);
-          total += cost(g.shape(out), cands[c].outputs[i],
-                        with_free_axes(desired[out], w ? *w : cands[c].outputs[i], g.shape(out)));
-        }
-      } else {
-        // No rules: an output wishes to stay where its like-named whole input
-        // is (a residual stream keeps its layout), so a reduce_scatter that
-        // must be undone by an all_gather later is priced as such.
-        for (size_t i = 0; i < n.outputs.size() && total < best; ++i)
-          if (const Layout* w = stay_with(n, n.outputs[i]))
-            total += cost(g.shape(n.outputs[i]), cands[c].outputs[i], *w);
-      }
-      // Ties: in the forward, prefer whole outputs (a Partial activation
-      // carried along would need its reduction where it is read).
+      const double total = candidate_cost(n, cands[c], best);
       bool partial = false;
       for (const Layout& l : cands[c].outputs) partial |= l.has_partial();
       partial &= n.phase == Phase::kForward;
@@ -467,12 +545,65 @@ Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOpt
       }
     }
     if (best_i < 0)
-      return Status::invalid(node_label(n) + ": no strategy on the mesh " + mesh.to_string() +
+      return Status::invalid(node_label(n) + ": no strategy on the mesh " + mesh_.to_string() +
                              " can be reached from its inputs' layouts");
-    st = std::move(cands[best_i]);
-    a.why[id] = "propagated";
+    return std::optional<Choice>(Choice{std::move(cands[best_i]), StrategySource::kPropagated, ""});
   }
-  return a;
+
+  // A weight's layout asked by its configured consumers (resolve_weights_from_users).
+  struct UserLayout {
+    Layout layout;
+    NodeId by = -1;
+    size_t specificity = 0;
+    std::string others;  // the consumers that read it otherwise
+  };
+
+  const Graph& g_;
+  const Mesh& mesh_;
+  const PartitionOptions& o_;
+  const int na_;
+  CostCache cost_;
+  std::vector<Layout> desired_;  // per value: the rules' layout
+  std::vector<char> governed_;   // per mesh axis: the rules speak for it
+  std::map<NodeId, ShardingStrategy> user_;
+  std::map<NodeId, size_t> user_specificity_;  // SIZE_MAX: an exact name; else the glob's length
+  std::map<std::string, NodeId> by_name_;      // configured forward nodes
+  std::map<ValueId, UserLayout> from_user_;
+  std::vector<Layout> stored_;  // per value: a source's stored layout
+  std::vector<std::string> source_why_;
+  std::map<ValueId, Layout> update_reads_;
+  std::set<std::tuple<ValueId, std::string, Phase>> requested_;
+  Annotation a_;
+};
+
+}  // namespace
+
+std::string_view strategy_source_name(StrategySource s) {
+  switch (s) {
+    case StrategySource::kStored:
+      return "source";
+    case StrategySource::kOptimizer:
+      return "optimizer";
+    case StrategySource::kFixed:
+      return "fixed";
+    case StrategySource::kUser:
+      return "user";
+    case StrategySource::kUserGradient:
+      return "user gradient";
+    case StrategySource::kUpdateReads:
+      return "where the update reads it";
+    case StrategySource::kDeferredReduction:
+      return "deferred reduction";
+    case StrategySource::kRules:
+      return "rules";
+    case StrategySource::kPropagated:
+      return "propagated";
+  }
+  return "?";
+}
+
+Result<Annotation> annotate(const Graph& g, const Mesh& mesh, const PartitionOptions& o) {
+  return Annotator(g, mesh, o).run();
 }
 
 // ---- lowering ----
@@ -561,21 +692,6 @@ class Lowering {
   }
 
   Result<Shape> local(const Shape& s, const Layout& l) { return local_shape(s, mesh_, l); }
-
-  void set_offsets(Attrs& at, const Shape& global, const Layout& l) {
-    if (l.is_replicated() || !l.has_partial()) {
-      bool sharded = false;
-      for (int d = 0; d < global.rank(); ++d) sharded |= l.shard_count(d, mesh_) > 1;
-      if (!sharded) return;
-    }
-    at.global_dims.clear();
-    at.global_offset.clear();
-    auto ranges = local_ranges(global, mesh_, l, rank_);
-    for (int d = 0; d < global.rank(); ++d) {
-      at.global_dims.push_back(global.size(d));
-      at.global_offset.push_back(ranges[d].first);
-    }
-  }
 
   // Emits a reshard plan's steps on `cur` (a local value of global v) for
   // `consumer`: one node per step, in the consumer's phase and layer.
@@ -737,7 +853,7 @@ class Lowering {
       const Layout& l = st.outputs[0];
       MF_ASSIGN_OR_RETURN(Shape s, local(g_.shape(v), l));
       ln.attrs.shape = s;
-      set_offsets(ln.attrs, g_.shape(v), l);
+      set_shard_offsets(ln.attrs, g_.shape(v), l, mesh_, rank_);
       Value out = out_value(s, g_.value(v).dtype);
       out.name = g_.value(v).name;
       const NodeId lid = add(ln, {out}, v, {l});
@@ -763,37 +879,11 @@ class Lowering {
     // attrs.shape is always an output's target shape (reshape, broadcast_to,
     // sum_to, slice_grad, embedding_grad): its local one.
     if (n.attrs.shape.rank() > 0 && !outs.empty()) ln.attrs.shape = outs[0].shape;
-    switch (n.kind) {
-      case OpKind::kDropout:
-      case OpKind::kDropoutGrad:
-      case OpKind::kRope:
-        set_offsets(ln.attrs, g_.shape(n.outputs[0]), st.outputs[0]);
-        break;
-      case OpKind::kEmbedding:  // vocab-parallel: the table's row offset
-        set_offsets(ln.attrs, g_.shape(n.inputs[0]), st.inputs[0]);
-        break;
-      case OpKind::kEmbeddingGrad:
-        set_offsets(ln.attrs, g_.shape(n.outputs[0]), st.outputs[0]);
-        break;
-      case OpKind::kCrossEntropy:
-      case OpKind::kCrossEntropyGrad: {
-        const Shape& logits = g_.shape(n.inputs[0]);
-        bool rows_sharded = false;
-        for (int d = 0; d + 1 < logits.rank(); ++d)
-          rows_sharded |= st.inputs[0].shard_count(d, mesh_) > 1;
-        if (rows_sharded) ln.inputs.push_back(loss_count());
-        // Vocab-parallel: the kernel reduces over the axes splitting V.
-        // (An axis of size 1 splits nothing; annotate() never gives one, a
-        // hand-made Annotation might.)
-        ln.attrs.ints.clear();
-        for (int ax : st.inputs[0].shard_axes(logits.rank() - 1))
-          if (mesh_.size(ax) > 1) ln.attrs.ints.push_back(ax);
-        if (!ln.attrs.ints.empty()) set_offsets(ln.attrs, logits, st.inputs[0]);
-        break;
-      }
-      default:
-        break;
-    }
+    // The op's own local attributes (OpDef::local_attrs): offsets of the
+    // shard, the mesh axes its kernel reduces over, a global target count.
+    LocalAttrsCall call{g_, n, st.inputs, st.outputs, mesh_, rank_, ln.attrs};
+    set_local_attrs(call);
+    if (call.add_loss_count) ln.inputs.push_back(loss_count());
     // The update of a parameter stored whole but updated as a shard (ZeRO-1/2):
     // update a sliced copy, then gather it back into the parameter.
     const bool write_back = is_update(n.kind) && a_.produced(g_, n.inputs[0]) != st.inputs[0];

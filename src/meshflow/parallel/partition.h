@@ -60,6 +60,21 @@ struct PartitionOptions {
   ReshardCostModel cost;
 };
 
+// How a node's strategy was chosen: the strategy sources annotate() asks, in
+// this order; the first that answers decides.
+enum class StrategySource : uint8_t {
+  kStored,             // a source (parameter, input, state): its stored layout
+  kOptimizer,          // an optimizer update: its parameter's layout (ZeRO-sharded from stage 1)
+  kFixed,              // PartitionOptions::fixed
+  kUser,               // a split tuple for the node ("strategy")
+  kUserGradient,       // a gradient node of a configured forward node: the dual strategy
+  kUpdateReads,        // optimizer phase: a gradient read where its update reads it
+  kDeferredReduction,  // not forward: a Partial input the node is linear in stays Partial
+  kRules,              // the dim-name rules ({batch: dp, ...})
+  kPropagated,         // the least reshard cost from where the inputs are
+};
+std::string_view strategy_source_name(StrategySource s);
+
 struct Annotation {
   Mesh mesh = Mesh::line(1);
   int zero_stage = 0;
@@ -69,7 +84,9 @@ struct Annotation {
   // (pipeline/stage_graph.h exchanges the norm per parameter between stages).
   bool one_norm_reduction = true;
   std::vector<ShardingStrategy> node;  // per node; sources: outputs only (their stored layout)
-  // How each node's strategy was chosen: "user", "rules", "propagated", "fixed", "source".
+  std::vector<StrategySource> source;  // per node: which source chose its strategy
+  // The same in words, with detail where there is some ("user (gradient of
+  // h.0.mlp.c_fc)", "user: stored as ... reads it"); explain prints it.
   std::vector<std::string> why;
   // The layout value v is produced (stored) in.
   const Layout& produced(const Graph& g, ValueId v) const {
