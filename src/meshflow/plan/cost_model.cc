@@ -377,6 +377,44 @@ Totals minus(const Totals& a, const Totals& b) {
   return d;
 }
 
+// The LayerCost fields read from the priced totals: of one block (`block`),
+// the embedding side (`embed`), the head, and the one-block program (`one`).
+// The optimizer and recompute fields are filled by price_program.
+LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& embed,
+                        const Totals& head) {
+  LayerCost lc;
+  lc.forward_s = block[kFwd], lc.backward_s = block[kBwd], lc.weight_grad_s = block[kWgrad];
+  lc.tp_fwd_s = block[kTpFwd], lc.tp_bwd_s = block[kTpBwd];
+  lc.cp_fwd_s = block[kCpFwd], lc.cp_bwd_s = block[kCpBwd];
+  lc.tp_fwd_bytes = block[kTpFwdBytes], lc.tp_bwd_bytes = block[kTpBwdBytes];
+  lc.cp_fwd_bytes = block[kCpFwdBytes], lc.cp_bwd_bytes = block[kCpBwdBytes];
+  lc.attention_core_s = block[kAttention];
+  auto comm = [](const Totals& t, bool fwd) {
+    return fwd ? t[kTpFwd] + t[kCpFwd] : t[kTpBwd] + t[kCpBwd];
+  };
+  lc.embed_fwd_s = embed[kFwd] + comm(embed, true);
+  lc.embed_bwd_s = embed[kBwd] + embed[kWgrad] + comm(embed, false);
+  lc.head_fwd_s = head[kFwd] + comm(head, true);
+  lc.head_bwd_s = head[kBwd] + comm(head, false);
+  lc.head_wgrad_s = head[kWgrad];
+  lc.embed_comm_s = comm(embed, true) + comm(embed, false);
+  lc.head_comm_s = comm(head, true) + comm(head, false);
+  lc.embed_comm_bytes = embed[kTpFwdBytes] + embed[kTpBwdBytes];
+  lc.head_comm_bytes = head[kTpFwdBytes] + head[kTpBwdBytes];
+  lc.outside_cp_bytes =
+      embed[kCpFwdBytes] + embed[kCpBwdBytes] + head[kCpFwdBytes] + head[kCpBwdBytes];
+  auto count = [](double x) { return static_cast<int64_t>(std::llround(x)); };
+  lc.layer_params = count(block[kParams]),
+  lc.layer_param_tensors = int(count(block[kParamTensors]));
+  lc.embed_params = count(embed[kParams]),
+  lc.embed_param_tensors = int(count(embed[kParamTensors]));
+  lc.head_params = count(head[kParams]), lc.head_param_tensors = int(count(head[kParamTensors]));
+  lc.nodes = int(count(one[kNodes]));
+  lc.input_bytes = one[kInputBytes];
+  lc.collectives = int(count(one[kCollectives]));
+  return lc;
+}
+
 }  // namespace
 
 Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch,
@@ -466,13 +504,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   }
   const Totals head = minus(minus(one, block), embed);
 
-  LayerCost lc;
-  lc.forward_s = block[kFwd], lc.backward_s = block[kBwd], lc.weight_grad_s = block[kWgrad];
-  lc.tp_fwd_s = block[kTpFwd], lc.tp_bwd_s = block[kTpBwd];
-  lc.cp_fwd_s = block[kCpFwd], lc.cp_bwd_s = block[kCpBwd];
-  lc.tp_fwd_bytes = block[kTpFwdBytes], lc.tp_bwd_bytes = block[kTpBwdBytes];
-  lc.cp_fwd_bytes = block[kCpFwdBytes], lc.cp_bwd_bytes = block[kCpBwdBytes];
-  lc.attention_core_s = block[kAttention];
+  LayerCost lc = layer_cost_of(one, block, embed, head);
   // The optimizer phase's collectives act on parameters and gradients, whose
   // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
   const auto opt_key = std::make_tuple(tp, cp, sp);
@@ -500,29 +532,6 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   lc.opt_comm_s = (*opt)[0], lc.opt_comm_bytes = (*opt)[1];
   lc.opt_comm_outside_s = (*opt)[2], lc.opt_comm_outside_bytes = (*opt)[3];
   lc.opt_bucketed_tp_bytes = (*opt)[4], lc.opt_bucketed_tp_outside_bytes = (*opt)[5];
-  auto comm = [](const Totals& t, bool fwd) {
-    return fwd ? t[kTpFwd] + t[kCpFwd] : t[kTpBwd] + t[kCpBwd];
-  };
-  lc.embed_fwd_s = embed[kFwd] + comm(embed, true);
-  lc.embed_bwd_s = embed[kBwd] + embed[kWgrad] + comm(embed, false);
-  lc.head_fwd_s = head[kFwd] + comm(head, true);
-  lc.head_bwd_s = head[kBwd] + comm(head, false);
-  lc.head_wgrad_s = head[kWgrad];
-  lc.embed_comm_s = comm(embed, true) + comm(embed, false);
-  lc.head_comm_s = comm(head, true) + comm(head, false);
-  lc.embed_comm_bytes = embed[kTpFwdBytes] + embed[kTpBwdBytes];
-  lc.head_comm_bytes = head[kTpFwdBytes] + head[kTpBwdBytes];
-  lc.outside_cp_bytes =
-      embed[kCpFwdBytes] + embed[kCpBwdBytes] + head[kCpFwdBytes] + head[kCpBwdBytes];
-  auto count = [](double x) { return static_cast<int64_t>(std::llround(x)); };
-  lc.layer_params = count(block[kParams]),
-  lc.layer_param_tensors = int(count(block[kParamTensors]));
-  lc.embed_params = count(embed[kParams]),
-  lc.embed_param_tensors = int(count(embed[kParamTensors]));
-  lc.head_params = count(head[kParams]), lc.head_param_tensors = int(count(head[kParamTensors]));
-  lc.nodes = int(count(one[kNodes]));
-  lc.input_bytes = one[kInputBytes];
-  lc.collectives = int(count(one[kCollectives]));
   if (k_.recompute_from_pass && has_blocks()) {
     // What the recompute pass clones into a block's backward (and the
     // collectives lowered for the clones), priced node by node.
