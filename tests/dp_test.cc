@@ -119,12 +119,12 @@ TEST(DataParallelErrors, BatchThatDoesNotSplitAcrossRanks) {
       << job.status().message();
   EXPECT_NE(job.status().message().find("4 data-parallel replicas"), std::string::npos)
       << job.status().message();
-  // The C++ API straight to the trainer: the partitioner names the dim.
+  // The C++ API straight to the trainer resolves the same job: the same message.
   Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
     return Trainer::create(rc, Communicator::world(t)).status();
   });
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("batch=6) cannot be split 4 ways"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(job.status().message()), std::string::npos) << s.message();
 }
 
 // Data parallel is the partitioner's plan: its gradient all_reduces are run by

@@ -1,5 +1,7 @@
 #include "meshflow/engine/job.h"
 
+#include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
 
 namespace meshflow {
@@ -90,6 +92,37 @@ Result<Mesh> flat_mesh(const StrategyConfig& par, int world, bool partitioned) {
 
 }  // namespace
 
+Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world) {
+  std::vector<MeshAxis> axes;
+  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
+    if (a.name != "pp") {
+      axes.push_back(a);
+    } else if (a.size != stages) {
+      return Status::invalid("parallel.mesh has pp=" + std::to_string(a.size) +
+                             " but parallel.pipeline.stages=" + std::to_string(stages) +
+                             "; make them equal (or leave pp out of the mesh)");
+    }
+  }
+  if (!par.has_mesh) {
+    if (stages < 1 || world % stages != 0)
+      return Status::invalid("parallel.pipeline has " + std::to_string(stages) +
+                             " stages, so the job needs a multiple of " + std::to_string(stages) +
+                             " ranks, but it has " + std::to_string(world));
+    return Mesh::line(world / stages, "dp");
+  }
+  if (axes.empty()) return Mesh::line(1, "dp");
+  MF_ASSIGN_OR_RETURN(Mesh sub, Mesh::make(axes));
+  if (sub.num_ranks() * stages != world)
+    return Status::invalid(
+        "parallel.pipeline has " + std::to_string(stages) + " stages, each on the sub-mesh " +
+        sub.to_string() + " of " + std::to_string(sub.num_ranks()) +
+        " ranks, so the job needs stages x sub-mesh = " + std::to_string(stages * sub.num_ranks()) +
+        " ranks, but it has " + std::to_string(world) + "; run with --ranks " +
+        std::to_string(stages * sub.num_ranks()) + " (or mpirun -np " +
+        std::to_string(stages * sub.num_ranks()) + ")");
+  return sub;
+}
+
 const char* parallel_mode_name(ParallelMode m) {
   switch (m) {
     case ParallelMode::kData:
@@ -119,12 +152,13 @@ std::string Job::describe() const {
   return how;
 }
 
-Result<Job> resolve_job(RunConfig rc_in, int world) {
+Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeline) {
   Job job;
   job.world = world;
   RunConfig& rc = job.rc;
   rc = std::move(rc_in);
   StrategyConfig& par = rc.parallel;
+  if (!rc.has_parallel) par = StrategyConfig{};  // no "parallel" section: nothing of it applies
   MF_RETURN_IF_ERROR(fold_recompute(&rc));
   job.mode = rc.has_parallel ? mode_of(par.mode) : ParallelMode::kData;
 
@@ -158,10 +192,15 @@ Result<Job> resolve_job(RunConfig rc_in, int world) {
   }
 
   // Pipeline.
-  if (rc.has_parallel && !par.pipeline.is_null()) {
-    Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
-    if (!parsed.is_ok()) return parsed.status().with_context("parallel");
-    PipelineConfig pc = *parsed;
+  if (pipeline || (rc.has_parallel && !par.pipeline.is_null())) {
+    PipelineConfig pc;
+    if (pipeline) {
+      pc = *pipeline;
+    } else {
+      Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
+      if (!parsed.is_ok()) return parsed.status().with_context("parallel");
+      pc = *parsed;
+    }
     if (pc.stages == 1) {
       if (rc.train.micro_batches != 1 && rc.train.micro_batches != pc.micro_batches)
         return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +
@@ -204,7 +243,10 @@ Result<Job> resolve_job(RunConfig rc_in, int world) {
     MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
     MF_RETURN_IF_ERROR(fold_recompute(&rc));
     job.planned = section->dump();
-    job.mode = ParallelMode::kSemi;
+    // The plan's mode: "semi" (a preset, rules, ZeRO) or "data" (then the
+    // flat path below makes it the plan "batch on dp").
+    job.mode = par.mode == "data" ? ParallelMode::kData : ParallelMode::kSemi;
+    job.partitioned = job.mode != ParallelMode::kData;
   }
 
   if (!job.pipeline) {
@@ -239,10 +281,10 @@ Result<std::unique_ptr<Engine>> make_engine(const Job& job, std::shared_ptr<Comm
                                             TraceWriter* trace, bool profile) {
   if (job.pipeline) {
     MF_ASSIGN_OR_RETURN(std::unique_ptr<PipelineTrainer> p,
-                        PipelineTrainer::create(job.rc, *job.pipeline, std::move(comm), trace));
+                        PipelineTrainer::create(job, std::move(comm), trace));
     return std::unique_ptr<Engine>(std::move(p));
   }
-  MF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::create(job.rc, std::move(comm)));
+  MF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::create(job, std::move(comm)));
   t->executor().set_profiling(profile);
   t->set_trace(trace);
   return std::unique_ptr<Engine>(std::move(t));

@@ -18,8 +18,12 @@
 //
 //   MF_ASSIGN_OR_RETURN(RunConfig rc, load_run_config(path, overrides));
 //   MF_ASSIGN_OR_RETURN(Job job, resolve_job(rc, /*world=*/4));
-//   if (job.pipeline) ... PipelineTrainer::create(job.rc, *job.pipeline, comm)
-//   else              ... Trainer::create(job.rc, comm)
+//   MF_ASSIGN_OR_RETURN(auto engine, make_engine(job, comm));  // or, by hand:
+//   if (job.pipeline) ... PipelineTrainer::create(job, comm)
+//   else              ... Trainer::create(job, comm)
+//
+// The engines take the Job and check none of it again; their RunConfig
+// overloads (C++ callers) resolve the job first.
 //
 // Errors are a user's mistake: one line naming the key and what is valid.
 #pragma once
@@ -28,10 +32,12 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/comm/communicator.h"
 #include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
+#include "meshflow/core/trace.h"
 #include "meshflow/engine/engine.h"
-#include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -61,7 +67,14 @@ struct Job {
 };
 
 // REQUIRES: world >= 1.
-Result<Job> resolve_job(RunConfig rc, int world);
+// SPMD stages: the sub-mesh every stage is partitioned on: parallel.mesh
+// without its pp axis (which must equal stages), or dp = world / stages when
+// the config gives no mesh. Errors name the rank count the job needs.
+Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world);
+
+// pipeline (optional): the pipeline to run, given directly (C++ callers)
+// instead of parsed from rc.parallel.pipeline.
+Result<Job> resolve_job(RunConfig rc, int world, const PipelineConfig* pipeline = nullptr);
 
 // The engine the job calls for (engine/engine.h): the PipelineTrainer when
 // it has stages, else the Trainer (data parallel or the partitioned

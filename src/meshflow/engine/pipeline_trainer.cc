@@ -21,60 +21,6 @@
 
 namespace meshflow {
 
-Result<PipelineConfig> parse_pipeline_config(const json& j) {
-  PipelineConfig pc;
-  JsonObjectReader r(j, "pipeline");
-  r.integer("stages", &pc.stages, 1);
-  r.int_list("layers_per_stage", &pc.layers_per_stage, 1);
-  std::string schedule = "1f1b";
-  r.choice("schedule", &schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
-  r.integer("micro_batches", &pc.micro_batches, 1);
-  r.integer("virtual_stages", &pc.virtual_stages, 1);
-  MF_RETURN_IF_ERROR(r.finish());
-  MF_ASSIGN_OR_RETURN(pc.schedule, parse_schedule_kind(schedule));
-  if (!pc.layers_per_stage.empty() &&
-      static_cast<int>(pc.layers_per_stage.size()) != pc.stages * pc.virtual_stages)
-    return Status::invalid(
-        "pipeline.layers_per_stage has " + std::to_string(pc.layers_per_stage.size()) +
-        " entries; give one per " +
-        "model chunk: stages x virtual_stages = " + std::to_string(pc.stages * pc.virtual_stages));
-  // Schedule constraints (micro-batches vs stages, virtual stages) come back now, not mid-run.
-  MF_RETURN_IF_ERROR(
-      make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}).status());
-  return pc;
-}
-
-Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world) {
-  std::vector<MeshAxis> axes;
-  for (const MeshAxis& a : par.has_mesh ? par.mesh.axes() : std::vector<MeshAxis>{}) {
-    if (a.name != "pp") {
-      axes.push_back(a);
-    } else if (a.size != stages) {
-      return Status::invalid("parallel.mesh has pp=" + std::to_string(a.size) +
-                             " but parallel.pipeline.stages=" + std::to_string(stages) +
-                             "; make them equal (or leave pp out of the mesh)");
-    }
-  }
-  if (!par.has_mesh) {
-    if (stages < 1 || world % stages != 0)
-      return Status::invalid("parallel.pipeline has " + std::to_string(stages) +
-                             " stages, so the job needs a multiple of " + std::to_string(stages) +
-                             " ranks, but it has " + std::to_string(world));
-    return Mesh::line(world / stages, "dp");
-  }
-  if (axes.empty()) return Mesh::line(1, "dp");
-  MF_ASSIGN_OR_RETURN(Mesh sub, Mesh::make(axes));
-  if (sub.num_ranks() * stages != world)
-    return Status::invalid(
-        "parallel.pipeline has " + std::to_string(stages) + " stages, each on the sub-mesh " +
-        sub.to_string() + " of " + std::to_string(sub.num_ranks()) +
-        " ranks, so the job needs stages x sub-mesh = " + std::to_string(stages * sub.num_ranks()) +
-        " ranks, but it has " + std::to_string(world) + "; run with --ranks " +
-        std::to_string(stages * sub.num_ranks()) + " (or mpirun -np " +
-        std::to_string(stages * sub.num_ranks()) + ")");
-  return sub;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -667,47 +613,46 @@ MemoryStats PipelineTrainer::memory() const {
 }
 
 Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
-    const RunConfig& rc_in, const PipelineConfig& pc, std::shared_ptr<Communicator> world,
+    const RunConfig& rc, const PipelineConfig& pc, std::shared_ptr<Communicator> world,
     TraceWriter* trace) {
+  MF_ASSIGN_OR_RETURN(Job job, resolve_job(rc, world ? world->size() : 1, &pc));
+  if (!job.pipeline) job.pipeline = pc;  // one stage: a pipeline of one all the same
+  return create(job, std::move(world), trace);
+}
+
+Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
+    const Job& job, std::shared_ptr<Communicator> world, TraceWriter* trace) {
+  MF_CHECK(job.pipeline.has_value()) << "PipelineTrainer::create: the job has no pipeline";
+  const PipelineConfig& pc = *job.pipeline;
   std::unique_ptr<PipelineTrainer> t(new PipelineTrainer());
   Impl& im = *t->impl_;
-  im.rc = rc_in;
+  im.rc = job.rc;
   const RunConfig& rc = im.rc;
   im.world = world;
   t->pc_ = pc;
   const int world_size = world ? world->size() : 1, me = world ? world->rank() : 0;
+  MF_CHECK_EQ(world_size, job.world) << "PipelineTrainer::create: the job was resolved for "
+                                        "another world";
   im.p = pc.stages;
-  if (world_size % pc.stages != 0)
-    return Status::invalid("pipeline.stages=" + std::to_string(pc.stages) +
-                           " does not divide the " + std::to_string(world_size) +
-                           " ranks of the job (ranks = stages x ranks per stage)");
-  const TrainConfig& tc = rc.train;
-  // Every stage runs the partitioned program on its sub-mesh; a data-mode
-  // pipeline's replicas are the plan "batch on dp" there.
-  if (!rc.has_parallel || rc.parallel.mode == "data") {
-    MF_ASSIGN_OR_RETURN(Mesh sub, spmd_stage_mesh(rc.parallel, pc.stages, world_size));
-    use_data_parallel_plan(&im.rc.parallel, sub);
+  // Every stage runs the partitioned program on its sub-mesh (the job's
+  // mesh); a data-mode pipeline's replicas, and one rank, run the plan
+  // "batch on dp" there.
+  im.submesh = job.mesh;
+  if (!job.partitioned) {
+    use_data_parallel_plan(&im.rc.parallel, im.submesh);
     im.rc.has_parallel = true;
   }
-  MF_ASSIGN_OR_RETURN(im.submesh, spmd_stage_mesh(rc.parallel, pc.stages, world_size));
   im.sub_size = im.submesh.num_ranks();
+  MF_CHECK_EQ(im.sub_size * pc.stages, world_size) << "stage mesh " << im.submesh.to_string();
   t->stage_ = me / im.sub_size;
   im.sub_rank = me % im.sub_size;
   const int dp_axis = im.submesh.axis_index("dp");
   t->dp_rank_ = dp_axis >= 0 ? im.submesh.coords(im.sub_rank)[dp_axis] : 0;
   im.m = pc.micro_batches;
-  if (tc.micro_batches != 1 && tc.micro_batches != pc.micro_batches)
-    return Status::invalid(
-        "train.micro_batches=" + std::to_string(tc.micro_batches) +
-        " differs from pipeline.micro_batches=" + std::to_string(pc.micro_batches) +
-        "; set only pipeline.micro_batches (or both to the same number)");
-  if (tc.batch_size % im.m != 0)
-    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
-                           " does not split into " + std::to_string(im.m) +
-                           " micro-batches; use a multiple of " + std::to_string(im.m));
+  const TrainConfig& tc = rc.train;
   MF_ASSIGN_OR_RETURN(t->schedule_,
                       make_schedule({pc.schedule, pc.stages, pc.micro_batches, pc.virtual_stages}));
-  im.micro_rows = tc.batch_size / im.m;
+  im.micro_rows = job.micro_batch_rows;
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   im.threads_per_rank = std::max(1, threads / ranks_on_this_machine(world.get()));
   set_compute_threads(im.threads_per_rank);

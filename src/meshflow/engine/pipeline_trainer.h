@@ -50,36 +50,16 @@
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
-#include "meshflow/config/json_reader.h"
 #include "meshflow/core/trace.h"
+#include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/parallel/partition.h"
+#include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/pipeline/schedule.h"
 #include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
-
-// The run config's "pipeline" section:
-//   {"stages": 2, "layers_per_stage": [2, 2], "schedule": "1f1b", "micro_batches": 8,
-//    "virtual_stages": 1}
-// layers_per_stage has one entry per model chunk (stages x virtual_stages
-// entries; chunk c runs on stage c % stages); absent: balanced.
-struct PipelineConfig {
-  int stages = 1;
-  std::vector<int64_t> layers_per_stage;
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  int micro_batches = 1;
-  int virtual_stages = 1;
-};
-
-// Strict: unknown keys and bad values are errors naming the key and what is valid.
-Result<PipelineConfig> parse_pipeline_config(const json& j);
-
-// SPMD stages: the sub-mesh every stage is partitioned on: parallel.mesh
-// without its pp axis (which must equal stages), or dp = world / stages when
-// the config gives no mesh. Errors name the rank count the job needs.
-Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world);
 
 // Measured activation-stash memory of one rank.
 struct StashStats {
@@ -93,6 +73,13 @@ class PipelineTrainer : public Engine {
  public:
   // world: all stages x dp ranks of the job. trace (optional, owned by the
   // caller, used only by this rank's thread): F/B/W/send/recv/optimizer spans.
+  // The job is resolved (engine/job.h: resolve_job) with a pipeline; the
+  // engine checks none of it again.
+  static Result<std::unique_ptr<PipelineTrainer>> create(const Job& job,
+                                                         std::shared_ptr<Communicator> world,
+                                                         TraceWriter* trace = nullptr);
+  // The same from a run config and a pipeline: resolve_job(rc, ranks, &pc),
+  // then the above.
   static Result<std::unique_ptr<PipelineTrainer>> create(const RunConfig& rc,
                                                          const PipelineConfig& pc,
                                                          std::shared_ptr<Communicator> world,

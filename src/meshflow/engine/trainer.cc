@@ -81,25 +81,30 @@ double flops_of(const Graph& g, const std::vector<NodeId>& order) {
 Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
                                                  std::shared_ptr<Communicator> comm,
                                                  const PartitionOptions* partition) {
+  MF_ASSIGN_OR_RETURN(const Job job, resolve_job(rc, comm ? comm->size() : 1));
+  if (job.pipeline)
+    return Status::invalid("parallel.pipeline with " + std::to_string(job.pipeline->stages) +
+                           " stages runs on the pipeline engine; build the engine the job calls "
+                           "for with make_engine (engine/job.h)");
+  return create(job, std::move(comm), partition);
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const Job& job, std::shared_ptr<Communicator> comm,
+                                                 const PartitionOptions* partition) {
+  MF_CHECK(!job.pipeline) << "Trainer::create: a pipelined job (make_engine builds its engine)";
   std::unique_ptr<Trainer> t(new Trainer());
-  t->rc_ = rc;
+  t->rc_ = job.rc;
   t->comm_ = comm;
   t->rank_ = comm ? comm->rank() : 0;
   t->world_ = comm ? comm->size() : 1;
-  const TrainConfig& tc = rc.train;
+  MF_CHECK_EQ(t->world_, job.world) << "Trainer::create: the job was resolved for another world";
+  t->micro_batch_ = job.micro_batch_rows;
+  const TrainConfig& tc = job.rc.train;
   // The machine's threads are shared among the ranks running on it.
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
-  StrategyConfig& pc = t->rc_.parallel;
-  const bool data_mode = !rc.has_parallel || pc.mode == "data";
-  // Data parallel over several ranks (or with ZeRO) is the partitioner's
-  // plan "batch on dp" (resolve_job does the same for the CLI).
-  if (!partition && data_mode && (t->world_ > 1 || pc.zero > 0)) {
-    use_data_parallel_plan(&pc, pc.has_mesh ? pc.mesh : Mesh::line(t->world_, "dp"));
-    t->rc_.has_parallel = true;
-  }
-  if (partition || (t->rc_.has_parallel && pc.mode != "data")) {
-    MF_RETURN_IF_ERROR(t->init_partitioned(partition));
+  if (partition || job.partitioned) {
+    MF_RETURN_IF_ERROR(t->init_partitioned(job.mesh, partition));
   } else {
     MF_RETURN_IF_ERROR(t->init_one_rank());
   }
@@ -108,12 +113,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& rc,
 
 // One rank, nothing split: the training graph as it is.
 Status Trainer::init_one_rank() {
-  const TrainConfig& tc = rc_.train;
-  if (tc.batch_size % tc.micro_batches != 0)
-    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
-                           " does not split into " + std::to_string(tc.micro_batches) +
-                           " micro-batches; use a multiple of " + std::to_string(tc.micro_batches));
-  micro_batch_ = tc.batch_size / tc.micro_batches;
   MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
   return init_executor(model_.graph, nullptr);
 }
@@ -166,28 +165,8 @@ Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch
 }
 
 // The SPMD path: the whole graph, annotated and lowered for this rank.
-Status Trainer::init_partitioned(const PartitionOptions* given) {
-  if (rc_.parallel.mode == "auto" && rc_.parallel.search == "full" && !given)
-    return Status::internal(
-        "parallel.search \"full\" reached the trainer unresolved; resolve the run config with "
-        "resolve_job (engine/job.h), which runs the planner");
-  const TrainConfig& tc = rc_.train;
+Status Trainer::init_partitioned(const Mesh& mesh, const PartitionOptions* given) {
   const StrategyConfig& pc = rc_.parallel;
-  const Mesh mesh = pc.has_mesh ? pc.mesh : Mesh::line(world_, "dp");
-  if (mesh.num_ranks() != world_)
-    return Status::invalid("parallel.mesh " + mesh.to_string() + " has " +
-                           std::to_string(mesh.num_ranks()) + " ranks but the job has " +
-                           std::to_string(world_) + "; run with --ranks " +
-                           std::to_string(mesh.num_ranks()) + " or change the mesh");
-  if (pc.mode == "hybrid")
-    return Status::invalid(
-        "parallel.mode \"hybrid\" (collectives placed by hand) is built through the C++ API "
-        "(ops/collective.cc on a per-rank graph); from a config use \"semi\" or \"auto\"");
-  if (tc.batch_size % tc.micro_batches != 0)
-    return Status::invalid("train.batch_size=" + std::to_string(tc.batch_size) +
-                           " does not split into " + std::to_string(tc.micro_batches) +
-                           " micro-batches");
-  micro_batch_ = tc.batch_size / tc.micro_batches;  // the program's shapes say what a rank holds
   MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
   Graph& g = model_.graph;
 

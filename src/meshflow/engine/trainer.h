@@ -20,6 +20,7 @@
 #include "meshflow/core/trace.h"
 #include "meshflow/data/dataset.h"
 #include "meshflow/engine/engine.h"
+#include "meshflow/engine/job.h"
 #include "meshflow/models/model.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
@@ -43,6 +44,12 @@ class Trainer : public Engine {
   // partition (optional, C++ API of semi-auto): strategies and layouts given
   // directly (PartitionOptions::fixed / source_layouts); used with
   // rc.parallel's mesh, instead of its rules and split tuples.
+  // The job is resolved (engine/job.h: resolve_job) and not pipelined; the
+  // trainer checks none of it again.
+  static Result<std::unique_ptr<Trainer>> create(const Job& job,
+                                                 std::shared_ptr<Communicator> comm = nullptr,
+                                                 const PartitionOptions* partition = nullptr);
+  // The same from a run config: resolve_job(rc, ranks of comm), then the above.
   static Result<std::unique_ptr<Trainer>> create(const RunConfig& rc,
                                                  std::shared_ptr<Communicator> comm = nullptr,
                                                  const PartitionOptions* partition = nullptr);
@@ -80,7 +87,7 @@ class Trainer : public Engine {
   Trainer() = default;
   void feed_batch(const Batch& b);
   Status init_one_rank();
-  Status init_partitioned(const PartitionOptions* given);
+  Status init_partitioned(const Mesh& mesh, const PartitionOptions* given);
   Status init_executor(const Graph& program, const MeshComms* comms);
   // Trace hook: ex.run(order, after_node) with spans when a trace is set.
   void run_traced(const std::vector<NodeId>& order, const std::function<void(NodeId)>& after_node,
