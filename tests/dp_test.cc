@@ -9,6 +9,8 @@
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/cluster.h"
 
 namespace meshflow {
 namespace {
@@ -125,6 +127,36 @@ TEST(DataParallelErrors, BatchThatDoesNotSplitAcrossRanks) {
   });
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find(job.status().message()), std::string::npos) << s.message();
+}
+
+// The partitioner ranks redistributions on the local cluster file's links
+// (shared among the ranks, as the planner shares them), so the runtime makes
+// the choices the planner priced; without the file, the defaults, and a note.
+TEST(JobLinks, ReshardCostComesFromTheLocalClusterFile) {
+  RunConfig rc = dp_run("gpt", 1, "sgd");
+  rc.has_parallel = true;
+  rc.parallel = value_or_throw(parse_strategy_config(
+      json{{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"preset", "megatron"}}, "parallel"));
+  const Job job = value_or_throw(resolve_job(rc, 4));
+  const plan::Cluster shared =
+      value_or_throw(plan::share_machine(value_or_throw(plan::load_local_cluster()), 4));
+  const ReshardCostModel want = plan::reshard_costs(shared, job.mesh);
+  ASSERT_EQ(job.reshard_cost.axes.size(), 2u);
+  for (int a = 0; a < 2; ++a) {
+    EXPECT_EQ(job.reshard_cost.axes[a].bandwidth_bytes_per_s, want.axes[a].bandwidth_bytes_per_s);
+    EXPECT_EQ(job.reshard_cost.axes[a].latency_s, want.axes[a].latency_s);
+  }
+  // Not the defaults: the file's links are a CPU's memory, not 50 GB/s.
+  EXPECT_NE(job.reshard_cost.axes[0].bandwidth_bytes_per_s, Link{}.bandwidth_bytes_per_s);
+
+  ::setenv("MESHFLOW_LOCAL_CLUSTER", "/nonexistent/cluster.json", 1);
+  const Result<Job> without = resolve_job(rc, 4);
+  ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
+  ASSERT_TRUE(without.is_ok()) << without.status().message();
+  EXPECT_TRUE(without->reshard_cost.axes.empty());
+  bool noted = false;
+  for (const std::string& n : without->notes) noted |= n.find("default links") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 // Data parallel is the partitioner's plan: its gradient all_reduces are run by

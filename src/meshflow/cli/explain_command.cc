@@ -165,9 +165,10 @@ int run_explain(const ExplainOptions& o) {
     pc.preset = "dp";
     pc.rules = preset_rules("dp", mesh);
   }
-  Result<Annotation> a = annotate_config(model->graph, mesh, pc, job->rc.model_source);
+  Result<Annotation> a =
+      annotate_config(model->graph, mesh, pc, job->rc.model_source, &job->reshard_cost);
   if (!a.is_ok()) return fail(a.status());
-  Result<LocalProgram> p = lower(model->graph, *a, o.rank, partition_options(pc, mesh).cost);
+  Result<LocalProgram> p = lower(model->graph, *a, o.rank, job->reshard_cost);
   if (!p.is_ok()) return fail(p.status());
   std::printf("job: %d rank(s), mode %s, %s\n", world, parallel_mode_name(job->mode),
               job->describe().c_str());

@@ -274,6 +274,20 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
         (replicas > 1 ? " on " + str(replicas) + " data-parallel replicas" : "") +
         "; use a multiple of " + str(job.micro_batches * replicas));
   job.micro_batch_rows = tc.batch_size / job.micro_batches;
+
+  // The redistributions the partitioner chooses are ranked on this machine's
+  // links, as the planner prices them (one collective cost, fed by the
+  // cluster file).
+  if (job.partitioned) {
+    Result<plan::Cluster> local = plan::load_local_cluster();
+    Result<plan::Cluster> shared =
+        local.is_ok() ? plan::share_machine(*local, world) : local.status();
+    if (shared.is_ok())
+      job.reshard_cost = plan::reshard_costs(*shared, job.mesh);
+    else
+      job.notes.push_back("no local cluster file (" + shared.status().message() +
+                          "): redistributions are ranked on default links");
+  }
   return job;
 }
 

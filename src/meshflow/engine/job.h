@@ -37,6 +37,7 @@
 #include "meshflow/core/status.h"
 #include "meshflow/core/trace.h"
 #include "meshflow/engine/engine.h"
+#include "meshflow/parallel/reshard.h"
 #include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/runtime/run_config.h"
 
@@ -61,6 +62,11 @@ struct Job {
   int micro_batch_rows = 1;                // rows of one micro-batch over all replicas
   std::string planned;                     // auto + search full: the chosen section (JSON)
   std::vector<std::string> notes;          // what was resolved on the user's behalf
+  // The links the reshard planner ranks redistributions on, per mesh axis:
+  // the local cluster file's (plan::load_local_cluster, shared among the
+  // ranks as the planner shares it), the same collective cost the planner
+  // prices the program with; the defaults when there is no such file.
+  ReshardCostModel reshard_cost;
 
   // "partitioned, mesh {dp: 2, tp: 2}", "data parallel", "pipeline 2 stages x ...".
   std::string describe() const;

@@ -665,10 +665,11 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   Graph& g = im.model.graph;
   im.language_model = g.find("tokens") != kNoValue;
   im.num_params = count_parameters(g);
-  const PartitionOptions o = partition_options(rc.parallel, im.submesh);
-  MF_ASSIGN_OR_RETURN(im.annotation, annotate_config(g, im.submesh, rc.parallel, rc.model_source));
+  const ReshardCostModel& cost = job.reshard_cost;
+  MF_ASSIGN_OR_RETURN(im.annotation,
+                      annotate_config(g, im.submesh, rc.parallel, rc.model_source, &cost));
   im.annotation.one_norm_reduction = false;  // the split exchanges the norm per parameter
-  MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, o.cost));
+  MF_ASSIGN_OR_RETURN(LocalProgram lp, lower(g, im.annotation, im.sub_rank, cost));
   im.program = std::make_unique<LocalProgram>(std::move(lp));
   for (const Node& n : g.nodes())
     if (n.kind == OpKind::kCrossEntropy) im.count_targets = g.value(n.inputs[1]).name;

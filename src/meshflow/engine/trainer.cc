@@ -104,7 +104,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Job& job, std::shared_ptr
   const int threads = tc.threads > 0 ? tc.threads : omp_get_num_procs();
   set_compute_threads(std::max(1, threads / ranks_on_this_machine(comm.get())));
   if (partition || job.partitioned) {
-    MF_RETURN_IF_ERROR(t->init_partitioned(job.mesh, partition));
+    MF_RETURN_IF_ERROR(t->init_partitioned(job.mesh, job.reshard_cost, partition));
   } else {
     MF_RETURN_IF_ERROR(t->init_one_rank());
   }
@@ -165,18 +165,20 @@ Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch
 }
 
 // The SPMD path: the whole graph, annotated and lowered for this rank.
-Status Trainer::init_partitioned(const Mesh& mesh, const PartitionOptions* given) {
+Status Trainer::init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
+                                 const PartitionOptions* given) {
   const StrategyConfig& pc = rc_.parallel;
   MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
   Graph& g = model_.graph;
 
-  const PartitionOptions o = given ? *given : partition_options(pc, mesh);
+  PartitionOptions o = given ? *given : partition_options(pc, mesh);
+  if (!given) o.cost = cost;
   if (given) {
     Result<Annotation> a = annotate(g, mesh, o);
     if (!a.is_ok()) return a.status().with_context("parallel");
     annotation_ = std::move(*a);
   } else {
-    MF_ASSIGN_OR_RETURN(annotation_, annotate_config(g, mesh, pc, rc_.model_source));
+    MF_ASSIGN_OR_RETURN(annotation_, annotate_config(g, mesh, pc, rc_.model_source, &o.cost));
   }
   MF_ASSIGN_OR_RETURN(LocalProgram p, lower(g, annotation_, rank_, o.cost));
   program_ = std::make_unique<LocalProgram>(std::move(p));

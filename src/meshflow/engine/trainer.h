@@ -87,7 +87,8 @@ class Trainer : public Engine {
   Trainer() = default;
   void feed_batch(const Batch& b);
   Status init_one_rank();
-  Status init_partitioned(const Mesh& mesh, const PartitionOptions* given);
+  Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
+                          const PartitionOptions* given);
   Status init_executor(const Graph& program, const MeshComms* comms);
   // Trace hook: ex.run(order, after_node) with spans when a trace is set.
   void run_traced(const std::vector<NodeId>& order, const std::function<void(NodeId)>& after_node,
