@@ -205,6 +205,48 @@ TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   EXPECT_GT(sim.trace.num_spans(), size_t(8 * 96 * 2));
 }
 
+// price() times the pipeline by simulating the runtime's own schedule with
+// the plan's per-chunk costs (each F and B carrying its message). GPipe and
+// 1F1B agree with their closed forms; a long run is simulated for a few
+// rounds and extended by the round's time, which equals simulating it whole.
+TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
+  Plan p;
+  p.dp = 1, p.tp = 8, p.pp = 4;
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                         ScheduleKind::kZbH1}) {
+    for (int64_t m : {8, 24, 96}) {
+      SCOPED_TRACE(std::string(schedule_name(k)) + " m=" + std::to_string(m));
+      p.schedule = k;
+      p.vp = k == ScheduleKind::kInterleaved ? 2 : 1;
+      p.num_micro_batches = m;
+      p.micro_batch = 96 / m;
+      const CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 96, 2048},
+                         cluster("dgx_a100_80gb.json", 32));
+      const StepCost sim = value_or_throw(cm.price(p));
+      const StepCost closed = value_or_throw(cm.price(p, CostModel::PipelineModel::kClosedForm));
+      const double pipeline = sim.step_time_s - sim.dp_comm_s - sim.optimizer_s;
+      // The whole schedule, simulated here with the same per-action costs.
+      const StageTimes& st = sim.stage;
+      SimCosts costs;
+      costs.forward = st.forward_s / double(p.vp) + st.p2p_s;
+      costs.backward_input = st.backward_s / double(p.vp) + st.p2p_s;
+      costs.backward_weight = st.weight_grad_s / double(p.vp);
+      costs.backward = costs.backward_input + costs.backward_weight;
+      costs.p2p = 0;
+      const Schedule sched = value_or_throw(
+          make_schedule({k, static_cast<int>(p.pp), static_cast<int>(m), static_cast<int>(p.vp)}));
+      const SimResult whole = value_or_throw(simulate(sched, costs));
+      EXPECT_NEAR(pipeline / whole.makespan, 1.0, 1e-9);
+      if (k == ScheduleKind::kGPipe || k == ScheduleKind::k1F1B)
+        EXPECT_NEAR(sim.step_time_s / closed.step_time_s, 1.0, 1e-9);
+      EXPECT_NEAR(
+          sim.bubble_s,
+          pipeline - (closed.step_time_s - closed.dp_comm_s - closed.optimizer_s - closed.bubble_s),
+          1e-9 * pipeline);
+    }
+  }
+}
+
 TEST(PlanSearch, SimulatedTimelineRunsTheRuntimesSchedule) {
   // `meshflow simulate` runs the per-rank orders the pipeline engine executes
   // (pipeline/schedule.h) with the plan's per-action costs: GPipe and 1F1B

@@ -684,9 +684,46 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   return st;
 }
 
-// The pipeline's time for one step's micro-batches (the schedule's closed
-// form; simulate.h runs the schedule itself); fills the step's parts.
-double CostModel::pipeline_time(const Plan& p, const StageTimes& st, StepCost* out) const {
+// The runtime's schedule for p, simulated with per-chunk costs: F, B and W of
+// a chunk (1/vp of the stage), each compute action carrying its message to the
+// neighbour stage (one activation out per F, one gradient back per B), as the
+// closed forms charge them.
+//
+// Beyond a few rounds of micro-batches the schedule is periodic: each further
+// round of pp micro-batches adds the same time. So a long run (a million
+// micro-batches is a valid plan) is simulated at two lengths with the same
+// remainder mod pp, and extended by that round's time.
+Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& st) const {
+  const double v = double(p.vp);
+  SimCosts costs;
+  costs.forward = st.forward_s / v + st.p2p_s;
+  costs.backward_input = st.backward_s / v + st.p2p_s;
+  costs.backward_weight = st.weight_grad_s / v;
+  costs.backward = costs.backward_input + costs.backward_weight;
+  costs.p2p = 0;
+  auto makespan = [&](int64_t m) -> Result<double> {
+    ScheduleOptions so;
+    so.kind = p.schedule;
+    so.stages = static_cast<int>(p.pp);
+    so.micro_batches = static_cast<int>(m);
+    so.virtual_stages = static_cast<int>(p.vp);
+    MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
+    MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, costs));
+    return sim.makespan;
+  };
+  const int64_t m = p.num_micro_batches, pp = p.pp;
+  const int64_t rounds = 4;  // simulated in full up to (rounds + 1) x pp micro-batches
+  if (m <= (rounds + 1) * pp) return makespan(m);
+  const int64_t m1 = rounds * pp + m % pp, m2 = m1 + pp;
+  MF_ASSIGN_OR_RETURN(const double t1, makespan(m1));
+  MF_ASSIGN_OR_RETURN(const double t2, makespan(m2));
+  return t1 + double((m - m1) / pp) * (t2 - t1);
+}
+
+// The pipeline's time for one step's micro-batches (simulated or the
+// schedule's closed form, see PipelineModel); fills the step's parts.
+Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, PipelineModel model,
+                                        StepCost* out) const {
   StepCost& r = *out;
   const double m = double(p.num_micro_batches), pp = double(p.pp), v = double(p.vp);
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s, T = F + B + W;
@@ -707,6 +744,11 @@ double CostModel::pipeline_time(const Plan& p, const StageTimes& st, StepCost* o
         // (p-1)(F+B-2W) is ZB-H2's, which needs about twice the activations.
         pipeline = steady + (pp - 1) * (std::max(0.0, F + B - W) + 2 * st.p2p_s);
         break;
+    }
+    if (model == PipelineModel::kSimulated) {
+      Result<double> sim = simulated_pipeline_s(p, st);
+      if (!sim.is_ok()) return sim.status().with_context("plan " + plan_label(p));
+      pipeline = *sim;
     }
   }
   r.bubble_s = pipeline - steady;
@@ -903,7 +945,7 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   return mf.total >= ml.total ? mf : ml;
 }
 
-Result<StepCost> CostModel::price(const Plan& p) const {
+Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
   MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
@@ -917,7 +959,7 @@ Result<StepCost> CostModel::price(const Plan& p) const {
   r.plan = p;
   double p2p_bytes = 0;
   r.stage = slowest_stage(p, lc, &p2p_bytes);
-  const double pipeline = pipeline_time(p, r.stage, &r);
+  MF_ASSIGN_OR_RETURN(const double pipeline, pipeline_time(p, r.stage, model, &r));
   double p_first = 0, p_last = 0;
   stage_parameters(p, lc, &p_first, &p_last);
   const double p_stage = std::max(p_first, p_last);

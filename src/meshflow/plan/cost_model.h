@@ -282,8 +282,15 @@ class CostModel {
 
   // Why `p` is not a valid plan for this job ("" when it is).
   std::string invalid_reason(const Plan& p) const;
+  // How price() times the pipeline. kSimulated: the runtime's own schedule
+  // (pipeline/schedule.h: the action lists the pipeline engine executes) run
+  // by its simulator with this plan's per-action costs; what every reported
+  // figure uses. kClosedForm: the schedule's textbook formula (the same for
+  // GPipe and 1F1B with uniform stages), which the search sweeps with and then
+  // re-prices its leaders by simulation.
+  enum class PipelineModel { kSimulated, kClosedForm };
   // The cost of a valid plan (errors say why a plan is invalid).
-  Result<StepCost> price(const Plan& p) const;
+  Result<StepCost> price(const Plan& p, PipelineModel model = PipelineModel::kSimulated) const;
   // One block's cost at these local shapes (the rank program built and priced
   // once per (tp, cp, micro_batch, sp), then cached, errors included).
   Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false) const;
@@ -321,7 +328,10 @@ class CostModel {
   // The parts of price(), in order (cost_model.cc).
   int64_t blocks_per_stage(const Plan& p) const;
   StageTimes slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const;
-  double pipeline_time(const Plan& p, const StageTimes& st, StepCost* r) const;
+  Result<double> pipeline_time(const Plan& p, const StageTimes& st, PipelineModel model,
+                               StepCost* r) const;
+  // The makespan of the runtime's schedule for p's micro-batches, simulated.
+  Result<double> simulated_pipeline_s(const Plan& p, const StageTimes& st) const;
   void stage_parameters(const Plan& p, const LayerCost& lc, double* first, double* last) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;

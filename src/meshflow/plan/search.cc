@@ -214,7 +214,12 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     return Status::invalid("the global batch " + str(cm.job().global_batch) + " must be in [1, " +
                            str(kMaxGlobalBatch) + "] sequences");
   SearchResult r;
-  const size_t keep = static_cast<size_t>(std::max(0, options.top_k)) + 1;
+  // The sweep prices pipelines by the schedules' closed forms; the leaders
+  // (kLeaders more than are returned) are then priced again by simulating
+  // the runtime's schedule, and ranked by that.
+  constexpr size_t kLeaders = 32;
+  const size_t shown = static_cast<size_t>(std::max(0, options.top_k)) + 1;
+  const size_t keep = shown + kLeaders;
   std::string first_invalid;
   std::optional<StepCost> least_memory;  // over valid plans that do not fit
   enumerate(cm, devices, options, [&](const Plan& p) {
@@ -229,7 +234,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
       return true;
     }
-    Result<StepCost> c = cm.price(p);
+    Result<StepCost> c = cm.price(p, CostModel::PipelineModel::kClosedForm);
     if (!c.is_ok()) {
       if (first_invalid.empty()) first_invalid = c.status().message();
       return true;
@@ -249,6 +254,14 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     if (r.plans.size() > keep) r.plans.pop_back();
     return true;
   });
+  for (StepCost& c : r.plans) {
+    if (c.plan.pp == 1) continue;  // no pipeline: the same either way
+    Result<StepCost> sim = cm.price(c.plan, CostModel::PipelineModel::kSimulated);
+    MF_RETURN_IF_ERROR(sim.status());
+    c = std::move(*sim);
+  }
+  std::stable_sort(r.plans.begin(), r.plans.end(), faster);
+  if (r.plans.size() > shown) r.plans.resize(shown);
   r.search_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const std::string pinned =
       options.fixed.to_string().empty() ? "" : " with --fix " + options.fixed.to_string();
