@@ -237,8 +237,9 @@ TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
           make_schedule({k, static_cast<int>(p.pp), static_cast<int>(m), static_cast<int>(p.vp)}));
       const SimResult whole = value_or_throw(simulate(sched, costs));
       EXPECT_NEAR(pipeline / whole.makespan, 1.0, 1e-9);
-      if (k == ScheduleKind::kGPipe || k == ScheduleKind::k1F1B)
+      if (k == ScheduleKind::kGPipe || k == ScheduleKind::k1F1B) {
         EXPECT_NEAR(sim.step_time_s / closed.step_time_s, 1.0, 1e-9);
+      }
       EXPECT_NEAR(
           sim.bubble_s,
           pipeline - (closed.step_time_s - closed.dp_comm_s - closed.optimizer_s - closed.bubble_s),

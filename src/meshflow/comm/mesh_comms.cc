@@ -57,13 +57,6 @@ static void unpack(const char* chunks, const Around& a, int n, char* out, size_t
   }
 }
 
-static void pack(const float* in, const Around& a, int n, float* out) {
-  pack(reinterpret_cast<const char*>(in), a, n, reinterpret_cast<char*>(out), sizeof(float));
-}
-static void unpack(const float* chunks, const Around& a, int n, float* out) {
-  unpack(reinterpret_cast<const char*>(chunks), a, n, reinterpret_cast<char*>(out), sizeof(float));
-}
-
 void pack_chunks(const void* in, const Shape& shape, int dim, int n, void* out, DType dt) {
   pack(static_cast<const char*>(in), Around(shape, dim), n, static_cast<char*>(out),
        dtype_size(dt));
