@@ -512,6 +512,42 @@ TEST(ParallelShardingNumeric, CorrectCountSumsOverShards) {
   check_op(c, c.op(OpKind::kCorrectCount));
 }
 
+// conv2d and its gradients: batch and output channels pass through, input
+// channels are a reduction (Partial), grouped convolutions split the batch only.
+TEST(ParallelShardingNumeric, Conv2dAndGrads) {
+  Attrs a;
+  a.stride = {2, 1}, a.padding = {1, 1};
+  const Shape x = S({{"b", 12}, {"c", 6}, {"h", 5}, {"w", 4}});
+  const Shape w = S({{"o", 12}, {"c", 6}, {"kh", 3}, {"kw", 3}});
+  const Shape y = S({{"b", 12}, {"o", 12}, {"h", 3}, {"w", 4}});
+  {
+    OpCase c;
+    c.in(x);
+    c.in(w);
+    check_op(c, c.op(OpKind::kConv2d, a));
+  }
+  {
+    OpCase c;
+    c.in(y);
+    c.in(w);
+    a.shape = x;
+    check_op(c, c.op(OpKind::kConv2dGradInput, a));
+  }
+  {
+    OpCase c;
+    c.in(y);
+    c.in(x);
+    a.shape = w;
+    check_op(c, c.op(OpKind::kConv2dGradWeight, a));
+  }
+  OpCase c;  // groups = 2: the batch only
+  c.in(x);
+  c.in(S({{"o", 12}, {"c", 3}, {"kh", 3}, {"kw", 3}}));
+  Attrs grouped;
+  grouped.groups = 2;
+  check_op(c, c.op(OpKind::kConv2d, grouped));
+}
+
 TEST(ParallelShardingNumeric, LayerNormAndGrad) {
   {
     OpCase c;

@@ -18,6 +18,7 @@
 //   verify(g).is_ok();  print(g) -> text     // verify: ops/verify.h
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -71,7 +72,10 @@ struct Attrs {
   bool keepdims = false;                                                   // reductions
   bool inverse = false;   // rope: rotate by -angle (its own gradient)
   bool nesterov = false;  // sgd
-  Init init;              // parameter
+  // conv2d and its gradients (ops/conv.cc): per spatial dim (height, width).
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  Init init;  // parameter
   // Collectives (ops/collective.cc): the mesh axis whose group they run over
   // and that group's size. The tensor dims are in axes.
   int mesh_axis = -1;

@@ -59,6 +59,10 @@
   X(ReduceMax, "reduce_max")                \
   X(ReduceMaxGrad, "reduce_max_grad")       \
   /* attention and friends */               \
+  X(Conv2d, "conv2d")                       \
+  X(Conv2dGradInput, "conv2d_grad_input")   \
+  X(Conv2dGradWeight, "conv2d_grad_weight") \
+                                            \
   X(Attention, "attention")                 \
   X(AttentionGrad, "attention_grad")        \
   X(Dropout, "dropout")                     \

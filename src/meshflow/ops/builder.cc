@@ -149,6 +149,15 @@ ValueId Builder::correct_count(ValueId logits, ValueId targets, const std::strin
   return v;
 }
 
+ValueId Builder::conv2d(ValueId x, ValueId w, Conv2dOpts o, const std::string& name) {
+  Attrs at;
+  at.stride = o.stride;
+  at.padding = o.padding;
+  at.dilation = o.dilation;
+  at.groups = o.groups;
+  return op(OpKind::kConv2d, {x, w}, at, name)[0];
+}
+
 ValueId Builder::layer_norm(ValueId x, ValueId gamma, ValueId beta, float eps,
                             const std::string& name) {
   Attrs at;

@@ -9,6 +9,7 @@
 // Node names are scope + "." + name (or the op name plus a counter).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,14 @@ struct MatMulOpts {
   bool trans_b = false;
   int contract = 1;
   int batch_dims = 0;
+};
+
+// conv2d's attributes, per spatial dim (height, width), as torch.nn.Conv2d.
+struct Conv2dOpts {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};  // zeros on both sides
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
 };
 
 class Builder {
@@ -73,6 +82,9 @@ class Builder {
   ValueId rng_offset();
 
   ValueId matmul(ValueId a, ValueId b, MatMulOpts o = {}, const std::string& name = "");
+  // x [batch, channels, height, width], w [out_channels, channels / groups, kh, kw]
+  //   -> [batch, out_channels, out_height, out_width] (ops/conv.cc).
+  ValueId conv2d(ValueId x, ValueId w, Conv2dOpts o = {}, const std::string& name = "");
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId sub(ValueId a, ValueId b, const std::string& name = "");
   ValueId mul(ValueId a, ValueId b, const std::string& name = "");

@@ -17,6 +17,7 @@ OpTable build_table() {
   register_embedding_ops(t);
   register_shape_ops(t);
   register_reduce_ops(t);
+  register_conv_ops(t);
   register_attention_ops(t);
   register_optimizer_ops(t);
   register_collective_ops(t);
