@@ -548,6 +548,30 @@ TEST(ParallelShardingNumeric, Conv2dAndGrads) {
   check_op(c, c.op(OpKind::kConv2d, grouped));
 }
 
+// Pooling: batch and channels pass through, height and width stay whole.
+TEST(ParallelShardingNumeric, PoolingAndGrads) {
+  const Shape x = S({{"b", 6}, {"c", 4}, {"h", 7}, {"w", 6}});
+  Attrs a;
+  a.kernel = {3, 2}, a.stride = {2, 2}, a.padding = {1, 0};
+  const Shape y = S({{"b", 6}, {"c", 4}, {"h", 4}, {"w", 3}});
+  for (OpKind k : {OpKind::kMaxPool2d, OpKind::kAvgPool2d}) {
+    OpCase c;
+    c.in(x);
+    check_op(c, c.op(k, a));
+  }
+  {
+    OpCase c;
+    c.in(y);
+    c.in(x);
+    check_op(c, c.op(OpKind::kMaxPool2dGrad, a));
+  }
+  OpCase c;
+  c.in(y);
+  Attrs g = a;
+  g.shape = x;
+  check_op(c, c.op(OpKind::kAvgPool2dGrad, g));
+}
+
 TEST(ParallelShardingNumeric, LayerNormAndGrad) {
   {
     OpCase c;

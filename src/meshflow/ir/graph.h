@@ -72,8 +72,9 @@ struct Attrs {
   bool keepdims = false;                                                   // reductions
   bool inverse = false;   // rope: rotate by -angle (its own gradient)
   bool nesterov = false;  // sgd
-  // conv2d and its gradients (ops/conv.cc): per spatial dim (height, width).
-  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  // conv2d, pooling and their gradients (ops/conv.cc, ops/pool.cc): per
+  // spatial dim (height, width); kernel: the pooling window.
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1}, kernel{1, 1};
   int64_t groups = 1;
   Init init;  // parameter
   // Collectives (ops/collective.cc): the mesh axis whose group they run over

@@ -62,6 +62,10 @@
   X(Conv2d, "conv2d")                       \
   X(Conv2dGradInput, "conv2d_grad_input")   \
   X(Conv2dGradWeight, "conv2d_grad_weight") \
+  X(MaxPool2d, "max_pool2d")                \
+  X(MaxPool2dGrad, "max_pool2d_grad")       \
+  X(AvgPool2d, "avg_pool2d")                \
+  X(AvgPool2dGrad, "avg_pool2d_grad")       \
                                             \
   X(Attention, "attention")                 \
   X(AttentionGrad, "attention_grad")        \

@@ -47,6 +47,7 @@ void register_embedding_kernels(KernelTable& t);
 void register_shape_kernels(KernelTable& t);
 void register_reduce_kernels(KernelTable& t);
 void register_conv_kernels(KernelTable& t);
+void register_pool_kernels(KernelTable& t);
 void register_attention_kernels(KernelTable& t);
 void register_optimizer_kernels(KernelTable& t);
 void register_collective_kernels(KernelTable& t);

@@ -158,6 +158,26 @@ ValueId Builder::conv2d(ValueId x, ValueId w, Conv2dOpts o, const std::string& n
   return op(OpKind::kConv2d, {x, w}, at, name)[0];
 }
 
+namespace {
+Attrs pool_attrs(const Pool2dOpts& o) {
+  Attrs at;
+  at.kernel = o.kernel;
+  at.stride = {o.stride[0] > 0 ? o.stride[0] : o.kernel[0],
+               o.stride[1] > 0 ? o.stride[1] : o.kernel[1]};
+  at.padding = o.padding;
+  at.dilation = o.dilation;
+  return at;
+}
+}  // namespace
+
+ValueId Builder::max_pool2d(ValueId x, Pool2dOpts o, const std::string& name) {
+  return op(OpKind::kMaxPool2d, {x}, pool_attrs(o), name)[0];
+}
+
+ValueId Builder::avg_pool2d(ValueId x, Pool2dOpts o, const std::string& name) {
+  return op(OpKind::kAvgPool2d, {x}, pool_attrs(o), name)[0];
+}
+
 ValueId Builder::layer_norm(ValueId x, ValueId gamma, ValueId beta, float eps,
                             const std::string& name) {
   Attrs at;

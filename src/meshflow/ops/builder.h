@@ -32,6 +32,15 @@ struct Conv2dOpts {
   int64_t groups = 1;
 };
 
+// Pooling windows, per spatial dim, as torch.nn.MaxPool2d / AvgPool2d
+// (stride {0, 0}: the kernel size; floor mode; avg pooling counts the padding).
+struct Pool2dOpts {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{0, 0};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};  // max pooling only
+};
+
 class Builder {
  public:
   explicit Builder(Graph& g) : g_(g) {}
@@ -85,6 +94,9 @@ class Builder {
   // x [batch, channels, height, width], w [out_channels, channels / groups, kh, kw]
   //   -> [batch, out_channels, out_height, out_width] (ops/conv.cc).
   ValueId conv2d(ValueId x, ValueId w, Conv2dOpts o = {}, const std::string& name = "");
+  // x [batch, channels, height, width] -> [batch, channels, out_height, out_width] (ops/pool.cc).
+  ValueId max_pool2d(ValueId x, Pool2dOpts o = {}, const std::string& name = "");
+  ValueId avg_pool2d(ValueId x, Pool2dOpts o = {}, const std::string& name = "");
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId sub(ValueId a, ValueId b, const std::string& name = "");
   ValueId mul(ValueId a, ValueId b, const std::string& name = "");

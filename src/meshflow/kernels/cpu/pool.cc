@@ -1,0 +1,137 @@
+// max_pool2d / avg_pool2d and their gradients on the CPU. Each (image,
+// channel) plane is independent: the planes are split over the threads, and
+// every output element reads its window directly (a window is a handful of
+// elements; there is nothing for a GEMM here).
+#include <cstring>
+#include <limits>
+
+#include "meshflow/kernels/cpu/parallel.h"
+#include "meshflow/kernels/kernel.h"
+
+namespace meshflow {
+
+namespace {
+
+struct PoolGeom {
+  int64_t planes, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw;
+  PoolGeom(const Shape& x, const Shape& y, const Attrs& a) {
+    planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3), OH = y.size(2), OW = y.size(3);
+    KH = a.kernel[0], KW = a.kernel[1], sh = a.stride[0], sw = a.stride[1];
+    ph = a.padding[0], pw = a.padding[1], dh = a.dilation[0], dw = a.dilation[1];
+  }
+  int64_t work() const { return OH * OW * KH * KW; }
+};
+
+// The flat index in its plane of the window's first maximum (-1: the window
+// covers padding only, which pooled() rules out).
+int64_t argmax(const PoolGeom& g, const float* x, int64_t oh, int64_t ow) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t at = -1;
+  for (int64_t i = 0; i < g.KH; ++i) {
+    const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+    if (ih < 0 || ih >= g.H) continue;
+    for (int64_t j = 0; j < g.KW; ++j) {
+      const int64_t iw = ow * g.sw - g.pw + j * g.dw;
+      if (iw < 0 || iw >= g.W) continue;
+      const float v = x[ih * g.W + iw];
+      if (at < 0 || v > best || (v != v && best == best)) best = v, at = ih * g.W + iw;  // NaN wins
+    }
+  }
+  return at;
+}
+
+void max_pool2d_kernel(const KernelCall& c) {
+  const PoolGeom g(c.in_shape(0), c.out_shape(0), c.attrs());
+  const float* x = c.in_f(0);
+  float* y = c.out_f(0);
+  cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* xp = x + p * g.H * g.W;
+      float* yp = y + p * g.OH * g.OW;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) yp[oh * g.OW + ow] = xp[argmax(g, xp, oh, ow)];
+    }
+  });
+}
+
+// inputs: dy, x.
+void max_pool2d_grad_kernel(const KernelCall& c) {
+  const PoolGeom g(c.in_shape(1), c.in_shape(0), c.attrs());
+  const float* dy = c.in_f(0);
+  const float* x = c.in_f(1);
+  float* dx = c.out_f(0);
+  cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* xp = x + p * g.H * g.W;
+      const float* dyp = dy + p * g.OH * g.OW;
+      float* dxp = dx + p * g.H * g.W;
+      std::memset(dxp, 0, sizeof(float) * g.H * g.W);
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) dxp[argmax(g, xp, oh, ow)] += dyp[oh * g.OW + ow];
+    }
+  });
+}
+
+void avg_pool2d_kernel(const KernelCall& c) {
+  const PoolGeom g(c.in_shape(0), c.out_shape(0), c.attrs());
+  const float* x = c.in_f(0);
+  float* y = c.out_f(0);
+  const float inv = 1.f / static_cast<float>(g.KH * g.KW);
+  cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* xp = x + p * g.H * g.W;
+      float* yp = y + p * g.OH * g.OW;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          float sum = 0.f;
+          for (int64_t i = 0; i < g.KH; ++i) {
+            const int64_t ih = oh * g.sh - g.ph + i;
+            if (ih < 0 || ih >= g.H) continue;
+            for (int64_t j = 0; j < g.KW; ++j) {
+              const int64_t iw = ow * g.sw - g.pw + j;
+              if (iw >= 0 && iw < g.W) sum += xp[ih * g.W + iw];
+            }
+          }
+          yp[oh * g.OW + ow] = sum * inv;
+        }
+    }
+  });
+}
+
+// inputs: dy; the output is x-shaped.
+void avg_pool2d_grad_kernel(const KernelCall& c) {
+  const PoolGeom g(c.out_shape(0), c.in_shape(0), c.attrs());
+  const float* dy = c.in_f(0);
+  float* dx = c.out_f(0);
+  const float inv = 1.f / static_cast<float>(g.KH * g.KW);
+  cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const float* dyp = dy + p * g.OH * g.OW;
+      float* dxp = dx + p * g.H * g.W;
+      std::memset(dxp, 0, sizeof(float) * g.H * g.W);
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const float v = dyp[oh * g.OW + ow] * inv;
+          for (int64_t i = 0; i < g.KH; ++i) {
+            const int64_t ih = oh * g.sh - g.ph + i;
+            if (ih < 0 || ih >= g.H) continue;
+            for (int64_t j = 0; j < g.KW; ++j) {
+              const int64_t iw = ow * g.sw - g.pw + j;
+              if (iw >= 0 && iw < g.W) dxp[ih * g.W + iw] += v;
+            }
+          }
+        }
+    }
+  });
+}
+
+}  // namespace
+
+void register_pool_kernels(KernelTable& t) {
+  t[static_cast<int>(OpKind::kMaxPool2d)] = max_pool2d_kernel;
+  t[static_cast<int>(OpKind::kMaxPool2dGrad)] = max_pool2d_grad_kernel;
+  t[static_cast<int>(OpKind::kAvgPool2d)] = avg_pool2d_kernel;
+  t[static_cast<int>(OpKind::kAvgPool2dGrad)] = avg_pool2d_grad_kernel;
+}
+
+}  // namespace meshflow
