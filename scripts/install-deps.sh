@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-openmp-dev libopenblas-dev
+  libopenblas-openmp-dev libopenblas-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
