@@ -196,6 +196,13 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
         offsets(logits, st.inputs[0]);
       }
     }
+    if (n.kind == OpKind::kBatchNorm || n.kind == OpKind::kBatchNormGrad) {
+      // The batch or spatial dims split: the kernel all-reduces its sums over
+      // real ranks (tests/ops_batch_norm_test.cc, SplitBatchEqualsOneDevice).
+      const int xi = n.kind == OpKind::kBatchNorm ? 0 : 1;
+      for (int d = 0; d < g.shape(n.inputs[xi]).rank(); ++d)
+        if (d != 1 && !st.inputs[xi].shard_axes(d).empty()) return;
+    }
     lb.op(n.kind, lin, a, n.name);
     std::vector<Tensor> lo = run_node(lg, lg.num_nodes() - 1, lt);
     // Sum the blocks of the ranks at coordinate 0 of every replicated axis.
@@ -570,6 +577,40 @@ TEST(ParallelShardingNumeric, PoolingAndGrads) {
   Attrs g = a;
   g.shape = x;
   check_op(c, c.op(OpKind::kAvgPool2dGrad, g));
+}
+
+// Batch norm: the channels split (the batch / spatial splits need ranks: see
+// tests/ops_batch_norm_test.cc); the running-statistics update per channel.
+TEST(ParallelShardingNumeric, BatchNormAndGradAndUpdate) {
+  const Shape x = S({{"b", 4}, {"c", 6}, {"h", 3}, {"w", 2}});
+  const Shape c6 = S({{"c", 6}});
+  Attrs a;
+  {
+    OpCase c;
+    c.in(x);
+    c.in(c6);
+    c.in(c6);
+    c.in(c6);
+    c.in(c6, 0.5f, 2.f);
+    c.ids(S({{"rng", 2}}), 1);  // 0: training
+    check_op(c, c.op(OpKind::kBatchNorm, a));
+  }
+  {
+    OpCase c;
+    c.in(x);
+    c.in(x);
+    c.in(c6);
+    c.in(c6);
+    c.in(c6, 0.5f, 2.f);
+    check_op(c, c.op(OpKind::kBatchNormGrad, a));
+  }
+  OpCase c;
+  c.in(c6);
+  c.in(c6, 0.5f, 2.f);
+  c.in(c6);
+  c.in(c6, 0.5f, 2.f);
+  a.momentum = 0.1f, a.alpha = 1.05f;
+  check_op(c, c.op(OpKind::kBatchNormUpdate, a));
 }
 
 TEST(ParallelShardingNumeric, LayerNormAndGrad) {

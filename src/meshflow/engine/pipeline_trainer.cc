@@ -146,6 +146,7 @@ struct PipelineTrainer::Impl {
     std::unique_ptr<Executor> ex;
     std::unique_ptr<GradientBuckets> buckets;
     std::vector<NodeId> sum_squares, update;     // the program's, without what buckets runs
+    std::vector<NodeId> eval_forward;            // forward without state updates (evaluation)
     std::vector<int> stash_index, weight_index;  // value id -> entry, -1
     std::map<int, Stash> stash, weight_stash;    // by micro-batch
     int live_micro = 0;
@@ -540,7 +541,7 @@ EvalResult PipelineTrainer::evaluate() {
       if (c > 0 && schedule_.rank_of_chunk(c - 1) != stage_)
         im.receive(l, l.program->act_in, b, c, schedule_.rank_of_chunk(c - 1), 0, "recv_act");
       im.feed_batch(l, batch, -1);
-      l.ex->run(l.program->forward);
+      l.ex->run(l.eval_forward);  // the forward without state updates
       if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
       if (c + 1 < C) {
         const int next = schedule_.rank_of_chunk(c + 1);
@@ -745,6 +746,8 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
         l.program->graph, order, syncs, im.mesh_comms.get(),
         static_cast<int64_t>(tc.bucket_mib * (1 << 20)), tc.overlap_comm);
     l.ex->add_grad_accumulator_bytes(l.buckets->bytes());
+    for (NodeId id : l.program->forward)
+      if (op_def(l.program->graph.node(id).kind).mutates == 0) l.eval_forward.push_back(id);
     l.sum_squares = l.buckets->without_replaced(l.program->sum_squares);
     l.update = l.buckets->without_replaced(l.program->update);
     const int nv = l.program->graph.num_values();

@@ -44,6 +44,9 @@
   X(LayerNormGrad, "layer_norm_grad")       \
   X(RmsNorm, "rms_norm")                    \
   X(RmsNormGrad, "rms_norm_grad")           \
+  X(BatchNorm, "batch_norm")                \
+  X(BatchNormGrad, "batch_norm_grad")       \
+  X(BatchNormUpdate, "batch_norm_update")   \
   /* embedding */                           \
   X(Embedding, "embedding")                 \
   X(EmbeddingGrad, "embedding_grad")        \

@@ -48,6 +48,7 @@ void register_shape_kernels(KernelTable& t);
 void register_reduce_kernels(KernelTable& t);
 void register_conv_kernels(KernelTable& t);
 void register_pool_kernels(KernelTable& t);
+void register_batch_norm_kernels(KernelTable& t);
 void register_attention_kernels(KernelTable& t);
 void register_optimizer_kernels(KernelTable& t);
 void register_collective_kernels(KernelTable& t);

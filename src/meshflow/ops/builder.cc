@@ -178,6 +178,26 @@ ValueId Builder::avg_pool2d(ValueId x, Pool2dOpts o, const std::string& name) {
   return op(OpKind::kAvgPool2d, {x}, pool_attrs(o), name)[0];
 }
 
+ValueId Builder::batch_norm(ValueId x, ValueId gamma, ValueId beta, ValueId running_mean,
+                            ValueId running_var, float eps, float momentum,
+                            const std::string& name) {
+  Attrs at;
+  at.eps = eps;
+  const std::vector<ValueId> bn =
+      op(OpKind::kBatchNorm, {x, gamma, beta, running_mean, running_var, rng_offset()}, at, name);
+  // The running variance is unbiased: the batch variance times M / (M - 1),
+  // M the elements per channel.
+  const Shape& xs = g_.shape(x);
+  const double m = double(xs.numel()) / double(xs.size(1));
+  Attrs up;
+  up.eps = eps;
+  up.momentum = momentum;
+  up.alpha = m > 1 ? static_cast<float>(m / (m - 1)) : 1.f;
+  op(OpKind::kBatchNormUpdate, {running_mean, running_var, bn[1], bn[2]}, up,
+     name.empty() ? "" : name + ".update");
+  return bn[0];
+}
+
 ValueId Builder::layer_norm(ValueId x, ValueId gamma, ValueId beta, float eps,
                             const std::string& name) {
   Attrs at;

@@ -96,6 +96,13 @@ class Builder {
   ValueId conv2d(ValueId x, ValueId w, Conv2dOpts o = {}, const std::string& name = "");
   // x [batch, channels, height, width] -> [batch, channels, out_height, out_width] (ops/pool.cc).
   ValueId max_pool2d(ValueId x, Pool2dOpts o = {}, const std::string& name = "");
+  // Batch norm over every dim of x but dim 1 (channels), as torch's
+  // BatchNorm{1,2}d in training mode; in evaluation (rng_offset < 0) on the
+  // running statistics. Also adds the forward-phase node that updates
+  // running_mean / running_var (states [C]) with `momentum` (ops/batch_norm.cc).
+  ValueId batch_norm(ValueId x, ValueId gamma, ValueId beta, ValueId running_mean,
+                     ValueId running_var, float eps = 1e-5f, float momentum = 0.1f,
+                     const std::string& name = "");
   ValueId avg_pool2d(ValueId x, Pool2dOpts o = {}, const std::string& name = "");
   ValueId add(ValueId a, ValueId b, const std::string& name = "");
   ValueId sub(ValueId a, ValueId b, const std::string& name = "");

@@ -86,6 +86,7 @@ void register_shape_ops(OpTable& t);
 void register_reduce_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
 void register_pool_ops(OpTable& t);
+void register_batch_norm_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optimizer_ops(OpTable& t);
 void register_collective_ops(OpTable& t);

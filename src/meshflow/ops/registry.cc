@@ -19,6 +19,7 @@ OpTable build_table() {
   register_reduce_ops(t);
   register_conv_ops(t);
   register_pool_ops(t);
+  register_batch_norm_ops(t);
   register_attention_ops(t);
   register_optimizer_ops(t);
   register_collective_ops(t);

@@ -146,7 +146,9 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
   for (NodeId id : fwd_bwd_) {
     Phase p = g.node(id).phase;
     if (p != Phase::kMetric) fb.push_back(id);
-    if (p == Phase::kForward || p == Phase::kMetric) eval_.push_back(id);
+    // Evaluation updates no state (batch norm's running statistics).
+    const bool updates = op_def(g.node(id).kind).mutates != 0;
+    if ((p == Phase::kForward && !updates) || p == Phase::kMetric) eval_.push_back(id);
   }
   fwd_bwd_ = std::move(fb);
 

@@ -16,6 +16,7 @@ KernelTable build_table() {
   register_reduce_kernels(t);
   register_conv_kernels(t);
   register_pool_kernels(t);
+  register_batch_norm_kernels(t);
   register_attention_kernels(t);
   register_optimizer_kernels(t);
   register_collective_kernels(t);
