@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
 #include "meshflow/kernels/kernel.h"
@@ -411,6 +413,64 @@ TEST(ModelRun, GptWithDropoutRuns) {
   const float b = run_forward_backward(ex);
   EXPECT_TRUE(std::isfinite(a) && std::isfinite(b));
   EXPECT_NE(a, b) << "a new rng offset should give a new dropout mask";
+}
+
+}  // namespace
+}  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+nlohmann::json shipped(const std::string& name) {
+  std::ifstream f(testing::source_dir() + "/configs/models/" + name);
+  return nlohmann::json::parse(f);
+}
+
+// ResNet from Hugging Face ResNetConfig keys: the parameter counts of
+// torchvision / transformers' ResNet-18 and ResNet-50 (batch-norm weights and
+// biases counted, running statistics not), the module names a user addresses,
+// one block per residual layer, and a training graph that verifies.
+TEST(ModelResNet, ShippedConfigsHaveThePublishedSizesAndNames) {
+  for (auto [file, params] : {std::pair{"resnet18.json", int64_t{11689512}},
+                              std::pair{"resnet50.json", int64_t{25557032}}}) {
+    SCOPED_TRACE(file);
+    const ModelConfig cfg = value_or_throw(parse_model_config(shipped(file)));
+    ASSERT_TRUE(std::holds_alternative<ResNetConfig>(cfg));
+    EXPECT_FALSE(is_language_model(cfg));
+    EXPECT_EQ(summarize(cfg, 0).parameters, params);
+  }
+  const ResNetConfig c =
+      std::get<ResNetConfig>(value_or_throw(parse_model_config(shipped("resnet_fashion.json"))));
+  ModelGraph m = value_or_throw(build_resnet(c, 4));
+  for (const char* name :
+       {"embedder.embedder.convolution.weight", "embedder.embedder.normalization.running_var",
+        "encoder.stages.1.layers.0.shortcut.convolution.weight",
+        "encoder.stages.2.layers.0.layer.1.normalization.bias", "classifier.1.weight"})
+    EXPECT_NE(m.graph.find(name), kNoValue) << name;
+  int max_layer = -1;
+  for (const Node& n : m.graph.nodes()) max_layer = std::max(max_layer, n.layer);
+  EXPECT_EQ(max_layer + 1, c.num_blocks());
+  append_backward(m.graph);
+  EXPECT_TRUE(verify(m.graph).is_ok());
+}
+
+TEST(ModelResNet, ConfigErrorsNameTheKey) {
+  nlohmann::json j = shipped("resnet_fashion.json");
+  j["depths"] = {1, 1};
+  Status s = parse_model_config(j).status();
+  EXPECT_NE(s.message().find("model.hidden_sizes has 3 stages and model.depths 2"),
+            std::string::npos)
+      << s.message();
+  j = shipped("resnet50.json");
+  j["hidden_sizes"] = {256, 510, 1024, 2048};
+  s = parse_model_config(j).status();
+  EXPECT_NE(s.message().find("model.hidden_sizes[1]=510: a bottleneck layer reduces by 4"),
+            std::string::npos)
+      << s.message();
+  j = shipped("resnet18.json");
+  j["layer_typ"] = "basic";
+  s = parse_model_config(j).status();
+  EXPECT_NE(s.message().find("layer_typ"), std::string::npos) << s.message();
 }
 
 }  // namespace

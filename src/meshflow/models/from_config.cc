@@ -26,15 +26,15 @@ Result<std::string> model_kind(const nlohmann::json& j) {
       return Status::invalid("model.model_type must be a string, got " + json_type_name(t));
     const std::string s = t.get<std::string>();
     if (s == "gpt2") return std::string("gpt");
-    if (s == "llama") return s;
+    if (s == "llama" || s == "resnet") return s;
     return Status::invalid(
-        "model.model_type must be one of \"gpt2\", \"llama\" (Hugging Face "
+        "model.model_type must be one of \"gpt2\", \"llama\", \"resnet\" (Hugging Face "
         "names), got \"" +
         s + "\"");
   }
   return Status::invalid(
       "model: says neither \"type\" (one of \"mlp\", \"gpt\", \"llama\") nor Hugging Face's "
-      "\"model_type\" (\"gpt2\", \"llama\")");
+      "\"model_type\" (\"gpt2\", \"llama\", \"resnet\")");
 }
 
 std::string millions(double x) {
@@ -55,6 +55,10 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
     MF_ASSIGN_OR_RETURN(GptConfig c, parse_gpt_config(j));
     return ModelConfig(std::move(c));
   }
+  if (kind == "resnet") {
+    MF_ASSIGN_OR_RETURN(ResNetConfig c, parse_resnet_config(j));
+    return ModelConfig(std::move(c));
+  }
   MF_ASSIGN_OR_RETURN(LlamaConfig c, parse_llama_config(j));
   return ModelConfig(std::move(c));
 }
@@ -62,11 +66,12 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
 Result<ModelGraph> build_model(const ModelConfig& cfg, int64_t batch, int64_t seq) {
   if (const auto* c = std::get_if<MlpConfig>(&cfg)) return build_mlp(*c, batch);
   if (const auto* c = std::get_if<GptConfig>(&cfg)) return build_gpt(*c, batch, seq);
+  if (const auto* c = std::get_if<ResNetConfig>(&cfg)) return build_resnet(*c, batch);
   return build_llama(std::get<LlamaConfig>(cfg), batch, seq);
 }
 
 bool is_language_model(const ModelConfig& cfg) {
-  return !std::holds_alternative<MlpConfig>(cfg);
+  return std::holds_alternative<GptConfig>(cfg) || std::holds_alternative<LlamaConfig>(cfg);
 }
 
 ModelSummary summarize(const ModelConfig& cfg, int64_t seq) {
@@ -80,6 +85,21 @@ ModelSummary summarize(const ModelConfig& cfg, int64_t seq) {
     s.text = "mlp " + std::to_string(c->input_dim) + "-" + widths + std::to_string(c->num_classes) +
              " (" + c->activation + "), " + millions(static_cast<double>(s.parameters)) +
              " parameters";
+  } else if (const auto* c = std::get_if<ResNetConfig>(&cfg)) {
+    s.kind = "resnet";
+    Result<ModelGraph> m = build_resnet(*c, 1);
+    if (m.is_ok()) {
+      s.parameters = count_parameters(m->graph);
+      s.forward_flops_per_token = graph_forward_flops(m->graph);  // per image
+    }
+    std::string sizes;
+    for (size_t i = 0; i < c->depths.size(); ++i)
+      sizes +=
+          (i ? ", " : "") + std::to_string(c->depths[i]) + "x" + std::to_string(c->hidden_sizes[i]);
+    s.text = "resnet (" + c->layer_type + "): stages " + sizes + ", " +
+             std::to_string(c->image_size) + "x" + std::to_string(c->image_size) + "x" +
+             std::to_string(c->num_channels) + " images, " + std::to_string(c->num_labels) +
+             " labels, " + millions(static_cast<double>(s.parameters)) + " parameters";
   } else if (const auto* c = std::get_if<GptConfig>(&cfg)) {
     s.kind = "gpt";
     s.parameters = gpt_num_parameters(*c);

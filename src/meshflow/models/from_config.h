@@ -14,21 +14,22 @@
 #include "meshflow/models/gpt.h"
 #include "meshflow/models/llama.h"
 #include "meshflow/models/mlp.h"
+#include "meshflow/models/resnet.h"
 
 namespace meshflow {
 
-using ModelConfig = std::variant<MlpConfig, GptConfig, LlamaConfig>;
+using ModelConfig = std::variant<MlpConfig, GptConfig, LlamaConfig, ResNetConfig>;
 
 Result<ModelConfig> parse_model_config(const nlohmann::json& j);
 
-// seq is ignored by the MLP (its input width is the config's input_dim).
+// seq is ignored by the MLP and ResNet (their inputs are sized by the config).
 Result<ModelGraph> build_model(const ModelConfig& cfg, int64_t batch, int64_t seq);
 
 // True for language models (inputs tokens/targets [batch, seq]).
 bool is_language_model(const ModelConfig& cfg);
 
 struct ModelSummary {
-  std::string kind;  // "mlp" | "gpt" | "llama"
+  std::string kind;  // "mlp" | "gpt" | "llama" | "resnet"
   int64_t parameters = 0;
   // Forward FLOPs per token (LMs; see gpt_forward_flops_per_token) or per
   // example (MLP). Training is about 3x this.
