@@ -713,3 +713,37 @@ TEST(PartitionZero, ExplainCountsWhatTheTraceRecords) {
 
 }  // namespace
 }  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+// A small ResNet on Fashion-MNIST: data parallel (synchronized batch norm),
+// channel parallel inside the residual layers ({mid: tp}: the first conv by
+// output channels, the last by input channels), and both on 4 ranks equal
+// one device: losses, evaluation on the running statistics, and weights.
+// (Also the check that caught oneDNN's shared scratchpad when in-process
+// ranks run the same cached convolution at once.)
+TEST(PartitionResNet, DataChannelAndBothEqualOneDevice) {
+  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 32},
+                      {"hidden_sizes", {32, 64}}, {"depths", {1, 1}},  {"layer_type", "basic"},
+                      {"num_labels", 10},         {"image_size", 28}};
+  auto rc_for = [&](const json& parallel) {
+    json doc = {{"model", model},
+                {"data", {{"dataset", "fashion_mnist"}}},
+                {"train", {{"steps", 2}, {"batch_size", 32}, {"threads", 1}, {"eval_batches", 1}}},
+                {"optimizer", {{"type", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}}}};
+    if (!parallel.is_null()) doc["parallel"] = parallel;
+    return value_or_throw(parse_run_config(doc, ""));
+  };
+  const Trace single = train(rc_for(json()), nullptr);
+  for (const auto& [mesh, rules] :
+       {std::pair{"dp=2", json{{"batch", "dp"}}}, std::pair{"tp=2", json{{"mid", "tp"}}},
+        std::pair{"dp=2,tp=2", json{{"batch", "dp"}, {"mid", "tp"}}}}) {
+    const RunConfig rc = rc_for(json{{"mode", "semi"}, {"mesh", mesh}, {"rules", rules}});
+    expect_same(single, train_ranks(rc, rc.parallel.mesh.num_ranks()),
+                std::string("resnet ") + mesh);
+  }
+}
+
+}  // namespace
+}  // namespace meshflow

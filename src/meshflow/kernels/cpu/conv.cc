@@ -226,16 +226,20 @@ const DnnlConv& dnnl_conv(const Geom& g) {
   c->w_plain = memory::desc(w, dt::f32, g.groups > 1 ? tag::goihw : tag::oihw);
   c->y_plain = memory::desc(y, dt::f32, tag::nchw);
   const auto algo = dnnl::algorithm::convolution_direct;
+  // Each call brings its own scratchpad: in-process ranks run the same cached
+  // primitive at once, and oneDNN's library-owned scratchpad would be shared.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   c->fwd_pd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, x_any, w_any, y_any,
                                       strides, dil, pad, pad),
-      eng);
+      attr, eng);
   c->bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-      dnnl::convolution_backward_data::desc(algo, x_any, w_any, y_any, strides, dil, pad, pad), eng,
-      c->fwd_pd);
+      dnnl::convolution_backward_data::desc(algo, x_any, w_any, y_any, strides, dil, pad, pad),
+      attr, eng, c->fwd_pd);
   c->bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
       dnnl::convolution_backward_weights::desc(algo, x_any, w_any, y_any, strides, dil, pad, pad),
-      eng, c->fwd_pd);
+      attr, eng, c->fwd_pd);
   c->fwd = dnnl::convolution_forward(c->fwd_pd);
   c->bwd_data = dnnl::convolution_backward_data(c->bwd_data_pd);
   c->bwd_weights = dnnl::convolution_backward_weights(c->bwd_weights_pd);
@@ -264,7 +268,11 @@ void dnnl_conv2d(const KernelCall& c) {
   Arg x(p.x_plain, p.fwd_pd.src_desc(), c.in[0], s, true);
   Arg w(p.w_plain, p.fwd_pd.weights_desc(), c.in[1], s, true);
   Arg y(p.y_plain, p.fwd_pd.dst_desc(), c.out[0], s, false);
-  p.fwd.execute(s, {{DNNL_ARG_SRC, x.used}, {DNNL_ARG_WEIGHTS, w.used}, {DNNL_ARG_DST, y.used}});
+  dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), dnnl_engine());
+  p.fwd.execute(s, {{DNNL_ARG_SRC, x.used},
+                    {DNNL_ARG_WEIGHTS, w.used},
+                    {DNNL_ARG_DST, y.used},
+                    {DNNL_ARG_SCRATCHPAD, scratch}});
   y.write_back(s);
   s.wait();
 }
@@ -277,8 +285,11 @@ void dnnl_conv2d_grad_input(const KernelCall& c) {
   Arg dy(p.y_plain, p.bwd_data_pd.diff_dst_desc(), c.in[0], s, true);
   Arg w(p.w_plain, p.bwd_data_pd.weights_desc(), c.in[1], s, true);
   Arg dx(p.x_plain, p.bwd_data_pd.diff_src_desc(), c.out[0], s, false);
-  p.bwd_data.execute(
-      s, {{DNNL_ARG_DIFF_DST, dy.used}, {DNNL_ARG_WEIGHTS, w.used}, {DNNL_ARG_DIFF_SRC, dx.used}});
+  dnnl::memory scratch(p.bwd_data_pd.scratchpad_desc(), dnnl_engine());
+  p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, dy.used},
+                         {DNNL_ARG_WEIGHTS, w.used},
+                         {DNNL_ARG_DIFF_SRC, dx.used},
+                         {DNNL_ARG_SCRATCHPAD, scratch}});
   dx.write_back(s);
   s.wait();
 }
@@ -291,8 +302,11 @@ void dnnl_conv2d_grad_weight(const KernelCall& c) {
   Arg dy(p.y_plain, p.bwd_weights_pd.diff_dst_desc(), c.in[0], s, true);
   Arg x(p.x_plain, p.bwd_weights_pd.src_desc(), c.in[1], s, true);
   Arg dw(p.w_plain, p.bwd_weights_pd.diff_weights_desc(), c.out[0], s, false);
-  p.bwd_weights.execute(
-      s, {{DNNL_ARG_DIFF_DST, dy.used}, {DNNL_ARG_SRC, x.used}, {DNNL_ARG_DIFF_WEIGHTS, dw.used}});
+  dnnl::memory scratch(p.bwd_weights_pd.scratchpad_desc(), dnnl_engine());
+  p.bwd_weights.execute(s, {{DNNL_ARG_DIFF_DST, dy.used},
+                            {DNNL_ARG_SRC, x.used},
+                            {DNNL_ARG_DIFF_WEIGHTS, dw.used},
+                            {DNNL_ARG_SCRATCHPAD, scratch}});
   dw.write_back(s);
   s.wait();
 }
