@@ -219,41 +219,21 @@ TEST_F(Job, ExplainSaysWhichActivationsStayWhole) {
   EXPECT_EQ(e.output.find("  tp=2: "), std::string::npos) << e.output;
 }
 
-}  // namespace
-}  // namespace meshflow
-
-namespace meshflow {
-namespace {
-
 // The shipped Fashion-MNIST ResNet, data parallel over 2 in-process ranks
 // from the command line: the same eval loss as one rank (synchronized batch
 // norm). This is how oneDNN's shared scratchpad showed itself (in-process
 // ranks running one cached convolution at once): ranks=2 drifted from run to
 // run before each call brought its own scratchpad.
-TEST(JobResNet, DataParallelFromTheCliEqualsOneRank) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("meshflow_resnet_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+TEST_F(Job, ResNetDataParallelFromTheCliEqualsOneRank) {
   json j;
   j["model"] = source_dir() + "/configs/models/resnet_fashion.json";
   j["data"] = {{"dataset", "fashion_mnist"}};
   j["train"] = {{"steps", 3}, {"batch_size", 64}, {"log_every", 1}, {"eval_batches", 2}};
   j["optimizer"] = {{"type", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}};
-  const std::string cfg = (dir / "resnet.json").string();
+  const std::string cfg = (dir_ / "resnet.json").string();
   std::ofstream(cfg) << j.dump(2);
-  auto eval_loss = [&](const std::string& extra) {
-    const std::string m = (dir / "m.jsonl").string();
-    CliRun r = run_cli("train " + cfg + " --quiet --metrics " + m + " " + extra);
-    EXPECT_EQ(r.code, 0) << r.output;
-    std::ifstream f(m);
-    std::string line, last;
-    while (std::getline(f, line))
-      if (line.find("\"eval\"") != std::string::npos) last = line;
-    return last.empty() ? -1 : json::parse(last)["eval"]["loss"].get<double>();
-  };
-  const double one = eval_loss("");
-  for (int i = 0; i < 2; ++i) EXPECT_NEAR(eval_loss("--ranks 2"), one, 1e-5 * std::abs(one));
-  fs::remove_all(dir);
+  const double one = eval_loss(cfg, "");
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(eval_loss(cfg, "--ranks 2"), one, 1e-5 * std::abs(one));
 }
 
 }  // namespace

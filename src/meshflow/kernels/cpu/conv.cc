@@ -5,7 +5,7 @@
 // reorders from and to meshflow's NCHW / OIHW buffers around each call; the
 // primitives are built once per geometry and cached. Measured against the
 // im2col path below on ResNet-18's convolutions (bench/conv_compare.sh):
-// 0.34x its time at 1 thread, 0.31x at 2, reorders included.
+// 0.36x its time at 1 thread, 0.32x at 2, reorders included.
 //
 // Without oneDNN: im2col + one SGEMM per (image, group) (cpu::sgemm,
 // kernels/cpu/gemm.h), the images split over the threads, each with its own
