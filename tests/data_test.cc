@@ -14,6 +14,7 @@
 
 #include "meshflow/data/fashion_mnist.h"
 #include "meshflow/data/text.h"
+#include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
 namespace {
@@ -237,6 +238,54 @@ const FashionMnist* fashion_mnist() {  // loaded once for the suite (~0.5 s)
     GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"; \
   ASSERT_NE(fashion_mnist(), nullptr)
 
+// Augmentation (data.augment): each training image is the original shifted by
+// at most crop_padding pixels (zeros come in) and mirrored half the time;
+// the same (seed, step) gives the same batch; labels are untouched.
+TEST(DataFashionMnist, AugmentationCropsAndFlipsDeterministically) {
+  REQUIRE_FASHION_MNIST();
+  FashionMnistOptions o;
+  o.validation = 5000;
+  o.crop_padding = 2;
+  o.flip = true;
+  const FashionMnist aug = value_or_throw(FashionMnist::load(o));
+  const FashionMnist& plain = *fashion_mnist();
+  const BatchIndex at{.seed = 3, .step = 5};
+  const Batch a = value_or_throw(aug.train_batch(at, 64));
+  EXPECT_TRUE(same_batch(a, value_or_throw(aug.train_batch(at, 64))));
+  const Batch p = value_or_throw(plain.train_batch(at, 64));
+  int changed = 0, flipped = 0;
+  for (int64_t row = 0; row < 64; ++row) {
+    ASSERT_EQ(a.get("labels").data<int32_t>()[row], p.get("labels").data<int32_t>()[row]);
+    const float* x = a.get("x").data<float>() + row * 784;
+    const float* y = p.get("x").data<float>() + row * 784;
+    // Find the shift (and flip) that maps the original onto the augmented image.
+    bool found = false;
+    for (int flip = 0; flip < 2 && !found; ++flip)
+      for (int sr = -2; sr <= 2 && !found; ++sr)
+        for (int sc = -2; sc <= 2 && !found; ++sc) {
+          bool ok = true;
+          for (int i = 0; i < 28 && ok; ++i)
+            for (int j = 0; j < 28 && ok; ++j) {
+              const int r = i + sr, c0 = j + sc, c = flip ? 27 - c0 : c0;
+              const float want = r >= 0 && r < 28 && c0 >= 0 && c0 < 28 ? y[r * 28 + c] : 0.f;
+              ok = x[i * 28 + j] == want;
+            }
+          if (ok) {
+            found = true;
+            changed += sr != 0 || sc != 0 || flip;
+            flipped += flip;
+          }
+        }
+    EXPECT_TRUE(found) << "row " << row << " is no shift of at most 2 (and flip) of the original";
+  }
+  EXPECT_GT(changed, 40);  // of 64: nearly all are moved or mirrored
+  EXPECT_GT(flipped, 16);
+  EXPECT_LT(flipped, 48);
+  // Evaluation images are never augmented.
+  EvalIterator ea = aug.eval(8), ep = plain.eval(8);
+  EXPECT_TRUE(same_batch(ea.next(), ep.next()));
+}
+
 TEST(DataFashionMnist, SizesAndShapes) {
   REQUIRE_FASHION_MNIST();
   const FashionMnist& ds = *fashion_mnist();
@@ -361,6 +410,30 @@ TEST(DataFashionMnist, CorruptIdxFiles) {
   EXPECT_TRUE(
       HasSubstr(read_idx_gz(path, {0, 28, 28}).status().message(), "has 1 dims, expected 3"));
   std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace meshflow
+
+namespace meshflow {
+namespace {
+
+// data.augment: keys checked, and only for a dataset of images.
+TEST(DataConfigAugment, KeysAndDatasetAreChecked) {
+  auto parse = [](const json& data) {
+    const json doc = {{"model", {{"type", "mlp"}, {"input_dim", 784}, {"num_classes", 10}}},
+                      {"data", data}};
+    return parse_run_config(doc, "").status();
+  };
+  EXPECT_TRUE(
+      parse({{"dataset", "fashion_mnist"}, {"augment", {{"crop_padding", 2}, {"flip", true}}}})
+          .is_ok());
+  Status s = parse({{"dataset", "fortunes"}, {"augment", {{"flip", true}}}});
+  EXPECT_TRUE(HasSubstr(s.message(), "data.augment transforms images")) << s.message();
+  s = parse({{"dataset", "fashion_mnist"}, {"augment", {{"crop_padding", 20}}}});
+  EXPECT_TRUE(HasSubstr(s.message(), "crop_padding")) << s.message();
+  s = parse({{"dataset", "fashion_mnist"}, {"augment", {{"flips", true}}}});
+  EXPECT_TRUE(HasSubstr(s.message(), "flips")) << s.message();
 }
 
 }  // namespace

@@ -150,20 +150,40 @@ Batch FashionMnist::make_batch(int64_t rows) const {
 }
 
 void FashionMnist::fill_row(Batch& b, int64_t row, const std::vector<uint8_t>& images,
-                            const std::vector<uint8_t>& labels, int64_t index) const {
+                            const std::vector<uint8_t>& labels, int64_t index, int shift_r,
+                            int shift_c, bool flip) const {
   float* x = b.tensors[0].second.data<float>() + row * kFeatures;
   const uint8_t* src = images.data() + index * kFeatures;
   const float scale = 1.f / (255.f * std_), shift = mean_ / std_;
+  if (shift_r == 0 && shift_c == 0 && !flip) {
 #pragma omp simd
-  for (int64_t i = 0; i < kFeatures; ++i) x[i] = static_cast<float>(src[i]) * scale - shift;
+    for (int64_t i = 0; i < kFeatures; ++i) x[i] = static_cast<float>(src[i]) * scale - shift;
+  } else {
+    for (int64_t i = 0; i < kRows; ++i)
+      for (int64_t j = 0; j < kCols; ++j) {
+        const int64_t r = i + shift_r, c0 = j + shift_c;
+        const int64_t c = flip ? kCols - 1 - c0 : c0;
+        const bool inside = r >= 0 && r < kRows && c0 >= 0 && c0 < kCols;
+        x[i * kCols + j] = (inside ? static_cast<float>(src[r * kCols + c]) : 0.f) * scale - shift;
+      }
+  }
   b.tensors[1].second.data<int32_t>()[row] = labels[index];
 }
 
 void FashionMnist::fill_train_row(Batch& b, int64_t row, uint64_t seed, int64_t pos) const {
   const int64_t epoch = pos / train_count_;
   const uint64_t key = mix64(stream_seed("fashion-mnist.epoch", seed) ^ mix64(epoch));
+  int shift_r = 0, shift_c = 0;
+  bool flip = false;
+  if (options_.crop_padding > 0 || options_.flip) {
+    const uint64_t r = mix64(stream_seed("fashion-mnist.augment", seed) ^ mix64(uint64_t(pos)));
+    const int span = 2 * options_.crop_padding + 1;
+    shift_r = static_cast<int>(r % uint64_t(span)) - options_.crop_padding;
+    shift_c = static_cast<int>((r >> 16) % uint64_t(span)) - options_.crop_padding;
+    flip = options_.flip && ((r >> 40) & 1u);
+  }
   fill_row(b, row, train_images_, train_labels_,
-           shuffled_index(pos % train_count_, train_count_, key));
+           shuffled_index(pos % train_count_, train_count_, key), shift_r, shift_c, flip);
 }
 
 void FashionMnist::fill_eval_row(Batch& b, int64_t row, int64_t index) const {

@@ -28,6 +28,11 @@ struct FashionMnistOptions {
   bool eval_on_validation = false;
   // Subtract the training split's pixel mean and divide by its std (after /255).
   bool normalize = false;
+  // Training images only: a random crop of the image zero-padded by
+  // crop_padding on each side (a shift of up to crop_padding pixels), and a
+  // horizontal flip half the time, keyed by (seed, position in the order).
+  int crop_padding = 0;
+  bool flip = false;
 };
 
 class FashionMnist : public Dataset {
@@ -52,8 +57,11 @@ class FashionMnist : public Dataset {
   void fill_eval_row(Batch& b, int64_t row, int64_t index) const override;
 
  private:
+  // shift_r / shift_c: the crop's offset (output pixel (i, j) reads (i + shift_r,
+  // j + shift_c), 0 outside); flip mirrors the columns first.
   void fill_row(Batch& b, int64_t row, const std::vector<uint8_t>& images,
-                const std::vector<uint8_t>& labels, int64_t index) const;
+                const std::vector<uint8_t>& labels, int64_t index, int shift_r = 0, int shift_c = 0,
+                bool flip = false) const;
 
   FashionMnistOptions options_;
   std::vector<uint8_t> train_images_, train_labels_;  // the whole train file (60000)

@@ -47,6 +47,8 @@ Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language
           "language model; use \"fortunes\"");
     FashionMnistOptions o;
     if (!d.path.empty()) o.dir = d.path;
+    o.crop_padding = d.crop_padding;
+    o.flip = d.flip;
     MF_ASSIGN_OR_RETURN(FashionMnist ds, FashionMnist::load(o));
     return std::unique_ptr<Dataset>(new FashionMnist(std::move(ds)));
   }

@@ -30,7 +30,18 @@ Status parse_data(const json& j, DataConfig* d, const std::string& base_dir) {
   r.choice("dataset", &d->dataset, {"fashion_mnist", "fortunes"});
   r.string("path", &d->path);
   r.number("eval_fraction", &d->eval_fraction, 0.0, 0.5);
+  json augment;
+  r.object("augment", &augment);
   MF_RETURN_IF_ERROR(r.finish());
+  if (!augment.is_null()) {
+    JsonObjectReader a(augment, "data.augment");
+    a.integer("crop_padding", &d->crop_padding, 0, 13);
+    a.boolean("flip", &d->flip);
+    MF_RETURN_IF_ERROR(a.finish());
+    if (d->dataset != "fashion_mnist")
+      return Status::invalid("data.augment transforms images; data.dataset \"" + d->dataset +
+                             "\" has none (use it with \"fashion_mnist\")");
+  }
   d->path = resolve_path(d->path, base_dir);
   return Status::ok();
 }

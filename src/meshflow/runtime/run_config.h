@@ -30,6 +30,11 @@ struct DataConfig {
   std::string dataset;  // "fashion_mnist" | "fortunes"
   std::string path;     // optional override of the Debian package's location
   float eval_fraction = 0.05f;
+  // Training-image augmentation ("augment": {"crop_padding": 2, "flip": true}):
+  // a random crop of the image padded with zeros by crop_padding on each side,
+  // and a horizontal flip half the time; deterministic by (seed, position).
+  int crop_padding = 0;
+  bool flip = false;
 };
 
 struct TrainConfig {
