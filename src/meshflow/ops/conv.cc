@@ -101,31 +101,20 @@ Status expect_dy(const Graph& g, const Node& n, const Shape& x, const Shape& w) 
   return expect_dtype(g, n, 0, DType::F32);
 }
 
-// inputs: dy, w; attrs.shape: x's shape.
-Status infer_conv2d_grad_input(const Graph& g, const Node& n, std::vector<Value>* outs) {
+// conv2d_grad_input: inputs dy, w; attrs.shape is x's shape (the output).
+// conv2d_grad_weight: inputs dy, x; attrs.shape is w's shape (the output).
+Status infer_conv2d_grad(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  const bool input = n.kind == OpKind::kConv2dGradInput;
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
   MF_RETURN_IF_ERROR(expect_rank4(g, n, 0, "dy"));
-  MF_RETURN_IF_ERROR(expect_rank4(g, n, 1, "w"));
-  const Shape& x = n.attrs.shape;
-  if (x.rank() != 4)
-    return Status::invalid(node_label(n) + ": attrs.shape (x's shape) must have 4 dims, got " +
-                           x.to_string());
-  MF_RETURN_IF_ERROR(expect_dy(g, n, x, g.shape(n.inputs[1])));
-  outs->push_back(out_value(x));
-  return Status::ok();
-}
-
-// inputs: dy, x; attrs.shape: w's shape.
-Status infer_conv2d_grad_weight(const Graph& g, const Node& n, std::vector<Value>* outs) {
-  MF_RETURN_IF_ERROR(expect_inputs(g, n, 2));
-  MF_RETURN_IF_ERROR(expect_rank4(g, n, 0, "dy"));
-  MF_RETURN_IF_ERROR(expect_rank4(g, n, 1, "x"));
-  const Shape& w = n.attrs.shape;
-  if (w.rank() != 4)
-    return Status::invalid(node_label(n) + ": attrs.shape (w's shape) must have 4 dims, got " +
-                           w.to_string());
-  MF_RETURN_IF_ERROR(expect_dy(g, n, g.shape(n.inputs[1]), w));
-  outs->push_back(out_value(w));
+  MF_RETURN_IF_ERROR(expect_rank4(g, n, 1, input ? "w" : "x"));
+  const Shape& out = n.attrs.shape;
+  if (out.rank() != 4)
+    return Status::invalid(node_label(n) + ": attrs.shape (" + (input ? "x" : "w") +
+                           "'s shape) must have 4 dims, got " + out.to_string());
+  const Shape& other = g.shape(n.inputs[1]);
+  MF_RETURN_IF_ERROR(input ? expect_dy(g, n, out, other) : expect_dy(g, n, other, out));
+  outs->push_back(out_value(out));
   return Status::ok();
 }
 
@@ -236,8 +225,8 @@ ShardingRule sharding_conv(const Graph& g, const Node& n) {
 
 void register_conv_ops(OpTable& t) {
   add_op(t, OpKind::kConv2d, 2, infer_conv2d, grad_conv2d, cost_conv);
-  add_op(t, OpKind::kConv2dGradInput, 2, infer_conv2d_grad_input, nullptr, cost_conv);
-  add_op(t, OpKind::kConv2dGradWeight, 2, infer_conv2d_grad_weight, nullptr, cost_conv);
+  add_op(t, OpKind::kConv2dGradInput, 2, infer_conv2d_grad, nullptr, cost_conv);
+  add_op(t, OpKind::kConv2dGradWeight, 2, infer_conv2d_grad, nullptr, cost_conv);
   for (OpKind k : {OpKind::kConv2d, OpKind::kConv2dGradInput, OpKind::kConv2dGradWeight})
     set_sharding(t, k, sharding_conv);
 }
