@@ -1,14 +1,16 @@
 # Extra test targets, included by tests/CMakeLists.txt.
 #
-# PyTorch numerics check (tests/torch/): torch_check (C++) builds a tiny GPT or
-# LLaMA training graph and writes weights, batch, gradients and post-AdamW
-# weights as safetensors; tests/torch/check_model.py rebuilds the model in
-# PyTorch (Debian python3-torch, run by /usr/bin/python3) and compares every
-# tensor. Run them with:  ctest -L torch --output-on-failure
+# PyTorch numerics check (tests/torch/): torch_check (C++) builds a tiny GPT,
+# LLaMA or ResNet training graph and writes weights, batch, gradients and the
+# weights after a few optimizer steps (AdamW; SGD with momentum for ResNet,
+# with the batch-norm running statistics) as safetensors;
+# tests/torch/check_model.py rebuilds the model in PyTorch (Debian
+# python3-torch, run by /usr/bin/python3) and compares every tensor. Run them
+# with:  ctest -L torch --output-on-failure
 add_executable(torch_check torch_check.cc)
 target_link_libraries(torch_check PRIVATE meshflow)
 
-foreach(model gpt gpt_untied llama llama_tied)
+foreach(model gpt gpt_untied llama llama_tied resnet_basic resnet_bottleneck)
   add_test(NAME torch_${model}
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/torch/run_check.sh $<TARGET_FILE:torch_check> ${model})
   set_tests_properties(torch_${model} PROPERTIES

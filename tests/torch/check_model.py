@@ -1,11 +1,16 @@
 #!/usr/bin/python3
-"""Numerics check of meshflow's GPT / LLaMA against PyTorch.
+"""Numerics check of meshflow's GPT / LLaMA / ResNet against PyTorch.
 
 Reads the files tests/torch_check.cc writes into DIR (weights, batch, grads,
-after_adam; see there), builds the same model in plain PyTorch, and compares:
+after_steps; see there), builds the same model in plain PyTorch, and compares:
   - the loss and the gradient of every parameter after one forward + backward,
-  - every parameter after `steps` torch.optim.AdamW steps on the same batch
-    (global-norm clipping and decoupled weight decay as meshflow's optimizer).
+  - every parameter after `steps` optimizer steps on the same batch:
+    torch.optim.AdamW for GPT / LLaMA (global-norm clipping and decoupled
+    weight decay as meshflow's optimizer), torch.optim.SGD with momentum (and
+    weight decay, optionally Nesterov) for ResNet,
+  - ResNet: the batch-norm running mean / variance after those steps (one
+    update per training forward, as torch's BatchNorm2d in training mode), and
+    meshflow's initial running statistics against BatchNorm2d's (0 and 1).
 Error per tensor: max|meshflow - torch| / max|torch|. Prints a table; exits 1
 if any error exceeds --tol (default 1e-4).
 
@@ -17,8 +22,9 @@ own (f32) rounding; --dtype float32 compares f32 against f32 instead.
 Weights are kept in meshflow's layout ([in.., out..], x @ W; attention
 projections [hidden, heads, head_dim] and [heads, head_dim, hidden]) and viewed
 in PyTorch's nn.Linear layout ([out, in]) where the forward uses them, so the
-gradients come out in meshflow's layout. The safetensors files are parsed by
-hand (struct + numpy), no safetensors package.
+gradients come out in meshflow's layout. Convolution weights are [out, in, kh,
+kw] on both sides. The safetensors files are parsed by hand (struct + numpy),
+no safetensors package.
 """
 
 import argparse
@@ -165,10 +171,64 @@ def llama_logits(P, cfg, tokens):
     return linear(x, P["lm_head.weight"])
 
 
-def loss_fn(model, P, cfg, tokens, targets):
-    logits = (gpt_logits if model.startswith("gpt") else llama_logits)(P, cfg, tokens)
+# Hugging Face ResNetConvLayer's BatchNorm2d defaults.
+BN_EPS, BN_MOMENTUM = 1e-5, 0.1
+
+
+def is_running_stat(name):
+    return name.endswith(".running_mean") or name.endswith(".running_var")
+
+
+def resnet_logits(P, S, cfg, x):
+    """Hugging Face ResNetForImageClassification in training mode (batch norm on the
+    batch's statistics; updates the running statistics S in place). x [B, C*H*W]."""
+    act = {"relu": F.relu, "gelu": F.gelu}[cfg.get("hidden_act", "relu")]
+    size = cfg.get("image_size", 224)
+    x = x.reshape(x.shape[0], cfg.get("num_channels", 3), size, size)
+
+    def conv_bn(h, name, stride, activation):
+        w = P[name + ".convolution.weight"]  # [out, in, k, k], nn.Conv2d's layout
+        h = F.conv2d(h, w, stride=stride, padding=w.shape[-1] // 2)
+        n = name + ".normalization."
+        h = F.batch_norm(h, S[n + "running_mean"], S[n + "running_var"], P[n + "weight"],
+                         P[n + "bias"], training=True, momentum=BN_MOMENTUM, eps=BN_EPS)
+        return act(h) if activation else h
+
+    # ResNetEmbeddings: 7x7/2 conv + batch norm + act, 3x3/2 max pool (padding 1).
+    x = conv_bn(x, "embedder.embedder", 2, True)
+    x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+    # ResNetEncoder: stage i's first layer has stride 2, but the first stage's only
+    # with downsample_in_first_stage; a projection shortcut where the shape changes.
+    in_ch = cfg["embedding_size"]
+    bottleneck = cfg.get("layer_type", "bottleneck") == "bottleneck"
+    in_bottleneck = cfg.get("downsample_in_bottleneck", False)
+    for i, (out_ch, depth) in enumerate(zip(cfg["hidden_sizes"], cfg["depths"])):
+        for j in range(depth):
+            stride = 1 if j > 0 else (2 if i > 0 or cfg.get("downsample_in_first_stage") else 1)
+            p = f"encoder.stages.{i}.layers.{j}."
+            residual = x
+            if in_ch != out_ch or stride != 1:
+                residual = conv_bn(x, p + "shortcut", stride, False)
+            if bottleneck:  # 1x1 to out/4, 3x3, 1x1 to out
+                h = conv_bn(x, p + "layer.0", stride if in_bottleneck else 1, True)
+                h = conv_bn(h, p + "layer.1", 1 if in_bottleneck else stride, True)
+                h = conv_bn(h, p + "layer.2", 1, False)
+            else:  # two 3x3
+                h = conv_bn(x, p + "layer.0", stride, True)
+                h = conv_bn(h, p + "layer.1", 1, False)
+            x = act(h + residual)
+            in_ch = out_ch
+    # ResNetModel's pooler (AdaptiveAvgPool2d(1)), then classifier = Flatten, Linear.
+    x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+    return linear(x, P["classifier.1.weight"], P["classifier.1.bias"])
+
+
+def loss_fn(model, P, S, cfg, batch):
+    if model.startswith("resnet"):
+        return F.cross_entropy(resnet_logits(P, S, cfg, batch["x"]), batch["labels"])
+    logits = (gpt_logits if model.startswith("gpt") else llama_logits)(P, cfg, batch["tokens"])
     V = logits.shape[-1]
-    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=-1)
+    return F.cross_entropy(logits.reshape(-1, V), batch["targets"].reshape(-1), ignore_index=-1)
 
 
 # ----- comparison -----
@@ -227,23 +287,32 @@ def main():
     dtype = getattr(torch, args.dtype)
 
     weights, meta = read_safetensors(os.path.join(args.dir, "weights.safetensors"))
-    batch, _ = read_safetensors(os.path.join(args.dir, "batch.safetensors"))
+    batch_np, _ = read_safetensors(os.path.join(args.dir, "batch.safetensors"))
     grads, _ = read_safetensors(os.path.join(args.dir, "grads.safetensors"))
-    after, after_meta = read_safetensors(os.path.join(args.dir, "after_adam.safetensors"))
+    after, after_meta = read_safetensors(os.path.join(args.dir, "after_steps.safetensors"))
     model = meta["model"]
     cfg = json.loads(meta["config"])
     steps = int(meta["steps"])
-    lr, b1, b2 = float(meta["lr"]), float(meta["beta1"]), float(meta["beta2"])
-    eps, wd, clip = float(meta["eps"]), float(meta["weight_decay"]), float(meta["grad_clip"])
+    optimizer = meta.get("optimizer", "adamw")
+    lr, wd, clip = float(meta["lr"]), float(meta["weight_decay"]), float(meta["grad_clip"])
+    decay_all = meta.get("decay_all") == "true"
 
-    P = Params({n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()})
-    tokens = torch.tensor(batch["tokens"], dtype=torch.long)
-    targets = torch.tensor(batch["targets"], dtype=torch.long)
+    P = Params({n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()
+                if not is_running_stat(n)})
+    # Batch-norm running statistics: buffers, not parameters. The reference
+    # starts from meshflow's (so the update is checked on its own); whether
+    # those match BatchNorm2d's initial 0 / 1 is a separate "init" row.
+    S = {n: torch.tensor(a, dtype=dtype) for n, a in weights.items() if is_running_stat(n)}
+    batch = {n: torch.tensor(a, dtype=dtype if a.dtype.kind == "f" else torch.long)
+             for n, a in batch_np.items()}
     table = Table(args.tol)
     problems = []
+    for name, s in S.items():
+        init = torch.zeros_like(s) if name.endswith("running_mean") else torch.ones_like(s)
+        table.add("init", name, s.shape, s.numpy(), init.numpy())
 
     # One forward + backward.
-    loss = loss_fn(model, P, cfg, tokens, targets)
+    loss = loss_fn(model, P, S, cfg, batch)
     loss.backward()
     unused = sorted(set(P) - P.used)
     if unused:
@@ -260,22 +329,31 @@ def main():
             continue
         table.add("grad", name, p.shape, grads[name], ref_grads[name], floor)
 
-    # AdamW steps on the same batch, as meshflow's optimizer: global-norm clip,
-    # decoupled decay on the weights of linear layers and embeddings, the
-    # PyTorch convention (not biases, not norm gains), chosen here by name.
+    # Optimizer steps on the same batch, as meshflow's optimizer: global-norm
+    # clip, weight decay (decoupled for AdamW, added to the gradient for SGD)
+    # on every parameter with decay_all, else on the weights of linear layers,
+    # convolutions and embeddings, the PyTorch convention (not biases, not norm
+    # gains), chosen here by name.
     def decays(name):
-        return name.endswith(".weight") and not any(k in name for k in ("ln_", "norm"))
-    decay = [p for n, p in P.items() if decays(n)]
-    no_decay = [p for n, p in P.items() if not decays(n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(b1, b2), eps=eps)
+        return decay_all or (name.endswith(".weight") and
+                             not any(k in name for k in ("ln_", "norm")))
+    groups = [{"params": [p for n, p in P.items() if decays(n)], "weight_decay": wd},
+              {"params": [p for n, p in P.items() if not decays(n)], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if optimizer == "sgd":
+        momentum, nesterov = float(meta["momentum"]), meta["nesterov"] == "true"
+        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+        opt_desc = f"SGD lr {lr:g} momentum {momentum:g}{' nesterov' if nesterov else ''} wd {wd:g}"
+    else:
+        b1, b2, eps = float(meta["beta1"]), float(meta["beta2"]), float(meta["eps"])
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(b1, b2), eps=eps)
+        opt_desc = f"AdamW lr {lr:g} betas ({b1:g}, {b2:g}) eps {eps:g} wd {wd:g}"
     losses = []
     norm0 = None
     for step in range(steps):
         if step > 0:
             opt.zero_grad()
-            loss = loss_fn(model, P, cfg, tokens, targets)
+            loss = loss_fn(model, P, S, cfg, batch)
             loss.backward()
         losses.append(loss.item())
         norm = torch.nn.utils.clip_grad_norm_(list(P.values()), clip if clip > 0 else float("inf"))
@@ -287,16 +365,32 @@ def main():
     table.add("loss", f"losses[{steps}]", (steps,), ours_losses, losses)
     for name, p in P.items():
         if name not in after:
-            problems.append(f"after_adam.safetensors has no {name!r}")
+            problems.append(f"after_steps.safetensors has no {name!r}")
             continue
-        table.add("adamw", name, p.shape, after[name], p.detach().numpy())
+        table.add(optimizer, name, p.shape, after[name], p.detach().numpy())
+    for name, s in S.items():
+        if name not in after:
+            problems.append(f"after_steps.safetensors has no {name!r}")
+            continue
+        table.add("stats", name, s.shape, after[name], s.numpy())
+    extra = sorted(set(after) - set(P) - set(S))
+    if extra:
+        problems.append(f"after_steps.safetensors has tensors the model lacks: {extra}")
 
     table.print()
-    print(f"\n{model}: reference in torch {torch.__version__} {args.dtype}; "
+    if S and not table.worst("init") <= args.tol:
+        print("init: meshflow's running statistics before the first step are not BatchNorm2d's "
+              "(running_mean 0, running_var 1);\n  the rows after the steps start the "
+              "reference from meshflow's, so they check the update alone")
+    print(f"\n{model}: reference in torch {torch.__version__} {args.dtype}; {opt_desc}; "
           f"grad norm {norm0:.4g} (clip {clip:g}: {'active' if clip and norm0 > clip else 'inactive'});"
           f" losses meshflow {ours_losses} torch {[round(x, 6) for x in losses]}")
-    print(f"{model}: max rel err  loss {table.worst('loss'):.2e}  grads {table.worst('grad'):.2e}  "
-          f"adamw weights {table.worst('adamw'):.2e}  (tol {args.tol:g})")
+    worst = (f"{model}: max rel err  loss {table.worst('loss'):.2e}  "
+             f"grads {table.worst('grad'):.2e}  {optimizer} weights {table.worst(optimizer):.2e}")
+    if S:
+        worst += (f"  running stats {table.worst('stats'):.2e}  "
+                  f"init stats {table.worst('init'):.2e}")
+    print(f"{worst}  (tol {args.tol:g})")
     fails = table.failures()
     for p in problems:
         print(f"{model}: FAIL: {p}")

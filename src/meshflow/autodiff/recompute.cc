@@ -298,6 +298,9 @@ Status apply_recompute(Graph& g, const RecomputePolicy& p) {
     if (clone) {
       n.name += kSuffix;
       n.phase = Phase::kBackward;
+      // It only trains: without the inputs evaluation reads (OpDef::training_inputs).
+      const int training_inputs = op_def(n.kind).training_inputs;
+      if (training_inputs >= 0) n.inputs.resize(training_inputs);
     }
     const std::vector<ValueId> old_outputs = g.node(id).outputs;
     NodeId nid = out.add_node(std::move(n), types);

@@ -1,7 +1,11 @@
 #include "meshflow/engine/job.h"
 
+#include <algorithm>
+
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/models/cells.h"
+#include "meshflow/models/from_config.h"
 #include "meshflow/plan/auto_plan.h"
 
 namespace meshflow {
@@ -30,6 +34,47 @@ Status fold_recompute(RunConfig* rc) {
     return Status::invalid("parallel.recompute \"" + prc +
                            "\" differs from train.recompute; give one of them");
   tr.mode = mode;
+  return Status::ok();
+}
+
+// The model's cells (models/cells.h), from its forward graph at batch 1:
+// only when a config names cells.
+Result<std::vector<ModelCell>> model_cells(const RunConfig& rc) {
+  MF_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(rc.model));
+  MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(cfg, /*batch=*/1, /*seq=*/1));
+  return std::move(m.cells);
+}
+
+// train.recompute_layers: cell names become block numbers; blocks chosen with
+// nothing to recompute are an error, never silently a run without it.
+Status resolve_recompute_layers(RunConfig* rc) {
+  TrainConfig& tc = rc->train;
+  if (!tc.recompute_cells.empty()) {
+    MF_ASSIGN_OR_RETURN(std::vector<ModelCell> cells, model_cells(*rc));
+    MF_ASSIGN_OR_RETURN(std::vector<int> blocks,
+                        blocks_named(cells, tc.recompute_cells, "train.recompute_layers"));
+    std::vector<int>& layers = tc.recompute.layers;
+    layers.insert(layers.end(), blocks.begin(), blocks.end());
+    std::sort(layers.begin(), layers.end());
+    layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+    tc.recompute_cells.clear();
+  }
+  if (!tc.recompute.layers.empty() && tc.recompute.mode == RecomputePolicy::kNone)
+    return Status::invalid(
+        "train.recompute_layers chooses blocks to recompute, but train.recompute is \"none\"; "
+        "set train.recompute to \"full\" (the whole blocks) or \"selective\"");
+  return Status::ok();
+}
+
+// parallel.pipeline.stage_of: the cells' stages become layers_per_stage.
+Status resolve_stage_of(const RunConfig& rc, PipelineConfig* pc, std::vector<std::string>* notes) {
+  if (pc->stage_of.empty()) return Status::ok();
+  MF_ASSIGN_OR_RETURN(std::vector<ModelCell> cells, model_cells(rc));
+  MF_ASSIGN_OR_RETURN(pc->layers_per_stage, blocks_per_stage(cells, pc->stage_of, pc->stages));
+  std::string per;
+  for (int64_t n : pc->layers_per_stage) per += (per.empty() ? "" : ", ") + str(n);
+  notes->push_back("parallel.pipeline.stage_of: blocks per stage [" + per + "]");
+  pc->stage_of.clear();
   return Status::ok();
 }
 
@@ -160,6 +205,7 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
   StrategyConfig& par = rc.parallel;
   if (!rc.has_parallel) par = StrategyConfig{};  // no "parallel" section: nothing of it applies
   MF_RETURN_IF_ERROR(fold_recompute(&rc));
+  MF_RETURN_IF_ERROR(resolve_recompute_layers(&rc));
   job.mode = rc.has_parallel ? mode_of(par.mode) : ParallelMode::kData;
 
   if (job.mode == ParallelMode::kHybrid)
@@ -201,6 +247,7 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
       if (!parsed.is_ok()) return parsed.status().with_context("parallel");
       pc = *parsed;
     }
+    MF_RETURN_IF_ERROR(resolve_stage_of(rc, &pc, &job.notes));
     if (pc.stages == 1) {
       if (rc.train.micro_batches != 1 && rc.train.micro_batches != pc.micro_batches)
         return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +

@@ -102,8 +102,10 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
     x = b.add(x, pos, "embed");                                       // [B,T,C] + [T,C]
     x = dropout(x, cfg.embd_pdrop, "embd_drop");
 
+    m.cells = {{"wte", -1}, {"wpe", -1}};
     for (int64_t i = 0; i < L; ++i) {
-      auto block = b.scope("h." + std::to_string(i), static_cast<int>(i));
+      m.cells.push_back({"h." + std::to_string(i), static_cast<int>(i)});
+      auto block = b.scope(m.cells.back().name, static_cast<int>(i));
       // Attention: a = ln_1(x); q, k, v: [B,T,H,D]; o: [B,T,C].
       ValueId a = b.layer_norm(x, param("ln_1.weight", Shape{hidden}, Init::ones()),
                                param("ln_1.bias", Shape{hidden}, Init::zeros()), eps, "ln_1");
@@ -144,6 +146,8 @@ Result<ModelGraph> build_gpt(const GptConfig& cfg, int64_t batch, int64_t seq) {
 
     x = b.layer_norm(x, param("ln_f.weight", Shape{hidden}, Init::ones()),
                      param("ln_f.bias", Shape{hidden}, Init::zeros()), eps, "ln_f");
+    m.cells.push_back({"ln_f", -1});
+    m.cells.push_back({"lm_head", -1});
     add_lm_head(b, m.graph, x, cfg.tie_word_embeddings ? wte : kNoValue, vocab, w_init, targets);
   } catch (const StatusError& e) {
     return e.status().with_context("building gpt");

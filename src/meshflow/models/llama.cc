@@ -105,9 +105,11 @@ Result<ModelGraph> build_llama(const LlamaConfig& cfg, int64_t batch, int64_t se
     ValueId targets = b.input("targets", Shape{{"batch", B}, {"seq", T}}, DType::I32);
     ValueId embed = param("model.embed_tokens.weight", Shape{vocab, hidden}, w_init);
     ValueId x = b.embedding(embed, tokens, "model.embed_tokens");  // [B,T,C]
+    m.cells.push_back({"model.embed_tokens", -1});
 
     for (int64_t i = 0; i < L; ++i) {
-      auto block = b.scope("model.layers." + std::to_string(i), static_cast<int>(i));
+      m.cells.push_back({"model.layers." + std::to_string(i), static_cast<int>(i)});
+      auto block = b.scope(m.cells.back().name, static_cast<int>(i));
       ValueId a = b.rms_norm(x, param("input_layernorm.weight", Shape{hidden}, Init::ones()), eps,
                              "input_layernorm");
       ValueId o;
@@ -145,6 +147,8 @@ Result<ModelGraph> build_llama(const LlamaConfig& cfg, int64_t batch, int64_t se
     }
 
     x = b.rms_norm(x, param("model.norm.weight", Shape{hidden}, Init::ones()), eps, "model.norm");
+    m.cells.push_back({"model.norm", -1});
+    m.cells.push_back({"lm_head", -1});
     add_lm_head(b, m.graph, x, cfg.tie_word_embeddings ? embed : kNoValue, vocab, w_init, targets);
   } catch (const StatusError& e) {
     return e.status().with_context("building llama");

@@ -67,6 +67,7 @@ Result<ModelGraph> build_mlp(const MlpConfig& cfg, int64_t batch) {
       const bool last = i + 1 == n_layers;
       Dim out = last ? Dim{"classes", cfg.num_classes} : Dim{hidden_dim_name(i), cfg.hidden[i]};
       const std::string fc = "fc" + std::to_string(i + 1);
+      m.cells.push_back({fc, -1});
       const float bound = 1.f / std::sqrt(static_cast<float>(in.size));
       ValueId w = b.parameter(fc + ".weight", Shape{in, out}, Init::uniform(bound));
       ValueId bias = b.parameter(fc + ".bias", Shape{out}, Init::zeros());

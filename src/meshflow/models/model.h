@@ -38,8 +38,21 @@ namespace meshflow {
 inline constexpr int64_t kMaxModelDim = (int64_t{1} << 31) - 1;
 inline constexpr int64_t kMaxModelLayers = 100000;
 
+// A part of the model a user addresses by name (parallel.pipeline.stage_of,
+// train.recompute_layers; models/cells.h), as Hugging Face names its modules:
+// the stem or embeddings, each block, the head. block >= 0: the block whose
+// nodes carry node.layer == block; -1: outside the blocks (before or after
+// them, by its place in ModelGraph::cells).
+struct ModelCell {
+  std::string name;
+  int block = -1;
+};
+
 struct ModelGraph {
   Graph graph;
+  // The model's cells in forward order ("embedder", "encoder.stages.0.layers.0",
+  // ..., "classifier"); a dotted prefix addresses every cell under it.
+  std::vector<ModelCell> cells;
   // Data inputs fed every step, in this order: {"tokens", "targets"} for
   // language models, {"x", "labels"} for the MLP. (Dropout adds the scalar
   // "rng_offset" and autodiff "loss_scale"; those are not data.)

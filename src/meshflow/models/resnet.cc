@@ -81,8 +81,7 @@ class ResNetBuilder {
         b_.parameter(b_.qualify(name + ".normalization.weight"), ch, Init::ones());
     const ValueId beta = b_.parameter(b_.qualify(name + ".normalization.bias"), ch, Init::zeros());
     const ValueId rm = b_.state(b_.qualify(name + ".normalization.running_mean"), ch);
-    const ValueId rv = b_.state(b_.qualify(name + ".normalization.running_var"), ch);
-    running_vars_.push_back(rv);
+    const ValueId rv = b_.state(b_.qualify(name + ".normalization.running_var"), ch, Init::ones());
     y = b_.batch_norm(y, gamma, beta, rm, rv, 1e-5f, 0.1f, name + ".normalization");
     return act ? activation(y, name + ".act") : y;
   }
@@ -114,6 +113,7 @@ class ResNetBuilder {
   ValueId build(ValueId x) {
     int64_t block = 0;
     {
+      cells_.push_back({"embedder", -1});
       auto s = b_.scope("embedder");
       x = conv_bn(x, "embedder", {"channels", c_.embedding_size}, 7, 2, true);
       x = b_.max_pool2d(x, {{3, 3}, {2, 2}, {1, 1}, {1, 1}}, "pooler");
@@ -121,18 +121,21 @@ class ResNetBuilder {
     for (size_t i = 0; i < c_.depths.size(); ++i) {
       for (int64_t j = 0; j < c_.depths[i]; ++j) {
         const int64_t stride = j > 0 ? 1 : (i > 0 || c_.downsample_in_first_stage) ? 2 : 1;
-        auto s = b_.scope("encoder.stages." + std::to_string(i) + ".layers." + std::to_string(j),
-                          static_cast<int>(block++));
+        const std::string name =
+            "encoder.stages." + std::to_string(i) + ".layers." + std::to_string(j);
+        cells_.push_back({name, static_cast<int>(block)});
+        auto s = b_.scope(name, static_cast<int>(block++));
         x = layer(x, c_.hidden_sizes[i], stride);
       }
     }
     return x;
   }
 
+  std::vector<ModelCell> cells_;  // as build() met them
+
  private:
   const ResNetConfig& c_;
   Builder& b_;
-  std::vector<ValueId> running_vars_;
 };
 
 }  // namespace
@@ -154,6 +157,9 @@ Result<ModelGraph> build_resnet(const ResNetConfig& c, int64_t batch) {
     ValueId x = b.op1(OpKind::kReshape, {flat}, to_nchw, "to_nchw");
     ResNetBuilder rb(c, b);
     x = rb.build(x);
+    m.cells = std::move(rb.cells_);
+    m.cells.push_back({"pooler", -1});
+    m.cells.push_back({"classifier", -1});
     // pooler: the global average over height and width; then the classifier.
     const Shape& xs = m.graph.shape(x);
     x = b.reduce_mean(x, {2, 3}, false, "pooler");  // [batch, channels]

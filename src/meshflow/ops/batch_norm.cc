@@ -4,6 +4,9 @@
 //                      rng_offset [2]) -> (y [N, C, ..], mean [C], rstd [C])
 //                     training (rng_offset[0] >= 0): the batch's mean and biased variance;
 //                     evaluation (rng_offset[0] < 0): the running ones.
+//                     (x, gamma, beta) alone: training only, the form a recompute clone
+//                     takes (OpDef::training_inputs), since it runs after the forward
+//                     updated the running statistics.
 //                     y = (x - mean) rstd gamma + beta, rstd = 1 / sqrt(var + eps)
 //   batch_norm_grad   (dy, x, gamma, mean, rstd) -> (dx, dgamma [C], dbeta [C])
 //   batch_norm_update (running_mean, running_var, mean, rstd): updates the first two in
@@ -44,15 +47,18 @@ Status expect_x(const Graph& g, const Node& n, int i) {
 }
 
 Status infer_batch_norm(const Graph& g, const Node& n, std::vector<Value>* outs) {
-  MF_RETURN_IF_ERROR(expect_inputs(g, n, 6));
+  const bool training_only = n.inputs.size() == 3;
+  if (!training_only) MF_RETURN_IF_ERROR(expect_inputs(g, n, 6));
   MF_RETURN_IF_ERROR(expect_x(g, n, 0));
   const Shape& x = g.shape(n.inputs[0]);
   const int64_t c = x.size(1);
   MF_RETURN_IF_ERROR(expect_channels(g, n, 1, "gamma", c));
   MF_RETURN_IF_ERROR(expect_channels(g, n, 2, "beta", c));
-  MF_RETURN_IF_ERROR(expect_channels(g, n, 3, "running_mean", c));
-  MF_RETURN_IF_ERROR(expect_channels(g, n, 4, "running_var", c));
-  MF_RETURN_IF_ERROR(expect_dtype(g, n, 5, DType::I32));
+  if (!training_only) {
+    MF_RETURN_IF_ERROR(expect_channels(g, n, 3, "running_mean", c));
+    MF_RETURN_IF_ERROR(expect_channels(g, n, 4, "running_var", c));
+    MF_RETURN_IF_ERROR(expect_dtype(g, n, 5, DType::I32));
+  }
   const Shape stat{{x.name(1), c}};
   outs->push_back(out_value(x));
   outs->push_back(out_value(stat));
@@ -142,7 +148,7 @@ ShardingRule sharding_batch_norm(const Graph& g, const Node& n) {
   const bool fwd = n.kind == OpKind::kBatchNorm;
   const Shape& x = g.shape(n.inputs[fwd ? 0 : 1]);
   // Operand roles: X = x-shaped, C = [C], - = rng_offset.
-  const char* ins = fwd ? "XCCCC-" : "XXCCC";
+  const char* ins = fwd ? (ni == 3 ? "XCC" : "XCCCC-") : "XXCCC";
   const char* outs = fwd ? "XCC" : "XCC";
   const int ch = r.add(x.name(1), x.size(1));
   for (int i = 0; i < ni; ++i)
@@ -155,7 +161,7 @@ ShardingRule sharding_batch_norm(const Graph& g, const Node& n) {
       if (ins[i] == 'X') r.in(f, i, d);
     r.out(f, 0, d);
   }
-  if (fwd) r.in(r.add("rng", 2, F::kNeedReplicate), 5, 0);
+  if (fwd && ni == 6) r.in(r.add("rng", 2, F::kNeedReplicate), 5, 0);
   return r;
 }
 
@@ -194,6 +200,7 @@ void register_batch_norm_ops(OpTable& t) {
   add_op(t, OpKind::kBatchNormGrad, 5, infer_batch_norm_grad, nullptr, cost_batch_norm);
   add_op(t, OpKind::kBatchNormUpdate, 4, infer_batch_norm_update, nullptr, cost_batch_norm,
          /*mutates=*/0b11);
+  set_training_inputs(t, OpKind::kBatchNorm, 3);
   for (OpKind k : {OpKind::kBatchNorm, OpKind::kBatchNormGrad, OpKind::kBatchNormUpdate})
     set_sharding(t, k, sharding_batch_norm);
   for (OpKind k : {OpKind::kBatchNorm, OpKind::kBatchNormGrad}) {

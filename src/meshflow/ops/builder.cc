@@ -60,9 +60,10 @@ ValueId Builder::input(const std::string& name, Shape shape, DType dtype) {
   return g_.node(g_.add_node(std::move(n), {out_value(std::move(shape), dtype)})).outputs[0];
 }
 
-ValueId Builder::state(const std::string& name, Shape shape) {
+ValueId Builder::state(const std::string& name, Shape shape, Init init) {
   Attrs a;
   a.shape = shape;
+  a.init = init;
   Node n;
   n.kind = OpKind::kState;
   n.name = name;

@@ -81,7 +81,7 @@ class Builder {
   // Sources. Names are global (not scoped unless the caller qualifies them).
   ValueId parameter(const std::string& name, Shape shape, Init init);
   ValueId input(const std::string& name, Shape shape, DType dtype = DType::F32);
-  ValueId state(const std::string& name, Shape shape);
+  ValueId state(const std::string& name, Shape shape, Init init = Init::zeros());
   // The graph's i32 input "rng_offset" [2] for dropout: (stream offset, shard).
   // Element 0 picks the random stream (the trainer feeds step * micro_batches +
   // micro); element 1 is this rank's index along the leading (batch) dim, so

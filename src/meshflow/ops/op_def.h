@@ -60,11 +60,16 @@ struct OpDef {
   OpKind kind = OpKind::kCount;
   int num_inputs = -1;  // -1: variadic
   InferFn infer = nullptr;
-  GradFn grad = nullptr;              // nullptr: no gradient flows to the inputs
-  CostFn cost = nullptr;              // nullptr: element-wise default (bytes of all inputs+outputs)
-  uint32_t mutates = 0;               // bit i set: input i is updated in place (optimizer ops)
-  bool stateful_rng = false;          // reads the graph's rng offset (dropout)
-  ShardingRuleFn sharding = nullptr;  // set beside the op by set_sharding()
+  GradFn grad = nullptr;      // nullptr: no gradient flows to the inputs
+  CostFn cost = nullptr;      // nullptr: element-wise default (bytes of all inputs+outputs)
+  uint32_t mutates = 0;       // bit i set: input i is updated in place (optimizer ops)
+  bool stateful_rng = false;  // reads the graph's rng offset (dropout)
+  // >= 0: a copy of the node that only ever trains (a recompute clone, run in
+  // the backward) takes just the first training_inputs inputs; the others are
+  // read only in evaluation (batch norm's running statistics, which the
+  // forward has updated by then). set_training_inputs().
+  int training_inputs = -1;
+  ShardingRuleFn sharding = nullptr;               // set beside the op by set_sharding()
   InnerCollectivesFn inner_collectives = nullptr;  // set by set_inner_collectives()
   LocalAttrsFn local_attrs = nullptr;              // set by set_local_attrs()
 };
@@ -95,6 +100,8 @@ void register_collective_ops(OpTable& t);
 void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
             CostFn cost = nullptr, uint32_t mutates = 0, bool stateful_rng = false);
 
+// Declares the training-only form of kind (OpDef::training_inputs; after its add_op).
+void set_training_inputs(OpTable& t, OpKind kind, int n);
 // Sets kind's sharding rule (after its add_op).
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn);
 // Declares the collectives kind's kernel runs inside itself (after its add_op).

@@ -67,6 +67,10 @@ void add_op(OpTable& t, OpKind kind, int num_inputs, InferFn infer, GradFn grad,
   d.stateful_rng = stateful_rng;
 }
 
+void set_training_inputs(OpTable& t, OpKind kind, int n) {
+  t[static_cast<int>(kind)].training_inputs = n;
+}
+
 void set_sharding(OpTable& t, OpKind kind, ShardingRuleFn fn) {
   t[static_cast<int>(kind)].sharding = fn;
 }

@@ -17,7 +17,8 @@ Status verify(const Graph& g) {
     const Node& n = g.node(id);
     const OpDef& def = op_def(n.kind);
     std::string where = "node " + std::to_string(id) + " " + node_label(n);
-    if (def.num_inputs >= 0 && static_cast<int>(n.inputs.size()) != def.num_inputs)
+    if (def.num_inputs >= 0 && static_cast<int>(n.inputs.size()) != def.num_inputs &&
+        static_cast<int>(n.inputs.size()) != def.training_inputs)
       return Status::internal(where + ": has " + std::to_string(n.inputs.size()) +
                               " inputs, op takes " + std::to_string(def.num_inputs));
     for (size_t i = 0; i < n.inputs.size(); ++i) {

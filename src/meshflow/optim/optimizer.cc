@@ -23,6 +23,8 @@ bool reads_as_bias_or_gain(const Graph& g, const Node& n, ValueId p) {
       return n.inputs[1] == p || n.inputs[2] == p;
     case OpKind::kRmsNorm:
       return n.inputs[1] == p;
+    case OpKind::kBatchNorm:
+      return n.inputs[1] == p || n.inputs[2] == p;
     default:
       return false;
   }

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshflow/core/glob.h"
 #include "meshflow/core/layout.h"
 #include "meshflow/core/mesh.h"
 #include "meshflow/core/shape.h"
@@ -146,8 +147,5 @@ void use_data_parallel_plan(StrategyConfig* c, const Mesh& mesh);
 // Rules are checked against the mesh, split tuples parsed (not yet applied to nodes).
 Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j,
                                              const std::string& where = "parallel");
-
-// Shell-style match: '*' any run (also empty), '?' exactly one character.
-bool glob_match(const std::string& pattern, const std::string& name);
 
 }  // namespace meshflow

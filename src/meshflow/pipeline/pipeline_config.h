@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "meshflow/config/json_reader.h"
@@ -25,6 +27,10 @@ struct PipelineConfig {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int micro_batches = 1;
   int virtual_stages = 1;
+  // "stage_of": {"embedder": 0, "encoder.stages.2": 1, ...}: the stage of each
+  // cell by name (MindSpore's cell.pipeline_stage; models/cells.h). The job
+  // resolves it against the model into layers_per_stage (engine/job.h).
+  std::vector<std::pair<std::string, int64_t>> stage_of;
 };
 
 // Strict: unknown keys and bad values are errors naming the key and what is valid.

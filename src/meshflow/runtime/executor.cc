@@ -129,6 +129,9 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
       case OpKind::kInput: {
         ValueId v = n.outputs[0];
         persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
+        if (n.kind == OpKind::kState && n.attrs.init.kind != Init::Kind::kZeros)
+          initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed,
+                     n.attrs.global_dims, n.attrs.global_offset);
         (n.kind == OpKind::kState ? stats_.optimizer : stats_.inputs) += persistent_[v].nbytes();
         is_persistent[v] = 1;
         break;

@@ -1,6 +1,7 @@
 #include "meshflow/runtime/run_config.h"
 
 #include <filesystem>
+#include <limits>
 #include <sstream>
 
 namespace meshflow {
@@ -65,15 +66,33 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.boolean("overlap_comm", &t->overlap_comm);
   std::string recompute = "none";
   r.choice("recompute", &recompute, {"none", "full", "selective", "ops"});
-  std::vector<int64_t> layers;
-  r.int_list("recompute_layers", &layers, 0);
-  r.ignore({"recompute_ops"});
+  r.ignore({"recompute_ops", "recompute_layers"});
   MF_RETURN_IF_ERROR(r.finish());
   t->recompute.mode = recompute == "full"        ? RecomputePolicy::kFull
                       : recompute == "selective" ? RecomputePolicy::kSelective
                       : recompute == "ops"       ? RecomputePolicy::kOps
                                                  : RecomputePolicy::kNone;
-  for (int64_t l : layers) t->recompute.layers.push_back(static_cast<int>(l));
+  if (j.contains("recompute_layers")) {
+    const json& layers = j.at("recompute_layers");
+    const std::string want =
+        "a list of block numbers or cell names, like [0, 1] or [\"encoder.stages.*\"]";
+    if (!layers.is_array())
+      return Status::invalid("train.recompute_layers must be " + want + ", got " +
+                             json_type_name(layers));
+    for (const json& l : layers) {
+      if (l.is_string()) {
+        t->recompute_cells.push_back(l.get<std::string>());
+      } else if (l.is_number_integer() && l.get<int64_t>() >= 0 &&
+                 l.get<int64_t>() <= std::numeric_limits<int>::max()) {
+        t->recompute.layers.push_back(static_cast<int>(l.get<int64_t>()));
+      } else {
+        return Status::invalid(
+            "train.recompute_layers entries must be block numbers >= 0 or "
+            "cell names, got " +
+            l.dump());
+      }
+    }
+  }
   if (j.contains("recompute_ops")) {
     const json& ops = j.at("recompute_ops");
     if (!ops.is_array())

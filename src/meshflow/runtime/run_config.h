@@ -53,8 +53,12 @@ struct TrainConfig {
   bool overlap_comm = true;  // data parallel: start all-reduces during the backward
   // Activation recomputation (autodiff/recompute.h): "recompute": "none" |
   // "full" (every op of the blocks) | "selective" (the attention core) | "ops"
-  // (with "recompute_ops": [names or globs]); "recompute_layers": [blocks] (all if absent).
+  // (with "recompute_ops": [names or globs]); "recompute_layers": [blocks] (all if absent),
+  // block numbers or cell names ("encoder.stages.*", models/cells.h).
   RecomputePolicy recompute;
+  // recompute_layers given by cell name; the job resolves them against the
+  // model into recompute.layers (engine/job.h).
+  std::vector<std::string> recompute_cells;
 };
 
 struct RunConfig {

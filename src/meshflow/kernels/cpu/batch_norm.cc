@@ -49,6 +49,7 @@ void per_channel(const Planes& p, std::vector<float>* out, Fn fn) {
 }
 
 // inputs: x, gamma, beta, running_mean, running_var, rng_offset -> y, mean, rstd
+// (x, gamma, beta alone: training)
 void batch_norm_kernel(const KernelCall& c) {
   const Planes p(c.in_shape(0));
   const float* x = c.in_f(0);
@@ -58,7 +59,7 @@ void batch_norm_kernel(const KernelCall& c) {
   float* mean = c.out_f(1);
   float* rstd = c.out_f(2);
   const float eps = c.attrs().eps;
-  if (c.in_i(5)[0] < 0) {  // evaluation: the running statistics
+  if (c.in.size() == 6 && c.in_i(5)[0] < 0) {  // evaluation: the running statistics
     for (int64_t ch = 0; ch < p.C; ++ch) {
       mean[ch] = c.in_f(3)[ch];
       rstd[ch] = 1.f / std::sqrt(c.in_f(4)[ch] + eps);
