@@ -236,5 +236,47 @@ TEST_F(Job, ResNetDataParallelFromTheCliEqualsOneRank) {
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(eval_loss(cfg, "--ranks 2"), one, 1e-5 * std::abs(one));
 }
 
+// Seed 003's third principle as shipped: only the first convolution (batch
+// split) and the classifier (classes split) are configured; propagation makes
+// the front half data parallel and the back half model parallel, with one
+// all_gather at the boundary; the run equals one device.
+TEST_F(Job, PropagationFromTwoConfiguredOpsSplitsFrontAndBack) {
+  const std::string shipped = source_dir() + "/configs/resnet_propagation.json";
+  CliRun e = run_cli("explain " + shipped + " --ranks 2");
+  ASSERT_EQ(e.code, 0) << e.output;
+  auto layout = [&](const std::string& node) {
+    const size_t at = e.output.find(" " + node + " ");
+    return at == std::string::npos ? std::string()
+                                   : e.output.substr(at, e.output.find('\n', at) - at);
+  };
+  EXPECT_NE(layout("encoder.stages.1.layers.0.layer.1.convolution")
+                .find("[S(0)], [R] -> [S(0)]  (propagated)"),
+            std::string::npos)
+      << layout("encoder.stages.1.layers.0.layer.1.convolution");
+  EXPECT_NE(layout("classifier.1.bias_add").find("[S(1)], [S(0)] -> [S(1)]  (propagated)"),
+            std::string::npos)
+      << layout("classifier.1.bias_add");
+  EXPECT_NE(layout("loss").find("[S(1)], [R] -> [R], [R]  (propagated)"), std::string::npos)
+      << layout("loss");
+  // The boundary: the pooled features gathered for the classifier, once.
+  EXPECT_NE(e.output.find("fwd       all_gather      over dp  pooler                           for "
+                          "classifier.1 "),
+            std::string::npos)
+      << e.output;
+  EXPECT_EQ(e.output.find("fwd       all_to_all"), std::string::npos) << e.output;
+
+  json j = json::parse(std::ifstream(shipped));
+  j["model"] = source_dir() + "/configs/models/resnet_fashion.json";
+  j["train"]["steps"] = 3;
+  j["train"]["eval_batches"] = 2;
+  const std::string two = (dir_ / "prop.json").string();
+  std::ofstream(two) << j.dump(2);
+  j.erase("parallel");
+  const std::string one = (dir_ / "one.json").string();
+  std::ofstream(one) << j.dump(2);
+  const double single = eval_loss(one, "");
+  EXPECT_NEAR(eval_loss(two, "--ranks 2"), single, 1e-5 * std::abs(single));
+}
+
 }  // namespace
 }  // namespace meshflow

@@ -231,8 +231,11 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
   }
   job.partitioned = job.mode != ParallelMode::kData;
 
-  // Semi / auto with nothing said about dp: the batch is split over it.
-  if (job.partitioned && par.preset.empty() && par.rules.rules.empty()) {
+  // Semi / auto with nothing said about dp: the batch is split over it. Auto
+  // with split tuples propagates from them alone (MindSpore's sharding
+  // propagation: the configured ops decide, seed 003).
+  const bool propagates_from_tuples = job.mode == ParallelMode::kAuto && !par.strategies.empty();
+  if (job.partitioned && par.preset.empty() && par.rules.rules.empty() && !propagates_from_tuples) {
     const Mesh probe = par.has_mesh ? par.mesh : Mesh::line(world, "dp");
     if (probe.axis_index("dp") >= 0) par.rules.rules.emplace_back("batch", "dp");
   }

@@ -7,9 +7,13 @@
 //     train.recompute;
 //   - "zero" in mode "data" runs on the partitioner (the plan "batch on dp",
 //     ZeRO over dp), never silently dropped;
-//   - "semi" / "auto" with a mesh but no preset, rules or strategies: the batch
-//     is split over dp (an axis that splits nothing is an error after
-//     annotation: check_axes_used);
+//   - "semi" / "auto" with a mesh but no preset or rules: the batch is split
+//     over dp, except "auto" with split tuples, which propagates from them
+//     alone (an axis that splits nothing is an error after annotation:
+//     check_axes_used);
+//   - cell names are resolved against the model's cells (models/cells.h):
+//     pipeline.stage_of into layers_per_stage, train.recompute_layers names
+//     into block numbers;
 //   - the pipeline section is parsed and checked against the mesh and the rank
 //     count; 1 stage folds its micro-batches into gradient accumulation;
 //   - batch / micro-batch / replica arithmetic is checked once;
