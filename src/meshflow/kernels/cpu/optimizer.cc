@@ -47,6 +47,25 @@ void clip_coef_kernel(const KernelCall& c) {
   *c.out_f(1) = static_cast<float>(norm);
 }
 
+// p -= lr (g coef + wd p)
+void sgd_plain(float* __restrict p, const float* __restrict g, int64_t n, float lr, float coef,
+               float wd) {
+  for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * coef + wd * p[i]);
+}
+
+// d = g coef + wd p; buf = mom buf + d; p -= lr (nesterov ? d + mom buf : buf)
+void sgd_momentum(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
+                  float lr, float coef, float wd, float mom, bool nesterov) {
+  const float keep_d = nesterov ? 1.f : 0.f, mom_b = nesterov ? mom : 1.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float pi = p[i];
+    const float d = g[i] * coef + wd * pi;
+    const float b = mom * buf[i] + d;
+    buf[i] = b;
+    p[i] = pi - lr * (keep_d * d + mom_b * b);
+  }
+}
+
 void sgd_kernel(const KernelCall& c) {
   float* p = c.in_mut_f(0);
   const float* g = c.in_f(1);
@@ -55,17 +74,13 @@ void sgd_kernel(const KernelCall& c) {
   const Attrs& a = c.attrs();
   const float mom = a.momentum, wd = a.weight_decay;
   const bool nesterov = a.nesterov;
-  cpu::parallel_for(c.in_shape(0).numel(), 4, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      float d = g[i] * coef + wd * p[i];
-      float step = d;
-      if (mom != 0.f) {
-        buf[i] = mom * buf[i] + d;
-        step = nesterov ? d + mom * buf[i] : buf[i];
-      }
-      p[i] -= lr * step;
-    }
+  // One branch-free loop per form, each in its own function over restrict
+  // pointers so that it vectorizes.
+  cpu::parallel_for(c.in_shape(0).numel(), 4, [=](int64_t lo, int64_t hi) {
+    if (mom == 0.f)
+      sgd_plain(p + lo, g + lo, hi - lo, lr, coef, wd);
+    else
+      sgd_momentum(p + lo, g + lo, buf + lo, hi - lo, lr, coef, wd, mom, nesterov);
   });
 }
 
@@ -82,16 +97,20 @@ void adamw_kernel(const KernelCall& c) {
   const double bc2 = 1.0 - std::pow(double(b2), double(step));
   const float step_size = static_cast<float>(lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  cpu::parallel_for(c.in_shape(0).numel(), 8, [&](int64_t lo, int64_t hi) {
+  cpu::parallel_for(c.in_shape(0).numel(), 8, [=](int64_t lo, int64_t hi) {
+    float* __restrict pp = p;
+    const float* __restrict gg = g;
+    float* __restrict mm = m;
+    float* __restrict vv = v;
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
-      const float gi = g[i] * coef;
-      const float mi = b1 * m[i] + (1.f - b1) * gi;
-      const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
+      const float gi = gg[i] * coef;
+      const float mi = b1 * mm[i] + (1.f - b1) * gi;
+      const float vi = b2 * vv[i] + (1.f - b2) * gi * gi;
+      mm[i] = mi;
+      vv[i] = vi;
       const float denom = std::sqrt(vi) * inv_sqrt_bc2 + eps;
-      p[i] = p[i] * decay - step_size * mi / denom;
+      pp[i] = pp[i] * decay - step_size * mi / denom;
     }
   });
 }

@@ -4,6 +4,7 @@
 // elements; there is nothing for a GEMM here).
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
@@ -18,13 +19,34 @@ struct PoolGeom {
     planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3), OH = y.size(2), OW = y.size(3);
     KH = a.kernel[0], KW = a.kernel[1], sh = a.stride[0], sw = a.stride[1];
     ph = a.padding[0], pw = a.padding[1], dh = a.dilation[0], dw = a.dilation[1];
+    K = static_cast<int>(KH * KW);
+    off.resize(K);
+    for (int64_t i = 0; i < KH; ++i)
+      for (int64_t j = 0; j < KW; ++j) off[i * KW + j] = i * dh * W + j * dw;
   }
+  int K;                     // window elements
+  std::vector<int64_t> off;  // each one's offset from the window's corner, row-major
   int64_t work() const { return OH * OW * KH * KW; }
 };
 
 // The flat index in its plane of the window's first maximum (-1: the window
 // covers padding only, which pooled() rules out).
 int64_t argmax(const PoolGeom& g, const float* x, int64_t oh, int64_t ow) {
+  const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+  if (h0 >= 0 && w0 >= 0 && h0 + (g.KH - 1) * g.dh < g.H && w0 + (g.KW - 1) * g.dw < g.W) {
+    // Inside the plane (most windows): no bounds tests, and selects instead of
+    // branches on the data (a compare per element mispredicts half the time).
+    const float* base = x + h0 * g.W + w0;
+    float best = base[0];
+    int32_t at = 0;
+    for (int k = 1; k < g.K; ++k) {
+      const float v = base[g.off[k]];
+      const bool take = !(v <= best) && best == best;  // larger, or the first NaN
+      at = take ? k : at;
+      best = take ? v : best;
+    }
+    return h0 * g.W + w0 + g.off[at];
+  }
   float best = -std::numeric_limits<float>::infinity();
   int64_t at = -1;
   for (int64_t i = 0; i < g.KH; ++i) {
