@@ -95,6 +95,33 @@ class Gen {
     }
     return coin(0.05) ? s : s + ")";
   }
+  // Cell names to stages, valid and not: names of the three models' cells,
+  // prefixes, globs, parts inside cells, unknown names; stages in and out of range.
+  json stage_of() {
+    static const std::vector<std::string> cells = {"embedder",
+                                                   "encoder.stages.0",
+                                                   "encoder.stages.1",
+                                                   "encoder.*",
+                                                   "pooler",
+                                                   "classifier",
+                                                   "h.0",
+                                                   "h.*",
+                                                   "wte",
+                                                   "wpe",
+                                                   "ln_f",
+                                                   "lm_head",
+                                                   "model.layers.*",
+                                                   "model.*",
+                                                   "*",
+                                                   "layer4",
+                                                   "encoder.stages.0.layers.0.layer.1",
+                                                   "",
+                                                   "?"};
+    json s = json::object();
+    for (int i = 0; i < 1 + pick(6); ++i)
+      s[one(cells)] = coin(0.9) ? json(pick(3) - (coin(0.05) ? 2 : 0)) : junk();
+    return s;
+  }
   json parallel() {
     json p = json::object();
     if (coin(0.8))
@@ -117,8 +144,11 @@ class Gen {
     if (coin(0.3)) {
       json st = json::object();
       static const std::vector<std::string> names = {
-          "h.*.mlp.c_fc", "h.*.mlp.c_proj", "h.0.attn.*", "*attn.core",
-          "fc*",          "nope",           "h.*.mlp.cfc"};
+          "h.*.mlp.c_fc", "h.*.mlp.c_proj",
+          "h.0.attn.*",   "*attn.core",
+          "fc*",          "nope",
+          "h.*.mlp.cfc",  "embedder.embedder.convolution",
+          "classifier.1", "encoder.stages.*.convolution"};
       for (int i = 0; i < 1 + pick(2); ++i)
         st[one(names)] = coin(0.9) ? json(split_tuple()) : junk();
       p["strategies"] = st;
@@ -133,6 +163,7 @@ class Gen {
         pl["schedule"] = one<std::string>({"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
       if (coin(0.3)) pl["virtual_stages"] = count();
       if (coin(0.2)) pl["layers_per_stage"] = json::array({pick(3), pick(3)});
+      if (coin(0.3)) pl["stage_of"] = coin(0.9) ? stage_of() : junk();
       p["pipeline"] = coin(0.95) ? pl : junk();
     }
     if (coin(0.2))
@@ -143,9 +174,20 @@ class Gen {
 
   // A small run config, then a few random mutations.
   json config() {
-    const bool mlp = coin(0.3);
+    const bool mlp = coin(0.25), resnet = !mlp && coin(0.3);
     json j;
-    if (mlp) {
+    if (resnet) {
+      j["model"] = {{"model_type", "resnet"}, {"num_channels", 1},
+                    {"embedding_size", 8},    {"hidden_sizes", {8, 16}},
+                    {"depths", {1, 1}},       {"layer_type", coin() ? "basic" : "bottleneck"},
+                    {"num_labels", 10},       {"image_size", 28}};
+      j["data"] = {{"dataset", "fashion_mnist"}};
+      j["train"] = {{"steps", 1}, {"batch_size", 8}, {"threads", 1}, {"eval_batches", 1}};
+      if (coin(0.3))
+        j["train"]["recompute_layers"] =
+            json::array({one<std::string>({"encoder.stages.*", "embedder", "nope", "encoder"})});
+      if (coin(0.3)) j["train"]["recompute"] = "full";
+    } else if (mlp) {
       j["model"] = {{"type", "mlp"}, {"input_dim", 784}, {"hidden", {16}}, {"num_classes", 10}};
       j["data"] = {{"dataset", "fashion_mnist"}};
       j["train"] = {{"steps", 1}, {"batch_size", 8}, {"threads", 1}, {"eval_batches", 1}};
@@ -203,6 +245,12 @@ class Gen {
           {"model", "num_classes"},
           {"model", "model_type"},
           {"model", "input_dim"},
+          {"model", "hidden_sizes"},
+          {"model", "depths"},
+          {"model", "layer_type"},
+          {"model", "embedding_size"},
+          {"model", "image_size"},
+          {"model", "num_channels"},
           {"train", "recompute_layers"}};
       const auto& [sec, key] = one(keys);
       if (!j.contains(sec) || !j[sec].is_object()) continue;
