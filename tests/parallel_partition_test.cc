@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -39,6 +40,10 @@ json model_json(const std::string& model) {
                 {"hidden_size", 32},        {"num_attention_heads", 4},
                 {"num_key_value_heads", 2}, {"intermediate_size", 64},
                 {"vocab_size", 256},        {"max_position_embeddings", 16}};
+  if (model == "resnet")  // Fashion-MNIST sized: 28 -> 14 -> 7 -> 4 rows
+    return {{"model_type", "resnet"},  {"num_channels", 1}, {"embedding_size", 8},
+            {"hidden_sizes", {8, 16}}, {"depths", {1, 1}},  {"layer_type", "basic"},
+            {"num_labels", 10},        {"image_size", 28}};
   if (model == "gpt_dropout") {
     gpt["resid_pdrop"] = 0.1;
     gpt["embd_pdrop"] = 0.1;
@@ -49,7 +54,7 @@ json model_json(const std::string& model) {
 RunConfig run(const std::string& model, int micro_batches, const json& parallel) {
   json doc = {
       {"model", model_json(model)},
-      {"data", {{"dataset", "fortunes"}}},
+      {"data", {{"dataset", model == "resnet" ? "fashion_mnist" : "fortunes"}}},
       {"train",
        {{"steps", 3},
         {"batch_size", 8},
@@ -60,7 +65,7 @@ RunConfig run(const std::string& model, int micro_batches, const json& parallel)
       // GPT's key bias has an exactly-zero gradient (softmax is shift invariant),
       // which Adam would turn rounding noise into steps on: GPT trains with SGD.
       {"optimizer",
-       model == "llama"
+       model == "llama" || model == "resnet"
            ? json{{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}, {"grad_clip", 1.0}}
            : json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}, {"grad_clip", 1.0}}}};
   if (!parallel.is_null()) doc["parallel"] = parallel;
@@ -204,7 +209,54 @@ TEST(PartitionRandom, TwoHundredStrategyAssignmentsMatchOneDevice) {
   EXPECT_EQ(checked, 200);
 }
 
+// The same on ResNet graphs (convolution, batch norm, pooling): random valid
+// strategies split the batch, the channels (output: like column parallel;
+// input: Partial) and the height / width (halo exchanges) over 2-8 ranks.
+TEST(PartitionRandom, ResNetStrategyAssignmentsMatchOneDevice) {
+  const std::vector<std::string> meshes = {"x=2", "a=2,b=2", "x=4", "a=2,b=4", "a=2,b=2,c=2"};
+  RunConfig rc1 = run("resnet", 1, json());
+  rc1.train.steps = 2;
+  const Trace single = train(rc1, nullptr);
+  std::map<OpKind, int> halo_splits;  // window ops whose x (or dx) was split spatially
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const std::string mesh_text = meshes[seed % meshes.size()];
+    RunConfig rc = run("resnet", 1, json{{"mode", "semi"}, {"mesh", mesh_text}});
+    rc.train.steps = 2;
+    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+    PartitionOptions o = random_strategies(m.graph, rc.parallel.mesh, seed);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " resnet on " + mesh_text);
+    for (const auto& [id, st] : o.fixed) {
+      const Node& n = m.graph.node(id);
+      const Layout* x = n.kind == OpKind::kConv2d || n.kind == OpKind::kMaxPool2d ? &st.inputs[0]
+                        : n.kind == OpKind::kConv2dGradWeight                     ? &st.inputs[1]
+                        : n.kind == OpKind::kConv2dGradInput || n.kind == OpKind::kMaxPool2dGrad
+                            ? &st.outputs[0]
+                            : nullptr;
+      if (x != nullptr && (!x->shard_axes(2).empty() || !x->shard_axes(3).empty()))
+        ++halo_splits[n.kind];
+    }
+    expect_same(single, train_ranks(rc, rc.parallel.mesh.num_ranks(), &o),
+                "random resnet " + std::to_string(seed));
+    if (HasFailure()) return;
+  }
+  // The spatial splits were really drawn, for the convolution and both its
+  // gradients. (The stem pool's 7 output rows split no way on 28x28 images;
+  // ParallelShardingNumeric.WindowsSplitSpatiallyExchangeHalos splits pooling.)
+  for (OpKind k : {OpKind::kConv2d, OpKind::kConv2dGradInput, OpKind::kConv2dGradWeight})
+    EXPECT_GE(halo_splits[k], 2) << op_name(k);
+}
+
 // ---- structure: the collectives the textbook plans have ----
+
+LocalProgram lowered(const std::string& model, const std::string& mesh, const std::string& preset,
+                     int zero = 0) {
+  json par = {{"mode", "semi"}, {"mesh", mesh}, {"preset", preset}, {"zero", zero}};
+  RunConfig rc = run(model, 1, par);
+  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+  Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
+  return value_or_throw(lower(m.graph, a, 0));
+}
 
 // Collectives of `kind` over `axis` in `phase`; blocks_only: those moving a
 // value of a transformer block (GPT "h.N.", LLaMA "model.layers.N."), not the
@@ -219,14 +271,50 @@ int count(const LocalProgram& p, OpKind kind, Phase phase, const std::string& ax
   return c;
 }
 
-LocalProgram lowered(const std::string& model, const std::string& mesh, const std::string& preset,
-                     int zero = 0) {
-  json par = {{"mode", "semi"}, {"mesh", mesh}, {"preset", preset}, {"zero", zero}};
-  RunConfig rc = run(model, 1, par);
-  ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
-  const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
-  Annotation a = value_or_throw(annotate(m.graph, rc.parallel.mesh, o));
-  return value_or_throw(lower(m.graph, a, 0));
+// A ResNet split over height and width: every convolution and pooling
+// exchanges its halo with its neighbours (neighbor_exchange, forward and
+// backward); nothing is all-gathered; batch norm reduces its statistics and
+// the global average pool its sums.
+TEST(PartitionSpatial, HeightAndWidthSplitsExchangeHalosNotGathers) {
+  json model = model_json("resnet");
+  model["image_size"] = 32;  // 32 -> 16 -> 8 -> 4 rows: every split even
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fashion_mnist"}}},
+              {"train", {{"batch_size", 4}, {"threads", 1}}},
+              {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
+              {"parallel", {{"mode", "semi"}, {"mesh", "h=2,w=2"}}}};
+  RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const Mesh& mesh = rc.parallel.mesh;
+  ModelGraph m = value_or_throw(build_training_graph(rc, 4));
+  // Every forward convolution and pooling: x split by height over h, width over w.
+  const Layout hw = value_or_throw(Layout::make({Placement::Shard(2), Placement::Shard(3)}));
+  PartitionOptions o;
+  int windows = 0;
+  for (NodeId id = 0; id < m.graph.num_nodes(); ++id) {
+    const Node& n = m.graph.node(id);
+    if (n.phase != Phase::kForward || (n.kind != OpKind::kConv2d && n.kind != OpKind::kMaxPool2d))
+      continue;
+    for (const ShardingStrategy& st : enumerate_strategies(m.graph, n, mesh))
+      if (st.inputs[0] == hw && (st.inputs.size() == 1 || st.inputs[1].is_replicated())) {
+        o.fixed[id] = st;
+        ++windows;
+      }
+  }
+  ASSERT_EQ(windows, 7);  // 6 convolutions (one a 1x1 shortcut) and the stem pool
+  Annotation a = value_or_throw(annotate(m.graph, mesh, o));
+  const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
+  for (const std::string axis : {"h", "w"}) {
+    SCOPED_TRACE(axis);
+    // The 5 convolutions wider than 1x1 and the pool grow x in the forward; in
+    // the backward the convolutions' weight gradients and the pool's gradient
+    // grow x again, and dx is folded back by the pool and the 4 convolutions
+    // after the stem (the image needs no gradient).
+    EXPECT_EQ(count(p, OpKind::kNeighborExchange, Phase::kForward, axis), 6);
+    EXPECT_EQ(count(p, OpKind::kNeighborExchangeGrad, Phase::kBackward, axis), 5);
+    EXPECT_EQ(count(p, OpKind::kNeighborExchange, Phase::kBackward, axis), 6);
+    for (Phase ph : {Phase::kForward, Phase::kBackward})
+      EXPECT_EQ(count(p, OpKind::kAllGather, ph, axis), 0);
+  }
 }
 
 // Megatron tensor parallel: per block one all_reduce after the row-parallel

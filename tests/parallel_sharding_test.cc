@@ -6,13 +6,17 @@
 // shards summed) must equal the unsharded result.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/comm/mesh_comms.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/models/llama.h"
 #include "meshflow/ops/builder.h"
@@ -47,6 +51,9 @@ void expect_consistent(const Graph& g, const Node& n) {
         if (n.kind == OpKind::kReshape || n.kind == OpKind::kAttention ||
             n.kind == OpKind::kAttentionGrad) {
           EXPECT_EQ(s.size(d) % f.size, 0) << f.name;
+        } else if (f.kind == ShardingRule::Factor::kHalo) {
+          // A spatial dim a window slides along: output rows, or stride x as many input rows.
+          EXPECT_TRUE(s.size(d) == f.size || s.size(d) == f.size * f.halo_unit) << f.name;
         } else if (!cut) {
           EXPECT_EQ(s.size(d), f.size) << f.name << " on " << (input ? "input " : "output ") << i;
         }
@@ -115,11 +122,13 @@ Tensor local_block(const Tensor& t, const Mesh& mesh, const Layout& l, int rank)
 
 // Runs node `id` of g on `ins` (one tensor per node input); returns the outputs
 // and then the inputs it mutates, after the run.
-std::vector<Tensor> run_node(const Graph& g, NodeId id, const std::vector<Tensor>& ins) {
+std::vector<Tensor> run_node(const Graph& g, NodeId id, const std::vector<Tensor>& ins,
+                             const MeshComms* comms = nullptr) {
   const Node& n = g.node(id);
   ExecutorOptions opt;
   opt.fetch = n.outputs;
   Executor ex(g, opt);
+  if (comms != nullptr) ex.set_mesh_comms(comms);
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const Tensor& t = ins[i];
     std::memcpy(ex.storage(n.inputs[i]).data<char>(), t.data<char>(), t.nbytes());
@@ -141,7 +150,8 @@ std::vector<Tensor> run_node(const Graph& g, NodeId id, const std::vector<Tensor
   return outs;
 }
 
-int g_checked = 0;  // strategies checked numerically
+int g_checked = 0;       // strategies checked numerically
+int g_halo_checked = 0;  // of those, with a height or width split (real ranks)
 
 // Runs `n` of `g` split by `st` on `mesh` and compares with `want`.
 void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingStrategy& st,
@@ -162,8 +172,26 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
   std::vector<Tensor> got;
   for (size_t o = 0; o < want.size(); ++o)
     got.push_back(Tensor::zeros(want[o].shape(), want[o].dtype()));
+  // A split height or width (kHalo): the kernel exchanges halos with its
+  // neighbours, so the ranks run at once on in-process communicators.
+  const ShardingRule rule = sharding_rule(g, n);
+  std::array<int, 2> halo_axis{-1, -1};
+  for (const ShardingRule::Factor& f : rule.factors) {
+    if (f.kind != ShardingRule::Factor::kHalo) continue;
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (f.input_dim[i] >= 0)
+        for (int ax : st.inputs[i].shard_axes(f.input_dim[i])) halo_axis[f.input_dim[i] - 2] = ax;
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (f.output_dim[o] >= 0)
+        for (int ax : st.outputs[o].shard_axes(f.output_dim[o]))
+          halo_axis[f.output_dim[o] - 2] = ax;
+  }
+  const bool halo = halo_axis[0] >= 0 || halo_axis[1] >= 0;
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<std::vector<Tensor>> inputs;
   for (int rank = 0; rank < mesh.num_ranks(); ++rank) {
-    Graph lg;
+    graphs.push_back(std::make_unique<Graph>());
+    Graph& lg = *graphs.back();
     Builder lb(lg);
     std::vector<ValueId> lin;
     std::vector<Tensor> lt;
@@ -196,6 +224,7 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
         offsets(logits, st.inputs[0]);
       }
     }
+    a.halo_axis = halo_axis;
     if (n.kind == OpKind::kBatchNorm || n.kind == OpKind::kBatchNormGrad) {
       // The batch or spatial dims split: the kernel all-reduces its sums over
       // real ranks (tests/ops_batch_norm_test.cc, SplitBatchEqualsOneDevice).
@@ -204,7 +233,24 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
         if (d != 1 && !st.inputs[xi].shard_axes(d).empty()) return;
     }
     lb.op(n.kind, lin, a, n.name);
-    std::vector<Tensor> lo = run_node(lg, lg.num_nodes() - 1, lt);
+    inputs.push_back(std::move(lt));
+  }
+  std::vector<std::vector<Tensor>> outs(mesh.num_ranks());
+  if (halo) {
+    const Status s = run_local_ranks(mesh.num_ranks(), [&](const std::shared_ptr<Transport>& t) {
+      MF_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::make(Communicator::world(t), mesh));
+      const int rank = t->rank();
+      outs[rank] = run_node(*graphs[rank], graphs[rank]->num_nodes() - 1, inputs[rank], &comms);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    ++g_halo_checked;
+  } else {
+    for (int rank = 0; rank < mesh.num_ranks(); ++rank)
+      outs[rank] = run_node(*graphs[rank], graphs[rank]->num_nodes() - 1, inputs[rank]);
+  }
+  for (int rank = 0; rank < mesh.num_ranks(); ++rank) {
+    const std::vector<Tensor>& lo = outs[rank];
     // Sum the blocks of the ranks at coordinate 0 of every replicated axis.
     std::vector<int> c = mesh.coords(rank);
     for (size_t o = 0; o < want.size(); ++o) {
@@ -555,7 +601,100 @@ TEST(ParallelShardingNumeric, Conv2dAndGrads) {
   check_op(c, c.op(OpKind::kConv2d, grouped));
 }
 
-// Pooling: batch and channels pass through, height and width stay whole.
+// A spatial split is as fine as the halo allows: each block must hold the
+// rows the windows reach into it; the message names the most ways that work.
+TEST(ParallelShardingRule, SpatialSplitFinerThanTheHaloIsAnError) {
+  Graph g;
+  Builder b(g);
+  const ValueId x = b.input("x", S({{"batch", 2}, {"channels", 3}, {"height", 16}, {"width", 16}}));
+  const ValueId w = b.input("w", S({{"channels_out", 4}, {"channels", 3}, {"kh", 7}, {"kw", 7}}));
+  Attrs a;
+  a.padding = {3, 3};
+  b.op(OpKind::kConv2d, {x, w}, a, "conv");
+  const Node& n = g.node(g.num_nodes() - 1);
+  EXPECT_EQ(sharding_rule(g, n).factors[3].kind, ShardingRule::Factor::kHalo);
+  const Mesh four = value_or_throw(Mesh::parse("sp=4")),
+             eight = value_or_throw(Mesh::parse("sp=8"));
+  const Layout h = value_or_throw(Layout::make({Placement::Shard(2)}));
+  const Layout r = Layout::Replicated(1);
+  EXPECT_TRUE(derive_output_layouts(g, n, four, {h, r}).is_ok());  // 4 rows a block, halo 3
+  Result<std::vector<Layout>> bad = derive_output_layouts(g, n, eight, {h, r});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("splitting height 8 ways leaves 2 input rows per block, "
+                                        "fewer than the 3 rows its window reaches into a "
+                                        "neighbour's block (the halo); split it at most 4 ways"),
+            std::string::npos)
+      << bad.status().message();
+  // A stride that does not tile the input (OH x stride != H) keeps the dim whole.
+  a.stride = {3, 3};
+  b.op(OpKind::kConv2d, {x, w}, a, "strided");
+  EXPECT_EQ(sharding_rule(g, g.node(g.num_nodes() - 1)).factors[3].kind,
+            ShardingRule::Factor::kNeedReplicate);
+}
+
+// Height and width split with halo exchanges, every window op and gradient,
+// strided and not, on real in-process ranks: each strategy equals one device.
+TEST(ParallelShardingNumeric, WindowsSplitSpatiallyExchangeHalos) {
+  const int before = g_halo_checked;
+  struct Conv {
+    Shape x, w, y;
+    std::array<int64_t, 2> stride, padding;
+  };
+  for (const Conv& k : {Conv{S({{"b", 2}, {"c", 3}, {"h", 8}, {"w", 8}}),
+                             S({{"o", 4}, {"c", 3}, {"kh", 3}, {"kw", 3}}),
+                             S({{"b", 2}, {"o", 4}, {"h", 4}, {"w", 4}}),
+                             {2, 2},
+                             {1, 1}},
+                        Conv{S({{"b", 2}, {"c", 2}, {"h", 8}, {"w", 6}}),
+                             S({{"o", 2}, {"c", 2}, {"kh", 5}, {"kw", 3}}),
+                             S({{"b", 2}, {"o", 2}, {"h", 8}, {"w", 6}}),
+                             {1, 1},
+                             {2, 1}}}) {
+    Attrs a;
+    a.stride = k.stride, a.padding = k.padding;
+    {
+      OpCase c;
+      c.in(k.x);
+      c.in(k.w);
+      check_op(c, c.op(OpKind::kConv2d, a), 48);
+    }
+    {
+      OpCase c;
+      c.in(k.y);
+      c.in(k.w);
+      a.shape = k.x;
+      check_op(c, c.op(OpKind::kConv2dGradInput, a), 48);
+    }
+    OpCase c;
+    c.in(k.y);
+    c.in(k.x);
+    a.shape = k.w;
+    check_op(c, c.op(OpKind::kConv2dGradWeight, a), 48);
+  }
+  Attrs p;  // ResNet's stem pool, and a stride-1 average
+  p.kernel = {3, 3}, p.stride = {2, 2}, p.padding = {1, 1};
+  const Shape x = S({{"b", 2}, {"c", 3}, {"h", 8}, {"w", 8}}),
+              y = S({{"b", 2}, {"c", 3}, {"h", 4}, {"w", 4}});
+  for (OpKind kind : {OpKind::kMaxPool2d, OpKind::kAvgPool2d}) {
+    OpCase c;
+    c.in(x);
+    check_op(c, c.op(kind, p), 48);
+  }
+  {
+    OpCase c;
+    c.in(y);
+    c.in(x);
+    check_op(c, c.op(OpKind::kMaxPool2dGrad, p), 48);
+  }
+  OpCase c;
+  c.in(y);
+  Attrs g = p;
+  g.shape = x;
+  check_op(c, c.op(OpKind::kAvgPool2dGrad, g), 48);
+  EXPECT_GT(g_halo_checked - before, 40);
+}
+
+// Pooling: batch and channels pass through; a split height / width needs real ranks.
 TEST(ParallelShardingNumeric, PoolingAndGrads) {
   const Shape x = S({{"b", 6}, {"c", 4}, {"h", 7}, {"w", 6}});
   Attrs a;

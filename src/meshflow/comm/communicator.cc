@@ -585,6 +585,31 @@ Status Communicator::recv(void* data, int64_t count, DType dt, int peer) {
   return point_to_point(false, data, count, dt, peer);
 }
 
+Status Communicator::neighbor_exchange(const void* to_prev, int64_t n_prev, const void* to_next,
+                                       int64_t n_next, void* from_prev, void* from_next, DType dt) {
+  const std::string what = "neighbor_exchange(" + std::to_string(n_prev) + " back, " +
+                           std::to_string(n_next) + " forward " + std::string(dtype_name(dt)) + ")";
+  if (n_prev < 0 || n_next < 0) return Status::invalid(what + ": counts must be >= 0" + where());
+  if (size() == 1) return Status::ok();
+  return run_now(what, [&](uint64_t tag) {
+    const int n = size(), me = rank_;
+    // One direction: each rank sends `count` elements of `send` to rank +
+    // step and receives its other neighbour's into `recv`.
+    auto shift = [&](const void* send, void* recv, int64_t count, int step) -> Status {
+      if (count == 0) return Status::ok();
+      const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+      const int to = me + step, from = me - step;
+      const bool sends = to >= 0 && to < n, receives = from >= 0 && from < n;
+      if (sends && receives)
+        return t_->send_recv(ranks_[to], send, bytes, ranks_[from], recv, bytes, tag);
+      if (sends) return t_->send(ranks_[to], tag, send, bytes);
+      return t_->recv(ranks_[from], tag, recv, bytes);
+    };
+    MF_RETURN_IF_ERROR(shift(to_next, from_prev, n_next, +1));
+    return shift(to_prev, from_next, n_prev, -1);
+  });
+}
+
 Status Communicator::barrier() {
   return run_now("barrier", [&](uint64_t tag) {
     Ring g{*t_, ranks_, rank_, size(), tag, impl_->seg};

@@ -125,6 +125,15 @@ class Communicator {
   Status broadcast(void* data, int64_t count, DType dt, int root);
   Status send(const void* data, int64_t count, DType dt, int peer);
   Status recv(void* data, int64_t count, DType dt, int peer);
+  // Halo exchange along the group as a line (no wrap-around), as a spatially
+  // split convolution needs: sends to_prev (n_prev elements) to rank - 1 and
+  // to_next (n_next) to rank + 1; receives rank - 1's to_next into from_prev
+  // (n_next elements) and rank + 1's to_prev into from_next (n_prev). The
+  // first rank receives nothing from before it, the last nothing from after:
+  // those buffers are left as they are. Every rank calls it with the same
+  // counts; the two directions run at once on every link.
+  Status neighbor_exchange(const void* to_prev, int64_t n_prev, const void* to_next, int64_t n_next,
+                           void* from_prev, void* from_next, DType dt);
 
   Work all_reduce_async(float* data, int64_t count, ReduceOp op);
   Work all_gather_async(const float* in, int64_t count, float* out);

@@ -76,6 +76,12 @@ struct Attrs {
   // spatial dim (height, width); kernel: the pooling window.
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1}, kernel{1, 1};
   int64_t groups = 1;
+  // Set by the partitioner when a spatial dim is split (a kHalo factor,
+  // ops/sharding_rule.h): the mesh axis whose neighbours hold the adjacent
+  // rows; this block's windows read `padding` rows from the previous block
+  // and window - stride - padding (at least 0) from the next, exchanged by
+  // the kernel (zeros, or -inf for max pooling, at the ends of the axis).
+  std::array<int, 2> halo_axis{-1, -1};
   Init init;  // parameter
   // Collectives (ops/collective.cc): the mesh axis whose group they run over
   // and that group's size. The tensor dims are in axes.

@@ -88,6 +88,8 @@
   X(AllReduce, "all_reduce")                \
   X(AllToAll, "all_to_all")                 \
   X(ShardSlice, "shard_slice")              \
+  X(NeighborExchange, "neighbor_exchange")  \
+  X(NeighborExchangeGrad, "neighbor_exchange_grad") \
   X(PartialMask, "partial_mask")            \
   X(Assign, "assign")
 

@@ -11,12 +11,21 @@
 //                      blocks received are concatenated along i             (i * n, j / n)
 //   shard_slice(x)     axes {d}: keep this member's block of d, no traffic  (dim d / n)
 //   partial_mask(x)    member 0 keeps x, the others zero: R -> Partial      (same shape)
+//   neighbor_exchange(x)  axes {d}, ints {lo, hi}: x extended along d by the
+//                      last lo elements of member c-1's block before it and
+//                      the first hi of member c+1's after it; `alpha` at the
+//                      ends of the line (no wrap-around)               (dim d + lo + hi)
+//   neighbor_exchange_grad(dy)  the reverse: member c's block of dy plus the
+//                      border sums its neighbours computed for it     (dim d - lo - hi)
 //   assign(dst, src)   dst = src in place (no outputs; optimizer phase): the
 //                      write-back of a parameter updated as a shard (ZeRO-1/2)
 // Gradients follow "the loss is one replicated value": all_gather <->
 // shard_slice, reduce_scatter -> all_gather, all_reduce -> identity (each
 // addend's gradient is the replicated cotangent), all_to_all -> all_to_all
 // with i and j swapped, partial_mask -> identity.
+#include <algorithm>
+#include <cmath>
+
 #include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/sharding_rule.h"
@@ -93,6 +102,24 @@ Status infer_all_to_all(const Graph& g, const Node& n, std::vector<Value>* outs)
   return Status::ok();
 }
 
+// neighbor_exchange (grow) and its gradient (shrink) along axes[0] by ints {lo, hi}.
+Status infer_neighbor_exchange(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 1));
+  if (n.attrs.ints.size() != 2 || n.attrs.ints[0] < 0 || n.attrs.ints[1] < 0)
+    return Status::invalid(node_label(n) + ": needs ints {lo, hi} >= 0, the halo widths");
+  const Shape& s = g.shape(n.inputs[0]);
+  const int d = static_cast<int>(n.attrs.axes[0]);
+  const int64_t lo = n.attrs.ints[0], hi = n.attrs.ints[1];
+  const bool grow = n.kind == OpKind::kNeighborExchange;
+  const int64_t block = grow ? s.size(d) : s.size(d) - lo - hi;
+  if (block < std::max(lo, hi) || block < 1)
+    return Status::invalid(node_label(n) + ": a block of " + std::to_string(block) + " along " +
+                           s.name(d) + " is smaller than its halo (" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + ")");
+  outs->push_back(out_value(s.with_size(d, grow ? block + lo + hi : block)));
+  return Status::ok();
+}
+
 ValueId collective(GradContext& c, OpKind kind, ValueId x, const Node& like,
                    std::vector<int64_t> axes) {
   Attrs at;
@@ -100,6 +127,12 @@ ValueId collective(GradContext& c, OpKind kind, ValueId x, const Node& like,
   at.group_size = like.attrs.group_size;
   at.axes = std::move(axes);
   return c.b().op1(kind, {x}, at, std::string(op_name(kind)));
+}
+
+void grad_neighbor_exchange(GradContext& c, const Node& n) {
+  if (!c.needs(0)) return;
+  Attrs at = n.attrs;
+  c.accumulate(0, c.b().op1(OpKind::kNeighborExchangeGrad, {c.dout(0)}, at, "dx"));
 }
 
 void grad_all_gather(GradContext& c, const Node& n) {
@@ -142,6 +175,10 @@ OpCost cost_collective(const Graph& g, const Node& n) {
     case OpKind::kAllToAll:
       c.bytes = in * (k - 1) / k;
       break;
+    case OpKind::kNeighborExchange:
+    case OpKind::kNeighborExchangeGrad:
+      c.bytes = std::abs(out - in);  // the halo, sent and received once
+      break;
     default:
       c.bytes = in + out;  // local copies
       break;
@@ -181,8 +218,12 @@ void register_collective_ops(OpTable& t) {
   add_op(t, OpKind::kShardSlice, 1, infer_split, grad_shard_slice, cost_collective);
   add_op(t, OpKind::kPartialMask, 1, infer_same, grad_identity, cost_collective);
   add_op(t, OpKind::kAssign, 2, infer_assign, nullptr, nullptr, /*mutates=*/1u);
+  add_op(t, OpKind::kNeighborExchange, 1, infer_neighbor_exchange, grad_neighbor_exchange,
+         cost_collective);
+  add_op(t, OpKind::kNeighborExchangeGrad, 1, infer_neighbor_exchange, nullptr, cost_collective);
   for (OpKind k : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllReduce,
-                   OpKind::kAllToAll, OpKind::kShardSlice, OpKind::kPartialMask, OpKind::kAssign})
+                   OpKind::kAllToAll, OpKind::kShardSlice, OpKind::kPartialMask, OpKind::kAssign,
+                   OpKind::kNeighborExchange, OpKind::kNeighborExchangeGrad})
     set_sharding(t, k, sharding_local);
 }
 

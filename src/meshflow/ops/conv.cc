@@ -7,11 +7,16 @@
 // groups (C and O divisible by it; group g maps input channels
 // [g C/groups, (g+1) C/groups) to output channels [g O/groups, (g+1) O/groups)).
 // Dim names: y = [x's batch, w's out dim, x's height, x's width].
+// attrs.halo_axis (set by the partitioner on a spatially split node): x is one
+// block of the height / width, and the kernel exchanges the rows its windows
+// read from the neighbouring blocks (ops/window.h, kernels/cpu/halo.h).
+#include <algorithm>
 #include <string>
 
 #include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/sharding_rule.h"
+#include "meshflow/ops/window.h"
 
 namespace meshflow {
 
@@ -49,7 +54,9 @@ Status check_attrs(const Node& n) {
 Result<int64_t> out_size(const Node& n, int d, int64_t in, int64_t k) {
   const Attrs& a = n.attrs;
   const int64_t span = a.dilation[d] * (k - 1) + 1;
-  const int64_t padded = in + 2 * a.padding[d];
+  const WindowHalo h = window_halo(a, d, k);
+  // A block of a split dim: the halo rows its neighbours send stand in for the padding.
+  const int64_t padded = a.halo_axis[d] >= 0 ? in + h.lo + h.hi : in + 2 * a.padding[d];
   if (span > padded)
     return Status::invalid(node_label(n) + ": the kernel spans " + s(span) + " " +
                            (d == 0 ? "rows" : "columns") + " (size " + s(k) + ", dilation " +
@@ -124,6 +131,7 @@ Attrs conv_attrs(const Node& n, const Shape& shape) {
   at.padding = n.attrs.padding;
   at.dilation = n.attrs.dilation;
   at.groups = n.attrs.groups;
+  at.halo_axis = n.attrs.halo_axis;
   at.shape = shape;
   return at;
 }
@@ -161,9 +169,11 @@ OpCost cost_conv(const Graph& g, const Node& n) {
 
 // Sharding, with groups = 1: the batch and the output channels pass through;
 // the input channels are a reduction (y Partial, like a row-parallel matmul).
-// Height and width need a halo exchange to split and the kernel dims a
-// reduction over windows: not split (yet). y is linear in x and in w. With
-// groups > 1 only the batch splits.
+// Height and width split with a halo exchange (kHalo) where the input has
+// stride x the output's rows (every "same" convolution: 3x3/1 pad 1, 3x3/2
+// and 7x7/2 on even sizes, 1x1/2); otherwise they stay whole. The kernel dims
+// are not split. y is linear in x and in w. With groups > 1 the channels stay
+// whole.
 //   conv2d:             x [b, c, h, w], w [o, c, kh, kw] -> y [b, o, h', w']
 //   conv2d_grad_input:  dy [b, o, h', w'], w [o, c, kh, kw] -> dx [b, c, h, w]  (o: reduction)
 //   conv2d_grad_weight: dy [b, o, h', w'], x [b, c, h, w] -> dw [o, c, kh, kw]  (b: reduction)
@@ -211,14 +221,53 @@ ShardingRule sharding_conv(const Graph& g, const Node& n) {
   } else {
     factor(x.name(1), x.size(1), n.kind == OpKind::kConv2d ? contracted : channels, 1, 1, -1);
   }
-  factor(x.name(2), x.size(2), F::kNeedReplicate, 2, -1, -1);
-  factor(x.name(3), x.size(3), F::kNeedReplicate, 3, -1, -1);
-  factor(y.name(2) + "'", y.size(2), F::kNeedReplicate, -1, -1, 2);
-  factor(y.name(3) + "'", y.size(3), F::kNeedReplicate, -1, -1, 3);
+  for (int d = 0; d < 2; ++d) {
+    const int64_t s = n.attrs.stride[d];
+    if (x.size(2 + d) == y.size(2 + d) * s) {
+      const WindowHalo h = window_halo(n.attrs, d, w.size(2 + d));
+      factor(x.name(2 + d), y.size(2 + d), F::kHalo, 2 + d, -1, 2 + d);
+      r.factors.back().halo = std::max(h.lo, h.hi);
+      r.factors.back().halo_unit = s;
+    } else {
+      factor(x.name(2 + d), x.size(2 + d), F::kNeedReplicate, 2 + d, -1, -1);
+      factor(y.name(2 + d) + "'", y.size(2 + d), F::kNeedReplicate, -1, -1, 2 + d);
+    }
+  }
   factor(w.name(2), w.size(2), F::kNeedReplicate, -1, 2, -1);
   factor(w.name(3), w.size(3), F::kNeedReplicate, -1, 3, -1);
   r.partial_inputs = {{0}, {1}};
   return r;
+}
+
+// On one rank: the mesh axis splitting each spatial dim of x (the window's input).
+void conv_local(LocalAttrsCall& c) {
+  const Layout& x = c.n.kind == OpKind::kConv2dGradInput ? c.outputs[0]
+                    : c.n.kind == OpKind::kConv2d        ? c.inputs[0]
+                                                         : c.inputs[1];
+  for (int d = 0; d < 2; ++d) {
+    c.attrs.halo_axis[d] = -1;
+    for (int ax : x.shard_axes(2 + d))
+      if (c.mesh.size(ax) > 1) c.attrs.halo_axis[d] = ax;
+  }
+}
+
+// The halo rows each split spatial dim exchanges (local shapes).
+std::vector<InnerCollective> conv_collectives(const Graph& g, const Node& n) {
+  std::vector<InnerCollective> out;
+  const bool grad_input = n.kind == OpKind::kConv2dGradInput;
+  const Shape& x =
+      grad_input ? g.shape(n.outputs[0]) : g.shape(n.inputs[n.kind == OpKind::kConv2d ? 0 : 1]);
+  const Shape& w =
+      n.kind == OpKind::kConv2dGradWeight ? g.shape(n.outputs[0]) : g.shape(n.inputs[1]);
+  for (int d = 0; d < 2; ++d) {
+    if (n.attrs.halo_axis[d] < 0) continue;
+    const WindowHalo h = window_halo(n.attrs, d, w.size(2 + d));
+    if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
+    out.push_back({grad_input ? OpKind::kNeighborExchangeGrad : OpKind::kNeighborExchange,
+                   n.attrs.halo_axis[d], x.numel() / x.size(2 + d) * (h.lo + h.hi),
+                   std::string(d == 0 ? "height" : "width") + " halo rows"});
+  }
+  return out;
 }
 
 }  // namespace
@@ -227,8 +276,11 @@ void register_conv_ops(OpTable& t) {
   add_op(t, OpKind::kConv2d, 2, infer_conv2d, grad_conv2d, cost_conv);
   add_op(t, OpKind::kConv2dGradInput, 2, infer_conv2d_grad, nullptr, cost_conv);
   add_op(t, OpKind::kConv2dGradWeight, 2, infer_conv2d_grad, nullptr, cost_conv);
-  for (OpKind k : {OpKind::kConv2d, OpKind::kConv2dGradInput, OpKind::kConv2dGradWeight})
+  for (OpKind k : {OpKind::kConv2d, OpKind::kConv2dGradInput, OpKind::kConv2dGradWeight}) {
     set_sharding(t, k, sharding_conv);
+    set_local_attrs(t, k, conv_local);
+    set_inner_collectives(t, k, conv_collectives);
+  }
 }
 
 }  // namespace meshflow

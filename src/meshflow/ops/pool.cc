@@ -7,12 +7,16 @@
 //                   (count_include_pad, torch's default); no dilation
 //   avg_pool2d_grad (dy) -> dx (attrs.shape: x's shape)
 // attrs: kernel, stride, padding (each {height, width}; padding at most half
-// the kernel, as torch requires), dilation (max only).
+// the kernel, as torch requires), dilation (max only); halo_axis as conv2d's
+// (a block of a split height / width, the neighbours' rows exchanged by the
+// kernel: -inf at the ends for max, zeros for average).
+#include <algorithm>
 #include <string>
 
 #include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/sharding_rule.h"
+#include "meshflow/ops/window.h"
 
 namespace meshflow {
 
@@ -48,7 +52,8 @@ Result<Shape> pooled(const Node& n, const Shape& x) {
       return Status::invalid(node_label(n) + ": padding " + s(a.padding[d]) + " along " + dim +
                              " is more than half the window (" + s(span) + "); use at most " +
                              s(span / 2));
-    const int64_t padded = x.size(2 + d) + 2 * a.padding[d];
+    const WindowHalo h = window_halo(a, d, a.kernel[d]);
+    const int64_t padded = x.size(2 + d) + (a.halo_axis[d] >= 0 ? h.lo + h.hi : 2 * a.padding[d]);
     if (span > padded)
       return Status::invalid(node_label(n) + ": the window spans " + s(span) + " along " + dim +
                              " but the padded input has " + s(padded) +
@@ -107,8 +112,9 @@ OpCost cost_pool(const Graph& g, const Node& n) {
   return c;
 }
 
-// Batch and channels pass through; height and width need a halo exchange to
-// split (not yet): need-replicate, on the input and the pooled sizes apart.
+// Batch and channels pass through; height and width split with a halo
+// exchange (kHalo) where the input has stride x the pooled rows (3x3/2 pad 1
+// on an even size, 2x2/2), else they stay whole.
 ShardingRule sharding_pool(const Graph& g, const Node& n) {
   using F = ShardingRule::Factor;
   const int ni = static_cast<int>(n.inputs.size());
@@ -124,12 +130,53 @@ ShardingRule sharding_pool(const Graph& g, const Node& n) {
     r.out(f, 0, d);
   }
   for (int d = 2; d < 4; ++d) {
+    const int64_t s = n.attrs.stride[d - 2];
+    if (x.size(d) == y.size(d) * s) {
+      const WindowHalo h = window_halo(n.attrs, d - 2, n.attrs.kernel[d - 2]);
+      const int f = r.add(x.name(d), y.size(d), F::kHalo);
+      r.factors[f].halo = std::max(h.lo, h.hi);
+      r.factors[f].halo_unit = s;
+      for (int i = 0; i < ni; ++i) r.in(f, i, d);
+      r.out(f, 0, d);
+      continue;
+    }
     const int fx = r.add(x.name(d), x.size(d), F::kNeedReplicate);
     const int fy = r.add(y.name(d) + "'", y.size(d), F::kNeedReplicate);
     for (int i = 0; i < ni; ++i) r.in(is_x_in(i) ? fx : fy, i, d);
     r.out(fwd ? fy : fx, 0, d);
   }
   return r;
+}
+
+// On one rank: the mesh axis splitting each spatial dim of x (the window's
+// input: the forward's input, the gradient's output).
+void pool_local(LocalAttrsCall& c) {
+  const bool fwd = c.n.kind == OpKind::kMaxPool2d || c.n.kind == OpKind::kAvgPool2d;
+  const Layout& x = fwd ? c.inputs[0] : c.outputs[0];
+  for (int d = 0; d < 2; ++d) {
+    c.attrs.halo_axis[d] = -1;
+    for (int ax : x.shard_axes(2 + d))
+      if (c.mesh.size(ax) > 1) c.attrs.halo_axis[d] = ax;
+  }
+}
+
+// The halo rows each split spatial dim exchanges: the forward grows x; the
+// gradient folds dx back (and max pooling grows x again to find its maxima).
+std::vector<InnerCollective> pool_collectives(const Graph& g, const Node& n) {
+  std::vector<InnerCollective> out;
+  const bool fwd = n.kind == OpKind::kMaxPool2d || n.kind == OpKind::kAvgPool2d;
+  const Shape& x = fwd ? g.shape(n.inputs[0]) : g.shape(n.outputs[0]);
+  for (int d = 0; d < 2; ++d) {
+    if (n.attrs.halo_axis[d] < 0) continue;
+    const WindowHalo h = window_halo(n.attrs, d, n.attrs.kernel[d]);
+    if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
+    const int64_t rows = x.numel() / x.size(2 + d) * (h.lo + h.hi);
+    const std::string what = std::string(d == 0 ? "height" : "width") + " halo rows";
+    if (fwd || n.kind == OpKind::kMaxPool2dGrad)
+      out.push_back({OpKind::kNeighborExchange, n.attrs.halo_axis[d], rows, what});
+    if (!fwd) out.push_back({OpKind::kNeighborExchangeGrad, n.attrs.halo_axis[d], rows, what});
+  }
+  return out;
 }
 
 }  // namespace
@@ -140,8 +187,11 @@ void register_pool_ops(OpTable& t) {
   add_op(t, OpKind::kMaxPool2dGrad, 2, infer_pool_grad, nullptr, cost_pool);
   add_op(t, OpKind::kAvgPool2dGrad, 1, infer_pool_grad, nullptr, cost_pool);
   for (OpKind k :
-       {OpKind::kMaxPool2d, OpKind::kAvgPool2d, OpKind::kMaxPool2dGrad, OpKind::kAvgPool2dGrad})
+       {OpKind::kMaxPool2d, OpKind::kAvgPool2d, OpKind::kMaxPool2dGrad, OpKind::kAvgPool2dGrad}) {
     set_sharding(t, k, sharding_pool);
+    set_local_attrs(t, k, pool_local);
+    set_inner_collectives(t, k, pool_collectives);
+  }
 }
 
 }  // namespace meshflow

@@ -49,6 +49,7 @@ std::string ShardingRule::to_string() const {
     if (!s.empty()) s += " ";
     s += f.name + "=" + std::to_string(f.size);
     if (f.kind == Factor::kReduction) s += "(red)";
+    if (f.kind == Factor::kHalo) s += "(halo " + std::to_string(f.halo) + ")";
     if (f.kind == Factor::kNeedReplicate) s += "(rep)";
     if (f.kind == Factor::kCollective) s += "(coll)";
   }
@@ -157,6 +158,24 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
     if (fa.size % count0 != 0)
       return Status::invalid(label + ": dim " + fa.name + "=" + std::to_string(fa.size) +
                              " cannot be split " + std::to_string(count0) + " ways" + valid);
+    if (fa.kind == Factor::kHalo && count0 > 1) {
+      if (axes_of[f].size() > 1)
+        return Status::invalid(label + ": spatial dim " + fa.name +
+                               " is split over several mesh axes; its halo exchange runs between "
+                               "neighbours on one axis, so split it over one");
+      const int64_t rows = fa.size / count0 * fa.halo_unit;
+      if (rows < fa.halo) {
+        int64_t most = 1;
+        for (int64_t k = 1; k <= fa.size; ++k)
+          if (fa.size % k == 0 && fa.size / k * fa.halo_unit >= fa.halo) most = k;
+        return Status::invalid(label + ": splitting " + fa.name + " " + std::to_string(count0) +
+                               " ways leaves " + std::to_string(rows) +
+                               " input rows per block, fewer than the " + std::to_string(fa.halo) +
+                               " rows its window reaches into a neighbour's block (the halo); "
+                               "split it at most " +
+                               std::to_string(most) + " ways");
+      }
+    }
   }
   std::vector<std::vector<Placement>> outp(nout,
                                            std::vector<Placement>(naxes, Placement::Replicate()));
@@ -198,7 +217,7 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
     for (int o = 0; o < nout; ++o) {
       if (fa.output_dim[o] >= 0)
         outp[o][a] = Placement::Shard(fa.output_dim[o], order);
-      else if (fa.kind == Factor::kReduction)
+      else if (fa.kind == Factor::kReduction || fa.kind == Factor::kHalo)
         outp[o][a] = Placement::Partial();
     }
   }

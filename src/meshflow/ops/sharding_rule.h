@@ -10,6 +10,14 @@
 //                   the sharding axes itself (vocab-parallel cross-entropy:
 //                   the outputs stay whole; the partitioner tells the kernel
 //                   the axes and its offset).
+//   kHalo           a spatial dim a window slides along (convolution,
+//                   pooling): each block's kernel exchanges the `halo` rows
+//                   its windows reach into its neighbours' blocks on the one
+//                   mesh axis that splits it; absent from an output (a
+//                   weight's gradient), it leaves that output Partial(sum).
+//                   The factor counts output rows; operands that are the
+//                   window's input have `halo_unit` rows per factor unit
+//                   (the stride), and each block must hold at least `halo`.
 // On one mesh axis an op is split by at most one factor; a factor may be split
 // over several axes (then the same axes, in the same order, on every operand).
 // Partial(sum) inputs are accepted only for the sets in partial_inputs (the
@@ -34,11 +42,12 @@ namespace meshflow {
 
 struct ShardingRule {
   struct Factor {
-    enum Kind { kPassThrough, kReduction, kNeedReplicate, kCollective };
+    enum Kind { kPassThrough, kReduction, kNeedReplicate, kCollective, kHalo };
     std::string name;
     int64_t size = 1;
-    std::vector<int> input_dim;   // per input: the dim this factor is, -1 if absent
-    std::vector<int> output_dim;  // per output
+    int64_t halo = 0, halo_unit = 1;  // kHalo (above)
+    std::vector<int> input_dim;       // per input: the dim this factor is, -1 if absent
+    std::vector<int> output_dim;      // per output
     Kind kind = kPassThrough;
   };
   std::vector<Factor> factors;

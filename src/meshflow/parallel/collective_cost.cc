@@ -28,6 +28,9 @@ Collective collective_of(OpKind kind) {
       return Collective::kReduceScatter;
     case OpKind::kAllToAll:
       return Collective::kAllToAll;
+    case OpKind::kNeighborExchange:
+    case OpKind::kNeighborExchangeGrad:
+      return Collective::kSendRecv;
     default:
       return Collective::kAllReduce;
   }

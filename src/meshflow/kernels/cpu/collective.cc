@@ -7,6 +7,7 @@
 
 #include "meshflow/comm/mesh_comms.h"
 #include "meshflow/core/check.h"
+#include "meshflow/kernels/cpu/halo.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/op_def.h"
 
@@ -39,6 +40,19 @@ DType dtype_in(const KernelCall& c) {
 }
 size_t elem(const KernelCall& c) {
   return dtype_size(dtype_in(c));
+}
+
+// ints {lo, hi}, fill alpha (ops/collective.cc).
+void neighbor_exchange_kernel(const KernelCall& c) {
+  const Attrs& a = c.attrs();
+  cpu::halo_grow(group(c), c.in_f(0), c.in_shape(0), static_cast<int>(a.axes[0]), a.ints[0],
+                 a.ints[1], a.alpha, c.out_f(0));
+}
+
+void neighbor_exchange_grad_kernel(const KernelCall& c) {
+  const Attrs& a = c.attrs();
+  cpu::halo_shrink(group(c), c.in_f(0), c.out_shape(0), static_cast<int>(a.axes[0]), a.ints[0],
+                   a.ints[1], c.out_f(0));
 }
 
 void all_gather_kernel(const KernelCall& c) {
@@ -125,6 +139,8 @@ void register_collective_kernels(KernelTable& t) {
   t[static_cast<int>(OpKind::kAllToAll)] = all_to_all_kernel;
   t[static_cast<int>(OpKind::kShardSlice)] = shard_slice_kernel;
   t[static_cast<int>(OpKind::kPartialMask)] = partial_mask_kernel;
+  t[static_cast<int>(OpKind::kNeighborExchange)] = neighbor_exchange_kernel;
+  t[static_cast<int>(OpKind::kNeighborExchangeGrad)] = neighbor_exchange_grad_kernel;
   t[static_cast<int>(OpKind::kAssign)] = assign_kernel;
 }
 

@@ -24,6 +24,7 @@
 
 #include "meshflow/kernels/cpu/conv.h"
 #include "meshflow/kernels/cpu/gemm.h"
+#include "meshflow/kernels/cpu/halo.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
 
@@ -101,11 +102,7 @@ void over_images(const Geom& g, Fn fn) {
   });
 }
 
-void conv2d_kernel(const KernelCall& c) {
-  const Geom g(c.in_shape(0), c.in_shape(1), c.out_shape(0), c.attrs());
-  const float* x = c.in_f(0);
-  const float* w = c.in_f(1);
-  float* y = c.out_f(0);
+void im2col_forward(const Geom& g, const float* x, const float* w, float* y) {
   over_images(g, [&](int64_t b, int64_t e, float* col) {
     for (int64_t n = b; n < e; ++n)
       for (int64_t gr = 0; gr < g.groups; ++gr) {
@@ -121,12 +118,7 @@ void conv2d_kernel(const KernelCall& c) {
   });
 }
 
-// inputs: dy, w -> dx.
-void conv2d_grad_input_kernel(const KernelCall& c) {
-  const Geom g(c.out_shape(0), c.in_shape(1), c.in_shape(0), c.attrs());
-  const float* dy = c.in_f(0);
-  const float* w = c.in_f(1);
-  float* dx = c.out_f(0);
+void im2col_backward_data(const Geom& g, const float* dy, const float* w, float* dx) {
   over_images(g, [&](int64_t b, int64_t e, float* col) {
     for (int64_t n = b; n < e; ++n)
       for (int64_t gr = 0; gr < g.groups; ++gr) {
@@ -146,11 +138,7 @@ void conv2d_grad_input_kernel(const KernelCall& c) {
 
 // inputs: dy, x -> dw. Each thread sums its images' dw in its own buffer;
 // the buffers are added in thread order (deterministic for a thread count).
-void conv2d_grad_weight_kernel(const KernelCall& c) {
-  const Geom g(c.in_shape(1), c.out_shape(0), c.in_shape(0), c.attrs());
-  const float* dy = c.in_f(0);
-  const float* x = c.in_f(1);
-  float* dw = c.out_f(0);
+void im2col_backward_weights(const Geom& g, const float* dy, const float* x, float* dw) {
   const int64_t wsize = g.O * g.K;
   const int threads = omp_in_parallel() ? 1 : std::max(1, omp_get_max_threads());
   const int64_t chunks = std::min<int64_t>(threads, g.N);
@@ -261,13 +249,12 @@ struct Arg {
   }
 };
 
-void dnnl_conv2d(const KernelCall& c) {
-  const Geom g(c.in_shape(0), c.in_shape(1), c.out_shape(0), c.attrs());
+void dnnl_forward(const Geom& g, const float* xp, const float* wp, float* yp) {
   const DnnlConv& p = dnnl_conv(g);
   dnnl::stream s(dnnl_engine());
-  Arg x(p.x_plain, p.fwd_pd.src_desc(), c.in[0], s, true);
-  Arg w(p.w_plain, p.fwd_pd.weights_desc(), c.in[1], s, true);
-  Arg y(p.y_plain, p.fwd_pd.dst_desc(), c.out[0], s, false);
+  Arg x(p.x_plain, p.fwd_pd.src_desc(), const_cast<float*>(xp), s, true);
+  Arg w(p.w_plain, p.fwd_pd.weights_desc(), const_cast<float*>(wp), s, true);
+  Arg y(p.y_plain, p.fwd_pd.dst_desc(), yp, s, false);
   dnnl::memory scratch(p.fwd_pd.scratchpad_desc(), dnnl_engine());
   p.fwd.execute(s, {{DNNL_ARG_SRC, x.used},
                     {DNNL_ARG_WEIGHTS, w.used},
@@ -277,14 +264,12 @@ void dnnl_conv2d(const KernelCall& c) {
   s.wait();
 }
 
-// inputs: dy, w -> dx.
-void dnnl_conv2d_grad_input(const KernelCall& c) {
-  const Geom g(c.out_shape(0), c.in_shape(1), c.in_shape(0), c.attrs());
+void dnnl_backward_data(const Geom& g, const float* dyp, const float* wp, float* dxp) {
   const DnnlConv& p = dnnl_conv(g);
   dnnl::stream s(dnnl_engine());
-  Arg dy(p.y_plain, p.bwd_data_pd.diff_dst_desc(), c.in[0], s, true);
-  Arg w(p.w_plain, p.bwd_data_pd.weights_desc(), c.in[1], s, true);
-  Arg dx(p.x_plain, p.bwd_data_pd.diff_src_desc(), c.out[0], s, false);
+  Arg dy(p.y_plain, p.bwd_data_pd.diff_dst_desc(), const_cast<float*>(dyp), s, true);
+  Arg w(p.w_plain, p.bwd_data_pd.weights_desc(), const_cast<float*>(wp), s, true);
+  Arg dx(p.x_plain, p.bwd_data_pd.diff_src_desc(), dxp, s, false);
   dnnl::memory scratch(p.bwd_data_pd.scratchpad_desc(), dnnl_engine());
   p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, dy.used},
                          {DNNL_ARG_WEIGHTS, w.used},
@@ -294,14 +279,12 @@ void dnnl_conv2d_grad_input(const KernelCall& c) {
   s.wait();
 }
 
-// inputs: dy, x -> dw.
-void dnnl_conv2d_grad_weight(const KernelCall& c) {
-  const Geom g(c.in_shape(1), c.out_shape(0), c.in_shape(0), c.attrs());
+void dnnl_backward_weights(const Geom& g, const float* dyp, const float* xp, float* dwp) {
   const DnnlConv& p = dnnl_conv(g);
   dnnl::stream s(dnnl_engine());
-  Arg dy(p.y_plain, p.bwd_weights_pd.diff_dst_desc(), c.in[0], s, true);
-  Arg x(p.x_plain, p.bwd_weights_pd.src_desc(), c.in[1], s, true);
-  Arg dw(p.w_plain, p.bwd_weights_pd.diff_weights_desc(), c.out[0], s, false);
+  Arg dy(p.y_plain, p.bwd_weights_pd.diff_dst_desc(), const_cast<float*>(dyp), s, true);
+  Arg x(p.x_plain, p.bwd_weights_pd.src_desc(), const_cast<float*>(xp), s, true);
+  Arg dw(p.w_plain, p.bwd_weights_pd.diff_weights_desc(), dwp, s, false);
   dnnl::memory scratch(p.bwd_weights_pd.scratchpad_desc(), dnnl_engine());
   p.bwd_weights.execute(s, {{DNNL_ARG_DIFF_DST, dy.used},
                             {DNNL_ARG_SRC, x.used},
@@ -313,17 +296,46 @@ void dnnl_conv2d_grad_weight(const KernelCall& c) {
 
 #endif  // MESHFLOW_HAVE_DNNL_CONV
 
+// The kernels: a spatially split x goes through the halo exchange
+// (kernels/cpu/halo.h), then one of the backends above runs on the grown block.
+using Conv = void (*)(const Geom&, const float*, const float*, float*);
+
+template <Conv forward>
+void conv2d_kernel(const KernelCall& c) {
+  const Shape& w = c.in_shape(1);
+  const cpu::HaloInput x(c, c.in_f(0), c.in_shape(0), {w.size(2), w.size(3)}, 0.f);
+  forward(Geom(x.shape, w, c.out_shape(0), x.attrs), x.data, c.in_f(1), c.out_f(0));
+}
+
+// inputs: dy, w -> dx.
+template <Conv backward_data>
+void conv2d_grad_input_kernel(const KernelCall& c) {
+  const Shape& w = c.in_shape(1);
+  cpu::HaloOutput dx(c, c.out_f(0), c.out_shape(0), {w.size(2), w.size(3)});
+  backward_data(Geom(dx.shape, w, c.in_shape(0), dx.attrs), c.in_f(0), c.in_f(1), dx.data);
+  dx.fold();
+}
+
+// inputs: dy, x -> dw (Partial over the ranks of a split spatial dim).
+template <Conv backward_weights>
+void conv2d_grad_weight_kernel(const KernelCall& c) {
+  const Shape& w = c.out_shape(0);
+  const cpu::HaloInput x(c, c.in_f(1), c.in_shape(1), {w.size(2), w.size(3)}, 0.f);
+  backward_weights(Geom(x.shape, w, c.in_shape(0), x.attrs), c.in_f(0), x.data, c.out_f(0));
+}
+
 }  // namespace
 
 void register_conv_kernels(KernelTable& t) {
 #ifdef MESHFLOW_HAVE_DNNL_CONV
-  t[static_cast<int>(OpKind::kConv2d)] = dnnl_conv2d;
-  t[static_cast<int>(OpKind::kConv2dGradInput)] = dnnl_conv2d_grad_input;
-  t[static_cast<int>(OpKind::kConv2dGradWeight)] = dnnl_conv2d_grad_weight;
+  t[static_cast<int>(OpKind::kConv2d)] = conv2d_kernel<dnnl_forward>;
+  t[static_cast<int>(OpKind::kConv2dGradInput)] = conv2d_grad_input_kernel<dnnl_backward_data>;
+  t[static_cast<int>(OpKind::kConv2dGradWeight)] = conv2d_grad_weight_kernel<dnnl_backward_weights>;
 #else
-  t[static_cast<int>(OpKind::kConv2d)] = conv2d_kernel;
-  t[static_cast<int>(OpKind::kConv2dGradInput)] = conv2d_grad_input_kernel;
-  t[static_cast<int>(OpKind::kConv2dGradWeight)] = conv2d_grad_weight_kernel;
+  t[static_cast<int>(OpKind::kConv2d)] = conv2d_kernel<im2col_forward>;
+  t[static_cast<int>(OpKind::kConv2dGradInput)] = conv2d_grad_input_kernel<im2col_backward_data>;
+  t[static_cast<int>(OpKind::kConv2dGradWeight)] =
+      conv2d_grad_weight_kernel<im2col_backward_weights>;
 #endif
 }
 
@@ -340,11 +352,11 @@ const char* conv_library() {
 KernelFn im2col_conv_kernel(OpKind kind) {
   switch (kind) {
     case OpKind::kConv2d:
-      return conv2d_kernel;
+      return conv2d_kernel<im2col_forward>;
     case OpKind::kConv2dGradInput:
-      return conv2d_grad_input_kernel;
+      return conv2d_grad_input_kernel<im2col_backward_data>;
     case OpKind::kConv2dGradWeight:
-      return conv2d_grad_weight_kernel;
+      return conv2d_grad_weight_kernel<im2col_backward_weights>;
     default:
       return nullptr;
   }

@@ -2,10 +2,12 @@
 // channel) plane is independent: the planes are split over the threads, and
 // every output element reads its window directly (a window is a handful of
 // elements; there is nothing for a GEMM here).
+#include <array>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "meshflow/kernels/cpu/halo.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
 
@@ -62,9 +64,18 @@ int64_t argmax(const PoolGeom& g, const float* x, int64_t oh, int64_t ow) {
   return at;
 }
 
+// A spatially split x is grown by its neighbours' rows first (kernels/cpu/halo.h):
+// -inf at the ends for max (padding never wins), zeros for average.
+constexpr float kNoMax = -std::numeric_limits<float>::infinity();
+
+std::array<int64_t, 2> window(const KernelCall& c) {
+  return {c.attrs().kernel[0], c.attrs().kernel[1]};
+}
+
 void max_pool2d_kernel(const KernelCall& c) {
-  const PoolGeom g(c.in_shape(0), c.out_shape(0), c.attrs());
-  const float* x = c.in_f(0);
+  const cpu::HaloInput xin(c, c.in_f(0), c.in_shape(0), window(c), kNoMax);
+  const PoolGeom g(xin.shape, c.out_shape(0), xin.attrs);
+  const float* x = xin.data;
   float* y = c.out_f(0);
   cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
@@ -78,10 +89,12 @@ void max_pool2d_kernel(const KernelCall& c) {
 
 // inputs: dy, x.
 void max_pool2d_grad_kernel(const KernelCall& c) {
-  const PoolGeom g(c.in_shape(1), c.in_shape(0), c.attrs());
+  const cpu::HaloInput xin(c, c.in_f(1), c.in_shape(1), window(c), kNoMax);
+  cpu::HaloOutput dxo(c, c.out_f(0), c.out_shape(0), window(c));
+  const PoolGeom g(xin.shape, c.in_shape(0), xin.attrs);
   const float* dy = c.in_f(0);
-  const float* x = c.in_f(1);
-  float* dx = c.out_f(0);
+  const float* x = xin.data;
+  float* dx = dxo.data;
   cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
       const float* xp = x + p * g.H * g.W;
@@ -92,11 +105,13 @@ void max_pool2d_grad_kernel(const KernelCall& c) {
         for (int64_t ow = 0; ow < g.OW; ++ow) dxp[argmax(g, xp, oh, ow)] += dyp[oh * g.OW + ow];
     }
   });
+  dxo.fold();
 }
 
 void avg_pool2d_kernel(const KernelCall& c) {
-  const PoolGeom g(c.in_shape(0), c.out_shape(0), c.attrs());
-  const float* x = c.in_f(0);
+  const cpu::HaloInput xin(c, c.in_f(0), c.in_shape(0), window(c), 0.f);
+  const PoolGeom g(xin.shape, c.out_shape(0), xin.attrs);
+  const float* x = xin.data;
   float* y = c.out_f(0);
   const float inv = 1.f / static_cast<float>(g.KH * g.KW);
   cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
@@ -122,9 +137,10 @@ void avg_pool2d_kernel(const KernelCall& c) {
 
 // inputs: dy; the output is x-shaped.
 void avg_pool2d_grad_kernel(const KernelCall& c) {
-  const PoolGeom g(c.out_shape(0), c.in_shape(0), c.attrs());
+  cpu::HaloOutput dxo(c, c.out_f(0), c.out_shape(0), window(c));
+  const PoolGeom g(dxo.shape, c.in_shape(0), dxo.attrs);
   const float* dy = c.in_f(0);
-  float* dx = c.out_f(0);
+  float* dx = dxo.data;
   const float inv = 1.f / static_cast<float>(g.KH * g.KW);
   cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
@@ -145,6 +161,7 @@ void avg_pool2d_grad_kernel(const KernelCall& c) {
         }
     }
   });
+  dxo.fold();
 }
 
 }  // namespace
