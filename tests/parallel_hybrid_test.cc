@@ -4,6 +4,8 @@
 // gradients (as shards) of the one-device program.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/comm/local_world.h"
@@ -130,6 +132,63 @@ TEST(Hybrid, GradientsOfTheCollectives) {
     });
     ASSERT_TRUE(s.is_ok()) << s.message();
   }
+}
+
+// neighbor_exchange (the halo of a spatially split window) on a line of 3:
+// each block grows by its neighbours' border rows (the fill at the ends), and
+// autodiff's gradient sums every copy of a row back into its owner.
+TEST(Hybrid, NeighborExchangeAndItsGradient) {
+  constexpr int n = 3;
+  constexpr int64_t L = 4, lo = 1, hi = 2;
+  const Shape whole{{"h", n * L}, {"w", 5}};
+  const Tensor x = testing::random_tensor(whole, 5);
+  const Shape grown{{"h", L + lo + hi}, {"w", 5}};
+  std::vector<Tensor> cot;  // each rank's cotangent of its grown block
+  for (int r = 0; r < n; ++r) cot.push_back(testing::random_tensor(grown, 10 + r));
+  // Global row of grown row j on rank r (-1: the fill beyond the ends).
+  auto row_of = [&](int r, int64_t j) {
+    const int64_t g = r * L - lo + j;
+    return g < 0 || g >= n * L ? int64_t{-1} : g;
+  };
+  Status s = run_local_ranks(n, [&](const std::shared_ptr<Transport>& t) -> Status {
+    const int r = t->rank();
+    const Mesh mesh = Mesh::line(n, "x");
+    MF_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::make(Communicator::world(t), mesh));
+    Graph g;
+    Builder b(g);
+    const Tensor block = local_block(x, mesh, value_or_throw(Layout::parse("[S(0)]")), r);
+    ValueId p = b.parameter("p", block.shape(), Init::zeros());
+    Attrs a;
+    a.mesh_axis = 0, a.group_size = n, a.axes = {0}, a.ints = {lo, hi}, a.alpha = -7.f;
+    ValueId y = b.op1(OpKind::kNeighborExchange, {p}, a, "halo");
+    ValueId cv = b.input("c", grown);
+    g.loss = b.all_reduce(b.reduce_sum(b.mul(y, cv), {0, 1}), 0, n, "loss");
+    append_backward(g);
+    Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}});
+    ex.set_mesh_comms(&comms);
+    std::memcpy(ex.storage(p).data<float>(), block.data<float>(), block.nbytes());
+    MF_RETURN_IF_ERROR(ex.feed("c", cot[r]));
+    ex.feed_scalar("loss_scale", 1.f);
+    ex.run(ex.forward_backward_order());
+    const float* got = ex.data_f(y);
+    for (int64_t j = 0; j < grown.size(0); ++j)
+      for (int64_t k = 0; k < 5; ++k) {
+        const int64_t gr = row_of(r, j);
+        EXPECT_EQ(got[j * 5 + k], gr < 0 ? -7.f : x.data<float>()[gr * 5 + k])
+            << "rank " << r << " row " << j;
+      }
+    const float* dp = static_cast<const float*>(ex.data(g.grad_of_param.at(p)));
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t k = 0; k < 5; ++k) {
+        double want = 0;  // every grown row, on every rank, that copies row r L + i
+        for (int q = 0; q < n; ++q)
+          for (int64_t j = 0; j < grown.size(0); ++j)
+            if (row_of(q, j) == r * L + i) want += cot[q].data<float>()[j * 5 + k];
+        EXPECT_NEAR(dp[i * 5 + k], want, 1e-5) << "rank " << r << " row " << i;
+      }
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
 }
 
 TEST(Hybrid, CollectiveShapesAndErrors) {
