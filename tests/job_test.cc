@@ -278,5 +278,42 @@ TEST_F(Job, PropagationFromTwoConfiguredOpsSplitsFrontAndBack) {
   EXPECT_NEAR(eval_loss(two, "--ranks 2"), single, 1e-5 * std::abs(single));
 }
 
+// A spatial split from a config: the stem convolution's height over sp=2
+// (a split tuple), propagation carries it through batch norm and ReLU and
+// switches to the batch at the pool (7 rows split no way); the convolution
+// exchanges its halo with the neighbour, and the run equals one device.
+TEST_F(Job, SpatialSplitFromAConfigExchangesHalosAndEqualsOneDevice) {
+  json j;
+  j["model"] = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
+                {"hidden_sizes", {16, 32}}, {"depths", {1, 1}},  {"layer_type", "basic"},
+                {"num_labels", 10},         {"image_size", 28}};
+  j["data"] = {{"dataset", "fashion_mnist"}};
+  j["train"] = {{"steps", 3}, {"batch_size", 16}, {"log_every", 1}, {"eval_batches", 2}};
+  j["optimizer"] = {{"type", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}};
+  const std::string one = (dir_ / "one.json").string();
+  std::ofstream(one) << j.dump(2);
+  j["parallel"] = {{"mode", "auto"},
+                   {"mesh", "sp=2"},
+                   {"strategies", {{"embedder.embedder.convolution", "((1,1,sp,1),(1,1,1,1))"}}}};
+  const std::string sp = (dir_ / "sp.json").string();
+  std::ofstream(sp) << j.dump(2);
+  CliRun e = run_cli("explain " + sp + " --ranks 2");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("embedder.embedder.normalization    [S(2)], [R], [R], [R], [R], [R] -> "
+                          "[S(2)], [R], [R]  (propagated)"),
+            std::string::npos)
+      << e.output.substr(0, 3000);
+  EXPECT_NE(e.output.find("fwd       neighbor_exchange over sp  embedder.embedder.convolution "
+                          "height halo rows"),
+            std::string::npos)
+      << e.output;
+  EXPECT_NE(e.output.find("bwd       neighbor_exchange over sp  "
+                          "embedder.embedder.convolution.grad.dw height halo rows"),
+            std::string::npos)
+      << e.output;
+  const double single = eval_loss(one, "");
+  EXPECT_NEAR(eval_loss(sp, "--ranks 2"), single, 1e-5 * std::abs(single));
+}
+
 }  // namespace
 }  // namespace meshflow

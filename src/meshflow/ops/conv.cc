@@ -265,7 +265,7 @@ std::vector<InnerCollective> conv_collectives(const Graph& g, const Node& n) {
     if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
     out.push_back({grad_input ? OpKind::kNeighborExchangeGrad : OpKind::kNeighborExchange,
                    n.attrs.halo_axis[d], x.numel() / x.size(2 + d) * (h.lo + h.hi),
-                   std::string(d == 0 ? "height" : "width") + " halo rows"});
+                   std::string(d == 0 ? "height" : "width") + " halo rows", 2 + d});
   }
   return out;
 }

@@ -47,6 +47,7 @@ struct InnerCollective {
   int mesh_axis = -1;    // of the program's mesh
   int64_t elements = 0;  // f32 elements of the buffer
   std::string what;      // "row maxima", ...
+  int dim = -1;          // neighbour exchanges: the split dim whose halo moves (-1: a reduction)
 };
 using InnerCollectivesFn = std::vector<InnerCollective> (*)(const Graph& g, const Node& n);
 // Sets the attrs a node needs on one rank once the partitioner has split it

@@ -173,8 +173,9 @@ std::vector<InnerCollective> pool_collectives(const Graph& g, const Node& n) {
     const int64_t rows = x.numel() / x.size(2 + d) * (h.lo + h.hi);
     const std::string what = std::string(d == 0 ? "height" : "width") + " halo rows";
     if (fwd || n.kind == OpKind::kMaxPool2dGrad)
-      out.push_back({OpKind::kNeighborExchange, n.attrs.halo_axis[d], rows, what});
-    if (!fwd) out.push_back({OpKind::kNeighborExchangeGrad, n.attrs.halo_axis[d], rows, what});
+      out.push_back({OpKind::kNeighborExchange, n.attrs.halo_axis[d], rows, what, 2 + d});
+    if (!fwd)
+      out.push_back({OpKind::kNeighborExchangeGrad, n.attrs.halo_axis[d], rows, what, 2 + d});
   }
   return out;
 }

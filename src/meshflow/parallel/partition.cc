@@ -898,9 +898,14 @@ class Lowering {
           collective_bytes_per_rank(collective_of(ic.kind), mesh_.size(ic.mesh_axis),
                                     double(ic.elements) * sizeof(float)) +
           0.5);
-      p_.collectives.push_back({lid, ic.kind, n.name + " " + ic.what, n.name + " (in its kernel)",
-                                n.phase, mesh_.axis_name(ic.mesh_axis),
-                                whole.with(ic.mesh_axis, Placement::Partial()), whole, bytes});
+      // A reduction goes from a partial sum per rank to the whole; a halo
+      // exchange keeps its value split (it moves the borders between blocks).
+      const Layout split = ic.dim >= 0 ? whole.with(ic.mesh_axis, Placement::Shard(ic.dim)) : whole;
+      p_.collectives.push_back(
+          {lid, ic.kind, n.name + " " + ic.what, n.name + " (in its kernel)", n.phase,
+           mesh_.axis_name(ic.mesh_axis),
+           ic.dim >= 0 ? split : whole.with(ic.mesh_axis, Placement::Partial()),
+           ic.dim >= 0 ? split : whole, bytes});
     }
     if (write_back) {
       // The updated shard is the value get() produced for input 0: bring it
