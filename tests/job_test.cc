@@ -278,6 +278,26 @@ TEST_F(Job, PropagationFromTwoConfiguredOpsSplitsFrontAndBack) {
   EXPECT_NEAR(eval_loss(two, "--ranks 2"), single, 1e-5 * std::abs(single));
 }
 
+// A ResNet sized for other images than the dataset's: one line before any step.
+TEST_F(Job, ModelInputThatDoesNotFitTheImagesIsAnError) {
+  json j;
+  j["model"] = {{"model_type", "resnet"},  {"num_channels", 3}, {"embedding_size", 8},
+                {"hidden_sizes", {8, 16}}, {"depths", {1, 1}},  {"num_labels", 10},
+                {"image_size", 32}};
+  j["data"] = {{"dataset", "fashion_mnist"}};
+  j["train"] = {{"steps", 1}, {"batch_size", 8}};
+  const std::string cfg = (dir_ / "bad.json").string();
+  std::ofstream(cfg) << j.dump(2);
+  for (const char* ranks : {"", "--ranks 2"}) {
+    CliRun r = run_cli("train " + cfg + " " + ranks);
+    EXPECT_TRUE(one_line_error(r)) << r.output;
+    EXPECT_NE(r.output.find("feeds 'x' with 784 features per example, but model"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("takes 3072"), std::string::npos) << r.output;
+  }
+}
+
 // A spatial split from a config: the stem convolution's height over sp=2
 // (a split tuple), propagation carries it through batch norm and ReLU and
 // switches to the batch at the pool (7 rows split no way); the convolution

@@ -152,6 +152,41 @@ TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
   EXPECT_GT(r->valid, 1);
 }
 
+// A ResNet is priced like any other model: its program partitioned as the
+// plan says, batch (dp), channels inside each residual layer (tp: one
+// all_reduce per layer) and image height (cp: halo exchanges), with ZeRO.
+TEST(PlanCostModel, PricesResNetPlansDataChannelAndHeight) {
+  const ModelConfig m = load_model("resnet50.json");
+  CostModel cm(TrainingJob{m, 256, 1}, cluster("dgx_a100_80gb.json", 8));
+  ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
+  Plan data;
+  data.dp = 8, data.micro_batch = 32, data.num_micro_batches = 1;
+  Result<StepCost> d = cm.price(data);
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d->tp_comm_s + d->cp_comm_s, 0);
+  Plan channel = data;
+  channel.dp = 4, channel.tp = 2, channel.num_micro_batches = 2;
+  Result<StepCost> c = cm.price(channel);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_GT(c->comm.tensor_parallel, 0);
+  EXPECT_EQ(c->comm.context_parallel, 0);
+  EXPECT_LT(c->memory.params, d->memory.params);  // the mid channels' weights split
+  Plan height = data;
+  height.dp = 4, height.cp = 2, height.num_micro_batches = 2;
+  Result<StepCost> h = cm.price(height);
+  ASSERT_TRUE(h.is_ok()) << h.status().message();
+  EXPECT_GT(h->comm.context_parallel, 0);
+  EXPECT_GT(h->cp_comm_s, 0);
+  EXPECT_EQ(h->comm.tensor_parallel, 0);
+  Plan piped = data;
+  piped.dp = 4, piped.pp = 2, piped.num_micro_batches = 2;
+  EXPECT_NE(cm.invalid_reason(piped).find("dp x tp x cp (the height) with ZeRO"), std::string::npos)
+      << cm.invalid_reason(piped);
+  Result<SearchResult> r = search_plans(cm, 8, SearchOptions{});
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_GT(r->valid, 3);
+}
+
 TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {
   CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 256, 2048},
                cluster("dgx_a100_80gb.json", 64));
@@ -495,6 +530,27 @@ TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   EXPECT_EQ(f["parallel"]["rules"]["hidden"], "tp") << f["parallel"].dump();
   CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
   EXPECT_EQ(t.code, 0) << t.output;
+  fs::remove(out);
+}
+
+TEST_F(PlanCli, ResNetHeightPlanWrittenTrainsAsPlanned) {
+  // A ResNet plan splitting the images' height over cp, written and trained:
+  // the split tuple it writes is the one its program was priced with.
+  const std::string out =
+      (fs::temp_directory_path() / ("meshflow_resnet_plan_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  CliRun r = run("plan " + model("resnet_fashion.json") + " --cluster " + source_dir() +
+                 "/configs/clusters/local_cpu.json --gpus 2 --global-batch 32 --top 0 " +
+                 "--fix cp=2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json f = value_or_throw(read_json_file(out));
+  EXPECT_EQ(f["parallel"]["mode"], "auto") << f["parallel"].dump();
+  EXPECT_EQ(f["parallel"]["strategies"]["embedder.embedder.convolution"],
+            "((dp,1,cp,1),(1,1,1,1))");
+  CliRun t = run("train " + out + " --ranks 2 --steps 2 --quiet");
+  EXPECT_EQ(t.code, 0) << t.output;
+  CliRun e = run("explain " + out + " --ranks 2 --no-nodes");
+  EXPECT_NE(e.output.find("neighbor_exchange over cp"), std::string::npos) << e.output;
   fs::remove(out);
 }
 

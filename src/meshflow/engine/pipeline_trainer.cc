@@ -682,6 +682,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     if (n.phase == Phase::kOptimizer) im.flops_optimizer += op_cost(g, n).flops;
   }
   MF_ASSIGN_OR_RETURN(im.data, make_dataset(rc.data, im.language_model, tc.seq_len, tc.seed));
+  MF_RETURN_IF_ERROR(check_dataset_fits(*im.data, g, rc.data, rc.model_source, im.language_model));
 
   // Groups: this stage's sub-mesh (its communicators per mesh axis), this
   // rank's pipeline (the ranks with the same sub-mesh coordinate, which

@@ -65,6 +65,30 @@ Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language
   return std::unique_ptr<Dataset>(new TextDataset(std::move(ds)));
 }
 
+Status check_dataset_fits(const Dataset& data, const Graph& g, const DataConfig& d,
+                          const std::string& model_source, bool language_model) {
+  MF_ASSIGN_OR_RETURN(const Batch one, data.train_batch(BatchIndex{}, 1));
+  for (const auto& [name, t] : one.tensors) {
+    const ValueId v = g.find(name);
+    if (v == kNoValue)
+      return Status::invalid("data.dataset \"" + d.dataset + "\" provides '" + name +
+                             "', which model " + model_source + " does not take; use " +
+                             (language_model ? "\"fortunes\" for a language model"
+                                             : "\"fashion_mnist\" for a classifier"));
+    const Shape& want = g.shape(v);
+    if (language_model || want.rank() != t.shape().rank()) continue;  // sequences: seq_len decides
+    for (int k = 1; k < want.rank(); ++k)
+      if (want.size(k) != t.shape().size(k))
+        return Status::invalid(
+            "data.dataset \"" + d.dataset + "\" feeds '" + name + "' with " +
+            std::to_string(t.shape().size(k)) + " " + want.name(k) + " per example, but model " +
+            model_source + " takes " + std::to_string(want.size(k)) +
+            " (a ResNet takes image_size x image_size x num_channels: 28 x 28 x 1 for "
+            "Fashion-MNIST; an MLP input_dim 784)");
+  }
+  return Status::ok();
+}
+
 namespace {
 // Microseconds since a process-wide origin (the trace's clock; every rank thread shares it).
 double trace_now_us() {
@@ -128,12 +152,7 @@ Status Trainer::init_executor(const Graph& program, const MeshComms* comms) {
   language_model_ = g.find("tokens") != kNoValue;
   num_params_ = count_parameters(g);
   MF_ASSIGN_OR_RETURN(data_, make_dataset(rc_.data, language_model_, tc.seq_len, tc.seed));
-  for (const std::string& name : data_->input_names())
-    if (g.find(name) == kNoValue)
-      return Status::invalid("data.dataset \"" + rc_.data.dataset + "\" provides '" + name +
-                             "', which model " + rc_.model_source + " does not take; use " +
-                             (language_model_ ? "\"fortunes\" for a language model"
-                                              : "\"fashion_mnist\" for a classifier"));
+  MF_RETURN_IF_ERROR(check_dataset_fits(*data_, g, rc_.data, rc_.model_source, language_model_));
   ExecutorOptions eo;
   eo.seed = tc.seed;
   // The gradient all_reduces run in the buckets, not as the executor's nodes.

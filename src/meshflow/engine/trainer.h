@@ -129,6 +129,12 @@ Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,
                                               uint64_t seed);
 
+// The data fits the model: every input the dataset feeds is one the model
+// takes, with the model's sizes per example (a ResNet's image_size and
+// num_channels against the images); an error names both and what is valid.
+Status check_dataset_fits(const Dataset& data, const Graph& g, const DataConfig& d,
+                          const std::string& model_source, bool language_model);
+
 // How many ranks of the job share this machine's cores (local: all of them;
 // mpi: Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
 int ranks_on_this_machine(const Communicator* comm);

@@ -114,18 +114,44 @@ nlohmann::json mlp_tensor_rules(const MlpConfig& m) {
   return rules;
 }
 
+// A ResNet's plan (ops/conv.cc, ops/window.h): tp splits the channels inside
+// each residual layer ("mid": the first convolution column-parallel, the
+// next one's input channels a reduction, one all_reduce per layer, like
+// Megatron's MLP); cp splits the image's height (the stem convolution's split
+// tuple, propagated as far as the sizes allow: halo exchanges between
+// neighbours, then the batch once the maps are too small).
+nlohmann::json resnet_section(const Plan& p, nlohmann::json par) {
+  par["mode"] = p.cp > 1 ? "auto" : "semi";
+  nlohmann::json rules = {{"batch", "dp"}};
+  if (p.tp > 1) rules["mid"] = "tp";
+  par["rules"] = rules;
+  if (p.cp > 1) {
+    par["search"] = "propagate";
+    par["strategies"] = {{"embedder.embedder.convolution", "((dp,1,cp,1),(1,1,1,1))"}};
+  }
+  return par;
+}
+
 }  // namespace
 
 Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model) {
   const MlpConfig* mlp = std::get_if<MlpConfig>(&model);
+  const bool resnet = std::holds_alternative<ResNetConfig>(model);
   if (mlp && (p.cp > 1 || p.pp > 1 || p.sp))
     return Status::invalid("plan " + plan_label(p) +
                            ": the mlp has no sequence (cp, sp) and no transformer blocks (pp)");
+  if (resnet && (p.pp > 1 || p.sp))
+    return Status::invalid(
+        "plan " + plan_label(p) +
+        ": the planner splits a resnet by batch (dp), channels (tp) and height "
+        "(cp); its pipeline stages are set by hand (parallel.pipeline.stage_of)");
   nlohmann::json par;
   const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
   par["mode"] = spmd ? "semi" : "data";
   par["mesh"] = plan_mesh(p);
-  if (spmd && mlp && p.tp > 1)
+  if (spmd && resnet)
+    par = resnet_section(p, std::move(par));
+  else if (spmd && mlp && p.tp > 1)
     par["rules"] = mlp_tensor_rules(*mlp);
   else if (spmd)
     par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";

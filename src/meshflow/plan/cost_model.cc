@@ -399,6 +399,8 @@ LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& em
   lc.head_wgrad_s = head[kWgrad];
   lc.embed_comm_s = comm(embed, true) + comm(embed, false);
   lc.head_comm_s = comm(head, true) + comm(head, false);
+  lc.embed_cp_comm_s = embed[kCpFwd] + embed[kCpBwd];
+  lc.head_cp_comm_s = head[kCpFwd] + head[kCpBwd];
   lc.embed_comm_bytes = embed[kTpFwdBytes] + embed[kTpBwdBytes];
   lc.head_comm_bytes = head[kTpFwdBytes] + head[kTpBwdBytes];
   lc.outside_cp_bytes =
@@ -559,11 +561,14 @@ std::string CostModel::invalid_reason(const Plan& p) const {
            str(p.num_micro_batches) + " must equal the global batch " + str(job_.global_batch);
   if (!has_blocks()) {
     // A model without blocks or sequence: dp and tp only (whether tp divides
-    // its layers is the partitioner's answer, when the plan is priced).
-    if (p.pp > 1 || p.cp > 1 || p.sp || p.vp > 1 || p.recompute != Recompute::kNone)
+    // its layers is the partitioner's answer, when the plan is priced); a
+    // ResNet's cp splits its images' height (auto_plan.h: parallel_section).
+    const bool spatial = std::holds_alternative<ResNetConfig>(job_.model);
+    if (p.pp > 1 || (p.cp > 1 && !spatial) || p.sp || p.vp > 1 || p.recompute != Recompute::kNone)
       return "the " + summarize(job_.model, 1).kind +
              " has no transformer blocks to pipeline (pp) or recompute and no sequence to "
-             "split (cp, sp): its plans are dp x tp with ZeRO";
+             "split (cp, sp): its plans are dp x tp" +
+             std::string(spatial ? " x cp (the height)" : "") + " with ZeRO";
   } else {
     Status s = check_local_shape(d, RankShape{p.micro_batch, job_.seq, p.tp, p.cp});
     if (!s.is_ok()) return s.message();
@@ -654,12 +659,14 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   StageTimes first = base, last = base;
   first.forward_s += lc.embed_fwd_s;
   first.backward_s += lc.embed_bwd_s;
-  first.tp_comm_s += lc.embed_comm_s;
+  first.tp_comm_s += lc.embed_comm_s - lc.embed_cp_comm_s;
+  first.cp_comm_s += lc.embed_cp_comm_s;
   auto add_head = [&](StageTimes& st) {
     st.forward_s += lc.head_fwd_s;
     st.backward_s += lc.head_bwd_s;
     st.weight_grad_s += lc.head_wgrad_s;
-    st.tp_comm_s += lc.head_comm_s;
+    st.tp_comm_s += lc.head_comm_s - lc.head_cp_comm_s;
+    st.cp_comm_s += lc.head_cp_comm_s;
   };
   if (p.pp == 1) {
     add_head(first);

@@ -247,6 +247,8 @@ struct LayerCost {
   double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // after the last block
   // (seconds: all collectives; bytes: over tp, and over cp in outside_cp_bytes)
   double embed_comm_s = 0, head_comm_s = 0, embed_comm_bytes = 0, head_comm_bytes = 0;
+  // Of those times, the collectives over cp (a ResNet's height halos live in its "head").
+  double embed_cp_comm_s = 0, head_cp_comm_s = 0;
   double outside_cp_bytes = 0;
   // The optimizer phase's collectives, once per step: the block's and the rest's.
   double opt_comm_s = 0, opt_comm_outside_s = 0, opt_comm_bytes = 0, opt_comm_outside_bytes = 0;

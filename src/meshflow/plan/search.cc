@@ -152,7 +152,12 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
   for (int64_t tp : divisors(devices)) {
     if (fx.tp ? tp != *fx.tp : (tp > per_node || d.heads % tp != 0 || d.ffn % tp != 0)) continue;
     for (int64_t cp : divisors(devices / tp)) {
-      if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || seq % cp != 0)) continue;
+      // cp: the sequence; a ResNet's image height (its seq is 1).
+      const int64_t split_rows =
+          std::holds_alternative<ResNetConfig>(cm.job().model)
+              ? std::get<ResNetConfig>(cm.job().model).image_size / 2  // after the stride-2 stem
+              : seq;
+      if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || split_rows % cp != 0)) continue;
       for (int64_t pp : divisors(devices / (tp * cp))) {
         if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, d.layers)) continue;
         const int64_t dp = devices / (tp * cp * pp);
