@@ -13,8 +13,12 @@
 #include <string>
 
 #include "cli_run.h"
+#include "meshflow/comm/local_world.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/engine/job.h"
+#include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
 namespace {
@@ -278,6 +282,41 @@ TEST_F(CellsCli, BadNamesAreOneLineErrors) {
   r = run_cli("train " + config({{"recompute", "full"}, {"recompute_layers", {1.5}}}, json()));
   EXPECT_TRUE(one_line(r)) << r.output;
   EXPECT_NE(r.output.find("block numbers >= 0 or cell names"), std::string::npos) << r.output;
+}
+
+// Batch norm's running statistics are model buffers (Graph::buffers): a
+// checkpoint holds them with the weights, so a ResNet saved after training
+// and loaded into a fresh engine evaluates as it did, on one rank, on the
+// partitioner (2 ranks) and in a 2-stage pipeline (GPipe, by stage_of).
+TEST_F(CellsCli, CheckpointsKeepBatchNormRunningStatistics) {
+  for (const auto& [parallel, ranks] :
+       {std::pair{json(), 1}, std::pair{json{{"mode", "semi"}, {"mesh", "dp=2"}}, 2},
+        std::pair{pipeline("gpipe"), 2}}) {
+    SCOPED_TRACE(parallel.dump());
+    const RunConfig rc = value_or_throw(load_run_config(config({{"steps", 3}}, parallel), {}));
+    const Job job = value_or_throw(resolve_job(rc, ranks));
+    const std::string ckpt = (dir_ / ("ckpt" + std::to_string(++n_) + ".safetensors")).string();
+    std::vector<float> trained(ranks), loaded(ranks);
+    Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+      auto comm = ranks > 1 ? Communicator::world(t) : nullptr;
+      MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make_engine(job, comm));
+      for (int i = 0; i < 3; ++i) e->step();
+      trained[t->rank()] = e->evaluate().loss;
+      MF_RETURN_IF_ERROR(e->save_checkpoint(ckpt));
+      MF_RETURN_IF_ERROR(comm ? comm->barrier() : Status::ok());
+      MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> fresh, make_engine(job, comm));
+      MF_RETURN_IF_ERROR(fresh->load_checkpoint(ckpt));
+      loaded[t->rank()] = fresh->evaluate().loss;
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    const SafetensorsFile f = value_or_throw(read_safetensors(ckpt));
+    EXPECT_TRUE(f.tensors.count("encoder.stages.1.layers.0.layer.0.normalization.running_var"));
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ(loaded[r], trained[r]) << "rank " << r;
+      EXPECT_GT(trained[r], 0.f);
+    }
+  }
 }
 
 }  // namespace

@@ -445,7 +445,7 @@ void PipelineTrainer::set_trace(TraceWriter* trace) {
 std::vector<std::pair<std::string, const Tensor*>> PipelineTrainer::parameters() {
   std::vector<std::pair<std::string, const Tensor*>> out;
   for (auto& l : impl_->locals)
-    for (ValueId p : l.program->graph.parameters())
+    for (ValueId p : l.program->graph.model_values())
       out.push_back({l.program->graph.value(p).name, &l.ex->storage(p)});
   return out;
 }
@@ -504,7 +504,7 @@ Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
     for (int c = 0; c < schedule_.num_chunks(); ++c) {
       if (schedule_.rank_of_chunk(c) != s) continue;
       const Graph& cg = im.split.chunks[c].graph;
-      for (ValueId v : cg.parameters()) {
+      for (ValueId v : cg.model_values()) {
         const Shape& shape = g.shape(g.find(cg.value(v).name));
         expect.push_back({cg.value(v).name, shape});
         n += shape.numel();
@@ -578,7 +578,7 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
   MF_RETURN_IF_ERROR(check_finite_weights(f, path));
   std::vector<std::pair<std::string, Tensor*>> params;
   for (auto& l : impl_->locals)
-    for (ValueId p : l.program->graph.parameters())
+    for (ValueId p : l.program->graph.model_values())
       params.push_back({l.program->graph.value(p).name, &l.ex->storage(p)});
   Impl& im = *impl_;
   const Graph& g = im.model.graph;

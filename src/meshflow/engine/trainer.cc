@@ -219,7 +219,7 @@ Status Trainer::init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
 Result<std::map<std::string, Tensor>> Trainer::gather_parameters() {
   std::map<std::string, Tensor> out;
   const Graph& pg = program_graph();
-  for (ValueId v : pg.parameters()) {
+  for (ValueId v : pg.model_values()) {
     Tensor& local = executor_->storage(v);
     if (!program_) {
       out.emplace(pg.value(v).name, local);
@@ -356,7 +356,7 @@ Status Trainer::load_checkpoint(const std::string& path) {
   MF_RETURN_IF_ERROR(check_finite_weights(f, path));
   const Graph& pg = program_->graph;
   // Check everything before changing anything.
-  for (ValueId v : pg.parameters()) {
+  for (ValueId v : pg.model_values()) {
     const std::string& name = pg.value(v).name;
     auto it = f.tensors.find(name);
     const Shape& want = model_.graph.shape(program_->global_of[v]);
@@ -367,7 +367,7 @@ Status Trainer::load_checkpoint(const std::string& path) {
                              it->second.shape().to_string() + " in the file but " +
                              want.to_string() + " in the model");
   }
-  for (ValueId v : pg.parameters()) {
+  for (ValueId v : pg.model_values()) {
     const Tensor& whole = f.tensors.at(pg.value(v).name);
     Tensor block = local_block(whole, program_->mesh, program_->layout[v], rank_);
     executor_->storage(v).copy_from(block.raw());

@@ -385,10 +385,11 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
 namespace {
 
 std::vector<ValueId> checkpoint_values(const Graph& g, CheckpointOptions options) {
-  std::vector<ValueId> vs = g.parameters();
+  std::vector<ValueId> vs = g.model_values();
   if (options.optimizer_state) {
-    std::vector<ValueId> st = g.states();
-    vs.insert(vs.end(), st.begin(), st.end());
+    const std::vector<ValueId> buffers = g.buffers();
+    for (ValueId v : g.states())
+      if (std::find(buffers.begin(), buffers.end(), v) == buffers.end()) vs.push_back(v);
   }
   return vs;
 }

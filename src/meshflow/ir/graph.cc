@@ -55,6 +55,24 @@ std::vector<ValueId> Graph::states() const {
   return outputs_of(nodes_, OpKind::kState);
 }
 
+std::vector<ValueId> Graph::buffers() const {
+  std::vector<char> read(values_.size(), 0);
+  for (const Node& n : nodes_)
+    if (n.phase == Phase::kForward)
+      for (ValueId v : n.inputs) read[v] = 1;
+  std::vector<ValueId> out;
+  for (ValueId v : states())
+    if (read[v]) out.push_back(v);
+  return out;
+}
+
+std::vector<ValueId> Graph::model_values() const {
+  std::vector<ValueId> out = parameters();
+  const std::vector<ValueId> b = buffers();
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
 ValueId Graph::find(const std::string& value_name) const {
   for (const Node& n : nodes_) {
     if (n.kind != OpKind::kParameter && n.kind != OpKind::kInput && n.kind != OpKind::kState)

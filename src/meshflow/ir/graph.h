@@ -133,6 +133,12 @@ class Graph {
   std::vector<ValueId> parameters() const;
   std::vector<ValueId> inputs() const;
   std::vector<ValueId> states() const;
+  // Model buffers (torch's register_buffer): State values a forward node
+  // reads, such as batch norm's running statistics. A checkpoint of the model
+  // holds them with its parameters; the optimizer's state only its updates read.
+  std::vector<ValueId> buffers() const;
+  // parameters() then buffers(): what a checkpoint of the model holds.
+  std::vector<ValueId> model_values() const;
   // Finds the output of a source node by value name; kNoValue if absent.
   ValueId find(const std::string& value_name) const;
 
