@@ -186,7 +186,7 @@ class CellsCli : public ::testing::Test {
   }
   struct Run {
     std::vector<double> losses;
-    double eval = -1, planned_mib = -1;
+    double eval = -1, accuracy = -1, planned_mib = -1;
   };
   Run run(const std::string& cfg, const std::string& extra) {
     const std::string m = (dir_ / ("m" + std::to_string(++n_) + ".jsonl")).string();
@@ -199,7 +199,10 @@ class CellsCli : public ::testing::Test {
     std::ifstream f(m);
     for (std::string line; std::getline(f, line);) {
       const json j = json::parse(line);
-      if (j.contains("eval")) out.eval = j["eval"]["loss"].get<double>();
+      if (j.contains("eval")) {
+        out.eval = j["eval"]["loss"].get<double>();
+        out.accuracy = j["eval"].value("accuracy", -1.0);
+      }
       if (j.contains("loss") && !j.contains("eval")) out.losses.push_back(j["loss"].get<double>());
     }
     return out;
@@ -231,8 +234,11 @@ TEST_F(CellsCli, StageOfPipelinesEqualOneDevice) {
     ASSERT_EQ(pp.losses.size(), 2u) << schedule;
     for (size_t i = 0; i < 2; ++i)
       EXPECT_NEAR(pp.losses[i], one.losses[i], 1e-5 * one.losses[i]) << schedule;
-    // The running statistics the eval reads were updated on the stages too.
+    // The running statistics the eval reads were updated on the stages too,
+    // and the last stage counts the argmax hits.
     EXPECT_NEAR(pp.eval, one.eval, 1e-5 * one.eval) << schedule;
+    EXPECT_GE(one.accuracy, 0.0);
+    EXPECT_EQ(pp.accuracy, one.accuracy) << schedule;
   }
 }
 

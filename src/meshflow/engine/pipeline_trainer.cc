@@ -529,7 +529,7 @@ Result<std::map<std::string, Tensor>> PipelineTrainer::gather_parameters() {
 EvalResult PipelineTrainer::evaluate() {
   Impl& im = *impl_;
   const int C = schedule_.num_chunks();
-  double loss_sum = 0;
+  double loss_sum = 0, correct = 0;
   int64_t batches = 0;
   for (EvalIterator it = im.data->eval(im.micro_rows, Shard{0, 1}, im.rc.train.eval_batches);
        !it.done(); ++batches) {
@@ -543,6 +543,10 @@ EvalResult PipelineTrainer::evaluate() {
       im.feed_batch(l, batch, -1);
       l.ex->run(l.eval_forward);  // the forward without state updates
       if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
+      if (l.program->correct != kNoValue) {  // a classifier's argmax hits
+        l.ex->run(l.program->metric);
+        correct += l.ex->scalar(l.program->correct);
+      }
       if (c + 1 < C) {
         const int next = schedule_.rank_of_chunk(c + 1);
         std::vector<float> msg = im.pack(l, l.program->act_out, b, c + 1);
@@ -557,11 +561,12 @@ EvalResult PipelineTrainer::evaluate() {
     throw_if_error(ch->flush());
     if (key.first >= kOutgoing) ch->take_sent();  // not part of a step's trace
   }
-  float loss = static_cast<float>(loss_sum);
-  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(&loss, 1, ReduceOp::kSum));
+  float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(sums, 2, ReduceOp::kSum));
   EvalResult e;
   e.items = batches * im.micro_rows * (im.language_model ? im.rc.train.seq_len : 1);
-  e.loss = batches ? loss / static_cast<float>(batches) : 0.f;
+  e.loss = batches ? sums[0] / static_cast<float>(batches) : 0.f;
+  if (!im.language_model && e.items > 0) e.accuracy = sums[1] / static_cast<float>(e.items);
   return e;
 }
 

@@ -33,6 +33,7 @@ std::vector<ValueId> ChunkProgram::keep_alive() const {
   for (const auto* list : {&act_out, &grad_out, &stash, &weight_stash})
     v.insert(v.end(), list->begin(), list->end());
   for (const auto& [name, id] : norm_out) v.push_back(id);
+  if (correct != kNoValue) v.push_back(correct);
   return v;
 }
 
@@ -208,7 +209,8 @@ class Splitter {
         in_min = in_min < 0 ? vc : std::min(in_min, vc);
       }
       if (n.phase == Phase::kMetric) {
-        c = kSkip;
+        // With what it reads (the logits' chunk); run only by evaluation.
+        c = in_max >= 0 ? in_max : kPending;
       } else if (in_max < 0 && n.kind != OpKind::kClipCoef &&
                  (n.layer < 0 || n.phase == Phase::kOptimizer)) {
         // Reads only sources (an embedding lookup, a partitioned program's
@@ -400,6 +402,8 @@ class Splitter {
     for (ValueId v : cp.act_out) MF_CHECK_NE(v, kNoValue);
     for (ValueId v : cp.grad_out) MF_CHECK_NE(v, kNoValue);
     if (g_.loss != kNoValue && map[g_.loss] != kNoValue) out.loss = cp.loss = map[g_.loss];
+    if (g_.outputs.count("correct") && map[g_.outputs.at("correct")] != kNoValue)
+      out.outputs["correct"] = cp.correct = map[g_.outputs.at("correct")];
     for (const auto& [p, gr] : g_.grad_of_param)
       if (map[p] != kNoValue && map[gr] != kNoValue) out.grad_of_param[map[p]] = map[gr];
     if (g_.outputs.count("grad_norm") && map[g_.outputs.at("grad_norm")] != kNoValue)
@@ -455,6 +459,9 @@ class Splitter {
         break;
       case Phase::kBackward:
         cp.backward.push_back(nid);
+        break;
+      case Phase::kMetric:
+        cp.metric.push_back(nid);
         break;
       default:  // before the clip node: the sums of squares (and what they read)
         (id < clip_id_ ? cp.sum_squares : cp.update).push_back(nid);

@@ -66,6 +66,7 @@ struct ChunkProgram {
   std::vector<NodeId>
       sum_squares;             // optimizer nodes before the clip: sums of squares (+ reductions)
   std::vector<NodeId> update;  // clip coefficient + parameter updates
+  std::vector<NodeId> metric;  // the chunk with the logits: the argmax hit count (evaluation)
   // Messages (value ids in graph, in message order; matching lists of the
   // neighbour chunk have the same shapes in the same order).
   std::vector<ValueId> act_in;    // Inputs fed from chunk - 1's act_out
@@ -79,7 +80,8 @@ struct ChunkProgram {
   std::vector<char> stash_for_input;   // per stash entry: read by a Bi node
   // Zero-bubble: values Bi makes (or grad_in) that W reads later.
   std::vector<ValueId> weight_stash;
-  ValueId loss = kNoValue;  // the last chunk: the micro-batch loss
+  ValueId loss = kNoValue;     // the last chunk: the micro-batch loss
+  ValueId correct = kNoValue;  // the last chunk of a classifier: argmax hits (metric)
   // Sums of squares: own (parameter name, value) and the Inputs for the others.
   std::vector<std::pair<std::string, ValueId>> norm_out, norm_in;
 
