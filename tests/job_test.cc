@@ -234,6 +234,15 @@ TEST_F(Job, ResNetDataParallelFromTheCliEqualsOneRank) {
   std::ofstream(cfg) << j.dump(2);
   const double one = eval_loss(cfg, "");
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(eval_loss(cfg, "--ranks 2"), one, 1e-5 * std::abs(one));
+  // ZeRO-1 and ZeRO-3: the momentum (and with 3 the weights) is sharded; the
+  // batch-norm running statistics are stored whole, their update runs on a
+  // channel shard and is gathered back (as a ZeRO-1 parameter's).
+  for (int zero : {1, 3}) {
+    j["parallel"] = {{"zero", zero}};
+    const std::string z = (dir_ / ("zero" + std::to_string(zero) + ".json")).string();
+    std::ofstream(z) << j.dump(2);
+    EXPECT_NEAR(eval_loss(z, "--ranks 2"), one, 1e-5 * std::abs(one)) << "zero " << zero;
+  }
 }
 
 // Seed 003's third principle as shipped: only the first convolution (batch
