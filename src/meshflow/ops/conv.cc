@@ -222,12 +222,11 @@ ShardingRule sharding_conv(const Graph& g, const Node& n) {
     factor(x.name(1), x.size(1), n.kind == OpKind::kConv2d ? contracted : channels, 1, 1, -1);
   }
   for (int d = 0; d < 2; ++d) {
-    const int64_t s = n.attrs.stride[d];
-    if (x.size(2 + d) == y.size(2 + d) * s) {
-      const WindowHalo h = window_halo(n.attrs, d, w.size(2 + d));
-      factor(x.name(2 + d), y.size(2 + d), F::kHalo, 2 + d, -1, 2 + d);
-      r.factors.back().halo = std::max(h.lo, h.hi);
-      r.factors.back().halo_unit = s;
+    F halo;
+    if (make_halo_factor(halo, n.attrs, d, w.size(2 + d), x.size(2 + d), y.size(2 + d))) {
+      factor(x.name(2 + d), halo.size, F::kHalo, 2 + d, -1, 2 + d);
+      r.factors.back().halo = halo.halo;
+      r.factors.back().halo_unit = halo.halo_unit;
     } else {
       factor(x.name(2 + d), x.size(2 + d), F::kNeedReplicate, 2 + d, -1, -1);
       factor(y.name(2 + d) + "'", y.size(2 + d), F::kNeedReplicate, -1, -1, 2 + d);
@@ -244,11 +243,7 @@ void conv_local(LocalAttrsCall& c) {
   const Layout& x = c.n.kind == OpKind::kConv2dGradInput ? c.outputs[0]
                     : c.n.kind == OpKind::kConv2d        ? c.inputs[0]
                                                          : c.inputs[1];
-  for (int d = 0; d < 2; ++d) {
-    c.attrs.halo_axis[d] = -1;
-    for (int ax : x.shard_axes(2 + d))
-      if (c.mesh.size(ax) > 1) c.attrs.halo_axis[d] = ax;
-  }
+  set_halo_axes(c, x);
 }
 
 // The halo rows each split spatial dim exchanges (local shapes).
@@ -259,14 +254,7 @@ std::vector<InnerCollective> conv_collectives(const Graph& g, const Node& n) {
       grad_input ? g.shape(n.outputs[0]) : g.shape(n.inputs[n.kind == OpKind::kConv2d ? 0 : 1]);
   const Shape& w =
       n.kind == OpKind::kConv2dGradWeight ? g.shape(n.outputs[0]) : g.shape(n.inputs[1]);
-  for (int d = 0; d < 2; ++d) {
-    if (n.attrs.halo_axis[d] < 0) continue;
-    const WindowHalo h = window_halo(n.attrs, d, w.size(2 + d));
-    if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
-    out.push_back({grad_input ? OpKind::kNeighborExchangeGrad : OpKind::kNeighborExchange,
-                   n.attrs.halo_axis[d], x.numel() / x.size(2 + d) * (h.lo + h.hi),
-                   std::string(d == 0 ? "height" : "width") + " halo rows", 2 + d});
-  }
+  add_halo_collectives(n.attrs, x, {w.size(2), w.size(3)}, !grad_input, grad_input, &out);
   return out;
 }
 

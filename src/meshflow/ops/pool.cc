@@ -130,12 +130,11 @@ ShardingRule sharding_pool(const Graph& g, const Node& n) {
     r.out(f, 0, d);
   }
   for (int d = 2; d < 4; ++d) {
-    const int64_t s = n.attrs.stride[d - 2];
-    if (x.size(d) == y.size(d) * s) {
-      const WindowHalo h = window_halo(n.attrs, d - 2, n.attrs.kernel[d - 2]);
-      const int f = r.add(x.name(d), y.size(d), F::kHalo);
-      r.factors[f].halo = std::max(h.lo, h.hi);
-      r.factors[f].halo_unit = s;
+    F halo;
+    if (make_halo_factor(halo, n.attrs, d - 2, n.attrs.kernel[d - 2], x.size(d), y.size(d))) {
+      const int f = r.add(x.name(d), halo.size, F::kHalo);
+      r.factors[f].halo = halo.halo;
+      r.factors[f].halo_unit = halo.halo_unit;
       for (int i = 0; i < ni; ++i) r.in(f, i, d);
       r.out(f, 0, d);
       continue;
@@ -153,11 +152,7 @@ ShardingRule sharding_pool(const Graph& g, const Node& n) {
 void pool_local(LocalAttrsCall& c) {
   const bool fwd = c.n.kind == OpKind::kMaxPool2d || c.n.kind == OpKind::kAvgPool2d;
   const Layout& x = fwd ? c.inputs[0] : c.outputs[0];
-  for (int d = 0; d < 2; ++d) {
-    c.attrs.halo_axis[d] = -1;
-    for (int ax : x.shard_axes(2 + d))
-      if (c.mesh.size(ax) > 1) c.attrs.halo_axis[d] = ax;
-  }
+  set_halo_axes(c, x);
 }
 
 // The halo rows each split spatial dim exchanges: the forward grows x; the
@@ -166,17 +161,8 @@ std::vector<InnerCollective> pool_collectives(const Graph& g, const Node& n) {
   std::vector<InnerCollective> out;
   const bool fwd = n.kind == OpKind::kMaxPool2d || n.kind == OpKind::kAvgPool2d;
   const Shape& x = fwd ? g.shape(n.inputs[0]) : g.shape(n.outputs[0]);
-  for (int d = 0; d < 2; ++d) {
-    if (n.attrs.halo_axis[d] < 0) continue;
-    const WindowHalo h = window_halo(n.attrs, d, n.attrs.kernel[d]);
-    if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
-    const int64_t rows = x.numel() / x.size(2 + d) * (h.lo + h.hi);
-    const std::string what = std::string(d == 0 ? "height" : "width") + " halo rows";
-    if (fwd || n.kind == OpKind::kMaxPool2dGrad)
-      out.push_back({OpKind::kNeighborExchange, n.attrs.halo_axis[d], rows, what, 2 + d});
-    if (!fwd)
-      out.push_back({OpKind::kNeighborExchangeGrad, n.attrs.halo_axis[d], rows, what, 2 + d});
-  }
+  add_halo_collectives(n.attrs, x, n.attrs.kernel, fwd || n.kind == OpKind::kMaxPool2dGrad, !fwd,
+                       &out);
   return out;
 }
 

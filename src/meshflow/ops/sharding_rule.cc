@@ -5,6 +5,7 @@
 
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/window.h"
 
 namespace meshflow {
 
@@ -380,6 +381,40 @@ void set_shard_offsets(Attrs& attrs, const Shape& global, const Layout& l, const
 
 void set_local_attrs(LocalAttrsCall& c) {
   if (const LocalAttrsFn fn = op_def(c.n.kind).local_attrs) fn(c);
+}
+
+// ---- windows (ops/window.h) ----
+
+bool make_halo_factor(ShardingRule::Factor& f, const Attrs& a, int d, int64_t kernel,
+                      int64_t in_rows, int64_t out_rows) {
+  if (in_rows != out_rows * a.stride[d]) return false;
+  const WindowHalo h = window_halo(a, d, kernel);
+  f.kind = ShardingRule::Factor::kHalo;
+  f.size = out_rows;
+  f.halo = std::max(h.lo, h.hi);
+  f.halo_unit = a.stride[d];
+  return true;
+}
+
+void set_halo_axes(LocalAttrsCall& c, const Layout& x) {
+  for (int d = 0; d < 2; ++d) {
+    c.attrs.halo_axis[d] = -1;
+    for (int ax : x.shard_axes(2 + d))
+      if (c.mesh.size(ax) > 1) c.attrs.halo_axis[d] = ax;
+  }
+}
+
+void add_halo_collectives(const Attrs& a, const Shape& x, std::array<int64_t, 2> kernel, bool grow,
+                          bool fold, std::vector<InnerCollective>* out) {
+  for (int d = 0; d < 2; ++d) {
+    if (a.halo_axis[d] < 0) continue;
+    const WindowHalo h = window_halo(a, d, kernel[d]);
+    if (h.lo + h.hi == 0) continue;  // a 1x1 window: nothing to exchange
+    const int64_t rows = x.numel() / x.size(2 + d) * (h.lo + h.hi);
+    const std::string what = std::string(d == 0 ? "height" : "width") + " halo rows";
+    if (grow) out->push_back({OpKind::kNeighborExchange, a.halo_axis[d], rows, what, 2 + d});
+    if (fold) out->push_back({OpKind::kNeighborExchangeGrad, a.halo_axis[d], rows, what, 2 + d});
+  }
 }
 
 }  // namespace meshflow

@@ -10,9 +10,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "meshflow/ir/graph.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/ops/sharding_rule.h"
 
 namespace meshflow {
 
@@ -30,5 +35,21 @@ inline WindowHalo window_halo(int64_t kernel, int64_t stride, int64_t padding, i
 inline WindowHalo window_halo(const Attrs& a, int d, int64_t kernel) {
   return window_halo(kernel, a.stride[d], a.padding[d], a.dilation[d]);
 }
+
+// The spatial dim d of a window op splits with a halo exchange when its input
+// has stride x the output's rows (in_rows, out_rows): then f becomes the
+// kHalo factor of out_rows (the blocks of input and output line up).
+bool make_halo_factor(ShardingRule::Factor& f, const Attrs& a, int d, int64_t kernel,
+                      int64_t in_rows, int64_t out_rows);
+
+// Local attributes: Attrs::halo_axis of each spatial dim the window's input
+// `x` (its layout on this rank) is split along.
+void set_halo_axes(LocalAttrsCall& c, const Layout& x);
+
+// The exchanges of each split spatial dim of local input `x` (grow: x's
+// border rows, neighbor_exchange; fold: dx's, neighbor_exchange_grad), for
+// explain and the cost model.
+void add_halo_collectives(const Attrs& a, const Shape& x, std::array<int64_t, 2> kernel, bool grow,
+                          bool fold, std::vector<InnerCollective>* out);
 
 }  // namespace meshflow
