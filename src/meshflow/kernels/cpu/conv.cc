@@ -304,7 +304,7 @@ template <Conv forward>
 void conv2d_kernel(const KernelCall& c) {
   const Shape& w = c.in_shape(1);
   const cpu::HaloInput x(c, c.in_f(0), c.in_shape(0), {w.size(2), w.size(3)}, 0.f);
-  forward(Geom(x.shape, w, c.out_shape(0), x.attrs), x.data, c.in_f(1), c.out_f(0));
+  forward(Geom(x.shape(), w, c.out_shape(0), x.attrs()), x.data, c.in_f(1), c.out_f(0));
 }
 
 // inputs: dy, w -> dx.
@@ -312,7 +312,7 @@ template <Conv backward_data>
 void conv2d_grad_input_kernel(const KernelCall& c) {
   const Shape& w = c.in_shape(1);
   cpu::HaloOutput dx(c, c.out_f(0), c.out_shape(0), {w.size(2), w.size(3)});
-  backward_data(Geom(dx.shape, w, c.in_shape(0), dx.attrs), c.in_f(0), c.in_f(1), dx.data);
+  backward_data(Geom(dx.shape(), w, c.in_shape(0), dx.attrs()), c.in_f(0), c.in_f(1), dx.data);
   dx.fold();
 }
 
@@ -321,7 +321,7 @@ template <Conv backward_weights>
 void conv2d_grad_weight_kernel(const KernelCall& c) {
   const Shape& w = c.out_shape(0);
   const cpu::HaloInput x(c, c.in_f(1), c.in_shape(1), {w.size(2), w.size(3)}, 0.f);
-  backward_weights(Geom(x.shape, w, c.in_shape(0), x.attrs), c.in_f(0), x.data, c.out_f(0));
+  backward_weights(Geom(x.shape(), w, c.in_shape(0), x.attrs()), c.in_f(0), x.data, c.out_f(0));
 }
 
 }  // namespace

@@ -87,34 +87,36 @@ void halo_shrink(Communicator& comm, const float* g, const Shape& s, int d, int6
 
 HaloInput::HaloInput(const KernelCall& c, const float* x, const Shape& s,
                      std::array<int64_t, 2> kernel, float fill)
-    : data(x), shape(s), attrs(c.attrs()) {
+    : data(x), in_shape_(s), in_attrs_(c.attrs()) {
   for (int d = 0; d < 2; ++d) {
-    if (attrs.halo_axis[d] < 0) continue;
-    const WindowHalo h = window_halo(attrs, d, kernel[d]);
-    const Shape grown = shape.with_size(2 + d, shape.size(2 + d) + h.lo + h.hi);
+    if (in_attrs_.halo_axis[d] < 0) continue;
+    if (!grown_) grown_ = true, grown_shape_ = in_shape_, grown_attrs_ = in_attrs_;
+    const WindowHalo h = window_halo(grown_attrs_, d, kernel[d]);
+    const Shape grown = grown_shape_.with_size(2 + d, grown_shape_.size(2 + d) + h.lo + h.hi);
     buf_[d].resize(grown.numel());
-    halo_grow(axis_comm(c, attrs.halo_axis[d]), data, shape, 2 + d, h.lo, h.hi, fill,
+    halo_grow(axis_comm(c, in_attrs_.halo_axis[d]), data, grown_shape_, 2 + d, h.lo, h.hi, fill,
               buf_[d].data());
     data = buf_[d].data();
-    shape = grown;
-    attrs.padding[d] = 0;
-    attrs.halo_axis[d] = -1;
+    grown_shape_ = grown;
+    grown_attrs_.padding[d] = 0;
+    grown_attrs_.halo_axis[d] = -1;
   }
 }
 
 HaloOutput::HaloOutput(const KernelCall& c, float* out, const Shape& s,
                        std::array<int64_t, 2> kernel)
-    : data(out), shape(s), attrs(c.attrs()), c_(c), out_(out), s_(s) {
+    : data(out), c_(c), out_(out), s_(s) {
   for (int d = 0; d < 2; ++d) {
-    if (attrs.halo_axis[d] < 0) continue;
-    const WindowHalo h = window_halo(attrs, d, kernel[d]);
+    if (c.attrs().halo_axis[d] < 0) continue;
+    if (!grown_) grown_ = true, grown_shape_ = s_, grown_attrs_ = c.attrs();
+    const WindowHalo h = window_halo(grown_attrs_, d, kernel[d]);
     lo_[d] = h.lo, hi_[d] = h.hi;
-    shape = shape.with_size(2 + d, shape.size(2 + d) + h.lo + h.hi);
-    attrs.padding[d] = 0;
-    attrs.halo_axis[d] = -1;
+    grown_shape_ = grown_shape_.with_size(2 + d, grown_shape_.size(2 + d) + h.lo + h.hi);
+    grown_attrs_.padding[d] = 0;
+    grown_attrs_.halo_axis[d] = -1;
   }
-  if (shape.numel() != s.numel()) {
-    buf_[1].resize(shape.numel());
+  if (grown_shape_.numel() != s.numel() && grown_) {
+    buf_[1].resize(grown_shape_.numel());
     data = buf_[1].data();
   }
 }
@@ -124,13 +126,11 @@ void HaloOutput::fold() {
   const std::array<int, 2>& axis = c_.attrs().halo_axis;
   // Width first (it was grown last), then height.
   const float* cur = data;
-  Shape cur_shape = shape;
   if (axis[1] >= 0) {
-    const Shape to = cur_shape.with_size(3, s_.size(3));
+    const Shape to = grown_shape_.with_size(3, s_.size(3));
     float* dst = axis[0] >= 0 ? (buf_[0].resize(to.numel()), buf_[0].data()) : out_;
     halo_shrink(axis_comm(c_, axis[1]), cur, to, 3, lo_[1], hi_[1], dst);
     cur = dst;
-    cur_shape = to;
   }
   if (axis[0] >= 0) halo_shrink(axis_comm(c_, axis[0]), cur, s_, 2, lo_[0], hi_[0], out_);
 }

@@ -31,13 +31,21 @@ void halo_shrink(Communicator& comm, const float* g, const Shape& s, int d, int6
 // A window's input with the halo of every split spatial dim (height first,
 // then width: the corners come with the second exchange). `kernel`: the
 // window's size per spatial dim. Without halo_axis, data is x itself.
+// (Without a halo nothing is copied: the kernels call this on every run.)
 struct HaloInput {
   HaloInput(const KernelCall& c, const float* x, const Shape& s, std::array<int64_t, 2> kernel,
             float fill);
   const float* data;
-  Shape shape;  // grown
-  Attrs attrs;  // the node's, with padding 0 and no halo_axis on the grown dims
+  const Shape& shape() const { return grown_ ? grown_shape_ : in_shape_; }  // grown
+  // The node's, with padding 0 and no halo_axis on the grown dims.
+  const Attrs& attrs() const { return grown_ ? grown_attrs_ : in_attrs_; }
+
  private:
+  const Shape& in_shape_;
+  const Attrs& in_attrs_;
+  bool grown_ = false;
+  Shape grown_shape_;
+  Attrs grown_attrs_;
   std::vector<float> buf_[2];
 };
 
@@ -46,14 +54,17 @@ struct HaloInput {
 struct HaloOutput {
   HaloOutput(const KernelCall& c, float* out, const Shape& s, std::array<int64_t, 2> kernel);
   float* data;
-  Shape shape;  // grown
-  Attrs attrs;
+  const Shape& shape() const { return grown_ ? grown_shape_ : s_; }  // grown
+  const Attrs& attrs() const { return grown_ ? grown_attrs_ : c_.attrs(); }
   void fold();
 
  private:
   const KernelCall& c_;
   float* out_;
-  Shape s_;
+  const Shape& s_;
+  bool grown_ = false;
+  Shape grown_shape_;
+  Attrs grown_attrs_;
   std::array<int64_t, 2> lo_{}, hi_{};
   std::vector<float> buf_[2];
 };

@@ -74,7 +74,7 @@ std::array<int64_t, 2> window(const KernelCall& c) {
 
 void max_pool2d_kernel(const KernelCall& c) {
   const cpu::HaloInput xin(c, c.in_f(0), c.in_shape(0), window(c), kNoMax);
-  const PoolGeom g(xin.shape, c.out_shape(0), xin.attrs);
+  const PoolGeom g(xin.shape(), c.out_shape(0), xin.attrs());
   const float* x = xin.data;
   float* y = c.out_f(0);
   cpu::parallel_for(g.planes, g.work(), [&](int64_t b, int64_t e) {
@@ -91,7 +91,7 @@ void max_pool2d_kernel(const KernelCall& c) {
 void max_pool2d_grad_kernel(const KernelCall& c) {
   const cpu::HaloInput xin(c, c.in_f(1), c.in_shape(1), window(c), kNoMax);
   cpu::HaloOutput dxo(c, c.out_f(0), c.out_shape(0), window(c));
-  const PoolGeom g(xin.shape, c.in_shape(0), xin.attrs);
+  const PoolGeom g(xin.shape(), c.in_shape(0), xin.attrs());
   const float* dy = c.in_f(0);
   const float* x = xin.data;
   float* dx = dxo.data;
@@ -110,7 +110,7 @@ void max_pool2d_grad_kernel(const KernelCall& c) {
 
 void avg_pool2d_kernel(const KernelCall& c) {
   const cpu::HaloInput xin(c, c.in_f(0), c.in_shape(0), window(c), 0.f);
-  const PoolGeom g(xin.shape, c.out_shape(0), xin.attrs);
+  const PoolGeom g(xin.shape(), c.out_shape(0), xin.attrs());
   const float* x = xin.data;
   float* y = c.out_f(0);
   const float inv = 1.f / static_cast<float>(g.KH * g.KW);
@@ -138,7 +138,7 @@ void avg_pool2d_kernel(const KernelCall& c) {
 // inputs: dy; the output is x-shaped.
 void avg_pool2d_grad_kernel(const KernelCall& c) {
   cpu::HaloOutput dxo(c, c.out_f(0), c.out_shape(0), window(c));
-  const PoolGeom g(dxo.shape, c.in_shape(0), dxo.attrs);
+  const PoolGeom g(dxo.shape(), c.in_shape(0), dxo.attrs());
   const float* dy = c.in_f(0);
   float* dx = dxo.data;
   const float inv = 1.f / static_cast<float>(g.KH * g.KW);
