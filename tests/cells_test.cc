@@ -278,6 +278,17 @@ TEST_F(CellsCli, BadNamesAreOneLineErrors) {
   r = run_cli("train " + config(json::object(), p) + " --ranks 2");
   EXPECT_TRUE(one_line(r)) << r.output;
   EXPECT_NE(r.output.find("give one"), std::string::npos) << r.output;
+  p = pipeline("interleaved");
+  p["pipeline"]["virtual_stages"] = 2;
+  r = run_cli("train " + config(json::object(), p) + " --ranks 2");
+  EXPECT_TRUE(one_line(r)) << r.output;
+  EXPECT_NE(r.output.find("stage_of with virtual_stages=2"), std::string::npos) << r.output;
+  p = pipeline("gpipe");
+  p["pipeline"]["stage_of"] = {"embedder", 0};
+  r = run_cli("train " + config(json::object(), p) + " --ranks 2");
+  EXPECT_TRUE(one_line(r)) << r.output;
+  EXPECT_NE(r.output.find("stage_of must be an object of cell names to stages"), std::string::npos)
+      << r.output;
   r = run_cli("train " + config({{"recompute_layers", {"encoder.stages.1"}}}, json()));
   EXPECT_TRUE(one_line(r)) << r.output;
   EXPECT_NE(r.output.find("train.recompute is \"none\""), std::string::npos) << r.output;

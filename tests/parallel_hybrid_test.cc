@@ -200,6 +200,15 @@ TEST(Hybrid, CollectiveShapesAndErrors) {
   const Shape a2a = g.shape(b.all_to_all(x, 0, 1, 0, 2));
   EXPECT_EQ(a2a.size(0), 8);
   EXPECT_EQ(a2a.size(1), 3);
+  Attrs halo;  // a block of 4 rows cannot lend 5 to a neighbour
+  halo.mesh_axis = 0, halo.group_size = 2, halo.axes = {0}, halo.ints = {5, 1};
+  try {
+    b.op1(OpKind::kNeighborExchange, {x}, halo, "halo");
+    FAIL() << "expected an error";
+  } catch (const StatusError& e) {
+    EXPECT_NE(std::string(e.what()).find("is smaller than its halo (5, 1)"), std::string::npos)
+        << e.what();
+  }
   try {
     b.reduce_scatter(x, 1, 0, 4);  // 6 does not split 4 ways
     FAIL() << "expected an error";

@@ -625,6 +625,15 @@ TEST(ParallelShardingRule, SpatialSplitFinerThanTheHaloIsAnError) {
                                         "neighbour's block (the halo); split it at most 4 ways"),
             std::string::npos)
       << bad.status().message();
+  // One mesh axis per spatial dim: its exchange runs between line neighbours.
+  const Mesh two = value_or_throw(Mesh::parse("a=2,b=2"));
+  const Layout both =
+      value_or_throw(Layout::make({Placement::Shard(2, 0), Placement::Shard(2, 1)}));
+  Result<std::vector<Layout>> axes =
+      derive_output_layouts(g, n, two, {both, Layout::Replicated(2)});
+  ASSERT_FALSE(axes.is_ok());
+  EXPECT_NE(axes.status().message().find("split over several mesh axes"), std::string::npos)
+      << axes.status().message();
   // A stride that does not tile the input (OH x stride != H) keeps the dim whole.
   a.stride = {3, 3};
   b.op(OpKind::kConv2d, {x, w}, a, "strided");
