@@ -303,15 +303,14 @@ double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_b
                            cluster_.link_for_axis(group, axis_stride(p, axis)));
 }
 
-double CostModel::collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p,
-                                         double* bytes, std::string* axis) const {
-  const Graph& g = lp.graph;
+double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const Node& n,
+                                         const Plan& p, double* bytes, std::string* axis) const {
   // The full buffer: the gathered output of an all_gather, else the input.
   const int64_t elems = g.shape(n.kind == OpKind::kAllGather ? n.outputs[0] : n.inputs[0]).numel();
   // f32 values move in the compute dtype (what a mixed-precision run sends).
   const DType dt = g.value(n.inputs[0]).dtype;
   const double buffer = double(elems) * double(dtype_size(dt == DType::F32 ? dtype_ : dt));
-  *axis = lp.mesh.axis_name(n.attrs.mesh_axis);
+  *axis = mesh.axis_name(n.attrs.mesh_axis);
   return collective_time_on(n.kind, n.attrs.group_size, buffer, *axis, p, bytes);
 }
 
@@ -361,7 +360,15 @@ enum Slot {
   kInputBytes,  // fed data of one micro-batch
   kSlots
 };
-using Totals = std::array<double, kSlots>;
+
+}  // namespace
+
+// The slots' sums (declared in the header for CostModel::price_nodes).
+struct NodeTotals : std::array<double, kSlots> {};
+
+namespace {
+
+using Totals = NodeTotals;
 
 // A forward or backward collective's seconds and bytes, on cp or (any other axis) tp.
 void add_comm(Totals& t, const std::string& axis, bool fwd, double seconds, double bytes) {
@@ -419,6 +426,66 @@ LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& em
 
 }  // namespace
 
+void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
+                            const std::vector<bool>& wgrad, const std::vector<bool>& before,
+                            NodeTotals* all, NodeTotals* embed) const {
+  std::vector<bool> bucketed(g.num_nodes(), false);  // run by the runtime's GradientBuckets
+  if (k_.bucketed_grad_all_reduce)
+    for (const GradientSync& s : gradient_syncs(g))
+      for (NodeId id : s.reduce) bucketed[id] = true;
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    Totals& t = embed && before[i] ? *embed : *all;
+    if (n.kind == OpKind::kParameter) {
+      t[kParams] += double(g.shape(n.outputs[0]).numel());
+      t[kParamTensors] += 1;
+      continue;
+    }
+    if (n.kind == OpKind::kInput) {  // fed data (scalars like lr are not)
+      const Value& v = g.value(n.outputs[0]);
+      if (v.shape.rank() > 0) t[kInputBytes] += double(v.shape.numel() * dtype_size(v.dtype));
+      continue;
+    }
+    if (is_source(n.kind) || n.kind == OpKind::kShardSlice || n.phase == Phase::kMetric) continue;
+    const bool fwd = n.phase == Phase::kForward;
+    double time = 0;
+    if (is_collective(n.kind)) {
+      double bytes = 0;
+      std::string axis;
+      time = collective_node_time_s(g, mesh, n, p, &bytes, &axis);
+      if (n.phase == Phase::kOptimizer) {
+        t[kCollectives] += 1;
+        // Over tp only: the gradients' reduction over the dp * cp replicas
+        // is priced with the schedule (bucketed, overlapped), not twice;
+        // so are the tp ones the runtime puts in its buckets.
+        if (axis == "tp" && bucketed[i])
+          t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
+        else if (axis == "tp")
+          t[kOptComm] += time, t[kOptCommBytes] += bytes;
+        continue;
+      }
+      add_comm(t, axis, fwd, time, bytes);
+    } else {
+      if (n.phase == Phase::kOptimizer) continue;  // priced as memory-bound work
+      time = node_time_s(g, n);
+      t[kNodes] += 1;
+      t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
+      if (n.kind == OpKind::kAttention) t[kAttention] += time;
+      // The collectives its kernel runs inside itself (the vocab-parallel
+      // cross-entropy's f32 all_reduces; ops/op_def.h).
+      for (const InnerCollective& ic : inner_collectives(g, n)) {
+        double bytes = 0;
+        const std::string& axis = mesh.axis_name(ic.mesh_axis);
+        const double ct = collective_time_on(ic.kind, mesh.size(ic.mesh_axis),
+                                             double(ic.elements) * 4.0, axis, p, &bytes);
+        add_comm(t, axis, fwd, ct, bytes);
+        time += ct;
+      }
+    }
+    if (is_recompute(g, n)) t[kRecompute] += time;
+  }
+}
+
 Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch,
                                            bool sp) const {
   Plan p;
@@ -426,63 +493,9 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // Prices a program: all of it, and (embed) the part on the embedding's side.
   auto price_all = [&](const LocalProgram& lp, Totals* all, Totals* embed) {
     const Graph& g = lp.graph;
-    const std::vector<bool> wgrad = weight_grad_nodes(g);
     const std::vector<bool> before = before_blocks(g, priced_layers(g));
-    std::vector<bool> bucketed(g.num_nodes(), false);  // run by the runtime's GradientBuckets
-    if (k_.bucketed_grad_all_reduce)
-      for (const GradientSync& s : gradient_syncs(g))
-        for (NodeId id : s.reduce) bucketed[id] = true;
-    for (NodeId i = 0; i < g.num_nodes(); ++i) {
-      const Node& n = g.node(i);
-      Totals& t = before[i] && embed ? *embed : *all;
-      if (n.kind == OpKind::kParameter) {
-        t[kParams] += double(g.shape(n.outputs[0]).numel());
-        t[kParamTensors] += 1;
-        continue;
-      }
-      if (n.kind == OpKind::kInput) {  // fed data (scalars like lr are not)
-        const Value& v = g.value(n.outputs[0]);
-        if (v.shape.rank() > 0) t[kInputBytes] += double(v.shape.numel() * dtype_size(v.dtype));
-        continue;
-      }
-      if (is_source(n.kind) || n.kind == OpKind::kShardSlice || n.phase == Phase::kMetric) continue;
-      const bool fwd = n.phase == Phase::kForward;
-      double time = 0;
-      if (is_collective(n.kind)) {
-        double bytes = 0;
-        std::string axis;
-        time = collective_node_time_s(lp, n, p, &bytes, &axis);
-        if (n.phase == Phase::kOptimizer) {
-          t[kCollectives] += 1;
-          // Over tp only: the gradients' reduction over the dp * cp replicas
-          // is priced with the schedule (bucketed, overlapped), not twice;
-          // so are the tp ones the runtime puts in its buckets.
-          if (axis == "tp" && bucketed[i])
-            t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
-          else if (axis == "tp")
-            t[kOptComm] += time, t[kOptCommBytes] += bytes;
-          continue;
-        }
-        add_comm(t, axis, fwd, time, bytes);
-      } else {
-        if (n.phase == Phase::kOptimizer) continue;  // priced as memory-bound work
-        time = node_time_s(g, n);
-        t[kNodes] += 1;
-        t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
-        if (n.kind == OpKind::kAttention) t[kAttention] += time;
-        // The collectives its kernel runs inside itself (the vocab-parallel
-        // cross-entropy's f32 all_reduces; ops/op_def.h).
-        for (const InnerCollective& ic : inner_collectives(g, n)) {
-          double bytes = 0;
-          const std::string& axis = lp.mesh.axis_name(ic.mesh_axis);
-          const double ct = collective_time_on(ic.kind, lp.mesh.size(ic.mesh_axis),
-                                               double(ic.elements) * 4.0, axis, p, &bytes);
-          add_comm(t, axis, fwd, ct, bytes);
-          time += ct;
-        }
-      }
-      if (is_recompute(g, n)) t[kRecompute] += time;
-    }
+    price_nodes(g, lp.mesh, p, weight_grad_nodes(g), embed ? before : std::vector<bool>{}, all,
+                embed);
   };
   // Totals of the program with `blocks` blocks and recompute `rc` (embed: its
   // embedding side apart, else folded into the total).

@@ -51,6 +51,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/status.h"
@@ -61,6 +62,8 @@
 #include "meshflow/plan/rank_program.h"
 
 namespace meshflow::plan {
+
+struct NodeTotals;  // cost_model.cc: what a program's nodes cost, by kind of work
 
 struct TrainingJob {
   ModelConfig model;
@@ -320,8 +323,15 @@ class CostModel {
   // One collective node of a rank program: collective_time_s of its buffer
   // (in the compute dtype) on the link its mesh axis maps to under plan `p`.
   // Sets *bytes to what the rank sends, *axis to the mesh axis name.
-  double collective_node_time_s(const LocalProgram& lp, const Node& n, const Plan& p, double* bytes,
-                                std::string* axis) const;
+  double collective_node_time_s(const Graph& g, const Mesh& mesh, const Node& n, const Plan& p,
+                                double* bytes, std::string* axis) const;
+  // Adds the cost of a program's nodes (on `mesh`, priced under `p`'s links)
+  // to `all`: compute as F, B or W (`weight_grad`), collectives by mesh
+  // axis, parameters, fed inputs; the nodes `before` marks go to `embed`
+  // (when not null; `before` may then be empty).
+  void price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
+                   const std::vector<bool>& weight_grad, const std::vector<bool>& before,
+                   NodeTotals* all, NodeTotals* embed) const;
   // The same for a collective of `kind` over `group` ranks of mesh axis
   // `axis` moving a buffer of `buffer_bytes` (a node's, or one a kernel runs).
   double collective_time_on(OpKind kind, int64_t group, double buffer_bytes,
