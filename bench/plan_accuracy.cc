@@ -1,9 +1,11 @@
 // The planner against this machine (issue 6 §6): trains a small GPT (or, with
-// --model configs/models/mlp_fashion.json, the MLP on Fashion-MNIST) under a
-// dozen plans on 1-4 in-process ranks (data parallel, Megatron tensor
-// parallel, sequence parallel, ZeRO 1-3, recompute, gradient accumulation),
-// measures the median step time and each rank's peak memory (Executor::memory:
-// persistent storage + the static arena), prices the same plans with the cost
+// --model configs/models/mlp_fashion.json, the MLP on Fashion-MNIST; with
+// configs/models/resnet_fashion.json, the small ResNet) under a dozen plans
+// on 1-4 in-process ranks (data parallel, Megatron tensor parallel, sequence
+// parallel, ZeRO 1-3, recompute, gradient accumulation; for the ResNet
+// channels, height and pipelines), measures the median step time and each
+// rank's peak memory (Engine::peak_bytes: persistent storage + the static
+// arena, + a pipeline's activation stash), prices the same plans with the cost
 // model on the calibrated cluster shared among the ranks (plan::share_machine),
 // and prints predicted vs measured with the median errors.
 //
@@ -35,6 +37,8 @@
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/engine/job.h"
+#include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/auto_plan.h"
@@ -53,12 +57,15 @@ struct Case {
   int zero = 0;
   std::string recompute = "none";
   int micro_batches = 1;
+  int pp = 1;  // pipeline stages (a ResNet's residual layers)
+  std::string schedule = "1f1b";
 };
 
 struct Measured {
   double step_s = 0;         // median over steps of the slowest rank's step
   double spread = 0;         // (max - min) / median of those steps
-  MemoryStats memory;        // the rank with the largest total
+  MemoryStats memory;        // the rank with the largest peak (a pipeline's: without its stash)
+  double peak = 0;           // its peak bytes (Engine::peak_bytes)
   std::string collectives;   // rank 0's program: collective kind x phase counts
   int steps = 0, clean = 0;  // steps timed, and those other processes left alone
 };
@@ -148,6 +155,9 @@ void print_profile(Executor& ex, int steps, int micro_batches) {
 // MLP's tensor parallelism is the rules `meshflow plan --out` writes for it
 // (plan::parallel_section).
 json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
+  // A ResNet: the section `meshflow plan --out` writes for the plan, as is.
+  if (std::holds_alternative<ResNetConfig>(mc))
+    return value_or_throw(plan::parallel_section(p, mc));
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
   if (!is_language_model(mc) && p.tp > 1) {
     par = value_or_throw(plan::parallel_section(p, mc));
@@ -161,9 +171,9 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
   const bool lm = is_language_model(value_or_throw(parse_model_config(model)));
   json train = {{"steps", warmup + steps},
                 {"batch_size", batch},
-                {"micro_batches", c.micro_batches},
                 {"recompute", c.recompute},
                 {"eval_batches", 1}};
+  if (c.pp == 1) train["micro_batches"] = c.micro_batches;  // a pipeline's are its section's
   if (lm) train["seq_len"] = seq;
   json doc = {{"model", model},
               {"data", {{"dataset", lm ? "fortunes" : "fashion_mnist"}}},
@@ -171,6 +181,7 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
               {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}}},
               {"parallel", parallel}};
   MF_ASSIGN_OR_RETURN(RunConfig rc, parse_run_config(doc, ""));
+  MF_ASSIGN_OR_RETURN(const Job job, resolve_job(rc, c.ranks));
   std::mutex mu;
   std::string collectives;
   // Steps run until `steps` of them were clean (other processes used at most
@@ -196,13 +207,17 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
   };
   std::barrier sync(c.ranks, decide);
   std::vector<MemoryStats> mem(static_cast<size_t>(c.ranks));
+  std::vector<int64_t> peak(static_cast<size_t>(c.ranks), 0);
   auto body = [&](std::shared_ptr<Communicator> comm, int rank) -> Status {
-    Result<std::unique_ptr<Trainer>> created = Trainer::create(rc, comm);
+    // The engine the job calls for: the Trainer, or the PipelineTrainer.
+    Result<std::unique_ptr<Engine>> created = make_engine(job, comm, nullptr, false);
     if (!created.is_ok()) {
       sync.arrive_and_drop();
       return created.status();
     }
-    std::unique_ptr<Trainer> tr = std::move(created).value();
+    std::unique_ptr<Engine> engine = std::move(created).value();
+    auto* tr = dynamic_cast<Trainer*>(engine.get());
+    auto* pipe = dynamic_cast<PipelineTrainer*>(engine.get());
     sync.arrive_and_wait();  // every rank built: start the clock together
     if (rank == 0) {
       per_step.clear(), clean.clear();
@@ -210,21 +225,22 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
     }
     sync.arrive_and_wait();
     for (int i = 0;; ++i) {
-      if (i == warmup && rank == 0 && g_profile) tr->executor().set_profiling(true);
-      step_secs[static_cast<size_t>(rank)] = tr->step().seconds;
+      if (i == warmup && rank == 0 && g_profile && tr) tr->executor().set_profiling(true);
+      step_secs[static_cast<size_t>(rank)] = engine->step().seconds;
       sync.arrive_and_wait();
       if (stop) break;
     }
-    if (rank == 0 && g_profile)
+    if (rank == 0 && g_profile && tr)
       print_profile(tr->executor(), static_cast<int>(per_step.size()) - warmup, c.micro_batches);
     std::lock_guard<std::mutex> lock(mu);
-    if (rank == 0 && tr->program()) {
+    if (rank == 0 && tr && tr->program()) {
       std::map<std::string, int> n;
       for (const CollectiveRecord& r : tr->program()->collectives)
         ++n[std::string(op_name(r.kind)) + "/" + std::string(phase_name(r.phase))];
       for (const auto& [k, v] : n) collectives += k + " x" + std::to_string(v) + " ";
     }
-    mem[static_cast<size_t>(rank)] = tr->executor().memory();
+    mem[static_cast<size_t>(rank)] = tr ? tr->executor().memory() : pipe->memory();
+    peak[static_cast<size_t>(rank)] = engine->peak_bytes();  // a pipeline's: + its stash
     return Status::ok();
   };
   if (c.ranks == 1) {
@@ -247,8 +263,8 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
   m.spread =
       (*std::max_element(use.begin(), use.end()) - *std::min_element(use.begin(), use.end())) /
       m.step_s;
-  for (const MemoryStats& s : mem)
-    if (s.total() > m.memory.total()) m.memory = s;
+  for (size_t r = 0; r < mem.size(); ++r)
+    if (double(peak[r]) > m.peak) m.peak = double(peak[r]), m.memory = mem[r];
   m.collectives = collectives;
   return m;
 }
@@ -257,6 +273,9 @@ plan::Plan plan_of(const Case& c, int batch) {
   plan::Plan p;
   p.dp = degree(c.mesh, "dp");
   p.tp = degree(c.mesh, "tp");
+  p.cp = degree(c.mesh, "cp");
+  p.pp = c.pp;
+  p.schedule = value_or_throw(parse_schedule_kind(c.schedule));
   p.sp = c.preset == "megatron-sp";
   p.num_micro_batches = c.micro_batches;
   p.micro_batch = batch / (p.dp * c.micro_batches);
@@ -351,7 +370,23 @@ int main(int argc, char** argv) {
       {"dp2-zero1", 2, "dp=2", "dp", 1},
       {"dp2-zero3", 2, "dp=2", "dp", 3},
   };
-  const std::vector<Case>& cases = lm ? lm_cases : mlp_cases;
+  // A ResNet (--model configs/models/resnet_fashion.json): batch (dp),
+  // channels (tp), height (cp: halo exchanges), residual layers (pp) and
+  // ZeRO, each run from the section the planner writes for it.
+  const std::vector<Case> resnet_cases = {
+      {"dp1", 1, "dp=1", "dp"},
+      {"dp2", 2, "dp=2", "dp"},
+      {"tp2", 2, "dp=1,tp=2", ""},
+      {"cp2", 2, "dp=1,cp=2", ""},
+      {"dp2-zero1", 2, "dp=2", "dp", 1},
+      {"pp2-1f1b", 2, "dp=1", "", 0, "none", 2, 2, "1f1b"},
+      {"pp2-gpipe-mb4", 2, "dp=1", "", 0, "none", 4, 2, "gpipe"},
+      {"pp2-zb-mb4", 2, "dp=1", "", 0, "none", 4, 2, "zb-h1"},
+      {"pp3-1f1b-mb4", 3, "dp=1", "", 0, "none", 4, 3, "1f1b"},
+      {"pp2-tp2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
+  };
+  const bool resnet = std::holds_alternative<ResNetConfig>(mc);
+  const std::vector<Case>& cases = lm ? lm_cases : resnet ? resnet_cases : mlp_cases;
 
   std::printf("plan accuracy: %s, batch %d x seq %d, cluster %s (%.1f GFLOP/s, %.1f GB/s)\n",
               model.dump().c_str(), batch, lm ? seq : 1, cluster_path.c_str(),
@@ -386,7 +421,7 @@ int main(int argc, char** argv) {
       continue;
     }
     const double te = pc->step_time_s / me->step_s - 1;
-    const double mem_meas = static_cast<double>(me->memory.total());
+    const double mem_meas = me->peak;
     const double memerr = pc->memory.total / mem_meas - 1;
     time_err.push_back(std::abs(te));
     mem_err.push_back(std::abs(memerr));

@@ -178,13 +178,61 @@ TEST(PlanCostModel, PricesResNetPlansDataChannelAndHeight) {
   EXPECT_GT(h->comm.context_parallel, 0);
   EXPECT_GT(h->cp_comm_s, 0);
   EXPECT_EQ(h->comm.tensor_parallel, 0);
+  // Residual layers on a pipeline: the runtime's own split of the program
+  // into chunks, each priced node by node.
   Plan piped = data;
   piped.dp = 4, piped.pp = 2, piped.num_micro_batches = 2;
-  EXPECT_NE(cm.invalid_reason(piped).find("dp x tp x cp (the height) with ZeRO"), std::string::npos)
-      << cm.invalid_reason(piped);
+  Result<StepCost> pc = cm.price(piped);
+  ASSERT_TRUE(pc.is_ok()) << pc.status().message();
+  EXPECT_GT(pc->pp_comm_s, 0);
+  EXPECT_GT(pc->bubble_s, 0);
+  EXPECT_GT(pc->comm.pipeline, 0);
+  EXPECT_LT(pc->memory.params, d->memory.params);  // a stage holds its layers' weights
+  EXPECT_EQ(pc->tp_comm_s + pc->cp_comm_s, 0);
+  // The chunks partition the program: their layers, weights and work add up
+  // to the unsplit program's.
+  Result<std::vector<ChunkCost>> chunks = cm.chunk_costs(1, 1, 32, 2);
+  ASSERT_TRUE(chunks.is_ok()) << chunks.status().message();
+  ASSERT_EQ(chunks->size(), 2u);
+  Result<LayerCost> whole = cm.layer_cost(1, 1, 32);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  double work = 0;
+  int64_t params = 0;
+  for (const ChunkCost& c : *chunks) {
+    work += c.times.forward_s + c.times.backward_s + c.times.weight_grad_s;
+    params += c.params;
+    EXPECT_GT(c.arena_bytes, 0);
+    EXPECT_GT(c.stash_bytes, 0);
+  }
+  EXPECT_NEAR(work / (whole->head_fwd_s + whole->head_bwd_s + whole->head_wgrad_s), 1.0, 1e-9);
+  EXPECT_EQ(params, whole->head_params);
+  EXPECT_EQ((*chunks)[0].first_layer, 0);
+  EXPECT_EQ((*chunks)[1].first_layer, (*chunks)[0].num_layers);
+  EXPECT_EQ((*chunks)[1].first_layer + (*chunks)[1].num_layers, 16);  // 3 + 4 + 6 + 3
+  EXPECT_GT((*chunks)[0].act_bytes, 0);
+  // Chunk 0 waits for no input gradient: its whole backward is W (zero bubble).
+  EXPECT_EQ((*chunks)[0].times.backward_s, 0);
+  EXPECT_GT((*chunks)[1].times.backward_s, 0);
+  Plan chunky = data;  // 4 x 5 chunks of 16 layers
+  chunky.dp = 1, chunky.pp = 4, chunky.vp = 5, chunky.micro_batch = 64;
+  chunky.num_micro_batches = 4, chunky.schedule = ScheduleKind::kInterleaved;
+  EXPECT_NE(cm.invalid_reason(chunky).find("pp*vp = 20 pipeline chunks, the resnet has 16"),
+            std::string::npos)
+      << cm.invalid_reason(chunky);
+  chunky.vp = 2;
+  EXPECT_EQ(cm.invalid_reason(chunky), "");  // balanced chunks: no divisibility asked
+  Plan recomputed = data;
+  recomputed.recompute = Recompute::kFull;
+  EXPECT_NE(cm.invalid_reason(recomputed).find("does not price its recompute"), std::string::npos)
+      << cm.invalid_reason(recomputed);
   Result<SearchResult> r = search_plans(cm, 8, SearchOptions{});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   EXPECT_GT(r->valid, 3);
+  SearchOptions fixed;
+  fixed.fixed.pp = 4;
+  Result<SearchResult> four = search_plans(cm, 8, fixed);
+  ASSERT_TRUE(four.is_ok()) << four.status().message();
+  EXPECT_EQ(four->plans.at(0).plan.pp, 4);
 }
 
 TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {
@@ -528,6 +576,25 @@ TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   const json f = value_or_throw(read_json_file(out));
   EXPECT_EQ(f["data"]["dataset"], "fashion_mnist");
   EXPECT_EQ(f["parallel"]["rules"]["hidden"], "tp") << f["parallel"].dump();
+  CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
+  EXPECT_EQ(t.code, 0) << t.output;
+  fs::remove(out);
+}
+
+TEST_F(PlanCli, ResNetPipelinePlanWrittenTrainsAsPlanned) {
+  // A ResNet's residual layers on two pipeline stages, written and trained:
+  // the runtime splits the program as the planner priced it (balanced chunks).
+  const std::string out =
+      (fs::temp_directory_path() / ("meshflow_resnet_pp_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  CliRun r = run("plan " + model("resnet_fashion.json") + " --cluster " + source_dir() +
+                 "/configs/clusters/local_cpu.json --gpus 4 --global-batch 32 --top 0 " +
+                 "--fix pp=2,tp=2,schedule=1f1b --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("pp=2"), std::string::npos) << r.output;
+  const json f = value_or_throw(read_json_file(out));
+  EXPECT_EQ(f["parallel"]["pipeline"]["stages"], 2) << f["parallel"].dump();
+  EXPECT_EQ(f["parallel"]["rules"]["mid"], "tp") << f["parallel"].dump();
   CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
   EXPECT_EQ(t.code, 0) << t.output;
   fs::remove(out);

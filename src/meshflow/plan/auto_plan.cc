@@ -140,11 +140,10 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   if (mlp && (p.cp > 1 || p.pp > 1 || p.sp))
     return Status::invalid("plan " + plan_label(p) +
                            ": the mlp has no sequence (cp, sp) and no transformer blocks (pp)");
-  if (resnet && (p.pp > 1 || p.sp))
-    return Status::invalid(
-        "plan " + plan_label(p) +
-        ": the planner splits a resnet by batch (dp), channels (tp) and height "
-        "(cp); its pipeline stages are set by hand (parallel.pipeline.stage_of)");
+  if (resnet && p.sp)
+    return Status::invalid("plan " + plan_label(p) +
+                           ": a resnet has no sequence for sp; the planner splits it by batch "
+                           "(dp), channels (tp), height (cp) and residual layers (pp)");
   nlohmann::json par;
   const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
   par["mode"] = spmd ? "semi" : "data";

@@ -9,6 +9,7 @@
 #include "meshflow/autodiff/recompute.h"
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/memory_plan.h"
 
@@ -143,7 +144,7 @@ namespace {
 // The executor's arena for a local program (runtime/executor.cc): sources have
 // their own storage, the loss and the parameter gradients stay alive to the
 // end, everything else is planned over the graph order.
-double static_arena_bytes(const Graph& g) {
+double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {}) {
   std::vector<char> persistent(g.num_values(), 0), keep(g.num_values(), 0);
   std::vector<char> elsewhere(g.num_nodes(), 0);  // the gradient all_reduces the buckets run
   for (const GradientSync& s : gradient_syncs(g))
@@ -160,6 +161,8 @@ double static_arena_bytes(const Graph& g) {
       for (ValueId v : n.outputs) persistent[v] = 1;
   }
   if (g.loss != kNoValue) keep[g.loss] = 1;
+  for (ValueId v : kept)
+    if (!persistent[v]) keep[v] = 1;
   for (const auto& [param, grad] : g.grad_of_param)
     if (!persistent[grad]) keep[grad] = 1;
   return double(plan_memory(g, order, persistent, keep).arena_bytes);
@@ -170,8 +173,8 @@ double static_arena_bytes(const Graph& g) {
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
-  const auto key =
-      std::make_tuple(s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0), s.blocks);
+  const auto key = std::make_tuple(
+      s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0), s.blocks);
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -237,6 +240,11 @@ CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
       return;
     }
     dims_ = *d;
+  }
+  pipeline_layers_ = dims_.layers;
+  if (const auto* r = std::get_if<ResNetConfig>(&job_.model)) {
+    pipeline_layers_ = 0;
+    for (int64_t depth : r->depths) pipeline_layers_ += depth;
   }
   const ModelSummary sum = summarize(job_.model, job_.seq);
   num_parameters_ = sum.parameters;
@@ -560,6 +568,82 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   return lc;
 }
 
+Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
+                                                      int64_t chunks) const {
+  MF_RETURN_IF_ERROR(status_);
+  const auto key = std::make_tuple(tp, cp, micro_batch, chunks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = chunk_cache_.find(key); it != chunk_cache_.end()) return *it->second;
+  }
+  auto compute = [&]() -> Result<std::vector<ChunkCost>> {
+    // The program the pipeline trainer splits: forward, backward and the
+    // optimizer (its collectives over tp), partitioned on the stage's mesh.
+    // Built once per (tp, cp, micro_batch) and split for each chunk count.
+    std::shared_ptr<const LocalProgram> program;
+    const auto pkey = std::make_tuple(tp, cp, micro_batch);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = pipeline_programs_.find(pkey); it != pipeline_programs_.end())
+        program = it->second;
+    }
+    if (!program) {
+      RankShape shape{micro_batch, job_.seq, tp, cp};
+      shape.optimizer = true;
+      shape.pipeline = true;
+      MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
+      program = std::make_shared<const LocalProgram>(std::move(built));
+      std::lock_guard<std::mutex> lock(mu_);
+      pipeline_programs_.emplace(pkey, program);
+    }
+    const LocalProgram& lp = *program;
+    MF_ASSIGN_OR_RETURN(const PipelineSplit split,
+                        split_pipeline(lp.graph, static_cast<int>(chunks)));
+    Plan p;
+    p.tp = tp, p.cp = cp;
+    std::vector<ChunkCost> out;
+    for (const ChunkProgram& c : split.chunks) {
+      const Graph& g = c.graph;
+      std::vector<bool> wgrad(g.num_nodes(), false);
+      for (NodeId id : c.backward_weight) wgrad[id] = true;
+      Totals t{};
+      price_nodes(g, lp.mesh, p, wgrad, {}, &t, nullptr);
+      ChunkCost cc;
+      cc.first_layer = c.first_layer, cc.num_layers = c.num_layers;
+      cc.times.forward_s = t[kFwd] + t[kTpFwd] + t[kCpFwd];
+      cc.times.backward_s = t[kBwd] + t[kTpBwd] + t[kCpBwd];
+      cc.times.weight_grad_s = t[kWgrad];
+      cc.times.tp_comm_s = t[kTpFwd] + t[kTpBwd];
+      cc.times.cp_comm_s = t[kCpFwd] + t[kCpBwd];
+      cc.tp_bytes = t[kTpFwdBytes] + t[kTpBwdBytes];
+      cc.cp_bytes = t[kCpFwdBytes] + t[kCpBwdBytes];
+      for (ValueId v : c.act_out) {  // f32 activations move in the compute dtype
+        const DType dt = g.value(v).dtype;
+        cc.act_bytes +=
+            double(g.shape(v).numel()) * double(dtype_size(dt == DType::F32 ? dtype_ : dt));
+      }
+      cc.params = static_cast<int64_t>(std::llround(t[kParams]));
+      cc.param_tensors = static_cast<int>(std::llround(t[kParamTensors]));
+      cc.opt_comm_s = t[kOptComm], cc.opt_comm_bytes = t[kOptCommBytes];
+      cc.opt_bucketed_tp_bytes = t[kOptBucketedTp];
+      cc.arena_bytes = static_arena_bytes(g, c.keep_alive());
+      cc.stash_bytes = double(c.stash_bytes(false));
+      cc.stash_bytes_split = double(c.stash_bytes(true));
+      cc.input_bytes = t[kInputBytes];
+      out.push_back(cc);
+    }
+    return out;
+  };
+  Result<std::vector<ChunkCost>> r = compute();
+  if (!r.is_ok())
+    r = r.status().with_context("pricing " + str(chunks) + " pipeline chunks at tp=" + str(tp) +
+                                ", cp=" + str(cp));
+  auto shared = std::make_shared<const Result<std::vector<ChunkCost>>>(r);
+  std::lock_guard<std::mutex> lock(mu_);
+  chunk_cache_.emplace(key, shared);
+  return r;
+}
+
 std::string CostModel::invalid_reason(const Plan& p) const {
   if (!status_.is_ok()) return status_.message();
   const TransformerDims& d = dims_;
@@ -576,12 +660,19 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     // A model without blocks or sequence: dp and tp only (whether tp divides
     // its layers is the partitioner's answer, when the plan is priced); a
     // ResNet's cp splits its images' height (auto_plan.h: parallel_section).
-    const bool spatial = std::holds_alternative<ResNetConfig>(job_.model);
-    if (p.pp > 1 || (p.cp > 1 && !spatial) || p.sp || p.vp > 1 || p.recompute != Recompute::kNone)
+    // Its residual layers are a pipeline's blocks (chunk_costs).
+    const bool resnet = std::holds_alternative<ResNetConfig>(job_.model);
+    if (resnet && (p.sp || p.recompute != Recompute::kNone))
+      return "the resnet has no sequence for sp, and the planner does not price its recompute "
+             "(train.recompute_layers sets it by cell): its plans are dp x tp x cp (the "
+             "height) x pp with ZeRO";
+    if (!resnet && (p.pp > 1 || p.cp > 1 || p.sp || p.vp > 1 || p.recompute != Recompute::kNone))
       return "the " + summarize(job_.model, 1).kind +
              " has no transformer blocks to pipeline (pp) or recompute and no sequence to "
-             "split (cp, sp): its plans are dp x tp" +
-             std::string(spatial ? " x cp (the height)" : "") + " with ZeRO";
+             "split (cp, sp): its plans are dp x tp with ZeRO";
+    if (p.pp * p.vp > 1 && p.pp * p.vp > pipeline_layers_)
+      return "pp*vp = " + str(p.pp * p.vp) + " pipeline chunks, the resnet has " +
+             str(pipeline_layers_) + " residual layers (a chunk holds at least one)";
   } else {
     Status s = check_local_shape(d, RankShape{p.micro_batch, job_.seq, p.tp, p.cp});
     if (!s.is_ok()) return s.message();
@@ -883,6 +974,21 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   return dp_exposed;
 }
 
+namespace {
+
+// The model states of `params` parameters on one device under p's ZeRO stage
+// (over its dp * cp replicas). Mixed precision: 16-bit weights (2) and
+// gradients (2), f32 master weights and Adam moments (12) = 16 B/param; f32
+// training: 4 + 4 + 8 = 16.
+void model_states(double params, const Plan& p, bool mixed, double act, MemoryBreakdown* mb) {
+  const double nrep = double(p.dp * p.cp), o_b = mixed ? 12.0 : 8.0;
+  mb->params = params * act / (p.zero >= 3 ? nrep : 1.0);
+  mb->grads = params * act / (p.zero >= 2 ? nrep : 1.0);
+  mb->optimizer = params * o_b / (p.zero >= 1 ? nrep : 1.0);
+}
+
+}  // namespace
+
 // Bytes per device, the worse of the first and the last stage.
 Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc,
                                                      double p_first, double p_last) const {
@@ -893,16 +999,10 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   const double s_local = double(job_.seq) / double(p.cp);
   const int64_t ls_int = blocks_per_stage(p);
   const double ls = double(ls_int), layer_params = double(lc.layer_params);
-  const int64_t replicas = p.dp * p.cp;
   // ---- memory (bytes per device; the worse of the first and the last stage)
-  // Mixed precision: 16-bit weights (2) and gradients (2), f32 master weights and
-  // Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
-  const double w_b = act, g_b = act, o_b = mixed ? 12.0 : 8.0;
-  const double nrep = double(replicas);
+  const double w_b = act;
   auto states = [&](double params, MemoryBreakdown& mb) {
-    mb.params = params * w_b / (p.zero >= 3 ? nrep : 1.0);
-    mb.grads = params * g_b / (p.zero >= 2 ? nrep : 1.0);
-    mb.optimizer = params * o_b / (p.zero >= 1 ? nrep : 1.0);
+    model_states(params, p, mixed, act, &mb);
   };
   const double act_layer = layer_activation_bytes(d, p, job_.seq, k_.attention, act);
   double in_flight = 1;
@@ -965,10 +1065,94 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   return mf.total >= ml.total ? mf : ml;
 }
 
+void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
+                                   StageTimes* st, LayerCost* lc, double* p2p_bytes) const {
+  double slowest = -1, act = 0;
+  for (int64_t r = 0; r < p.pp; ++r) {
+    StageTimes s;
+    LayerCost l;
+    for (size_t c = static_cast<size_t>(r); c < chunks.size(); c += static_cast<size_t>(p.pp)) {
+      const ChunkCost& k = chunks[c];
+      s.forward_s += k.times.forward_s;
+      s.backward_s += k.times.backward_s;
+      s.weight_grad_s += k.times.weight_grad_s;
+      s.tp_comm_s += k.times.tp_comm_s;
+      s.cp_comm_s += k.times.cp_comm_s;
+      l.head_params += k.params;
+      l.head_param_tensors += k.param_tensors;
+      l.head_comm_bytes += k.tp_bytes;
+      l.outside_cp_bytes += k.cp_bytes;
+      l.opt_comm_outside_s += k.opt_comm_s;
+      l.opt_comm_outside_bytes += k.opt_comm_bytes;
+      l.opt_bucketed_tp_outside_bytes += k.opt_bucketed_tp_bytes;
+      l.input_bytes += k.input_bytes;
+      act = std::max(act, k.act_bytes);
+    }
+    const double total = s.forward_s + s.backward_s + s.weight_grad_s;
+    if (total > slowest) slowest = total, *st = s;
+    if (r == 0 || l.head_params > lc->head_params) *lc = l;
+  }
+  *p2p_bytes = act;
+  st->p2p_s = 0;
+  if (p.pp > 1) {
+    const Link& pp_link = cluster_.link_for_axis(p.pp, axis_stride(p, "pp"));
+    st->p2p_s =
+        cluster_.collective_time_s(Collective::kSendRecv, 2, act, pp_link) / k_.p2p_efficiency;
+  }
+}
+
+Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
+                                                      const std::vector<ChunkCost>& chunks) const {
+  // Micro-batches each rank keeps in flight (F done, its B or W not yet):
+  // the runtime's schedule simulated; past a few rounds the peak is reached.
+  const int64_t m = p.num_micro_batches, pp = p.pp;
+  ScheduleOptions so;
+  so.kind = p.schedule;
+  so.stages = static_cast<int>(pp);
+  so.micro_batches = static_cast<int>(m <= 5 * pp ? m : 4 * pp + m % pp);
+  so.virtual_stages = static_cast<int>(p.vp);
+  MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
+  MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched));
+  const bool mixed = dtype_ != DType::F32;
+  const double act = double(dtype_size(dtype_));
+  MemoryBreakdown worst;
+  for (int64_t r = 0; r < pp; ++r) {
+    double params = 0, arena = 0, stash = 0, inputs = 0, bucketed_tp = 0, n = 0;
+    for (size_t c = static_cast<size_t>(r); c < chunks.size(); c += static_cast<size_t>(pp)) {
+      const ChunkCost& k = chunks[c];
+      params += double(k.params);
+      arena += k.arena_bytes;
+      stash += sched.split_backward() ? k.stash_bytes_split : k.stash_bytes;
+      inputs += k.input_bytes;
+      bucketed_tp += k.opt_bucketed_tp_bytes;
+      n += 1;
+    }
+    MemoryBreakdown mb;
+    model_states(params, p, mixed, act, &mb);
+    // Gradient buckets exist with micro-batching or bucketed all_reduces
+    // (as memory_per_device's static arena).
+    const bool buckets = m > 1 || (p.zero == 0 && (p.dp * p.cp > 1 || bucketed_tp > 0));
+    if (!buckets) mb.grads = 0;
+    mb.activations = arena + double(sim.peak_in_flight[static_cast<size_t>(r)]) * stash / n;
+    mb.temporaries = inputs;
+    mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
+    if (mb.total > worst.total) worst = mb;
+  }
+  return worst;
+}
+
 Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
-  MF_ASSIGN_OR_RETURN(LayerCost lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
+  // A model without uniform blocks (a ResNet) on a pipeline: its chunks priced one by one.
+  const bool by_chunk = !has_blocks() && p.pp > 1;
+  std::vector<ChunkCost> chunks;
+  LayerCost lc;
+  if (by_chunk) {
+    MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp));
+  } else {
+    MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
+  }
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;
   const bool mixed = dtype_ != DType::F32;
@@ -978,10 +1162,15 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   StepCost r;
   r.plan = p;
   double p2p_bytes = 0;
-  r.stage = slowest_stage(p, lc, &p2p_bytes);
-  MF_ASSIGN_OR_RETURN(const double pipeline, pipeline_time(p, r.stage, model, &r));
   double p_first = 0, p_last = 0;
-  stage_parameters(p, lc, &p_first, &p_last);
+  if (by_chunk) {
+    stages_from_chunks(p, chunks, &r.stage, &lc, &p2p_bytes);
+    p_first = p_last = double(lc.head_params);
+  } else {
+    r.stage = slowest_stage(p, lc, &p2p_bytes);
+    stage_parameters(p, lc, &p_first, &p_last);
+  }
+  MF_ASSIGN_OR_RETURN(const double pipeline, pipeline_time(p, r.stage, model, &r));
   const double p_stage = std::max(p_first, p_last);
   const int64_t replicas = p.dp * p.cp;
   double dp_bytes = 0;
@@ -996,7 +1185,11 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
-  MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc, p_first, p_last));
+  if (by_chunk) {
+    MF_ASSIGN_OR_RETURN(r.memory, memory_from_chunks(p, chunks));
+  } else {
+    MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc, p_first, p_last));
+  }
   r.usable_memory = k_.usable_memory_fraction * double(cl.device.memory_bytes);
   r.fits = r.memory.total <= r.usable_memory;
 

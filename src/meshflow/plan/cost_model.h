@@ -18,7 +18,9 @@
 //      nodes split into input-gradient (B) and weight-gradient (W) work.
 //      Cached per (tp, cp, micro_batch, sp): all blocks are the same, so a
 //      96-layer model costs one program. A model without blocks (the MLP) is
-//      built and priced whole.
+//      built and priced whole; a ResNet on a pipeline (its layers differ) is
+//      split by the runtime's own split_pipeline and priced chunk by chunk
+//      (chunk_costs).
 //   2. A stage = its blocks x that (compute + the block's collectives: the
 //      Megatron all_reduces, or all_gather + reduce_scatter with sequence
 //      parallelism, Ulysses' all_to_alls with cp), the embedding (first
@@ -268,6 +270,28 @@ struct LayerCost {
   int collectives = 0;     // collective nodes priced
 };
 
+// One pipeline chunk of a model without uniform blocks (a ResNet, whose
+// residual layers differ in width and resolution): a chunk of the runtime's
+// own split of the rank program (pipeline/stage_graph.h: split_pipeline with
+// balanced_layers, as the pipeline trainer splits it), priced node by node.
+struct ChunkCost {
+  int first_layer = 0, num_layers = 0;  // its blocks
+  // One micro-batch: F, B (the input-gradient nodes, with the backward's
+  // collectives), W (split_pipeline's weight-gradient nodes), and of those
+  // the tp and cp collectives; p2p_s is not set.
+  StageTimes times;
+  double tp_bytes = 0, cp_bytes = 0;  // collectives' bytes sent per micro-batch
+  double act_bytes = 0;               // the activations sent to the next chunk (compute dtype)
+  int64_t params = 0;                 // per rank
+  int param_tensors = 0;
+  // The optimizer phase's collectives over tp (LayerCost::opt_*), once per step.
+  double opt_comm_s = 0, opt_comm_bytes = 0, opt_bucketed_tp_bytes = 0;
+  double arena_bytes = 0;  // the chunk executor's arena (static memory planner)
+  double stash_bytes = 0;  // per micro-batch in flight; stash_bytes_split with zb-h1's W stash
+  double stash_bytes_split = 0;
+  double input_bytes = 0;  // fed per micro-batch: data, received activations and gradients
+};
+
 class CostModel {
  public:
   // `cluster` must have at least as many devices as the plans priced use;
@@ -309,6 +333,17 @@ class CostModel {
   // (tp, cp, micro_batch, sp, recompute), then cached).
   Result<double> arena_bytes(const Plan& p, int64_t layers) const;
 
+  // The chunks the pipeline runtime splits a model without uniform blocks (a
+  // ResNet) into, `chunks` = pp x vp of them, priced at these local shapes
+  // (built and split once per (tp, cp, micro_batch, chunks), then cached).
+  // Errors: the model has fewer blocks than chunks, or its program does not
+  // partition at these degrees.
+  Result<std::vector<ChunkCost>> chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
+                                             int64_t chunks) const;
+  // The blocks a pipeline splits: a language model's transformer blocks, a
+  // ResNet's residual layers; 0 for a model that cannot be pipelined (the MLP).
+  int64_t pipeline_layers() const { return pipeline_layers_; }
+
   // Parameters of the whole model (all stages, unsharded).
   int64_t num_parameters() const;
   // Model FLOPs per token (3 x forward, attention at full seq x seq).
@@ -349,6 +384,16 @@ class CostModel {
                             double p_stage, double* bytes) const;
   Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc, double p_first,
                                             double p_last) const;
+  // A pipeline of priced chunks (a ResNet's): *st, the slowest rank's chunks
+  // summed; *lc, the rank with the most parameters as a model without blocks
+  // (its parameters, optimizer collectives and collective bytes as the
+  // "head"); *p2p_bytes, the largest activation a chunk sends.
+  void stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks, StageTimes* st,
+                          LayerCost* lc, double* p2p_bytes) const;
+  // Bytes per device, the worst rank: its chunks' model states, arenas, and
+  // stash times the micro-batches its schedule keeps in flight (simulated).
+  Result<MemoryBreakdown> memory_from_chunks(const Plan& p,
+                                             const std::vector<ChunkCost>& chunks) const;
   // layer_cost without the cache.
   Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp) const;
 
@@ -374,6 +419,14 @@ class CostModel {
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::pair<double, double>>
       arena_cache_;
+  // (tp, cp, micro_batch, chunks) -> the priced chunks.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>,
+                   std::shared_ptr<const Result<std::vector<ChunkCost>>>>
+      chunk_cache_;
+  // (tp, cp, micro_batch) -> the program chunk_costs splits.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const LocalProgram>>
+      pipeline_programs_;
+  int64_t pipeline_layers_ = 0;
 };
 
 // Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,

@@ -64,12 +64,15 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   std::vector<int64_t> strides;
   for (int a = 0; a < mesh.num_axes(); ++a) strides.push_back(axis_stride(p, mesh.axis_name(a)));
   const ReshardCostModel cost = reshard_costs(cluster, mesh, strides, bytes_per_element);
-  if (strategy && *strategy) return lower(g, **strategy, /*rank=*/0, cost);
-  MF_ASSIGN_OR_RETURN(
-      Annotation a,
-      annotate_config(g, mesh, pc, "the planned " + summarize(model, s.seq).kind, &cost));
-  auto shared = std::make_shared<const Annotation>(std::move(a));
-  if (strategy) *strategy = shared;
+  std::shared_ptr<const Annotation> shared = strategy ? *strategy : nullptr;
+  if (!shared) {
+    MF_ASSIGN_OR_RETURN(
+        Annotation a,
+        annotate_config(g, mesh, pc, "the planned " + summarize(model, s.seq).kind, &cost));
+    a.one_norm_reduction = !s.pipeline;
+    shared = std::make_shared<const Annotation>(std::move(a));
+    if (strategy) *strategy = shared;
+  }
   return lower(g, *shared, /*rank=*/0, cost);
 }
 

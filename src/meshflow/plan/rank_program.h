@@ -44,6 +44,10 @@ struct RankShape {
   // The optimizer a run config gets by default (AdamW, global-norm clipping's
   // norm), so the collectives of the optimizer phase are in the program.
   bool optimizer = false;
+  // Lowered for a pipeline split (pipeline/stage_graph.h), as the pipeline
+  // trainer lowers it: the gradient norm's sums of squares are exchanged per
+  // parameter between the chunks, not reduced as one.
+  bool pipeline = false;
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA

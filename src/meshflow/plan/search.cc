@@ -159,7 +159,8 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
               : seq;
       if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || split_rows % cp != 0)) continue;
       for (int64_t pp : divisors(devices / (tp * cp))) {
-        if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, d.layers)) continue;
+        const int64_t layers = cm.pipeline_layers();
+        if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, layers)) continue;
         const int64_t dp = devices / (tp * cp * pp);
         if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
         const int64_t replica_batch = gb / dp;
@@ -174,8 +175,10 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
             for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
               schedules.push_back({s, 1});
             if (p.num_micro_batches % pp == 0)
-              for (int64_t vp : divisors(d.layers / std::max<int64_t>(1, pp)))
-                if (vp >= 2 && vp <= o.max_vp && d.layers % (pp * vp) == 0)
+              // A transformer's chunks hold equal blocks; a ResNet's are
+              // balanced by cost (chunk_costs), so any count up to its layers.
+              for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp)
+                if (!cm.has_blocks() || layers % (pp * vp) == 0)
                   schedules.push_back({ScheduleKind::kInterleaved, vp});
           }
           for (const auto& [sched, vp] : schedules) {
@@ -283,7 +286,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     if (r.evaluated == 0) {
       msg += "no dp*tp*pp*cp = " + str(devices) +
              " with tp <= " + str(cm.cluster().devices_per_node) +
-             " dividing heads=" + str(d.heads) + ", pp <= layers=" + str(d.layers) +
+             " dividing heads=" + str(d.heads) + ", pp <= layers=" + str(cm.pipeline_layers()) +
              " and dp dividing the global batch " + str(cm.job().global_batch);
       // Which device counts near this one would factor.
       std::vector<int64_t> ok;
