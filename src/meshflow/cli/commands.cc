@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/io/checkpoint.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/runtime/progress.h"
 
@@ -60,6 +62,31 @@ FaultInjection fault_from_env(int rank) {
   return f;
 }
 
+// train.checkpoint names one file of weights when it ends in .safetensors,
+// else a directory of full-state checkpoints.
+bool is_weights_file(const std::string& path) {
+  const std::string ext = ".safetensors";
+  return path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+// A checkpoint directory can be made and written: it exists as a directory
+// this process can write, or can be created (it is, here, so a typo fails now).
+Status check_checkpoint_dir(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec))
+    return Status::invalid(what + " '" + path +
+                           "' is a file: give a directory for full-state checkpoints, or a "
+                           "path ending in .safetensors for the weights alone");
+  fs::create_directories(path, ec);
+  if (ec)
+    return Status::invalid(what + ": cannot create directory '" + path + "': " + ec.message());
+  if (::access(path.c_str(), W_OK | X_OK) != 0)
+    return Status::invalid(what + ": directory '" + path +
+                           "' is not writable: " + std::strerror(errno));
+  return Status::ok();
+}
+
 // One rank's training run. Rank 0 (the main rank) reports progress and
 // writes metrics and checkpoints; every rank computes. trace: optional, this
 // rank's writer.
@@ -72,12 +99,27 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer, make_engine(job, comm, trace, o.profile));
+  const TrainConfig& tc = rc.train;
+  if (!o.resume.empty()) {
+    const std::string from = o.resume == "latest" ? tc.checkpoint : o.resume;
+    MF_RETURN_IF_ERROR(trainer->load_state(from));
+    if (trainer->steps_done() >= tc.steps)
+      return Status::invalid("--resume: the checkpoint in '" + from + "' is at step " +
+                             std::to_string(trainer->steps_done()) + ", train.steps is " +
+                             std::to_string(tc.steps) + ": raise --steps to train further");
+    progress.message("meshflow: resumed from " + from + " at step " +
+                     std::to_string(trainer->steps_done()));
+  }
+  // A full-state checkpoint directory, or the weights alone in one file.
+  auto save = [&]() -> Status {
+    if (is_weights_file(tc.checkpoint)) return trainer->save_checkpoint(tc.checkpoint);
+    return trainer->save_state(tc.checkpoint, tc.keep_checkpoints);
+  };
   const std::optional<PipelineConfig>& pc = job.pipeline;
   const int micro_batches = job.micro_batches;
   const double flops_scale = trainer->flops_scale();  // StepResult::flops -> the whole job's
   const std::string how = job.describe();
   if (!o.init.empty()) MF_RETURN_IF_ERROR(trainer->load_checkpoint(o.init));
-  const TrainConfig& tc = rc.train;
   progress.message(
       "meshflow: " + rc.model_source + ": " + std::to_string(trainer->num_parameters()) +
       " parameters; " + std::to_string(tc.steps) + " steps of batch " +
@@ -93,7 +135,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   int64_t window_items = 0;
   int steps_done = 0;
   const FaultInjection fault = fault_from_env(comm ? comm->rank() : 0);
-  for (int s = 0; s < tc.steps; ++s) {
+  for (int s = trainer->steps_done(); s < tc.steps; ++s) {
     if (fault.step == s) fault.trigger();
     StepResult r = trainer->step();
     steps_done = r.step;
@@ -127,13 +169,15 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
       MF_RETURN_IF_ERROR(progress.eval({r.step, e.loss, e.accuracy}));
     }
     if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
-      MF_RETURN_IF_ERROR(trainer->save_checkpoint(tc.checkpoint));
+      MF_RETURN_IF_ERROR(save());
   }
   EvalResult e = trainer->evaluate();
   MF_RETURN_IF_ERROR(progress.eval({steps_done, e.loss, e.accuracy}));
   if (!tc.checkpoint.empty()) {
-    MF_RETURN_IF_ERROR(trainer->save_checkpoint(tc.checkpoint));
-    progress.message("meshflow: wrote checkpoint " + tc.checkpoint);
+    MF_RETURN_IF_ERROR(save());
+    progress.message("meshflow: wrote checkpoint " +
+                     (is_weights_file(tc.checkpoint) ? tc.checkpoint
+                                                     : checkpoint_dir(tc.checkpoint, steps_done)));
   }
   MF_RETURN_IF_ERROR(progress.finish());
   if (o.profile && main_rank)
@@ -183,9 +227,21 @@ int train_impl(const TrainOptions& o) {
   // Fail before training, not after it, when an output cannot be written.
   if (!rc->train.checkpoint.empty()) {
     const char* what = o.checkpoint.empty() ? "train.checkpoint" : "--checkpoint";
-    Status s = check_output_file(rc->train.checkpoint, what);
+    Status s = is_weights_file(rc->train.checkpoint)
+                   ? check_output_file(rc->train.checkpoint, what)
+                   : check_checkpoint_dir(rc->train.checkpoint, what);
     if (!s.is_ok()) return user_error(s);
   }
+  if (!o.resume.empty() && !o.init.empty())
+    return user_error(Status::invalid(
+        "--resume and --init: a resumed run's weights are the checkpoint's; give one of them"));
+  if (o.resume == "latest" && rc->train.checkpoint.empty())
+    return user_error(Status::invalid(
+        "--resume latest needs train.checkpoint (or --checkpoint): the directory to look in"));
+  if (o.resume == "latest" && is_weights_file(rc->train.checkpoint))
+    return user_error(Status::invalid("--resume latest: train.checkpoint '" + rc->train.checkpoint +
+                                      "' is a weights file (it holds no optimizer state or step); "
+                                      "give a directory"));
   if (!o.metrics.empty()) {
     Status s = check_output_file(o.metrics, "--metrics", OutputTarget::kStream);
     if (!s.is_ok()) return user_error(s);

@@ -12,9 +12,10 @@ struct TrainOptions {
   int steps = 0;  // 0: from the config
   std::vector<std::string> overrides;
   std::string metrics;
-  int threads = -1;  // -1: from the config
-  std::string checkpoint;
-  std::string init;
+  int threads = -1;        // -1: from the config
+  std::string checkpoint;  // overrides train.checkpoint
+  std::string init;        // weights (.safetensors) to start from
+  std::string resume;      // a full-state checkpoint (directory) to continue, or "latest"
   bool quiet = false;
   bool profile = false;
   int ranks = 1;      // in-process ranks (local backend); under mpirun the job's processes

@@ -42,8 +42,12 @@ int main(int argc, char** argv) {
                 "Compute threads (default: train.threads, else all cores; 0: all cores)")
       ->check(CLI::Range(0, 1024));
   t->add_option("--checkpoint", train.checkpoint,
-                "Write a safetensors checkpoint of the weights at the end");
-  t->add_option("--init", train.init, "Start from the weights of a safetensors checkpoint");
+                "Override train.checkpoint: a directory of full-state checkpoints (written at the "
+                "end and every train.save_every steps), or FILE.safetensors for the weights alone");
+  t->add_option("--init", train.init, "Start from the weights of a safetensors file");
+  t->add_option("--resume", train.resume,
+                "Continue from a full-state checkpoint: its directory, a directory of them (the "
+                "latest), or 'latest' (train.checkpoint's latest); any plan's");
   t->add_option("--trace", train.trace,
                 "Write a Chrome trace (all ranks in one file; ui.perfetto.dev) of every step");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");

@@ -47,6 +47,17 @@ class Engine {
   virtual Status save_checkpoint(const std::string& path) = 0;
   // Every rank loads its part of a whole-model file (names and shapes checked).
   virtual Status load_checkpoint(const std::string& path) = 0;
+  // Collective: a full-state checkpoint of the steps done so far under the
+  // directory `root` (engine/state_checkpoint.h: root/step-NNNNNNNN/, every
+  // rank writing the blocks of parameters, buffers and optimizer state it
+  // holds, no rank gathering the model); keep: how many stay (0: all).
+  virtual Status save_state(const std::string& root, int keep) = 0;
+  // Collective: continues from a full-state checkpoint written under any
+  // plan and number of ranks (`path`: a step directory, or a root: its
+  // latest): every rank reads the blocks its plan needs, and the step count
+  // becomes the checkpoint's. Errors change nothing.
+  virtual Status load_state(const std::string& path) = 0;
+  virtual int steps_done() const = 0;
   // Bytes this rank planned to hold (parameters, gradients, optimizer state,
   // activations: the executors' plans, plus a pipeline's activation stash).
   virtual int64_t peak_bytes() const = 0;

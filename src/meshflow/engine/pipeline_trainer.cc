@@ -605,6 +605,68 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
   return Status::ok();
 }
 
+std::vector<StateBlock> PipelineTrainer::state_blocks() {
+  Impl& im = *impl_;
+  const Graph& pg = im.program->graph;  // the stage's program on its sub-mesh
+  const Graph& g = im.model.graph;      // the whole training graph
+  auto sources = [](const Graph& cg) {
+    std::vector<ValueId> v = cg.parameters();
+    for (ValueId s : cg.states()) v.push_back(s);
+    return v;
+  };
+  std::map<std::string, int> first_chunk;  // the chunks in order: the first holder writes
+  for (const ChunkProgram& c : im.split.chunks)
+    for (ValueId v : sources(c.graph)) first_chunk.emplace(c.graph.value(v).name, c.chunk);
+  std::vector<StateBlock> out;
+  for (auto& l : im.locals) {
+    const Graph& cg = l.program->graph;
+    const std::vector<ValueId> buf = cg.buffers();
+    const std::set<ValueId> buffers(buf.begin(), buf.end());
+    for (ValueId v : sources(cg)) {
+      const std::string& name = cg.value(v).name;
+      const ValueId pv = pg.find(name);
+      MF_CHECK_NE(pv, kNoValue) << "checkpoint: chunk value '" << name << "' not in the program";
+      const ValueId gv = im.program->global_of[pv];
+      MF_CHECK_GE(gv, 0) << "checkpoint: '" << name << "' has no global value";
+      const std::string kind = cg.producer(v).kind == OpKind::kParameter ? "parameter"
+                               : buffers.count(v)                        ? "buffer"
+                                                                         : "optimizer";
+      StateBlock b = state_block(g.value(gv).name, kind, g.shape(gv), im.submesh,
+                                 im.program->layout[pv], im.sub_rank, &l.ex->storage(v));
+      b.write = b.write && first_chunk.at(name) == l.program->chunk;
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+std::set<std::string> PipelineTrainer::state_names() const {
+  const Graph& g = impl_->model.graph;
+  std::set<std::string> names;
+  for (ValueId v : g.parameters()) names.insert(g.value(v).name);
+  for (ValueId v : g.states()) names.insert(g.value(v).name);
+  return names;
+}
+
+Status PipelineTrainer::save_state(const std::string& root, int keep) {
+  Impl& im = *impl_;
+  const int world = im.world ? im.world->size() : 1;
+  return meshflow::save_state(im.world.get(), root, im.step, state_blocks(),
+                              state_info(im.rc, im.step, world, describe_), keep);
+}
+
+Status PipelineTrainer::load_state(const std::string& path) {
+  Impl& im = *impl_;
+  MF_ASSIGN_OR_RETURN(CheckpointManifest m,
+                      meshflow::load_state(im.world.get(), path, state_blocks(), state_names()));
+  im.step = static_cast<int>(m.step);
+  return Status::ok();
+}
+
+int PipelineTrainer::steps_done() const {
+  return impl_->step;
+}
+
 MemoryStats PipelineTrainer::memory() const {
   MemoryStats m;
   for (const auto& l : impl_->locals) {
@@ -633,6 +695,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
   std::unique_ptr<PipelineTrainer> t(new PipelineTrainer());
   Impl& im = *t->impl_;
   im.rc = job.rc;
+  t->describe_ = job.describe();
   const RunConfig& rc = im.rc;
   im.world = world;
   t->pc_ = pc;

@@ -46,6 +46,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,9 @@ class PipelineTrainer : public Engine {
   Status save_checkpoint(const std::string& path) override;
   // Each rank loads its own parameters from the file (names and shapes checked).
   Status load_checkpoint(const std::string& path) override;
+  Status save_state(const std::string& root, int keep) override;
+  Status load_state(const std::string& path) override;
+  int steps_done() const override;
   int64_t num_parameters() const override;  // of the whole model
   bool is_language_model() const override;
   // The executors' planned memory plus the measured activation stash.
@@ -123,12 +127,18 @@ class PipelineTrainer : public Engine {
  private:
   struct Impl;
   PipelineTrainer();
+  // This rank's chunks' persistent values as blocks of their global tensors
+  // (a value copied into several chunks is written by the first), and the
+  // names of the whole model's.
+  std::vector<StateBlock> state_blocks();
+  std::set<std::string> state_names() const;
   std::unique_ptr<Impl> impl_;
   PipelineConfig pc_;
   Schedule schedule_;
   int stage_ = 0, dp_rank_ = 0;
   std::vector<int> local_chunks_;
   StashStats stash_stats_;
+  std::string describe_;  // Job::describe(), for checkpoints' manifests
 };
 
 }  // namespace meshflow

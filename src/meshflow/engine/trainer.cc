@@ -120,6 +120,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Job& job, std::shared_ptr
   MF_CHECK(!job.pipeline) << "Trainer::create: a pipelined job (make_engine builds its engine)";
   std::unique_ptr<Trainer> t(new Trainer());
   t->rc_ = job.rc;
+  t->describe_ = job.describe();
   t->comm_ = comm;
   t->rank_ = comm ? comm->rank() : 0;
   t->world_ = comm ? comm->size() : 1;
@@ -372,6 +373,66 @@ Status Trainer::load_checkpoint(const std::string& path) {
     Tensor block = local_block(whole, program_->mesh, program_->layout[v], rank_);
     executor_->storage(v).copy_from(block.raw());
   }
+  return Status::ok();
+}
+
+// ---- Full-state checkpoints ----
+
+namespace {
+
+// A persistent value's kind in a checkpoint.
+std::string state_kind(const Graph& g, ValueId v, const std::set<ValueId>& buffers) {
+  if (g.producer(v).kind == OpKind::kParameter) return "parameter";
+  return buffers.count(v) ? "buffer" : "optimizer";
+}
+
+}  // namespace
+
+std::vector<StateBlock> Trainer::state_blocks() {
+  const Graph& pg = program_graph();
+  const std::vector<ValueId> buf = pg.buffers();
+  const std::set<ValueId> buffers(buf.begin(), buf.end());
+  std::vector<ValueId> values = pg.parameters();
+  for (ValueId v : pg.states()) values.push_back(v);
+  std::vector<StateBlock> out;
+  for (ValueId v : values) {
+    if (pg.producer(v).kind != OpKind::kParameter && pg.producer(v).kind != OpKind::kState)
+      continue;  // parameters() lists inputs' producers too
+    Tensor* storage = &executor_->storage(v);
+    const std::string kind = state_kind(pg, v, buffers);
+    if (!program_) {
+      out.push_back(state_block(pg.value(v).name, kind, pg.shape(v), Mesh::line(1, "dp"),
+                                Layout::Replicated(1), 0, storage));
+      continue;
+    }
+    const ValueId gv = program_->global_of[v];
+    MF_CHECK_GE(gv, 0) << "checkpoint: '" << pg.value(v).name << "' has no global value";
+    out.push_back(state_block(model_.graph.value(gv).name, kind, model_.graph.shape(gv),
+                              program_->mesh, program_->layout[v], rank_, storage));
+  }
+  return out;
+}
+
+std::set<std::string> Trainer::state_names() const {
+  std::set<std::string> names;
+  const Graph& g = model_.graph;
+  for (ValueId v : g.parameters())
+    if (g.producer(v).kind == OpKind::kParameter) names.insert(g.value(v).name);
+  for (ValueId v : g.states()) names.insert(g.value(v).name);
+  return names;
+}
+
+Status Trainer::save_state(const std::string& root, int keep) {
+  Communicator* world = comm_ ? comm_.get() : nullptr;
+  return meshflow::save_state(world, root, step_, state_blocks(),
+                              state_info(rc_, step_, world_, describe_), keep);
+}
+
+Status Trainer::load_state(const std::string& path) {
+  Communicator* world = comm_ ? comm_.get() : nullptr;
+  MF_ASSIGN_OR_RETURN(CheckpointManifest m,
+                      meshflow::load_state(world, path, state_blocks(), state_names()));
+  step_ = static_cast<int>(m.step);
   return Status::ok();
 }
 

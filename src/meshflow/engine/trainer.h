@@ -14,13 +14,16 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "meshflow/comm/communicator.h"
 #include "meshflow/core/trace.h"
 #include "meshflow/data/dataset.h"
 #include "meshflow/engine/engine.h"
 #include "meshflow/engine/job.h"
+#include "meshflow/engine/state_checkpoint.h"
 #include "meshflow/models/model.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
@@ -58,6 +61,8 @@ class Trainer : public Engine {
   EvalResult evaluate() override;
   Status save_checkpoint(const std::string& path) override;
   Status load_checkpoint(const std::string& path) override;
+  Status save_state(const std::string& root, int keep) override;
+  Status load_state(const std::string& path) override;
 
   const RunConfig& config() const { return rc_; }
   const Graph& graph() const { return model_.graph; }  // the whole (global) training graph
@@ -76,7 +81,7 @@ class Trainer : public Engine {
   // Every rank runs the same program on its share: the job's FLOPs are world x.
   double flops_scale() const override { return world_; }
   std::string profile_report() const override { return executor_->profile_report(); }
-  int steps_done() const { return step_; }
+  int steps_done() const override { return step_; }
   // Chrome trace of each step (meshflow train --trace): per micro-batch a
   // forward and a backward span, one span per collective node, the gradient
   // all-reduce wait and the optimizer, on track "rank <r>". Not owned; null
@@ -86,6 +91,10 @@ class Trainer : public Engine {
  private:
   Trainer() = default;
   void feed_batch(const Batch& b);
+  // Every persistent value of this rank's program as a block of its global
+  // tensor (engine/state_checkpoint.h), and the names of the whole model's.
+  std::vector<StateBlock> state_blocks();
+  std::set<std::string> state_names() const;
   Status init_one_rank();
   Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
                           const PartitionOptions* given);
@@ -107,6 +116,7 @@ class Trainer : public Engine {
   int micro_batch_ = 0;  // rows per micro-batch over all ranks (the global graph's)
   double flops_per_micro_ = 0, flops_optimizer_ = 0;
   int step_ = 0;
+  std::string describe_;  // Job::describe(), for checkpoints' manifests
   // Partitioned (semi / auto) runs.
   std::unique_ptr<LocalProgram> program_;
   Annotation annotation_;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -240,8 +241,21 @@ std::string safetensors_supported_dtypes() {
   return s;
 }
 
+uint32_t crc32_of(const void* data, size_t n, uint32_t crc) {
+  // zlib takes uInt lengths: feed it in pieces below 4 GiB.
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (n > 0) {
+    const size_t piece = std::min<size_t>(n, 1u << 30);
+    c = ::crc32(c, p, static_cast<uInt>(piece));
+    p += piece, n -= piece;
+  }
+  return static_cast<uint32_t>(c);
+}
+
 Status write_safetensors(const std::string& path, const NamedTensors& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata,
+                         SafetensorsWritten* written) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -281,9 +295,16 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
   std::memcpy(len, &n, 8);
   if (!write_all(fd, len, 8) || !write_all(fd, text.data(), text.size()))
     return fail("cannot write header to");
-  for (const auto& [name, t] : tensors)
+  SafetensorsWritten info;
+  info.crc32 = crc32_of(text.data(), text.size(), crc32_of(len, 8));
+  info.bytes = 8 + n;
+  for (const auto& [name, t] : tensors) {
     if (!write_all(fd, static_cast<const char*>(t.raw()), t.nbytes()))
       return fail("cannot write tensor '" + name + "' to");
+    info.offsets.push_back(info.bytes);
+    info.bytes += t.nbytes();
+    info.crc32 = crc32_of(t.raw(), t.nbytes(), info.crc32);
+  }
   if (::fsync(fd) != 0) return fail("fsync failed on");
   int rc = ::close(fd);
   fd = -1;
@@ -305,6 +326,7 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
     ::fsync(dfd);
     ::close(dfd);
   }
+  if (written) *written = std::move(info);
   return Status::ok();
 }
 

@@ -22,6 +22,7 @@
 // and converted to F32 (for loading real model weights). Others are an error.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -50,10 +51,24 @@ struct SafetensorsFile {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// What write_safetensors wrote: the file's size and CRC-32 (zlib's), and
+// where each tensor's data starts in the file (absolute byte offsets, in the
+// order given).
+struct SafetensorsWritten {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  std::vector<uint64_t> offsets;
+};
+
 // Writes `tensors` (F32 or I32, unique non-empty names, not "__metadata__") in
 // the given order. Atomic: writes path + ".tmp", fsyncs it, renames it over path.
+// written (may be null): filled on success.
 Status write_safetensors(const std::string& path, const NamedTensors& tensors,
-                         const std::map<std::string, std::string>& metadata = {});
+                         const std::map<std::string, std::string>& metadata = {},
+                         SafetensorsWritten* written = nullptr);
+
+// zlib's CRC-32 of `n` bytes, continuing from `crc` (0 to start).
+uint32_t crc32_of(const void* data, size_t n, uint32_t crc = 0);
 
 // Reads and validates a whole file. Errors name the file and what is wrong.
 Result<SafetensorsFile> read_safetensors(const std::string& path);

@@ -62,6 +62,7 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.integer("threads", &t->threads, 0, 1024);
   r.string("checkpoint", &t->checkpoint);
   r.integer("save_every", &t->save_every, 0);
+  r.integer("keep_checkpoints", &t->keep_checkpoints, 0);
   r.number("bucket_mib", &t->bucket_mib, 1.0 / 1024, 4096);
   r.boolean("overlap_comm", &t->overlap_comm);
   std::string recompute = "none";

@@ -47,8 +47,13 @@ struct TrainConfig {
   int eval_every = 0;  // 0: only at the end
   int eval_batches = 20;
   int threads = 0;         // 0: all cores
-  std::string checkpoint;  // safetensors path written at the end (and every save_every)
+  // Written at the end (and every save_every steps): a directory of
+  // full-state sharded checkpoints (engine/state_checkpoint.h:
+  // checkpoint/step-NNNNNNNN/, which --resume continues from), or, for a path
+  // ending in .safetensors, one file of the weights alone (gathered).
+  std::string checkpoint;
   int save_every = 0;
+  int keep_checkpoints = 0;  // full-state checkpoints kept (the newest); 0: all
   float bucket_mib = 4.f;    // data parallel: gradient all-reduce bucket size
   bool overlap_comm = true;  // data parallel: start all-reduces during the backward
   // Activation recomputation (autodiff/recompute.h): "recompute": "none" |

@@ -1,0 +1,119 @@
+#include "meshflow/engine/state_checkpoint.h"
+
+#include <map>
+
+#include "meshflow/core/check.h"
+
+namespace meshflow {
+
+namespace {
+
+// Every rank's verdict: true when all of them succeeded (a max-reduce of
+// failure flags; one rank: its own).
+bool all_ok(Communicator* comm, bool ok) {
+  if (!comm || comm->size() == 1) return ok;
+  float failed = ok ? 0.f : 1.f;
+  if (!comm->all_reduce(&failed, 1, ReduceOp::kMax).is_ok()) return false;
+  return failed == 0.f;
+}
+
+}  // namespace
+
+nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::string& plan) {
+  const TrainConfig& tc = rc.train;
+  return {{"model", rc.model},
+          {"model_source", rc.model_source},
+          {"plan", plan},
+          {"world", world},
+          {"data",
+           {{"seed", tc.seed},
+            {"batch_size", tc.batch_size},
+            {"examples_seen", static_cast<int64_t>(step) * tc.batch_size}}},
+          {"schedule", {{"step", step}, {"next_lr", rc.schedule.at(step)}}}};
+}
+
+StateBlock state_block(const std::string& name, const std::string& kind, const Shape& global,
+                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage) {
+  MF_CHECK(!layout.has_partial()) << "checkpoint: '" << name << "' is a partial sum";
+  StateBlock b;
+  b.block.name = name;
+  b.block.kind = kind;
+  b.block.global = global;
+  b.block.ranges = local_ranges(global, mesh, layout, rank);
+  b.block.data = storage;
+  b.storage = storage;
+  const std::vector<int> coords = mesh.coords(rank);
+  b.write = true;
+  for (int a = 0; a < mesh.num_axes(); ++a)
+    if (!layout.at(a).is_shard() && coords[static_cast<size_t>(a)] != 0) b.write = false;
+  return b;
+}
+
+Status save_state(Communicator* comm, const std::string& root, int64_t step,
+                  const std::vector<StateBlock>& blocks, const nlohmann::json& info, int keep) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  const std::string what = "checkpoint of step " + std::to_string(step) + " in '" + root + "'";
+  Status s = rank == 0 ? prepare_checkpoint(root, step) : Status::ok();
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not prepare it") : s;
+  std::vector<CheckpointBlock> mine;
+  for (const StateBlock& b : blocks)
+    if (b.write) mine.push_back(b.block);
+  s = write_checkpoint_shard(root, step, rank, mine);
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what +
+                                           " failed on another rank; the previous "
+                                           "checkpoints are intact")
+                     : s.with_context(what + " (the previous checkpoints are intact)");
+  s = rank == 0 ? commit_checkpoint(root, step, world, info, keep) : Status::ok();
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
+  return Status::ok();
+}
+
+Result<CheckpointManifest> load_state(Communicator* comm, const std::string& path,
+                                      const std::vector<StateBlock>& blocks,
+                                      const std::set<std::string>& model_names) {
+  Result<CheckpointManifest> m = open_checkpoint(path);
+  Status s = m.status();
+  if (s.is_ok()) {
+    // Another model's or optimizer's tensors; then every tensor this rank needs.
+    for (const auto& [name, t] : m->tensors)
+      if (!model_names.count(name)) {
+        s = Status::invalid("checkpoint '" + m->dir + "' holds " + t.kind + " '" + name +
+                            "', which this model and optimizer do not have (a checkpoint of "
+                            "another model or optimizer?)");
+        break;
+      }
+    for (size_t i = 0; s.is_ok() && i < blocks.size(); ++i) {
+      const CheckpointBlock& b = blocks[i].block;
+      auto it = m->tensors.find(b.name);
+      if (it == m->tensors.end())
+        s = Status::not_found("checkpoint '" + m->dir + "' has no " + b.kind + " '" + b.name +
+                              "' (a checkpoint of another model or optimizer?)");
+      else if (!it->second.global.same_sizes(b.global))
+        s = Status::invalid("checkpoint '" + m->dir + "': " + b.kind + " '" + b.name + "' is " +
+                            it->second.global.to_string() + " in the checkpoint but " +
+                            b.global.to_string() + " in the model");
+    }
+  }
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::invalid("checkpoint '" + path + "' does not fit another rank's plan")
+                     : s;
+  // Read into copies, so a failure part-way changes nothing.
+  CheckpointReader reader(*m);
+  std::vector<Tensor> read;
+  for (size_t i = 0; s.is_ok() && i < blocks.size(); ++i) {
+    const StateBlock& b = blocks[i];
+    Tensor t(b.storage->shape(), b.storage->dtype());
+    s = reader.read(b.block.name, b.block.global, b.block.ranges, &t);
+    read.push_back(std::move(t));
+  }
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::invalid("checkpoint '" + m->dir + "' failed to load on another rank")
+                     : s;
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i].storage->copy_from(read[i].raw());
+  return m;
+}
+
+}  // namespace meshflow

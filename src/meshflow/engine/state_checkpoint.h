@@ -1,0 +1,62 @@
+// Full-state checkpoints of a training run (io/checkpoint.h's directories),
+// written and read collectively by the engines: every rank lists the blocks
+// of the persistent values it holds (parameters, model buffers, optimizer
+// state, each a block of the global tensor under its plan's layout), writes
+// those it is the first holder of, and on load reads the blocks its own plan
+// needs, whatever plan wrote them. With the step, that is all a run's state:
+// batches are drawn by (seed, step, micro-batch), dropout by (node seed,
+// step * m + micro), the learning rate by the schedule at the step.
+//
+//   std::vector<StateBlock> blocks = ...;   // Trainer / PipelineTrainer::state_blocks
+//   MF_RETURN_IF_ERROR(save_state(comm, root, step, blocks, info, keep));
+//   MF_ASSIGN_OR_RETURN(CheckpointManifest m, load_state(comm, path, blocks, model_names));
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshflow/comm/communicator.h"
+#include "meshflow/core/layout.h"
+#include "meshflow/core/mesh.h"
+#include "meshflow/io/checkpoint.h"
+#include "meshflow/runtime/run_config.h"
+
+namespace meshflow {
+
+struct StateBlock {
+  CheckpointBlock block;  // name, kind, global shape, ranges; block.data = storage
+  Tensor* storage = nullptr;
+  bool write = false;  // this rank is the first holder of the block: it writes it
+};
+
+// The block of a global tensor a rank of `mesh` holds under `layout`, and
+// whether it is that block's first holder (coordinate 0 on every mesh axis
+// that does not split it). REQUIRES: the layout has no Partial placement.
+StateBlock state_block(const std::string& name, const std::string& kind, const Shape& global,
+                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage);
+
+// What a manifest records beside the tensors after `step` steps: the model,
+// the plan (`plan`: Job::describe) and world, the data cursor (seed, batch,
+// examples seen) and the schedule's position (the next step's learning rate).
+nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::string& plan);
+
+// Collective over `comm` (null: one rank). Writes the blocks marked `write`
+// to a checkpoint of `step` under `root`, with `info` in its manifest, then
+// keeps the newest `keep` (0: all). Every rank returns the same outcome: if
+// any rank fails (disk full, unwritable), no rank commits, the previous
+// checkpoints stay, and each returns an error (the failing rank's own).
+Status save_state(Communicator* comm, const std::string& root, int64_t step,
+                  const std::vector<StateBlock>& blocks, const nlohmann::json& info, int keep);
+
+// Collective: opens the checkpoint at `path` (a step directory, or a root's
+// latest), checks it holds every tensor of `blocks` at its global shape and
+// no tensor outside `model_names` (the whole model's persistent values: a
+// checkpoint of another model or optimizer is refused), then fills every
+// block's storage. Nothing is changed unless every rank read everything.
+Result<CheckpointManifest> load_state(Communicator* comm, const std::string& path,
+                                      const std::vector<StateBlock>& blocks,
+                                      const std::set<std::string>& model_names);
+
+}  // namespace meshflow
