@@ -166,16 +166,28 @@ TEST_F(CliHostile, DeeplyNestedJsonIsRefused) {
 
 // Item 3: outputs are checked before training, and write errors are reported.
 
-TEST_F(CliHostile, CheckpointThatIsADirectoryFailsBeforeTraining) {
-  const CliRun r = run("train " + write(gpt_run()) + " --checkpoint " + dir_.string());
-  expect_user_error(r, "--checkpoint '" + dir_.string() + "' is a directory");
+// A checkpoint is a directory (full state) or FILE.safetensors (weights): a
+// regular file where the directory should be, or a directory named like a
+// weights file, fails before training.
+TEST_F(CliHostile, CheckpointOfTheWrongKindFailsBeforeTraining) {
+  const std::string file = path("a_file");
+  std::ofstream(file) << "x";
+  CliRun r = run("train " + write(gpt_run()) + " --checkpoint " + file);
+  expect_user_error(r, "--checkpoint '" + file + "' is a regular file, not a directory");
+  EXPECT_EQ(r.output.find("step"), std::string::npos) << "trained first: " << r.output;
+  const std::string weights_dir = path("w.safetensors");
+  fs::create_directories(weights_dir);
+  r = run("train " + write(gpt_run()) + " --checkpoint " + weights_dir);
+  expect_user_error(r, "--checkpoint '" + weights_dir + "' is a directory");
   EXPECT_EQ(r.output.find("step"), std::string::npos) << "trained first: " << r.output;
 }
 
-TEST_F(CliHostile, CheckpointInConfigThatIsADirectoryFailsBeforeTraining) {
+TEST_F(CliHostile, CheckpointInConfigOfTheWrongKindFailsBeforeTraining) {
   json j = gpt_run();
-  j["train"]["checkpoint"] = dir_.string();
-  expect_user_error(run("train " + write(j)), "train.checkpoint");
+  const std::string file = path("b_file");
+  std::ofstream(file) << "x";
+  j["train"]["checkpoint"] = file;
+  expect_user_error(run("train " + write(j)), "train.checkpoint '" + file + "' is a regular file");
 }
 
 // A FIFO stands for any special file (/dev/full, /dev/null): anyone can make
@@ -187,13 +199,19 @@ TEST_F(CliHostile, SpecialFilesAreNeverReplacedByOutputs) {
   const std::string cfg = write(gpt_run());
   const std::string kind = "' is not a regular file (it is a FIFO)";
   expect_user_error(run("train " + cfg + " --checkpoint " + node, 20),
-                    "--checkpoint '" + node + kind);
+                    "--checkpoint '" + node + "' is a FIFO, not a directory");
+  const std::string weights = path("node.safetensors");
+  ASSERT_EQ(::mkfifo(weights.c_str(), 0600), 0);
+  expect_user_error(run("train " + cfg + " --checkpoint " + weights, 20),
+                    "--checkpoint '" + weights + kind);
   expect_user_error(run("train " + cfg + " --trace " + node, 20), "--trace '" + node + kind);
   expect_user_error(run(plan_args("--out " + node), 20), "--out '" + node + kind);
   expect_user_error(run("bench --calibrate --quick --out " + node, 20), "--out '" + node + kind);
-  struct stat st;
-  ASSERT_EQ(::stat(node.c_str(), &st), 0);
-  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << node << " was replaced";
+  for (const std::string& n : {node, weights}) {
+    struct stat st;
+    ASSERT_EQ(::stat(n.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode)) << n << " was replaced";
+  }
 }
 
 TEST_F(CliHostile, OutputsInMissingDirectoriesOrThatAreDirectoriesFailFirst) {

@@ -4,6 +4,8 @@
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN local-throw  a rank that throws stops every rank, non-zero, names it
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-kill     a SIGKILLed process ends the job non-zero within 30 s
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-throw    a rank that throws ends the job non-zero, names it
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-resume   checkpoints of mpirun's processes resume exactly
+#                                                    (mpirun and in-process); a kill mid-save keeps the last
 set -uo pipefail
 BIN=$1 MPIRUN=$2 MODE=$3
 MPI="$MPIRUN --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
@@ -49,6 +51,34 @@ case $MODE in
     [ $el -lt 30 ] || fail "took ${el}s"
     grep -qiE "rank 1|rank: 1" <<<"$out" || fail "output does not name rank 1"
     [ "$kind" = kill ] || grep -q "injected fault" <<<"$out" || fail "output does not say what failed" ;;
+  mpi-resume)
+    # Full-state checkpoints written by mpirun's processes: resumed under mpirun
+    # and in-process, the losses are the uninterrupted run's; a process killed
+    # while saving ends the job and leaves the previous checkpoint the latest.
+    # The job saves every 2 steps and rank 1 throws before step 3 (train.steps
+    # stays 4: the learning-rate schedule is the uninterrupted run's).
+    "$BIN" train "$dir/run.json" --ranks 2 --quiet --metrics "$dir/ref.jsonl" || fail "reference run failed"
+    MESHFLOW_INJECT_FAULT=1:2:throw timeout 120 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet \
+      --set train.save_every=2 --checkpoint "$dir/ck" >/dev/null 2>&1 && fail "the interrupted run succeeded"
+    [ -f "$dir/ck/step-00000002/manifest.json" ] || fail "no checkpoint of step 2 from the interrupted run"
+    timeout 120 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet --checkpoint "$dir/ck" --resume latest \
+      --metrics "$dir/mpi.jsonl" || fail "mpi resume failed"
+    "$BIN" train "$dir/run.json" --ranks 2 --quiet --resume "$dir/ck/step-00000002" \
+      --metrics "$dir/local.jsonl" || fail "in-process resume of the mpi checkpoint failed"
+    losses "$dir/ref.jsonl" | tail -2 > "$dir/r.txt"
+    losses "$dir/mpi.jsonl" > "$dir/m.txt"; losses "$dir/local.jsonl" > "$dir/l.txt"
+    diff "$dir/r.txt" "$dir/m.txt" || fail "mpi resume: losses differ from the uninterrupted run"
+    diff "$dir/r.txt" "$dir/l.txt" || fail "in-process resume of the mpi checkpoint: losses differ"
+    start=$(date +%s)
+    out=$(MESHFLOW_INJECT_FAULT=1:6:save timeout 60 $MPI -np 2 "$BIN" train "$dir/run.json" --steps 8 \
+      --set train.save_every=2 --quiet --checkpoint "$dir/ck" --resume latest 2>&1); rc=$?
+    el=$(( $(date +%s) - start ))
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "killed during a save: exit code $rc"
+    [ $el -lt 30 ] || fail "killed during a save: took ${el}s"
+    [ -f "$dir/ck/step-00000004/manifest.json" ] || fail "the checkpoint of step 4 is not there"
+    [ ! -e "$dir/ck/step-00000006" ] || fail "a checkpoint of step 6 was committed"
+    "$BIN" checkpoint inspect "$dir/ck" --verify > "$dir/insp.txt" 2>&1; grep -q ": step 4$" "$dir/insp.txt" || fail "latest is not step 4: $(cat "$dir/insp.txt")"
+    echo "resumed equal: $(tr '\n' ' ' < "$dir/r.txt")" ;;
   *) fail "unknown mode $MODE" ;;
 esac
 echo "PASS $MODE"

@@ -1,5 +1,6 @@
 #include "meshflow/cli/commands.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,6 +42,8 @@ Result<RunConfig> load(const std::string& path, std::vector<std::string> overrid
 // Fault injection for testing failure handling end to end:
 //   MESHFLOW_INJECT_FAULT=RANK:STEP:throw   rank RANK throws before step STEP
 //   MESHFLOW_INJECT_FAULT=RANK:STEP:kill    rank RANK kills its own process (SIGKILL)
+//   MESHFLOW_INJECT_FAULT=RANK:STEP:save    rank RANK kills its process while saving the
+//                                           checkpoint of step STEP (engine/state_checkpoint.h)
 struct FaultInjection {
   int step = -1;
   bool kill = false;
@@ -55,7 +58,8 @@ FaultInjection fault_from_env(int rank) {
   const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
   int r = -1, step = -1;
   char kind[16] = {};
-  if (e && std::sscanf(e, "%d:%d:%15s", &r, &step, kind) == 3 && r == rank) {
+  if (e && std::sscanf(e, "%d:%d:%15s", &r, &step, kind) == 3 && r == rank &&
+      std::string(kind) != "save") {  // "save": the engine's (engine/state_checkpoint.h)
     f.step = step;
     f.kill = std::string(kind) == "kill";
   }
@@ -74,10 +78,11 @@ bool is_weights_file(const std::string& path) {
 Status check_checkpoint_dir(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_directory(path, ec))
-    return Status::invalid(what + " '" + path +
-                           "' is a file: give a directory for full-state checkpoints, or a "
-                           "path ending in .safetensors for the weights alone");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return Status::invalid(what + " '" + path + "' is " + file_kind_name(st.st_mode) +
+                           ", not a directory: full-state checkpoints go in a directory (a "
+                           "path ending in .safetensors writes the weights alone)");
   fs::create_directories(path, ec);
   if (ec)
     return Status::invalid(what + ": cannot create directory '" + path + "': " + ec.message());

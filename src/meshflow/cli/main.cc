@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshflow/cli/bench_command.h"
+#include "meshflow/cli/checkpoint_command.h"
 #include "meshflow/cli/commands.h"
 #include "meshflow/cli/errors.h"
 #include "meshflow/cli/explain_command.h"
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(2, 64));
 
   meshflow::cli::add_plan_commands(app);
+  meshflow::cli::add_checkpoint_commands(app);
 
   meshflow::cli::ExplainOptions explain;
   CLI::App* ecmd = app.add_subcommand(

@@ -1,5 +1,8 @@
 #include "meshflow/engine/state_checkpoint.h"
 
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "meshflow/core/check.h"
@@ -15,6 +18,19 @@ bool all_ok(Communicator* comm, bool ok) {
   float failed = ok ? 0.f : 1.f;
   if (!comm->all_reduce(&failed, 1, ReduceOp::kMax).is_ok()) return false;
   return failed == 0.f;
+}
+
+// Fault injection for the tests of interrupted saves:
+// MESHFLOW_INJECT_FAULT=RANK:STEP:save kills rank RANK's process (SIGKILL)
+// after it wrote its shard of step STEP's checkpoint, before the commit.
+void kill_if_injected(int rank, int64_t step) {
+  const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
+  int r = -1;
+  long long s = -1;
+  char kind[16] = {};
+  if (e && std::sscanf(e, "%d:%lld:%15s", &r, &s, kind) == 3 && r == rank && s == step &&
+      std::string(kind) == "save")
+    std::raise(SIGKILL);
 }
 
 }  // namespace
@@ -60,6 +76,7 @@ Status save_state(Communicator* comm, const std::string& root, int64_t step,
   for (const StateBlock& b : blocks)
     if (b.write) mine.push_back(b.block);
   s = write_checkpoint_shard(root, step, rank, mine);
+  kill_if_injected(rank, step);
   if (!all_ok(comm, s.is_ok()))
     return s.is_ok() ? Status::unavailable(what +
                                            " failed on another rank; the previous "

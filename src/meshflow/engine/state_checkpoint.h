@@ -47,6 +47,8 @@ nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::s
 // keeps the newest `keep` (0: all). Every rank returns the same outcome: if
 // any rank fails (disk full, unwritable), no rank commits, the previous
 // checkpoints stay, and each returns an error (the failing rank's own).
+// Tests: MESHFLOW_INJECT_FAULT=RANK:STEP:save kills rank RANK's process after
+// it wrote its shard of step STEP, before the commit.
 Status save_state(Communicator* comm, const std::string& root, int64_t step,
                   const std::vector<StateBlock>& blocks, const nlohmann::json& info, int keep);
 

@@ -1,0 +1,414 @@
+// Full-state sharded checkpoints (io/checkpoint.h, engine/state_checkpoint.h):
+// a run stopped at step k and resumed equals the uninterrupted run bit for
+// bit at every plan; a checkpoint loads into another plan and number of ranks
+// and training goes on as if nothing switched; damaged or foreign
+// checkpoints are refused with a message naming the file and the tensor, and
+// change nothing.
+#include "meshflow/io/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "meshflow/comm/communicator.h"
+#include "meshflow/comm/local_world.h"
+#include "meshflow/config/json_reader.h"
+#include "meshflow/engine/job.h"
+#include "meshflow/engine/trainer.h"
+
+namespace meshflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+json small_gpt() {
+  return {{"model_type", "gpt2"}, {"n_layer", 2},      {"n_embd", 64},
+          {"n_head", 4},          {"n_positions", 64}, {"vocab_size", 256},
+          {"resid_pdrop", 0.1},   {"embd_pdrop", 0.1}, {"tie_word_embeddings", true}};
+}
+
+json small_resnet() {
+  return {{"model_type", "resnet"},  {"num_channels", 1}, {"embedding_size", 8},
+          {"hidden_sizes", {8, 16}}, {"depths", {1, 1}},  {"layer_type", "basic"},
+          {"num_labels", 10},        {"image_size", 28}};
+}
+
+RunConfig run_config(const json& model, const json& parallel, int steps,
+                     const json& train_extra = json::object()) {
+  const bool lm = model.contains("n_layer");
+  json train = {{"steps", steps}, {"batch_size", 8}, {"eval_batches", 2}, {"seed", 3}};
+  if (lm) train["seq_len"] = 32;
+  for (const auto& [k, v] : train_extra.items()) train[k] = v;
+  json doc = {
+      {"model", model},
+      {"data", {{"dataset", lm ? "fortunes" : "fashion_mnist"}}},
+      {"train", train},
+      {"optimizer", {{"type", "adamw"}, {"lr", 3e-3}, {"warmup_steps", 2}, {"grad_clip", 1.0}}}};
+  if (!parallel.is_null()) doc["parallel"] = parallel;
+  return value_or_throw(parse_run_config(doc, ""));
+}
+
+struct TrainRun {
+  std::vector<float> losses;  // rank 0's, of the steps this run did
+  float eval_loss = 0;
+};
+
+// `steps` steps (of train.steps = total) on `ranks` in-process ranks, after
+// resuming from `resume` (when not empty); a full-state checkpoint under
+// `save` at the end (when not empty).
+Result<TrainRun> train(const RunConfig& rc, int ranks, int steps, const std::string& resume,
+                       const std::string& save) {
+  MF_ASSIGN_OR_RETURN(const Job job, resolve_job(rc, ranks));
+  TrainRun out;
+  auto body = [&](std::shared_ptr<Communicator> comm) -> Status {
+    MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, make_engine(job, comm, nullptr, false));
+    if (!resume.empty()) MF_RETURN_IF_ERROR(e->load_state(resume));
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s) losses.push_back(e->step().loss);
+    if (!save.empty()) MF_RETURN_IF_ERROR(e->save_state(save, 0));
+    const EvalResult ev = e->evaluate();
+    if (!comm || comm->rank() == 0) out.losses = losses, out.eval_loss = ev.loss;
+    return Status::ok();
+  };
+  if (ranks == 1) {
+    MF_RETURN_IF_ERROR(body(nullptr));
+  } else {
+    MF_RETURN_IF_ERROR(run_local_ranks(
+        ranks, [&](const std::shared_ptr<Transport>& t) { return body(Communicator::world(t)); }));
+  }
+  return out;
+}
+
+std::string temp_dir(const std::string& tag) {
+  const fs::path p =
+      fs::temp_directory_path() / ("meshflow_ckpt_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+struct PlanCase {
+  const char* name;
+  json parallel;
+  int ranks;
+  json train = json::object();
+};
+
+// Every plan: 2 steps, a checkpoint, a new engine resuming it for 2 more:
+// the losses (dropout on) and the held-out loss equal the 4 uninterrupted
+// steps' exactly.
+TEST(Checkpoint, ResumeIsBitIdenticalAtEveryPlan) {
+  const json pipe = {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}};
+  const std::vector<PlanCase> cases = {
+      {"one rank", nullptr, 1},
+      {"dp2", {{"mode", "data"}}, 2},
+      {"tp2", {{"mode", "semi"}, {"mesh", "dp=1,tp=2"}, {"preset", "megatron"}}, 2},
+      {"tp2-sp", {{"mode", "semi"}, {"mesh", "dp=1,tp=2"}, {"preset", "megatron-sp"}}, 2},
+      {"cp2-ulysses", {{"mode", "semi"}, {"mesh", "dp=1,cp=2"}, {"preset", "ulysses"}}, 2},
+      {"dp2-zero1", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 1}}, 2},
+      {"dp2-zero2", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 2}}, 2},
+      {"dp2-zero3", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 3}}, 2},
+      {"recompute-mb2", nullptr, 1, {{"recompute", "full"}, {"micro_batches", 2}}},
+      {"pp2-1f1b", {{"pipeline", pipe}}, 2},
+      {"pp2-zb-dp2",
+       {{"mode", "semi"},
+        {"mesh", "dp=2"},
+        {"preset", "dp"},
+        {"pipeline", {{"stages", 2}, {"schedule", "zb-h1"}, {"micro_batches", 2}}}},
+       4},
+  };
+  for (const PlanCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const RunConfig rc = run_config(small_gpt(), c.parallel, 4, c.train);
+    const std::string dir = temp_dir(c.name[0] == 'p' ? "pp" : "plan");
+    Result<TrainRun> whole = train(rc, c.ranks, 4, "", "");
+    ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+    Result<TrainRun> first = train(rc, c.ranks, 2, "", dir);
+    ASSERT_TRUE(first.is_ok()) << first.status().message();
+    Result<TrainRun> second = train(rc, c.ranks, 2, dir, "");
+    ASSERT_TRUE(second.is_ok()) << second.status().message();
+    ASSERT_EQ(whole->losses.size(), 4u);
+    EXPECT_EQ(first->losses[0], whole->losses[0]);
+    EXPECT_EQ(first->losses[1], whole->losses[1]);
+    EXPECT_EQ(second->losses[0], whole->losses[2]);
+    EXPECT_EQ(second->losses[1], whole->losses[3]);
+    EXPECT_EQ(second->eval_loss, whole->eval_loss);
+    EXPECT_NE(first->losses[1], whole->losses[3]);  // the steps differ: the test can fail
+    fs::remove_all(dir);
+  }
+}
+
+// Batch norm's running statistics are buffers of the checkpoint: the
+// held-out loss (eval mode reads them) after a resume equals the run's.
+TEST(Checkpoint, ResumeKeepsBatchNormStatistics) {
+  const RunConfig rc = run_config(small_resnet(), json{{"mode", "data"}}, 4);
+  const std::string dir = temp_dir("bn");
+  Result<TrainRun> whole = train(rc, 2, 4, "", "");
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  ASSERT_TRUE(train(rc, 2, 2, "", dir).is_ok());
+  Result<TrainRun> second = train(rc, 2, 2, dir, "");
+  ASSERT_TRUE(second.is_ok()) << second.status().message();
+  EXPECT_EQ(second->losses[1], whole->losses[3]);
+  EXPECT_EQ(second->eval_loss, whole->eval_loss);
+  Result<CheckpointManifest> m = open_checkpoint(dir);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  int buffers = 0;
+  for (const auto& [name, t] : m->tensors) buffers += t.kind == "buffer";
+  // Running mean and variance of 6 batch norms: the stem's, two per basic
+  // layer, the second stage's projection shortcut's.
+  EXPECT_EQ(buffers, 2 * 6);
+  fs::remove_all(dir);
+}
+
+// A checkpoint written by one plan loads into others (ranks, mesh, pipeline,
+// ZeRO stage), each rank reading its blocks: the two steps after the switch
+// equal the source plan's own within the float tolerance of another
+// reduction order.
+TEST(Checkpoint, LoadsIntoAnotherPlanAndTrainsOn) {
+  // Without dropout: a pipeline's micro-batches draw other masks than one
+  // batch does, which is the plan's difference, not the checkpoint's.
+  json gpt = small_gpt();
+  gpt["resid_pdrop"] = 0.0, gpt["embd_pdrop"] = 0.0;
+  const json dp4_zero3 = {{"mode", "semi"}, {"mesh", "dp=4"}, {"preset", "dp"}, {"zero", 3}};
+  const RunConfig src = run_config(gpt, dp4_zero3, 4);
+  const std::string dir = temp_dir("reshard");
+  Result<TrainRun> whole = train(src, 4, 4, "", "");
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  ASSERT_TRUE(train(src, 4, 2, "", dir).is_ok());
+  const std::vector<PlanCase> targets = {
+      {"tp2 x dp2", {{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"preset", "megatron"}}, 4},
+      {"dp2 zero1", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 1}}, 2},
+      {"pp2", {{"pipeline", {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}}}}, 2},
+      {"one rank", nullptr, 1},
+  };
+  for (const PlanCase& c : targets) {
+    SCOPED_TRACE(c.name);
+    Result<TrainRun> r = train(run_config(gpt, c.parallel, 4), c.ranks, 2, dir, "");
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_NEAR(r->losses[0], whole->losses[2], 2e-5 * std::abs(whole->losses[2]));
+    EXPECT_NEAR(r->losses[1], whole->losses[3], 2e-5 * std::abs(whole->losses[3]));
+  }
+  // And back: a pipeline's checkpoint into one rank.
+  const RunConfig pp = run_config(gpt, targets[2].parallel, 4);
+  const std::string dir2 = temp_dir("reshard_pp");
+  ASSERT_TRUE(train(pp, 2, 2, dir, dir2).is_ok());
+  Result<TrainRun> back = train(run_config(gpt, nullptr, 6), 1, 1, dir2, "");
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_TRUE(std::isfinite(back->losses[0]));
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
+// ---- damaged, foreign and interrupted checkpoints ----
+
+class CheckpointFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir("faults");
+    rc_ = run_config(small_gpt(), json{{"mode", "data"}}, 4);
+    ASSERT_TRUE(train(rc_, 2, 1, "", dir_).is_ok());
+    step_ = checkpoint_dir(dir_, 1);
+    shard_ = (fs::path(step_) / "rank-00000.safetensors").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // The load's error (empty when it loaded), and that a failed load changed
+  // nothing: the engine's next loss is a fresh run's first.
+  std::string load_error(const RunConfig& rc, int ranks = 2) {
+    Result<TrainRun> r = train(rc, ranks, 1, dir_, "");
+    return r.is_ok() ? "" : r.status().message();
+  }
+  std::string dir_, step_, shard_;
+  RunConfig rc_;
+};
+
+TEST_F(CheckpointFaults, CorruptShardIsRefusedNamingFileAndTensor) {
+  {
+    std::fstream f(shard_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard_) - 100));
+    const char junk[4] = {0x11, 0x22, 0x33, 0x44};
+    f.write(junk, 4);
+  }
+  const std::string e = load_error(rc_);
+  EXPECT_NE(e.find("rank-00000.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("is corrupt (CRC-32"), std::string::npos) << e;
+  // The failed load changed nothing: the tensors read before the corrupt one
+  // are not in the model either, nor is the step.
+  auto t = value_or_throw(Trainer::create(run_config(small_gpt(), nullptr, 4)));
+  std::map<std::string, Tensor> before;  // copies: one rank's map shares the executor's buffers
+  for (const auto& [name, w] : value_or_throw(t->gather_parameters())) before[name] = w.clone();
+  EXPECT_FALSE(t->load_state(dir_).is_ok());
+  const std::map<std::string, Tensor> after = value_or_throw(t->gather_parameters());
+  for (const auto& [name, w] : before)
+    EXPECT_EQ(std::memcmp(w.raw(), after.at(name).raw(), w.nbytes()), 0) << name;
+  EXPECT_EQ(t->steps_done(), 0);
+  testing::CliRun v = testing::run_cli("checkpoint inspect " + dir_ + " --verify");
+  EXPECT_EQ(v.code, 2) << v.output;
+  EXPECT_NE(v.output.find("rank-00000.safetensors' is corrupt"), std::string::npos) << v.output;
+}
+
+TEST_F(CheckpointFaults, TruncatedOrMissingShardIsRefused) {
+  fs::resize_file(shard_, fs::file_size(shard_) / 2);
+  std::string e = load_error(rc_);
+  EXPECT_NE(e.find("'rank-00000.safetensors' has"), std::string::npos) << e;
+  EXPECT_NE(e.find("(truncated or replaced)"), std::string::npos) << e;
+  fs::remove(shard_);
+  e = load_error(rc_);
+  EXPECT_NE(e.find("'rank-00000.safetensors' (listed in the manifest) is missing"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(CheckpointFaults, BadManifestsAreRefused) {
+  const std::string manifest = (fs::path(step_) / "manifest.json").string();
+  const json good = json::parse(std::ifstream(manifest));
+  auto with = [&](const json& m) {
+    std::ofstream(manifest) << m.dump();
+    return load_error(rc_);
+  };
+  std::ofstream(manifest) << "{not json";
+  EXPECT_NE(load_error(rc_).find("manifest.json is not valid JSON"), std::string::npos);
+  json m = good;
+  m["version"] = 7;
+  EXPECT_NE(with(m).find("version 7 (this build reads version 1)"), std::string::npos);
+  m = good;
+  m["tensors"]["wte.weight"]["blocks"][0]["ranges"][0] = {0, 100000};
+  EXPECT_NE(with(m).find("is not inside dim 0"), std::string::npos) << with(m);
+  m = good;
+  m["tensors"]["wte.weight"]["blocks"][0]["file"] = "elsewhere.safetensors";
+  EXPECT_NE(with(m).find("which \"files\" does not list"), std::string::npos) << with(m);
+  m = good;
+  m["tensors"]["wte.weight"]["shape"] = {512, 64};
+  EXPECT_NE(with(m).find("'wte.weight' is [vocab=512,hidden=64] in the checkpoint but "
+                         "[vocab=256,hidden=64] in the model"),
+            std::string::npos)
+      << with(m);
+  m = good;
+  m["format"] = "something else";
+  EXPECT_NE(with(m).find("\"format\" is not \"meshflow-checkpoint\""), std::string::npos);
+}
+
+TEST_F(CheckpointFaults, AnotherModelsCheckpointIsRefused) {
+  json bigger = small_gpt();
+  bigger["n_embd"] = 128;
+  std::string e = load_error(run_config(bigger, json{{"mode", "data"}}, 4));
+  EXPECT_NE(e.find("in the checkpoint but"), std::string::npos) << e;
+  json deeper = small_gpt();
+  deeper["n_layer"] = 3;
+  e = load_error(run_config(deeper, json{{"mode", "data"}}, 4));
+  EXPECT_NE(e.find("has no parameter 'h.2."), std::string::npos) << e;
+  json shallower = small_gpt();
+  shallower["n_layer"] = 1;
+  e = load_error(run_config(shallower, json{{"mode", "data"}}, 4));
+  EXPECT_NE(e.find("which this model and optimizer do not have"), std::string::npos) << e;
+  const RunConfig resnet = run_config(small_resnet(), nullptr, 4);
+  e = load_error(resnet, 1);
+  EXPECT_NE(e.find("which this model and optimizer do not have"), std::string::npos) << e;
+}
+
+TEST_F(CheckpointFaults, InterruptedSavesAndKeepCheckpoints) {
+  // A crashed save's staging directory and a step directory without its
+  // manifest are not checkpoints: the latest complete one is opened.
+  fs::create_directories(fs::path(dir_) / ".step-00000009.partial");
+  fs::create_directories(fs::path(dir_) / "step-00000010");
+  Result<CheckpointManifest> m = open_checkpoint(dir_);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(m->step, 1);
+  EXPECT_EQ(list_checkpoints(dir_).size(), 1u);
+  // Saves beyond keep_checkpoints remove the oldest, after the new is in place.
+  const RunConfig keep2 = run_config(small_gpt(), json{{"mode", "data"}}, 8);
+  const Job job = value_or_throw(resolve_job(keep2, 1));
+  std::unique_ptr<Engine> e = value_or_throw(make_engine(job, nullptr, nullptr, false));
+  ASSERT_TRUE(e->load_state(dir_).is_ok());
+  for (int s = 0; s < 3; ++s) {
+    e->step();
+    ASSERT_TRUE(e->save_state(dir_, 2).is_ok());
+  }
+  const std::vector<std::string> left = list_checkpoints(dir_);
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(fs::path(left[0]).filename(), "step-00000003");
+  EXPECT_EQ(fs::path(left[1]).filename(), "step-00000004");
+  // A save that cannot write (a file where the checkpoint root should be)
+  // is an error naming it, and leaves the others as they were.
+  const std::string blocked = (fs::path(dir_) / "blocked").string();
+  std::ofstream(blocked) << "x";
+  Status s = e->save_state(blocked, 0);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("'" + blocked + "' is a file"), std::string::npos) << s.message();
+  EXPECT_EQ(list_checkpoints(dir_).size(), 2u);
+}
+
+// ---- the command line ----
+
+TEST(CheckpointCli, ResumeLatestContinuesAndKillDuringSaveKeepsThePrevious) {
+  const std::string dir = temp_dir("cli");
+  const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
+  const std::string common = "train " + cfg +
+                             " --set train.log_every=1 --set train.eval_batches=1 "
+                             "--set train.save_every=2 --checkpoint " +
+                             dir;
+  testing::CliRun a = testing::run_cli(common + " --steps 4 --ranks 2");
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_NE(a.output.find("wrote checkpoint " + dir + "/step-00000004"), std::string::npos)
+      << a.output;
+  // A job killed while saving step 6: the checkpoint of step 4 stays the latest.
+  ::setenv("MESHFLOW_INJECT_FAULT", "1:6:save", 1);
+  testing::CliRun k = testing::run_cli(common + " --steps 8 --ranks 2 --resume latest");
+  ::unsetenv("MESHFLOW_INJECT_FAULT");
+  EXPECT_EQ(k.code, 128 + 9) << k.output;  // SIGKILL
+  EXPECT_TRUE(fs::exists(fs::path(dir) / ".step-00000006.partial"));
+  Result<CheckpointManifest> m = open_checkpoint(dir);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(m->step, 4);
+  testing::CliRun r = testing::run_cli(common + " --steps 8 --ranks 2 --resume latest");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + " at step 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5/8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 4/8"), std::string::npos) << r.output;
+  // Export the model; --init takes it.
+  const std::string exported = dir + "/exported.safetensors";
+  testing::CliRun x = testing::run_cli("checkpoint export " + dir + " --to " + exported);
+  ASSERT_EQ(x.code, 0) << x.output;
+  testing::CliRun i = testing::run_cli("train " + cfg + " --steps 1 --quiet --init " + exported);
+  EXPECT_EQ(i.code, 0) << i.output;
+  testing::CliRun insp = testing::run_cli("checkpoint inspect " + dir + " --verify");
+  EXPECT_EQ(insp.code, 0) << insp.output;
+  EXPECT_NE(insp.output.find("step 8"), std::string::npos) << insp.output;
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointCli, BadResumeRequestsExit2) {
+  const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
+  const std::string dir = temp_dir("cli_bad");
+  struct Bad {
+    std::string args, says;
+  };
+  const std::vector<Bad> bad = {
+      {"--resume latest", "--resume latest needs train.checkpoint"},
+      {"--resume " + dir + "/none", "does not exist"},
+      {"--resume " + dir + " --init x.safetensors", "--resume and --init"},
+      {"--resume latest --checkpoint w.safetensors", "is a weights file"},
+      {"--resume " + cfg, "is a file, not a checkpoint directory"},
+  };
+  fs::create_directories(dir);
+  for (const Bad& b : bad) {
+    testing::CliRun r = testing::run_cli("train " + cfg + " --steps 1 " + b.args);
+    EXPECT_EQ(r.code, 2) << b.args << ": " << r.output;
+    EXPECT_NE(r.output.find(b.says), std::string::npos) << b.args << ": " << r.output;
+  }
+  testing::CliRun done =
+      testing::run_cli("train " + cfg + " --steps 2 --quiet --checkpoint " + dir);
+  ASSERT_EQ(done.code, 0) << done.output;
+  testing::CliRun again = testing::run_cli("train " + cfg + " --steps 2 --resume " + dir);
+  EXPECT_EQ(again.code, 2) << again.output;
+  EXPECT_NE(again.output.find("is at step 2, train.steps is 2"), std::string::npos) << again.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshflow
