@@ -9,10 +9,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -408,6 +410,111 @@ TEST(CheckpointCli, BadResumeRequestsExit2) {
   EXPECT_EQ(again.code, 2) << again.output;
   EXPECT_NE(again.output.find("is at step 2, train.steps is 2"), std::string::npos) << again.output;
   fs::remove_all(dir);
+}
+
+// ---- non-finite steps (train.on_nonfinite) ----
+
+// Sets MESHFLOW_INJECT_FAULT for the scope (engine/faults.h).
+struct InjectFault {
+  explicit InjectFault(const char* spec) { ::setenv("MESHFLOW_INJECT_FAULT", spec, 1); }
+  ~InjectFault() { ::unsetenv("MESHFLOW_INJECT_FAULT"); }
+};
+
+std::map<std::string, Tensor> weights(Trainer& t) {
+  std::map<std::string, Tensor> out;  // copies: one rank's map shares the executor's buffers
+  for (const auto& [name, w] : value_or_throw(t.gather_parameters())) out[name] = w.clone();
+  return out;
+}
+
+bool same(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  for (const auto& [name, w] : a)
+    if (std::memcmp(w.raw(), b.at(name).raw(), w.nbytes()) != 0) return false;
+  return true;
+}
+
+TEST(NonFinite, StopNamesTheStepAndTheFirstParameter) {
+  const InjectFault nan("0:1:nan");  // rank 0's gradients are NaN in the second step
+  auto t = value_or_throw(Trainer::create(run_config(small_gpt(), nullptr, 4)));
+  EXPECT_FALSE(t->step().skipped);
+  const auto before = weights(*t);
+  try {
+    t->step();
+    ADD_FAILURE() << "a non-finite step did not stop the run";
+  } catch (const StatusError& e) {
+    const std::string m = e.status().message();
+    EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
+    EXPECT_NE(m.find("train.on_nonfinite"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(same(before, weights(*t)));  // stopped before any update
+  // Two data-parallel ranks (rank 1 poisoned): the reduced gradients are
+  // NaN on both, both stop, nothing hangs.
+  const InjectFault nan1("1:1:nan");
+  const Job job =
+      value_or_throw(resolve_job(run_config(small_gpt(), json{{"mode", "data"}}, 4), 2));
+  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& tr) -> Status {
+    MF_ASSIGN_OR_RETURN(auto e, make_engine(job, Communicator::world(tr), nullptr, false));
+    e->step();
+    e->step();
+    return Status::ok();
+  });
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("step 2: the gradient"), std::string::npos) << s.message();
+}
+
+TEST(NonFinite, SkipLeavesTheWeightsAndTrainsOn) {
+  const InjectFault nan("0:1:nan");
+  auto t = value_or_throw(
+      Trainer::create(run_config(small_gpt(), nullptr, 4, json{{"on_nonfinite", "skip"}})));
+  t->step();
+  const auto before = weights(*t);
+  const StepResult r = t->step();
+  EXPECT_TRUE(r.skipped);
+  EXPECT_NE(r.nonfinite.find("step 2: the gradient of '"), std::string::npos) << r.nonfinite;
+  EXPECT_TRUE(same(before, weights(*t)));
+  const StepResult next = t->step();  // no NaN left behind in the accumulators
+  EXPECT_FALSE(next.skipped);
+  EXPECT_TRUE(std::isfinite(next.loss) && std::isfinite(next.grad_norm));
+  EXPECT_FALSE(same(before, weights(*t)));
+  EXPECT_EQ(next.step, 3);
+}
+
+// A pipeline: the poisoned stage's squares reach every stage, which all skip.
+TEST(NonFinite, PipelineStagesAllSkipTogether) {
+  const InjectFault nan("1:1:nan");  // stage 1's gradients
+  const json par = {{"pipeline", {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}}}};
+  const Job job = value_or_throw(
+      resolve_job(run_config(small_gpt(), par, 4, json{{"on_nonfinite", "skip"}}), 2));
+  std::vector<int> skipped(2, 0);
+  std::vector<float> after(2, 0.f);
+  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& tr) -> Status {
+    MF_ASSIGN_OR_RETURN(auto e, make_engine(job, Communicator::world(tr), nullptr, false));
+    for (int i = 0; i < 3; ++i) {
+      const StepResult r = e->step();
+      skipped[static_cast<size_t>(tr->rank())] += r.skipped;
+      after[static_cast<size_t>(tr->rank())] = r.loss;
+    }
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_EQ(skipped[0], 1);
+  EXPECT_EQ(skipped[1], 1);
+  EXPECT_TRUE(std::isfinite(after[0]));
+}
+
+TEST(NonFinite, CommandLineStopsOrSkips) {
+  const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
+  const InjectFault nan("0:1:nan");
+  testing::CliRun stop = testing::run_cli("train " + cfg + " --steps 3 --ranks 2");
+  EXPECT_EQ(stop.code, 1) << stop.output;
+  EXPECT_NE(stop.output.find("step 2: the gradient of '"), std::string::npos) << stop.output;
+  testing::CliRun skip =
+      testing::run_cli("train " + cfg + " --steps 3 --ranks 2 --set train.on_nonfinite=skip");
+  EXPECT_EQ(skip.code, 0) << skip.output;
+  EXPECT_NE(skip.output.find("skipped the update of step 2: the gradient of '"), std::string::npos)
+      << skip.output;
+  testing::CliRun bad = testing::run_cli("train " + cfg + " --steps 1 --set train.on_nonfinite=go");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("on_nonfinite"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -42,8 +42,7 @@ Result<RunConfig> load(const std::string& path, std::vector<std::string> overrid
 // Fault injection for testing failure handling end to end:
 //   MESHFLOW_INJECT_FAULT=RANK:STEP:throw   rank RANK throws before step STEP
 //   MESHFLOW_INJECT_FAULT=RANK:STEP:kill    rank RANK kills its own process (SIGKILL)
-//   MESHFLOW_INJECT_FAULT=RANK:STEP:save    rank RANK kills its process while saving the
-//                                           checkpoint of step STEP (engine/state_checkpoint.h)
+//   (the kinds "save" and "nan" are the engines': engine/faults.h)
 struct FaultInjection {
   int step = -1;
   bool kill = false;
@@ -59,7 +58,7 @@ FaultInjection fault_from_env(int rank) {
   int r = -1, step = -1;
   char kind[16] = {};
   if (e && std::sscanf(e, "%d:%d:%15s", &r, &step, kind) == 3 && r == rank &&
-      std::string(kind) != "save") {  // "save": the engine's (engine/state_checkpoint.h)
+      (std::string(kind) == "throw" || std::string(kind) == "kill")) {  // others: engine/faults.h
     f.step = step;
     f.kill = std::string(kind) == "kill";
   }
@@ -165,7 +164,8 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
       window_s = window_flops = window_wait = 0;
       window_items = 0;
     }
-    if (!std::isfinite(r.loss))
+    if (r.skipped) progress.message("meshflow: skipped the update of " + r.nonfinite);
+    if (!r.skipped && !std::isfinite(r.loss))
       return Status::failed_precondition("loss is " + std::to_string(r.loss) + " at step " +
                                          std::to_string(r.step) +
                                          "; lower optimizer.lr or set optimizer.grad_clip");

@@ -28,7 +28,19 @@ struct StepResult {
   double seconds = 0;
   int64_t items = 0;  // tokens (LMs) or samples in the global batch
   double flops = 0;   // executed FLOPs of this step (see Engine::flops_scale)
+  // train.on_nonfinite "skip": the loss or a gradient was not finite, the
+  // update was not applied; `nonfinite` says what (as the "stop" error does).
+  bool skipped = false;
+  std::string nonfinite;
 };
+
+// What a step whose loss or gradient norm is not finite reports: the step
+// (1-based), the loss, the norm and, when found on this rank, the first
+// parameter (graph order) whose gradient is not finite.
+std::string nonfinite_message(int step, float loss, float grad_norm,
+                              const std::string& first_param);
+// What the "stop" error adds: how to avoid it.
+std::string nonfinite_advice();
 
 struct EvalResult {
   float loss = 0;

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -13,6 +14,7 @@
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/autodiff/recompute.h"
 #include "meshflow/comm/transport.h"
+#include "meshflow/engine/faults.h"
 #include "meshflow/io/safetensors.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
@@ -842,7 +844,10 @@ StepResult PipelineTrainer::step() {
   r.lr = im.rc.schedule.at(im.step);
   im.loss_sum = 0;
   im.batches.clear();
-  for (auto& l : im.locals) l.ex->feed_scalar("loss_scale", 1.f / static_cast<float>(im.m));
+  const int me = im.world ? im.world->rank() : 0;
+  for (auto& l : im.locals)
+    l.ex->feed_scalar("loss_scale",
+                      nan_injected(me, im.step) ? std::nanf("") : 1.f / static_cast<float>(im.m));
 
   // The schedule. Sends go to the outgoing channel (peer + kOutgoing).
   for (const Action& a : schedule_.ranks[stage_]) {
@@ -885,31 +890,48 @@ StepResult PipelineTrainer::step() {
     throw_if_error(
         im.pp->all_reduce(squares.data(), static_cast<int64_t>(squares.size()), ReduceOp::kSum));
   if (im.trace) im.trace->span(im.track_compute, "grad sync", "collective", tc0, now_us() - tc0);
+  // Loss: the last stage has it; every rank gets the replicas' mean. With
+  // the squares, every rank can tell a non-finite step before any update.
+  float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};
+  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(loss, 1, ReduceOp::kSum));
+  r.loss = loss[0];
+  double sumsq = 0;
+  std::string first;  // the first parameter (norm order) whose gradient is not finite
+  for (size_t i = 0; i < squares.size(); ++i) {
+    sumsq += squares[i];
+    if (first.empty() && !std::isfinite(squares[i])) first = im.split.norm_order[i];
+  }
+  const bool finite = std::isfinite(r.loss) && std::isfinite(sumsq);
+  if (!finite) {
+    r.grad_norm = static_cast<float>(std::sqrt(sumsq));
+    r.nonfinite = nonfinite_message(im.step + 1, r.loss, r.grad_norm, first);
+    if (!im.rc.train.skip_nonfinite) {
+      for (auto& l : im.locals) l.ex->unbind_all();
+      throw StatusError(Status::failed_precondition(r.nonfinite + nonfinite_advice()));
+    }
+    r.skipped = true;
+  }
   const double to0 = now_us();
   for (auto& l : im.locals) {
     for (const auto& [name, v] : l.program->norm_in)
       *static_cast<float*>(l.ex->data(v)) = squares[norm_index.at(name)];
     l.ex->feed_scalar("lr", r.lr);
     l.ex->feed_scalar("step", static_cast<float>(im.step + 1));
-    l.ex->run(l.update);
-    if (l.program->graph.outputs.count("grad_norm"))
+    if (finite) l.ex->run(l.update);
+    if (finite && l.program->graph.outputs.count("grad_norm"))
       r.grad_norm = l.ex->scalar(l.program->graph.outputs.at("grad_norm"));
     l.ex->unbind_all();
   }
   if (im.trace) im.trace->span(im.track_compute, "optimizer", "optimizer", to0, now_us() - to0);
-  if (!im.split.tied.empty()) {
+  if (!im.split.tied.empty() && finite) {
     const double tt0 = now_us();
     im.sync_tied(schedule_, stage_);
     if (im.trace)
       im.trace->span(im.track_compute, "tied embedding sync", "collective", tt0, now_us() - tt0);
   }
 
-  // Loss: the last stage has it; every rank returns the replicas' mean.
-  float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};
-  if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(loss, 1, ReduceOp::kSum));
   ++im.step;
   r.step = im.step;
-  r.loss = loss[0];
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.items =
       static_cast<int64_t>(im.rc.train.batch_size) * (im.language_model ? im.rc.train.seq_len : 1);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "meshflow/core/check.h"
+#include "meshflow/engine/faults.h"
 
 namespace meshflow {
 
@@ -18,19 +19,6 @@ bool all_ok(Communicator* comm, bool ok) {
   float failed = ok ? 0.f : 1.f;
   if (!comm->all_reduce(&failed, 1, ReduceOp::kMax).is_ok()) return false;
   return failed == 0.f;
-}
-
-// Fault injection for the tests of interrupted saves:
-// MESHFLOW_INJECT_FAULT=RANK:STEP:save kills rank RANK's process (SIGKILL)
-// after it wrote its shard of step STEP's checkpoint, before the commit.
-void kill_if_injected(int rank, int64_t step) {
-  const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
-  int r = -1;
-  long long s = -1;
-  char kind[16] = {};
-  if (e && std::sscanf(e, "%d:%lld:%15s", &r, &s, kind) == 3 && r == rank && s == step &&
-      std::string(kind) == "save")
-    std::raise(SIGKILL);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,6 +12,7 @@
 #include "meshflow/comm/transport.h"
 #include "meshflow/data/fashion_mnist.h"
 #include "meshflow/data/text.h"
+#include "meshflow/engine/faults.h"
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
@@ -274,7 +276,8 @@ StepResult Trainer::step() {
   double loss_sum = 0;
   // The backward seed averages over micro-batches (the program's loss is
   // already the mean over the global micro-batch).
-  ex.feed_scalar("loss_scale", 1.f / static_cast<float>(m));
+  ex.feed_scalar("loss_scale",
+                 nan_injected(rank_, step_) ? std::nanf("") : 1.f / static_cast<float>(m));
   for (int micro = 0; micro < m; ++micro) {
     BatchIndex at;
     at.seed = tc.seed;
@@ -303,12 +306,36 @@ StepResult Trainer::step() {
   }
   ex.feed_scalar("lr", r.lr);
   ex.feed_scalar("step", static_cast<float>(step_ + 1));
-  run_traced(ex.optimizer_order(), {}, -1);
+  // The gradient norm first (every node up to the clip coefficient), then,
+  // when the loss and the norm are finite, the updates: a non-finite step
+  // changes no weight.
+  if (norm_order_.empty() && update_order_.empty()) split_optimizer_order();
+  run_traced(norm_order_, {}, -1);
   r.grad_norm = ex.scalar(g.outputs.at("grad_norm"));
+  r.loss = static_cast<float>(loss_sum / m);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    std::string first;  // this rank's first parameter with a non-finite gradient
+    for (NodeId id : norm_order_) {
+      const Node& n = g.node(id);
+      const size_t at = n.name.rfind("sumsq.");
+      if (n.kind == OpKind::kSumSquares && at != std::string::npos &&
+          !std::isfinite(ex.scalar(n.outputs[0]))) {
+        first = n.name.substr(at + 6);
+        break;
+      }
+    }
+    r.nonfinite = nonfinite_message(step_ + 1, r.loss, r.grad_norm, first);
+    if (!rc_.train.skip_nonfinite) {
+      ex.unbind_all();
+      throw StatusError(Status::failed_precondition(r.nonfinite + nonfinite_advice()));
+    }
+    r.skipped = true;
+  } else {
+    run_traced(update_order_, {}, -1);
+  }
   ex.unbind_all();
   ++step_;
   r.step = step_;
-  r.loss = static_cast<float>(loss_sum / m);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.items = static_cast<int64_t>(tc.batch_size) * (language_model_ ? tc.seq_len : 1);
   r.flops = flops_per_micro_ * m + flops_optimizer_;
@@ -374,6 +401,17 @@ Status Trainer::load_checkpoint(const std::string& path) {
     executor_->storage(v).copy_from(block.raw());
   }
   return Status::ok();
+}
+
+// The optimizer's nodes before and after the clip coefficient (the norm).
+void Trainer::split_optimizer_order() {
+  const Graph& g = program_graph();
+  bool past = false;
+  for (NodeId id : executor_->optimizer_order()) {
+    (past ? update_order_ : norm_order_).push_back(id);
+    if (g.node(id).kind == OpKind::kClipCoef) past = true;
+  }
+  if (!past) std::swap(norm_order_, update_order_);  // no norm: all of it is the update
 }
 
 // ---- Full-state checkpoints ----

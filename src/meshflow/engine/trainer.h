@@ -95,6 +95,7 @@ class Trainer : public Engine {
   // tensor (engine/state_checkpoint.h), and the names of the whole model's.
   std::vector<StateBlock> state_blocks();
   std::set<std::string> state_names() const;
+  void split_optimizer_order();
   Status init_one_rank();
   Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
                           const PartitionOptions* given);
@@ -116,7 +117,8 @@ class Trainer : public Engine {
   int micro_batch_ = 0;  // rows per micro-batch over all ranks (the global graph's)
   double flops_per_micro_ = 0, flops_optimizer_ = 0;
   int step_ = 0;
-  std::string describe_;  // Job::describe(), for checkpoints' manifests
+  std::string describe_;                           // Job::describe(), for checkpoints' manifests
+  std::vector<NodeId> norm_order_, update_order_;  // the optimizer's, split at the clip node
   // Partitioned (semi / auto) runs.
   std::unique_ptr<LocalProgram> program_;
   Annotation annotation_;

@@ -63,6 +63,9 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.string("checkpoint", &t->checkpoint);
   r.integer("save_every", &t->save_every, 0);
   r.integer("keep_checkpoints", &t->keep_checkpoints, 0);
+  std::string nonfinite = "stop";
+  r.choice("on_nonfinite", &nonfinite, {"stop", "skip"});
+  t->skip_nonfinite = nonfinite == "skip";
   r.number("bucket_mib", &t->bucket_mib, 1.0 / 1024, 4096);
   r.boolean("overlap_comm", &t->overlap_comm);
   std::string recompute = "none";

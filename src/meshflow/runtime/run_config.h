@@ -54,6 +54,10 @@ struct TrainConfig {
   std::string checkpoint;
   int save_every = 0;
   int keep_checkpoints = 0;  // full-state checkpoints kept (the newest); 0: all
+  // A step whose loss or gradients are not finite: "stop" the run with an
+  // error naming the step and the first parameter whose gradient is not
+  // finite, or "skip" its update (the weights and optimizer state stay) and go on.
+  bool skip_nonfinite = false;
   float bucket_mib = 4.f;    // data parallel: gradient all-reduce bucket size
   bool overlap_comm = true;  // data parallel: start all-reduces during the backward
   // Activation recomputation (autodiff/recompute.h): "recompute": "none" |

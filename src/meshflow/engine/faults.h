@@ -1,0 +1,22 @@
+// Fault injection for the tests of failure handling, read from the
+// environment (never set in a real run):
+//   MESHFLOW_INJECT_FAULT=RANK:STEP:save  rank RANK's process is killed (SIGKILL) after it
+//                                         wrote its shard of step STEP's checkpoint, before
+//                                         the commit (engine/state_checkpoint.h)
+//   MESHFLOW_INJECT_FAULT=RANK:STEP:nan   rank RANK's backward seed is NaN in step STEP (the
+//                                         0-based step index): its gradients, and so the
+//                                         reduced ones, are not finite (train.on_nonfinite)
+// (the command line handles the kinds "throw" and "kill": cli/commands.cc).
+#pragma once
+
+#include <cstdint>
+
+namespace meshflow {
+
+// SIGKILLs this process when the "save" fault names (rank, step).
+void kill_if_injected(int rank, int64_t step);
+
+// True when the "nan" fault names (rank, step).
+bool nan_injected(int rank, int64_t step);
+
+}  // namespace meshflow
