@@ -340,7 +340,7 @@ Status write_checkpoint_shard(const std::string& root, int64_t step, int rank,
                               {"dims", dims},
                               {"ranges", ranges_json(b.ranges)},
                               {"offset", written.offsets[i]},
-                              {"crc32", crc32_of(b.data->raw(), b.data->nbytes())}});
+                              {"crc32", written.tensor_crc32[i]}});
   }
   return write_file_atomic((fs::path(stage) / rank_file(rank, "json")).string(), frag.dump(),
                            "checkpoint fragment");

@@ -303,7 +303,10 @@ Status write_safetensors(const std::string& path, const NamedTensors& tensors,
       return fail("cannot write tensor '" + name + "' to");
     info.offsets.push_back(info.bytes);
     info.bytes += t.nbytes();
-    info.crc32 = crc32_of(t.raw(), t.nbytes(), info.crc32);
+    const uint32_t crc = crc32_of(t.raw(), t.nbytes());
+    info.tensor_crc32.push_back(crc);
+    info.crc32 =
+        static_cast<uint32_t>(::crc32_combine(info.crc32, crc, static_cast<z_off_t>(t.nbytes())));
   }
   if (::fsync(fd) != 0) return fail("fsync failed on");
   int rc = ::close(fd);

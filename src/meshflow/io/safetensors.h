@@ -58,6 +58,8 @@ struct SafetensorsWritten {
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
   std::vector<uint64_t> offsets;
+  std::vector<uint32_t>
+      tensor_crc32;  // each tensor's data's CRC-32 (one pass: the file's combines them)
 };
 
 // Writes `tensors` (F32 or I32, unique non-empty names, not "__metadata__") in
