@@ -24,6 +24,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/io/safetensors.h"
 
 namespace meshflow {
 namespace {
@@ -409,6 +410,48 @@ TEST(CheckpointCli, BadResumeRequestsExit2) {
   testing::CliRun again = testing::run_cli("train " + cfg + " --steps 2 --resume " + dir);
   EXPECT_EQ(again.code, 2) << again.output;
   EXPECT_NE(again.output.find("is at step 2, train.steps is 2"), std::string::npos) << again.output;
+  fs::remove_all(dir);
+}
+
+// ---- Hugging Face names (models/hf_weights.h; against PyTorch: tests/torch/hf_check.py) ----
+
+// A checkpoint exported in transformers' names loads back (--init) to the
+// same weights as the one in meshflow's names; a file of another size is
+// refused naming the transformers tensor.
+TEST(HfWeights, ExportInTransformersNamesAndInitFromIt) {
+  const std::string dir = temp_dir("hf");
+  const std::string cfg = testing::source_dir() + "/configs/gpt_fortunes.json";
+  testing::CliRun t = testing::run_cli("train " + cfg +
+                                       " --steps 1 --quiet --set train.eval_batches=1 "
+                                       "--checkpoint " +
+                                       dir);
+  ASSERT_EQ(t.code, 0) << t.output;
+  const std::string plain = dir + "/plain.safetensors", hf = dir + "/hf.safetensors";
+  ASSERT_EQ(testing::run_cli("checkpoint export " + dir + " --to " + plain).code, 0);
+  testing::CliRun x = testing::run_cli("checkpoint export " + dir + " --to " + hf + " --hf");
+  ASSERT_EQ(x.code, 0) << x.output;
+  const SafetensorsFile h = value_or_throw(read_safetensors(hf));
+  EXPECT_TRUE(h.tensors.count("transformer.h.0.attn.c_attn.weight"));
+  EXPECT_FALSE(h.tensors.count("h.0.attn.q_proj.weight"));
+  const RunConfig rc = value_or_throw(load_run_config(cfg, {"train.steps=1"}));
+  auto trainer = value_or_throw(Trainer::create(rc));
+  ASSERT_TRUE(trainer->load_checkpoint(hf).is_ok());
+  const SafetensorsFile p = value_or_throw(read_safetensors(plain));
+  for (const auto& [name, w] : value_or_throw(trainer->gather_parameters())) {
+    ASSERT_TRUE(p.tensors.count(name)) << name;
+    EXPECT_EQ(std::memcmp(w.raw(), p.tensors.at(name).raw(), w.nbytes()), 0) << name;
+  }
+  // Another width: the transformers tensor is named.
+  json wide = value_or_throw(
+      read_json_file(testing::source_dir() + "/configs/models/gpt_bytes_small.json"));
+  wide["n_embd"] = 128;
+  const std::string wide_path = dir + "/wide.json";
+  std::ofstream(wide_path) << wide.dump();
+  testing::CliRun wrong =
+      testing::run_cli("train " + cfg + " --steps 1 --set model=" + wide_path + " --init " + hf);
+  EXPECT_EQ(wrong.code, 2) << wrong.output;
+  EXPECT_NE(wrong.output.find("Hugging Face weights: tensor 'transformer."), std::string::npos)
+      << wrong.output;
   fs::remove_all(dir);
 }
 

@@ -16,3 +16,11 @@ foreach(model gpt gpt_untied llama llama_tied resnet_basic resnet_bottleneck)
   set_tests_properties(torch_${model} PROPERTIES
     LABELS torch TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=2")
 endforeach()
+# Hugging Face interop (tests/torch/hf_check.py): transformers-style GPT-2 and
+# LLaMA weights read by meshflow (same loss) and written back (same tensors).
+foreach(model gpt2 llama)
+  add_test(NAME torch_hf_${model}
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/torch/run_hf_check.sh $<TARGET_FILE:torch_check> ${model})
+  set_tests_properties(torch_hf_${model} PROPERTIES
+    LABELS torch TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=2")
+endforeach()

@@ -28,7 +28,10 @@
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
 #include "meshflow/io/safetensors.h"
+#include "meshflow/core/file_io.h"
+#include "meshflow/models/from_config.h"
 #include "meshflow/models/gpt.h"
+#include "meshflow/models/hf_weights.h"
 #include "meshflow/models/llama.h"
 #include "meshflow/models/resnet.h"
 #include "meshflow/ops/verify.h"
@@ -287,10 +290,49 @@ Status run(const std::string& model, const std::string& out_dir) {
   return save_weights(ex, (dir / "after_steps.safetensors").string(), after_meta);
 }
 
+// `hf DIR`: the model of DIR/config.json with the transformers-style weights
+// of DIR/hf.safetensors (models/hf_weights.h), its loss on DIR/batch.safetensors
+// (ours.safetensors), and its parameters written back in transformers' names
+// (back.safetensors). tests/torch/hf_check.py writes the inputs and checks.
+Status run_hf(const std::string& dir_name) {
+  const std::filesystem::path dir(dir_name);
+  MF_ASSIGN_OR_RETURN(std::string text, read_regular_file((dir / "config.json").string()));
+  MF_ASSIGN_OR_RETURN(const ModelConfig model, parse_model_config(nlohmann::json::parse(text)));
+  MF_ASSIGN_OR_RETURN(SafetensorsFile batch, read_safetensors((dir / "batch.safetensors").string()));
+  const Tensor& tokens = batch.tensors.at("tokens");
+  MF_ASSIGN_OR_RETURN(ModelGraph m,
+                      build_model(model, tokens.shape().size(0), tokens.shape().size(1)));
+  Graph& g = m.graph;
+  std::map<std::string, Shape> shapes;
+  for (ValueId v : g.parameters()) shapes.emplace(g.value(v).name, g.shape(v));
+  MF_ASSIGN_OR_RETURN(SafetensorsFile hf, read_safetensors((dir / "hf.safetensors").string()));
+  if (!is_hf_state_dict(model, hf.tensors))
+    return Status::invalid("hf.safetensors is not taken for a transformers state dict");
+  MF_ASSIGN_OR_RETURN(auto ours, from_hf_state_dict(model, hf.tensors, shapes));
+  Executor ex(g, ExecutorOptions{});
+  for (ValueId v : g.parameters()) ex.storage(v).copy_from(ours.at(g.value(v).name).raw());
+  MF_RETURN_IF_ERROR(ex.feed("tokens", tokens));
+  MF_RETURN_IF_ERROR(ex.feed("targets", batch.tensors.at("targets")));
+  ex.run(ex.eval_order());
+  const float loss = ex.scalar(g.loss);
+  MF_RETURN_IF_ERROR(write_safetensors((dir / "ours.safetensors").string(),
+                                       {{"loss", Tensor::scalar(loss)}}));
+  std::map<std::string, Tensor> params;
+  for (ValueId v : g.parameters()) params[g.value(v).name] = ex.storage(v);
+  MF_ASSIGN_OR_RETURN(auto back, to_hf_state_dict(model, params));
+  std::printf("torch_check hf: loss %.7f, %zu tensors written back\n", loss, back.size());
+  return write_safetensors((dir / "back.safetensors").string(), back);
+}
+
 }  // namespace
 }  // namespace meshflow
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "hf") {
+    meshflow::Status s = meshflow::run_hf(argv[2]);
+    if (!s.is_ok()) std::fprintf(stderr, "torch_check hf: %s\n", s.message().c_str());
+    return s.is_ok() ? 0 : 1;
+  }
   const std::string usage =
       "usage: torch_check gpt|gpt_untied|llama|llama_tied|resnet_basic|resnet_bottleneck "
       "OUT_DIR\n";

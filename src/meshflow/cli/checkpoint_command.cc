@@ -13,6 +13,8 @@
 #include "meshflow/core/file_io.h"
 #include "meshflow/io/checkpoint.h"
 #include "meshflow/io/safetensors.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/models/hf_weights.h"
 
 namespace meshflow::cli {
 
@@ -110,6 +112,16 @@ int run_checkpoint_export(const CheckpointOptions& o) {
       if (!whole.is_ok()) return report(whole.status());
       out.emplace_back(name, *whole);
     }
+    if (o.hf) {  // transformers' names and layouts, from the model the manifest records
+      if (!m->info.is_object() || !m->info.contains("model"))
+        return report(Status::invalid("checkpoint " + m->dir + ": the manifest records no model"));
+      Result<ModelConfig> model = parse_model_config(m->info["model"]);
+      if (!model.is_ok()) return report(model.status());
+      const std::map<std::string, Tensor> ours(out.begin(), out.end());
+      Result<NamedTensors> hf = to_hf_state_dict(*model, ours);
+      if (!hf.is_ok()) return report(hf.status());
+      out = std::move(hf).value();
+    }
     s = write_safetensors(o.to, out,
                           {{"format", "pt"}, {"meshflow_step", std::to_string(m->step)}});
     if (!s.is_ok()) return report(s);
@@ -135,6 +147,8 @@ void add_checkpoint_commands(CLI::App& app) {
   e->add_option("dir", eo->path, "Checkpoint directory (or a directory of them: the latest)")
       ->required();
   e->add_option("--to", eo->to, "The safetensors file to write")->required();
+  e->add_flag("--hf", eo->hf,
+              "Hugging Face transformers' names and layouts (GPT-2, LLaMA), as save_pretrained");
   e->callback([eo]() { std::exit(run_checkpoint_export(*eo)); });
 }
 

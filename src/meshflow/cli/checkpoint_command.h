@@ -17,6 +17,7 @@ struct CheckpointOptions {
   bool verify = false;  // inspect: read every file whole and check its CRC-32
   bool json = false;    // inspect: print the manifest
   std::string to;       // export: the safetensors file to write
+  bool hf = false;      // export: transformers' names and layouts (GPT-2, LLaMA)
 };
 int run_checkpoint_inspect(const CheckpointOptions& o);
 int run_checkpoint_export(const CheckpointOptions& o);

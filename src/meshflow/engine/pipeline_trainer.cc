@@ -581,8 +581,8 @@ Status PipelineTrainer::save_checkpoint(const std::string& path) {
 }
 
 Status PipelineTrainer::load_checkpoint(const std::string& path) {
-  MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
-  MF_RETURN_IF_ERROR(check_finite_weights(f, path));
+  bool hf = false;
+  MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_weights(path, impl_->rc, impl_->model.graph, &hf));
   std::vector<std::pair<std::string, Tensor*>> params;
   for (auto& l : impl_->locals)
     for (ValueId p : l.program->graph.model_values())

@@ -15,6 +15,7 @@
 #include "meshflow/engine/faults.h"
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/models/hf_weights.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
@@ -378,16 +379,32 @@ Status Trainer::save_checkpoint(const std::string& path) {
   return write_safetensors(path, named);
 }
 
-Status Trainer::load_checkpoint(const std::string& path) {
-  if (!program_) return load_parameters(*executor_, path).status();
+Result<SafetensorsFile> read_weights(const std::string& path, const RunConfig& rc,
+                                     const Graph& global, bool* converted) {
   MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_safetensors(path));
   MF_RETURN_IF_ERROR(check_finite_weights(f, path));
-  const Graph& pg = program_->graph;
+  *converted = false;
+  Result<ModelConfig> model = parse_model_config(rc.model);
+  if (!model.is_ok() || !is_hf_state_dict(*model, f.tensors)) return f;
+  std::map<std::string, Shape> shapes;
+  for (ValueId v : global.parameters()) shapes.emplace(global.value(v).name, global.shape(v));
+  Result<std::map<std::string, Tensor>> ours = from_hf_state_dict(*model, f.tensors, shapes);
+  if (!ours.is_ok()) return ours.status().with_context("'" + path + "'");
+  f.tensors = std::move(ours).value();
+  *converted = true;
+  return f;
+}
+
+Status Trainer::load_checkpoint(const std::string& path) {
+  bool hf = false;
+  MF_ASSIGN_OR_RETURN(SafetensorsFile f, read_weights(path, rc_, model_.graph, &hf));
+  if (!program_ && !hf) return load_parameters(*executor_, path).status();
+  const Graph& pg = program_graph();
   // Check everything before changing anything.
   for (ValueId v : pg.model_values()) {
     const std::string& name = pg.value(v).name;
     auto it = f.tensors.find(name);
-    const Shape& want = model_.graph.shape(program_->global_of[v]);
+    const Shape& want = program_ ? model_.graph.shape(program_->global_of[v]) : pg.shape(v);
     if (it == f.tensors.end())
       return Status::not_found("checkpoint '" + path + "': parameter '" + name + "' is missing");
     if (!it->second.shape().same_sizes(want) || it->second.dtype() != DType::F32)
@@ -397,6 +414,10 @@ Status Trainer::load_checkpoint(const std::string& path) {
   }
   for (ValueId v : pg.model_values()) {
     const Tensor& whole = f.tensors.at(pg.value(v).name);
+    if (!program_) {
+      executor_->storage(v).copy_from(whole.raw());
+      continue;
+    }
     Tensor block = local_block(whole, program_->mesh, program_->layout[v], rank_);
     executor_->storage(v).copy_from(block.raw());
   }

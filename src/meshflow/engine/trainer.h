@@ -24,6 +24,7 @@
 #include "meshflow/engine/engine.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/state_checkpoint.h"
+#include "meshflow/io/safetensors.h"
 #include "meshflow/models/model.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
@@ -136,6 +137,13 @@ Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64
 // The whole training graph of a run config (model + backward + optimizer) for
 // micro-batches of `micro_batch` rows.
 Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch);
+
+// A weights file (--init) for rc's model: meshflow's names as they are, or a
+// Hugging Face transformers state dict (GPT-2, LLaMA: models/hf_weights.h)
+// converted to them (*converted). `global`: the whole training graph.
+// Errors name the file and the tensor.
+Result<SafetensorsFile> read_weights(const std::string& path, const RunConfig& rc,
+                                     const Graph& global, bool* converted);
 
 // The dataset a data config names, for a model (language model or classifier).
 Result<std::unique_ptr<Dataset>> make_dataset(const DataConfig& d, bool language_model, int seq_len,
