@@ -348,6 +348,12 @@ TEST_F(CheckpointFaults, InterruptedSavesAndKeepCheckpoints) {
 
 // ---- the command line ----
 
+// Sets MESHFLOW_INJECT_FAULT for the scope (engine/faults.h).
+struct InjectFault {
+  explicit InjectFault(const char* spec) { ::setenv("MESHFLOW_INJECT_FAULT", spec, 1); }
+  ~InjectFault() { ::unsetenv("MESHFLOW_INJECT_FAULT"); }
+};
+
 TEST(CheckpointCli, ResumeLatestContinuesAndKillDuringSaveKeepsThePrevious) {
   const std::string dir = temp_dir("cli");
   const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
@@ -382,6 +388,52 @@ TEST(CheckpointCli, ResumeLatestContinuesAndKillDuringSaveKeepsThePrevious) {
   testing::CliRun insp = testing::run_cli("checkpoint inspect " + dir + " --verify");
   EXPECT_EQ(insp.code, 0) << insp.output;
   EXPECT_NE(insp.output.find("step 8"), std::string::npos) << insp.output;
+  fs::remove_all(dir);
+}
+
+// Losses by step from a --metrics file (the last record of a step wins).
+std::map<int, std::string> metric_losses(const std::string& path) {
+  std::map<int, std::string> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    const json j = json::parse(line);
+    if (j.contains("step") && j.contains("loss")) out[j["step"].get<int>()] = j["loss"].dump();
+  }
+  return out;
+}
+
+// A rank that fails mid-run (rank 1 throws before the 4th step): with
+// --max-restarts the job restarts from its step-2 checkpoint and ends with
+// the uninterrupted run's losses; --elastic restarts it on fewer ranks.
+TEST(CheckpointCli, MaxRestartsResumeFromTheLatestCheckpoint) {
+  const std::string dir = temp_dir("restart");
+  fs::create_directories(dir);
+  const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
+  const std::string common =
+      "train " + cfg + " --steps 6 --ranks 2 --quiet --set train.log_every=1 ";
+  ASSERT_EQ(testing::run_cli(common + "--metrics " + dir + "/ref.jsonl").code, 0);
+  const std::map<int, std::string> ref = metric_losses(dir + "/ref.jsonl");
+  const std::string saving = common + "--set train.save_every=2 --checkpoint " + dir + "/ck ";
+  const InjectFault fault("1:3:throw");
+  testing::CliRun none = testing::run_cli(saving);
+  EXPECT_EQ(none.code, 1) << none.output;
+  fs::remove_all(dir + "/ck");
+  testing::CliRun r = testing::run_cli(saving + "--max-restarts 1 --metrics " + dir + "/r.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1 from its latest checkpoint (" + dir +
+                          "/ck/step-00000002) on 2 ranks"),
+            std::string::npos)
+      << r.output;
+  const std::map<int, std::string> got = metric_losses(dir + "/r.jsonl");
+  ASSERT_EQ(got.size(), 6u);
+  for (int step = 1; step <= 6; ++step) EXPECT_EQ(got.at(step), ref.at(step)) << step;
+  fs::remove_all(dir + "/ck");
+  testing::CliRun e = testing::run_cli(saving + "--max-restarts 1 --elastic");
+  EXPECT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("on 1 rank\n"), std::string::npos) << e.output;
+  testing::CliRun bad = testing::run_cli(common + "--elastic");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--elastic restarts: give --max-restarts"), std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -456,12 +508,6 @@ TEST(HfWeights, ExportInTransformersNamesAndInitFromIt) {
 }
 
 // ---- non-finite steps (train.on_nonfinite) ----
-
-// Sets MESHFLOW_INJECT_FAULT for the scope (engine/faults.h).
-struct InjectFault {
-  explicit InjectFault(const char* spec) { ::setenv("MESHFLOW_INJECT_FAULT", spec, 1); }
-  ~InjectFault() { ::unsetenv("MESHFLOW_INJECT_FAULT"); }
-};
 
 std::map<std::string, Tensor> weights(Trainer& t) {
   std::map<std::string, Tensor> out;  // copies: one rank's map shares the executor's buffers

@@ -78,6 +78,9 @@ case $MODE in
     [ -f "$dir/ck/step-00000004/manifest.json" ] || fail "the checkpoint of step 4 is not there"
     [ ! -e "$dir/ck/step-00000006" ] || fail "a checkpoint of step 6 was committed"
     "$BIN" checkpoint inspect "$dir/ck" --verify > "$dir/insp.txt" 2>&1; grep -q ": step 4$" "$dir/insp.txt" || fail "latest is not step 4: $(cat "$dir/insp.txt")"
+    out=$(timeout 60 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet --max-restarts 1 2>&1); rc=$?
+    [ $rc -eq 2 ] || fail "--max-restarts under mpirun: exit code $rc"
+    grep -q "rerun mpirun with --resume latest" <<<"$out" || fail "--max-restarts under mpirun: $out"
     echo "resumed equal: $(tr '\n' ' ' < "$dir/r.txt")" ;;
   *) fail "unknown mode $MODE" ;;
 esac

@@ -100,7 +100,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   const bool main_rank = !comm || comm->rank() == 0;
   const int world = comm ? comm->size() : 1;
   ProgressReporter progress(o.quiet || !main_rank);
-  if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics));
+  if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics, /*append=*/o.attempt > 0));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer, make_engine(job, comm, trace, o.profile));
   const TrainConfig& tc = rc.train;
@@ -138,7 +138,9 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   double window_s = 0, window_flops = 0, window_wait = 0;
   int64_t window_items = 0;
   int steps_done = 0;
-  const FaultInjection fault = fault_from_env(comm ? comm->rank() : 0);
+  // Injected faults fire in the first run only (a restart would meet them again).
+  const FaultInjection fault =
+      o.attempt == 0 ? fault_from_env(comm ? comm->rank() : 0) : FaultInjection{};
   for (int s = trainer->steps_done(); s < tc.steps; ++s) {
     if (fault.step == s) fault.trigger();
     StepResult r = trainer->step();
@@ -261,6 +263,10 @@ int train_impl(const TrainOptions& o) {
       return user_error(
           Status::invalid("--ranks " + std::to_string(o.ranks) +
                           " with mpirun: the ranks are mpirun's processes (-np); drop --ranks"));
+    if (o.max_restarts > 0)
+      return user_error(Status::invalid(
+          "--max-restarts with mpirun: a process cannot restart the job it belongs to; "
+          "rerun mpirun with --resume latest (or use in-process ranks, --ranks N)"));
     Result<std::shared_ptr<Transport>> t = make_mpi_transport();
     if (!t.is_ok()) return exit_code(t.status());
     // Resolved before any rank starts (every process resolves the same).
@@ -281,17 +287,47 @@ int train_impl(const TrainOptions& o) {
       (*t)->abort(s.message());  // stops every rank, exits non-zero
     return s.is_ok() ? 0 : exit_code(s);
   }
-  Result<Job> job = resolve_job(*rc, std::max(1, o.ranks));  // before any rank starts
-  if (!job.is_ok()) return user_error(job.status());
-  std::vector<TraceWriter> traces(std::max(1, o.ranks));
+  if (o.elastic && o.max_restarts == 0)
+    return user_error(Status::invalid("--elastic restarts: give --max-restarts N (N >= 1)"));
+  TrainOptions run = o;
+  run.ranks = std::max(1, o.ranks);
+  std::vector<TraceWriter> traces;
   Status s;
-  if (o.ranks <= 1) {
-    s = train_rank(o, *job, nullptr, o.trace.empty() ? nullptr : &traces[0]);
-  } else {
-    s = run_local_ranks(o.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
-      auto comm = Communicator::world(t);
-      return train_rank(o, *job, comm, o.trace.empty() ? nullptr : &traces[comm->rank()]);
-    });
+  for (;; ++run.attempt) {
+    Result<Job> job = resolve_job(*rc, run.ranks);  // before any rank starts
+    if (!job.is_ok()) return user_error(job.status());
+    traces.assign(static_cast<size_t>(run.ranks), TraceWriter{});
+    if (run.ranks <= 1) {
+      s = train_rank(run, *job, nullptr, o.trace.empty() ? nullptr : &traces[0]);
+    } else {
+      s = run_local_ranks(run.ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+        auto comm = Communicator::world(t);
+        return train_rank(run, *job, comm, o.trace.empty() ? nullptr : &traces[comm->rank()]);
+      });
+    }
+    // A failure while running (not the user's input, not a non-finite step,
+    // which would fail the same way again) restarts, while restarts are left.
+    if (s.is_ok() || run.attempt >= o.max_restarts || exit_code_of(s) != 1 ||
+        s.code() == StatusCode::kFailedPrecondition)
+      break;
+    const std::string& root = rc->train.checkpoint;
+    const bool resumable =
+        !root.empty() && !is_weights_file(root) && !list_checkpoints(root).empty();
+    run.resume = resumable ? root : o.resume;
+    if (resumable) run.init.clear();
+    std::string where = resumable ? "its latest checkpoint (" + list_checkpoints(root).back() + ")"
+                        : o.resume.empty() ? "the start"
+                                           : o.resume;
+    if (o.elastic) {
+      for (int w = run.ranks - 1; w >= 1; --w)
+        if (resolve_job(*rc, w).is_ok()) {
+          run.ranks = w;
+          break;
+        }
+    }
+    std::fprintf(stderr, "meshflow: the job failed (%s); restart %d of %d from %s on %d rank%s\n",
+                 s.message().c_str(), run.attempt + 1, o.max_restarts, where.c_str(), run.ranks,
+                 run.ranks == 1 ? "" : "s");
   }
   if (s.is_ok() && !o.trace.empty()) {
     TraceWriter all;

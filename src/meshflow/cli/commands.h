@@ -20,6 +20,12 @@ struct TrainOptions {
   bool profile = false;
   int ranks = 1;      // in-process ranks (local backend); under mpirun the job's processes
   std::string trace;  // Chrome trace of every rank, merged into this file
+  // In-process ranks: a failed job restarts (up to max_restarts times) from
+  // train.checkpoint's latest full-state checkpoint (or the start); elastic:
+  // on fewer ranks (the most below the failed job's the job resolves for).
+  int max_restarts = 0;
+  bool elastic = false;
+  int attempt = 0;  // set by the restart loop: 0 is the first run
 };
 int run_train(const TrainOptions& o);
 

@@ -51,6 +51,13 @@ int main(int argc, char** argv) {
                 "latest), or 'latest' (train.checkpoint's latest); any plan's");
   t->add_option("--trace", train.trace,
                 "Write a Chrome trace (all ranks in one file; ui.perfetto.dev) of every step");
+  t->add_option("--max-restarts", train.max_restarts,
+                "In-process ranks: restart a failed job up to N times from the latest checkpoint "
+                "of train.checkpoint (a directory), or from the start")
+      ->check(CLI::Range(0, 1000));
+  t->add_flag("--elastic", train.elastic,
+              "With --max-restarts: restart on fewer ranks (the most the job fits below the "
+              "failed one's)");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
   t->add_option(

@@ -26,11 +26,11 @@ std::string format_bytes(int64_t bytes) {
 ProgressReporter::ProgressReporter(bool quiet, FILE* console)
     : quiet_(quiet), tty_(isatty(fileno(console)) != 0), console_(console) {}
 
-Status ProgressReporter::open_metrics(const std::string& path) {
+Status ProgressReporter::open_metrics(const std::string& path, bool append) {
   MF_RETURN_IF_ERROR(check_output_file(path, "--metrics", OutputTarget::kStream));
   metrics_path_ = path;
   errno = 0;
-  metrics_.open(path, std::ios::out | std::ios::trunc);
+  metrics_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!metrics_)
     return Status::invalid("--metrics '" + path + "': cannot open it for writing" +
                            (errno ? std::string(": ") + std::strerror(errno) : std::string()));

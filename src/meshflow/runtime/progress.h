@@ -41,8 +41,9 @@ class ProgressReporter {
  public:
   // quiet: no console output except errors.
   ProgressReporter(bool quiet, FILE* console = stderr);
-  // path: a regular file (truncated) or a character device (/dev/stdout).
-  Status open_metrics(const std::string& path);
+  // path: a regular file (truncated; appended to with `append`: a restarted
+  // job's) or a character device (/dev/stdout).
+  Status open_metrics(const std::string& path, bool append = false);
   // step, eval and finish return the first error writing the metrics file
   // ("--metrics '/dev/full': cannot write: No space left on device"); the
   // console output is best effort.
