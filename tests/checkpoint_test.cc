@@ -252,7 +252,9 @@ TEST_F(CheckpointFaults, CorruptShardIsRefusedNamingFileAndTensor) {
   EXPECT_EQ(t->steps_done(), 0);
   testing::CliRun v = testing::run_cli("checkpoint inspect " + dir_ + " --verify");
   EXPECT_EQ(v.code, 2) << v.output;
-  EXPECT_NE(v.output.find("rank-00000.safetensors' is corrupt"), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("files are damaged: 'rank-00000.safetensors' is corrupt"),
+            std::string::npos)
+      << v.output;
 }
 
 TEST_F(CheckpointFaults, TruncatedOrMissingShardIsRefused) {

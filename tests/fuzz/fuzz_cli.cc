@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -410,6 +411,111 @@ TEST_F(Fuzz, CheckpointFilesNeverCrash) {
     check("train " + path + " --quiet --init " + bad, "case " + std::to_string(i));
     if (HasFailure()) return;
   }
+}
+
+// Full-state checkpoints (io/checkpoint.h) damaged every way: the manifest's
+// fields deleted, retyped or set to hostile numbers, its text cut, shard and
+// fragment files truncated, flipped or removed. Resuming, inspecting and
+// exporting end with exit 0, 1 or 2 and one error line, never a crash.
+TEST_F(Fuzz, CheckpointDirectoriesNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 3000);
+  json cfg;
+  cfg["model"] = {{"model_type", "gpt2"}, {"n_layer", 1},      {"n_embd", 16},
+                  {"n_head", 2},          {"n_positions", 16}, {"vocab_size", 256}};
+  cfg["data"] = {{"dataset", "fortunes"}};
+  cfg["train"] = {
+      {"steps", 2}, {"batch_size", 4}, {"seq_len", 8}, {"threads", 1}, {"eval_batches", 1}};
+  cfg["optimizer"] = {{"type", "adamw"}, {"lr", 1e-3}};
+  const std::string path = (dir_ / "ck.json").string(), good = (dir_ / "good").string();
+  std::ofstream(path) << cfg.dump();
+  CliRun w = run_cli("train " + path + " --quiet --steps 1 --ranks 2 --checkpoint " + good);
+  ASSERT_EQ(w.code, 0) << w.output;
+  const fs::path step = fs::path(good) / "step-00000001";
+  const json manifest = json::parse(std::ifstream(step / "manifest.json"));
+  const std::vector<json> hostile = {nullptr,
+                                     -1,
+                                     0,
+                                     "x",
+                                     1e300,
+                                     json::array(),
+                                     json::object(),
+                                     std::numeric_limits<int64_t>::max(),
+                                     true,
+                                     3.5};
+  int codes[3] = {0, 0, 0};
+  for (int i = 0; i < cases; ++i) {
+    const fs::path bad = dir_ / "bad";
+    fs::remove_all(bad);
+    fs::copy(good, bad, fs::copy_options::recursive);
+    const fs::path bstep = bad / "step-00000001";
+    json m = manifest;
+    std::string text;
+    switch (gen.pick(6)) {
+      case 0: {  // a tensor's field or a block's field replaced
+        auto& t = m["tensors"][gen.one<std::string>(
+            {"wte.weight", "h.0.ln_1.weight", "h.0.attn.q_proj.weight.exp_avg"})];
+        const std::string k =
+            gen.one<std::string>({"kind", "dtype", "shape", "dims", "blocks", "blocks.0.file",
+                                  "blocks.0.offset", "blocks.0.ranges", "blocks.0.crc32"});
+        json& target =
+            k.rfind("blocks.0.", 0) == 0 && t["blocks"].is_array() && !t["blocks"].empty()
+                ? t["blocks"][0][k.substr(9)]
+                : t[k];
+        target = gen.one(hostile);
+        break;
+      }
+      case 1:  // a top-level field replaced or removed
+        if (gen.coin(0.5))
+          m[gen.one<std::string>({"format", "version", "step", "files", "tensors", "info"})] =
+              gen.one(hostile);
+        else
+          m.erase(gen.one<std::string>({"format", "version", "step", "files", "tensors"}));
+        break;
+      case 2:  // a file's recorded size or CRC
+        for (auto& [name, f] : m["files"].items())
+          if (gen.coin(0.5)) f[gen.coin(0.5) ? "bytes" : "crc32"] = gen.one(hostile);
+        break;
+      case 3:  // the manifest's text cut
+        text = m.dump();
+        text.resize(static_cast<size_t>(gen.pick(static_cast<int>(text.size()))));
+        break;
+      case 4: {  // a shard truncated or flipped
+        const fs::path shard =
+            bstep / gen.one<std::string>({"rank-00000.safetensors", "rank-00001.safetensors"});
+        const auto size = fs::file_size(shard);
+        if (gen.coin(0.5)) {
+          fs::resize_file(shard, size / 2);
+        } else {
+          std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+          f.seekp(static_cast<std::streamoff>(gen.pick(static_cast<int>(size))));
+          f.put(static_cast<char>(gen.pick(256)));
+        }
+        break;
+      }
+      default:  // a file removed
+        fs::remove(bstep / gen.one<std::string>({"rank-00000.safetensors", "manifest.json",
+                                                 "rank-00001.json", "rank-00001.safetensors"}));
+    }
+    if (fs::exists(bstep / "manifest.json"))
+      std::ofstream(bstep / "manifest.json", std::ios::trunc) << (text.empty() ? m.dump() : text);
+    const std::string what = "case " + std::to_string(i);
+    for (const std::string& args :
+         {"train " + path + " --quiet --ranks " + gen.one<std::string>({"1", "2"}) + " --resume " +
+              bad.string(),
+          "checkpoint export " + bad.string() + " --to " + (dir_ / "x.safetensors").string() +
+              (gen.coin(0.5) ? " --hf" : "")}) {
+      CliRun r = run_cli_limited(args);
+      ++codes[r.code == 0 ? 0 : r.code == 2 ? 2 : 1];
+      EXPECT_EQ(judge(r), "") << what << "\n  meshflow " << args
+                              << "\n  output: " << r.output.substr(0, 2000);
+    }
+    if (HasFailure()) return;
+  }
+  // Most damage is refused (exit 2); some leaves what a command reads intact.
+  std::printf("checkpoint fuzz: %d runs ended 0, %d ended 2 (refused), %d ended 1\n", codes[0],
+              codes[2], codes[1]);
+  EXPECT_GT(codes[2], cases / 2);
 }
 
 }  // namespace

@@ -47,29 +47,8 @@ int run_checkpoint_inspect(const CheckpointOptions& o) {
   return guard([&] {
     Result<CheckpointManifest> m = open_checkpoint(o.path);
     if (!m.is_ok()) return report(m.status());
-    if (o.json) {
-      Result<std::string> text = read_regular_file((fs::path(m->dir) / "manifest.json").string());
-      if (!text.is_ok()) return report(text.status());
-      std::printf("%s\n", text->c_str());
-    } else {
-      std::printf("checkpoint %s: step %lld\n", m->dir.c_str(), static_cast<long long>(m->step));
-      if (m->info.is_object())
-        for (const char* k : {"model_source", "plan", "world"})
-          if (m->info.contains(k)) std::printf("  %-12s %s\n", k, m->info[k].dump().c_str());
-      double bytes = 0;
-      for (const auto& [name, f] : m->files) bytes += double(f.first);
-      std::printf("  files        %zu, %s\n", m->files.size(), mib(bytes).c_str());
-      std::map<std::string, std::pair<int, double>> by_kind;
-      for (const auto& [name, t] : m->tensors) {
-        by_kind[t.kind].first += 1;
-        by_kind[t.kind].second += double(t.global.numel());
-      }
-      for (const auto& [kind, c] : by_kind)
-        std::printf("  %-12s %d tensors, %.0f elements\n", kind.c_str(), c.first, c.second);
-      for (const auto& [name, t] : m->tensors)
-        std::printf("    %-40s %-9s %-28s %zu block%s\n", name.c_str(), t.kind.c_str(),
-                    t.global.to_string().c_str(), t.blocks.size(), t.blocks.size() == 1 ? "" : "s");
-    }
+    // The files first: a damaged checkpoint is one error line naming them.
+    std::string damaged;
     int bad = 0;
     for (const auto& [name, f] : m->files) {
       const std::string path = (fs::path(m->dir) / name).string();
@@ -77,23 +56,45 @@ int run_checkpoint_inspect(const CheckpointOptions& o) {
       const auto size = fs::file_size(path, ec);
       std::string problem;
       if (ec)
-        problem = "missing";
+        problem = "is missing";
       else if (size != f.first)
         problem =
             "has " + std::to_string(size) + " bytes, the manifest says " + std::to_string(f.first);
       else if (o.verify && file_crc(path) != int64_t{f.second})
         problem = "is corrupt (CRC-32 does not match the manifest)";
       if (!problem.empty()) {
-        std::fprintf(stderr, "meshflow: %s: file '%s' %s\n", m->dir.c_str(), name.c_str(),
-                     problem.c_str());
+        damaged += std::string(bad ? "; " : "") + "'" + name + "' " + problem;
         ++bad;
       }
     }
     if (bad)
       return print_error("checkpoint " + m->dir + ": " + std::to_string(bad) + " of " +
-                             std::to_string(m->files.size()) + " files are damaged",
+                             std::to_string(m->files.size()) + " files are damaged: " + damaged,
                          2);
-    if (o.verify && !o.json) std::printf("  verified     every file's size and CRC-32\n");
+    if (o.json) {
+      Result<std::string> text = read_regular_file((fs::path(m->dir) / "manifest.json").string());
+      if (!text.is_ok()) return report(text.status());
+      std::printf("%s\n", text->c_str());
+      return 0;
+    }
+    std::printf("checkpoint %s: step %lld\n", m->dir.c_str(), static_cast<long long>(m->step));
+    if (m->info.is_object())
+      for (const char* k : {"model_source", "plan", "world"})
+        if (m->info.contains(k)) std::printf("  %-12s %s\n", k, m->info[k].dump().c_str());
+    double bytes = 0;
+    for (const auto& [name, f] : m->files) bytes += double(f.first);
+    std::printf("  files        %zu, %s\n", m->files.size(), mib(bytes).c_str());
+    std::map<std::string, std::pair<int, double>> by_kind;
+    for (const auto& [name, t] : m->tensors) {
+      by_kind[t.kind].first += 1;
+      by_kind[t.kind].second += double(t.global.numel());
+    }
+    for (const auto& [kind, c] : by_kind)
+      std::printf("  %-12s %d tensors, %.0f elements\n", kind.c_str(), c.first, c.second);
+    for (const auto& [name, t] : m->tensors)
+      std::printf("    %-40s %-9s %-28s %zu block%s\n", name.c_str(), t.kind.c_str(),
+                  t.global.to_string().c_str(), t.blocks.size(), t.blocks.size() == 1 ? "" : "s");
+    if (o.verify) std::printf("  verified     every file's size and CRC-32\n");
     return 0;
   });
 }
