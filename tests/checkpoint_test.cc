@@ -25,6 +25,8 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/io/safetensors.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/models/hf_weights.h"
 
 namespace meshflow {
 namespace {
@@ -507,6 +509,51 @@ TEST(HfWeights, ExportInTransformersNamesAndInitFromIt) {
   EXPECT_NE(wrong.output.find("Hugging Face weights: tensor 'transformer."), std::string::npos)
       << wrong.output;
   fs::remove_all(dir);
+}
+
+// The mapping's refusals, on a state dict made from a real model's parameters.
+TEST(HfWeights, MismatchedStateDictsAreRefused) {
+  const ModelConfig model = value_or_throw(parse_model_config(small_gpt()));
+  ModelGraph m = value_or_throw(build_model(model, 2, 8));
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, Tensor> ours;
+  for (ValueId v : m.graph.parameters()) {
+    const std::string& name = m.graph.value(v).name;
+    shapes.emplace(name, m.graph.shape(v));
+    Tensor t(m.graph.shape(v), DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 0.001f * static_cast<float>(i);
+    ours.emplace(name, t);
+  }
+  const auto hf_list = value_or_throw(to_hf_state_dict(model, ours));
+  const std::map<std::string, Tensor> hf(hf_list.begin(), hf_list.end());
+  ASSERT_TRUE(is_hf_state_dict(model, hf));
+  EXPECT_FALSE(is_hf_state_dict(model, ours));
+  ASSERT_TRUE(from_hf_state_dict(model, hf, shapes).is_ok());
+  auto with = [&](const std::string& name, const Tensor& t) {
+    std::map<std::string, Tensor> d = hf;
+    d[name] = t;
+    Result<std::map<std::string, Tensor>> r = from_hf_state_dict(model, d, shapes);
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  Tensor other = hf.at("transformer.wte.weight").clone();
+  other.data<float>()[0] += 1;
+  EXPECT_NE(with("lm_head.weight", other)
+                .find("'lm_head.weight' differs from "
+                      "'transformer.wte.weight' but the model ties them"),
+            std::string::npos);
+  EXPECT_EQ(with("lm_head.weight", hf.at("transformer.wte.weight")), "");  // tied: the same
+  EXPECT_NE(with("transformer.h.7.mlp.c_fc.weight", other).find("matches no parameter"),
+            std::string::npos);
+  std::map<std::string, Tensor> missing = hf;
+  missing.erase("transformer.h.1.attn.c_attn.bias");
+  Result<std::map<std::string, Tensor>> r = from_hf_state_dict(model, missing, shapes);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("'transformer.h.1.attn.c_attn.bias' (meshflow's "
+                                      "'h.1.attn.q_proj.bias') is missing"),
+            std::string::npos)
+      << r.status().message();
+  const ModelConfig resnet = value_or_throw(parse_model_config(small_resnet()));
+  EXPECT_FALSE(to_hf_state_dict(resnet, ours).is_ok());
 }
 
 // ---- non-finite steps (train.on_nonfinite) ----
