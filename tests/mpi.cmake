@@ -77,3 +77,15 @@ add_test(NAME mpi_large_message CONFIGURATIONS large
     $<TARGET_FILE:meshflow_mpi_test> large)
 set_tests_properties(mpi_large_message PROPERTIES
   LABELS mpi_large TIMEOUT 360 PROCESSORS 2 ENVIRONMENT "${_mf_mpi_env}")
+
+# A job across two "hosts": network namespaces on this machine joined by veth
+# pairs on a bridge (tests/mpi/netns_check.sh); the run equals --ranks 2, and
+# cutting one host's link mid-run ends every rank within 30 s naming the rank.
+# Needs root and ip(8): skipped (exit 77) without them.
+foreach(mode equal cut)
+  add_test(NAME mpi_netns_${mode}
+    COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/mpi/netns_check.sh $<TARGET_FILE:meshflow_cli>
+      ${MESHFLOW_MPIRUN} ${mode})
+  set_tests_properties(mpi_netns_${mode} PROPERTIES
+    LABELS mpi TIMEOUT 120 RUN_SERIAL TRUE SKIP_RETURN_CODE 77 ENVIRONMENT "${_mf_mpi_env}")
+endforeach()

@@ -204,9 +204,27 @@ class MpiTransport final : public Transport {
     return wait(reqs, nullptr, {"send_recv", send_peer, send_bytes, recv_peer, recv_bytes, tag});
   }
 
+  // How long a rank that lost a peer waits for mpirun to end the job.
+  static constexpr int kPeerLostGraceS = 10;
+
   void abort(const std::string& reason) override {
     std::fprintf(stderr, "meshflow: rank %d failed: %s\n", rank_, reason.c_str());
     std::fflush(stderr);
+    bool peer_lost = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peer_lost = failure_.message().find("stopped communicating") != std::string::npos;
+    }
+    if (peer_lost) {
+      // A peer stopped answering: its host may be cut off. mpirun then ends
+      // the job itself once it notices the lost daemon (TCP keepalive), while
+      // an abort (MPI_Abort, or this process exiting non-zero) would make it
+      // wait forever for the daemon it cannot reach. So give mpirun that
+      // time, then exit (a rank that is alive but silent: mpirun ends the
+      // rest when this one exits non-zero).
+      std::this_thread::sleep_for(std::chrono::seconds(kPeerLostGraceS));
+      std::_Exit(1);
+    }
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);  // MPI_Abort does not return; this is in case an MPI does
   }
