@@ -582,8 +582,25 @@ TEST(NonFinite, StopNamesTheStepAndTheFirstParameter) {
     const std::string m = e.status().message();
     EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
     EXPECT_NE(m.find("train.on_nonfinite"), std::string::npos) << m;
+    // The NaN seed enters the backward: the first non-finite value is there.
+    EXPECT_NE(m.find("; the first non-finite value: node '"), std::string::npos) << m;
+    EXPECT_NE(m.find(", backward) of micro-batch 0 on rank 0"), std::string::npos) << m;
   }
   EXPECT_TRUE(same(before, weights(*t)));  // stopped before any update
+  // A NaN weight in block 1: the loss is NaN, and the first non-finite value
+  // is a forward node of block 1.
+  auto t2 = value_or_throw(Trainer::create(run_config(small_gpt(), nullptr, 4)));
+  const Graph& g2 = t2->program_graph();
+  t2->executor().storage(g2.find("h.1.mlp.c_fc.weight")).data<float>()[0] = std::nanf("");
+  try {
+    t2->step();
+    ADD_FAILURE() << "a NaN weight did not stop the run";
+  } catch (const StatusError& e) {
+    const std::string m = e.status().message();
+    EXPECT_NE(m.find("step 1: the loss is nan"), std::string::npos) << m;
+    EXPECT_NE(m.find("the first non-finite value: node 'h.1."), std::string::npos) << m;
+    EXPECT_NE(m.find(", forward) of micro-batch 0"), std::string::npos) << m;
+  }
   // Two data-parallel ranks (rank 1 poisoned): the reduced gradients are
   // NaN on both, both stop, nothing hangs.
   const InjectFault nan1("1:1:nan");

@@ -46,7 +46,7 @@ printf "%s slots=1\n%s slots=1\n" $net.2 $net.3 > "$dir/hosts"
 MPI="$MPIRUN --allow-run-as-root --oversubscribe --hostfile $dir/hosts --mca plm_rsh_agent $dir/agent.sh
   --mca oob_tcp_if_include $net.0/24 --mca btl self,tcp --mca btl_tcp_if_include $net.0/24
   --mca mpi_yield_when_idle 1 --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1
-  --mca oob_tcp_keepalive_probes 3 -x OMP_NUM_THREADS=1"
+  --mca oob_tcp_keepalive_probes 3 --mca rtc ^hwloc -x OMP_NUM_THREADS=1"
 cat > "$dir/run.json" <<'JSON'
 {"model": {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 16, "vocab_size": 256},
  "data": {"dataset": "fortunes"},

@@ -327,8 +327,13 @@ StepResult Trainer::step() {
     }
     r.nonfinite = nonfinite_message(step_ + 1, r.loss, r.grad_norm, first);
     if (!rc_.train.skip_nonfinite) {
+      // The run ends: find where the first non-finite value came from (every
+      // rank does, the norm being global, so their collectives match).
+      const std::string node = first_nonfinite_node();
       ex.unbind_all();
-      throw StatusError(Status::failed_precondition(r.nonfinite + nonfinite_advice()));
+      throw StatusError(Status::failed_precondition(
+          r.nonfinite + (node.empty() ? "" : "; the first non-finite value: " + node) +
+          nonfinite_advice()));
     }
     r.skipped = true;
   } else {
@@ -422,6 +427,42 @@ Status Trainer::load_checkpoint(const std::string& path) {
     executor_->storage(v).copy_from(block.raw());
   }
   return Status::ok();
+}
+
+std::string Trainer::first_nonfinite_node() {
+  Executor& ex = *executor_;
+  const Graph& g = program_graph();
+  const TrainConfig& tc = rc_.train;
+  const int m = tc.micro_batches;
+  BatchIndex at;
+  at.seed = tc.seed;
+  at.step = step_;
+  at.micro_batches = m;
+  feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
+  const int32_t rng[2] = {static_cast<int32_t>(step_ * m), 0};
+  if (g.find("rng_offset") != kNoValue) throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
+  ex.feed_scalar("loss_scale",
+                 nan_injected(rank_, step_) ? std::nanf("") : 1.f / static_cast<float>(m));
+  std::string found;
+  ex.run(ex.forward_backward_order(), [&](NodeId id) {
+    if (!found.empty()) return;
+    const Node& n = g.node(id);
+    for (ValueId v : n.outputs) {
+      if (g.value(v).dtype != DType::F32) continue;
+      const float* p = ex.data_f(v);
+      const int64_t count = g.shape(v).numel();
+      for (int64_t i = 0; i < count; ++i)
+        if (!std::isfinite(p[i])) {
+          found = "node '" + n.name + "' (" + std::string(op_name(n.kind)) + ", " +
+                  (n.phase == Phase::kForward    ? std::string("forward")
+                   : n.phase == Phase::kBackward ? std::string("backward")
+                                                 : std::string(phase_name(n.phase))) +
+                  ") of micro-batch 0 on rank " + std::to_string(rank_);
+          return;
+        }
+    }
+  });
+  return found;
 }
 
 // The optimizer's nodes before and after the clip coefficient (the norm).

@@ -97,6 +97,10 @@ class Trainer : public Engine {
   std::vector<StateBlock> state_blocks();
   std::set<std::string> state_names() const;
   void split_optimizer_order();
+  // train.on_nonfinite "stop": the step's first micro-batch run again with
+  // every node's f32 outputs checked; the first node (program order) whose
+  // output is not finite, described ("" when none is on this rank).
+  std::string first_nonfinite_node();
   Status init_one_rank();
   Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
                           const PartitionOptions* given);
