@@ -26,9 +26,9 @@
 #include <string>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/core/file_io.h"
 #include "meshflow/core/random.h"
 #include "meshflow/io/safetensors.h"
-#include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/models/hf_weights.h"
@@ -298,7 +298,8 @@ Status run_hf(const std::string& dir_name) {
   const std::filesystem::path dir(dir_name);
   MF_ASSIGN_OR_RETURN(std::string text, read_regular_file((dir / "config.json").string()));
   MF_ASSIGN_OR_RETURN(const ModelConfig model, parse_model_config(nlohmann::json::parse(text)));
-  MF_ASSIGN_OR_RETURN(SafetensorsFile batch, read_safetensors((dir / "batch.safetensors").string()));
+  MF_ASSIGN_OR_RETURN(SafetensorsFile batch,
+                      read_safetensors((dir / "batch.safetensors").string()));
   const Tensor& tokens = batch.tensors.at("tokens");
   MF_ASSIGN_OR_RETURN(ModelGraph m,
                       build_model(model, tokens.shape().size(0), tokens.shape().size(1)));
@@ -315,8 +316,8 @@ Status run_hf(const std::string& dir_name) {
   MF_RETURN_IF_ERROR(ex.feed("targets", batch.tensors.at("targets")));
   ex.run(ex.eval_order());
   const float loss = ex.scalar(g.loss);
-  MF_RETURN_IF_ERROR(write_safetensors((dir / "ours.safetensors").string(),
-                                       {{"loss", Tensor::scalar(loss)}}));
+  MF_RETURN_IF_ERROR(
+      write_safetensors((dir / "ours.safetensors").string(), {{"loss", Tensor::scalar(loss)}}));
   std::map<std::string, Tensor> params;
   for (ValueId v : g.parameters()) params[g.value(v).name] = ex.storage(v);
   MF_ASSIGN_OR_RETURN(auto back, to_hf_state_dict(model, params));

@@ -100,7 +100,8 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   const bool main_rank = !comm || comm->rank() == 0;
   const int world = comm ? comm->size() : 1;
   ProgressReporter progress(o.quiet || !main_rank);
-  if (main_rank && !o.metrics.empty()) MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics, /*append=*/o.attempt > 0));
+  if (main_rank && !o.metrics.empty())
+    MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics, /*append=*/o.attempt > 0));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer, make_engine(job, comm, trace, o.profile));
   const TrainConfig& tc = rc.train;

@@ -46,7 +46,7 @@ struct TrainConfig {
   int log_every = 10;
   int eval_every = 0;  // 0: only at the end
   int eval_batches = 20;
-  int threads = 0;         // 0: all cores
+  int threads = 0;  // 0: all cores
   // Written at the end (and every save_every steps): a directory of
   // full-state sharded checkpoints (engine/state_checkpoint.h:
   // checkpoint/step-NNNNNNNN/, which --resume continues from), or, for a path
