@@ -20,6 +20,7 @@
 #include "meshflow/comm/local_world.h"
 #include "meshflow/comm/mpi_transport.h"
 #include "meshflow/core/file_io.h"
+#include "meshflow/engine/faults.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
@@ -54,14 +55,8 @@ struct FaultInjection {
 
 FaultInjection fault_from_env(int rank) {
   FaultInjection f;
-  const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
-  int r = -1, step = -1;
-  char kind[16] = {};
-  if (e && std::sscanf(e, "%d:%d:%15s", &r, &step, kind) == 3 && r == rank &&
-      (std::string(kind) == "throw" || std::string(kind) == "kill")) {  // others: engine/faults.h
-    f.step = step;
-    f.kill = std::string(kind) == "kill";
-  }
+  f.kill = injected_fault_step("kill", rank) >= 0;
+  f.step = static_cast<int>(injected_fault_step(f.kill ? "kill" : "throw", rank));
   return f;
 }
 

@@ -11,12 +11,7 @@ namespace meshflow {
 namespace {
 
 bool injected(const char* want, int rank, int64_t step) {
-  const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
-  int r = -1;
-  long long s = -1;
-  char kind[16] = {};
-  return e && std::sscanf(e, "%d:%lld:%15s", &r, &s, kind) == 3 && r == rank && s == step &&
-         std::string(kind) == want;
+  return step >= 0 && injected_fault_step(want, rank) == step;
 }
 
 }  // namespace
@@ -44,6 +39,17 @@ std::string nonfinite_message(int step, float loss, float grad_norm,
 std::string nonfinite_advice() {
   return "; lower optimizer.lr, set optimizer.grad_clip, or set train.on_nonfinite \"skip\" to "
          "skip such steps";
+}
+
+int64_t injected_fault_step(const char* want, int rank) {
+  const char* e = std::getenv("MESHFLOW_INJECT_FAULT");
+  int r = -1;
+  long long s = -1;
+  char kind[16] = {};
+  if (e && std::sscanf(e, "%d:%lld:%15s", &r, &s, kind) == 3 && r == rank &&
+      std::string(kind) == want)
+    return s;
+  return -1;
 }
 
 void kill_if_injected(int rank, int64_t step) {

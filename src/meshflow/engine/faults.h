@@ -13,6 +13,11 @@
 
 namespace meshflow {
 
+// The step MESHFLOW_INJECT_FAULT names for `rank` and fault `kind`, or -1
+// (the one parser of the variable; the command line uses it for "throw" and
+// "kill").
+int64_t injected_fault_step(const char* kind, int rank);
+
 // SIGKILLs this process when the "save" fault names (rank, step).
 void kill_if_injected(int rank, int64_t step);
 

@@ -609,45 +609,31 @@ Status PipelineTrainer::load_checkpoint(const std::string& path) {
 
 std::vector<StateBlock> PipelineTrainer::state_blocks() {
   Impl& im = *impl_;
-  const Graph& pg = im.program->graph;  // the stage's program on its sub-mesh
-  const Graph& g = im.model.graph;      // the whole training graph
-  auto sources = [](const Graph& cg) {
-    std::vector<ValueId> v = cg.parameters();
-    for (ValueId s : cg.states()) v.push_back(s);
-    return v;
-  };
+  const Graph& pg = im.program->graph;     // the stage's program on its sub-mesh
+  const Graph& g = im.model.graph;         // the whole training graph
   std::map<std::string, int> first_chunk;  // the chunks in order: the first holder writes
   for (const ChunkProgram& c : im.split.chunks)
-    for (ValueId v : sources(c.graph)) first_chunk.emplace(c.graph.value(v).name, c.chunk);
+    for (ValueId v : persistent_values(c.graph))
+      first_chunk.emplace(c.graph.value(v).name, c.chunk);
   std::vector<StateBlock> out;
   for (auto& l : im.locals) {
     const Graph& cg = l.program->graph;
     const std::vector<ValueId> buf = cg.buffers();
     const std::set<ValueId> buffers(buf.begin(), buf.end());
-    for (ValueId v : sources(cg)) {
+    for (ValueId v : persistent_values(cg)) {
       const std::string& name = cg.value(v).name;
       const ValueId pv = pg.find(name);
       MF_CHECK_NE(pv, kNoValue) << "checkpoint: chunk value '" << name << "' not in the program";
       const ValueId gv = im.program->global_of[pv];
       MF_CHECK_GE(gv, 0) << "checkpoint: '" << name << "' has no global value";
-      const std::string kind = cg.producer(v).kind == OpKind::kParameter ? "parameter"
-                               : buffers.count(v)                        ? "buffer"
-                                                                         : "optimizer";
-      StateBlock b = state_block(g.value(gv).name, kind, g.shape(gv), im.submesh,
-                                 im.program->layout[pv], im.sub_rank, &l.ex->storage(v));
+      StateBlock b =
+          state_block(g.value(gv).name, state_kind(cg, v, buffers), g.shape(gv), im.submesh,
+                      im.program->layout[pv], im.sub_rank, &l.ex->storage(v));
       b.write = b.write && first_chunk.at(name) == l.program->chunk;
       out.push_back(std::move(b));
     }
   }
   return out;
-}
-
-std::set<std::string> PipelineTrainer::state_names() const {
-  const Graph& g = impl_->model.graph;
-  std::set<std::string> names;
-  for (ValueId v : g.parameters()) names.insert(g.value(v).name);
-  for (ValueId v : g.states()) names.insert(g.value(v).name);
-  return names;
 }
 
 Status PipelineTrainer::save_state(const std::string& root, int keep) {
@@ -659,8 +645,9 @@ Status PipelineTrainer::save_state(const std::string& root, int keep) {
 
 Status PipelineTrainer::load_state(const std::string& path) {
   Impl& im = *impl_;
-  MF_ASSIGN_OR_RETURN(CheckpointManifest m,
-                      meshflow::load_state(im.world.get(), path, state_blocks(), state_names()));
+  MF_ASSIGN_OR_RETURN(
+      CheckpointManifest m,
+      meshflow::load_state(im.world.get(), path, state_blocks(), state_names(im.model.graph)));
   im.step = static_cast<int>(m.step);
   return Status::ok();
 }

@@ -128,10 +128,8 @@ class PipelineTrainer : public Engine {
   struct Impl;
   PipelineTrainer();
   // This rank's chunks' persistent values as blocks of their global tensors
-  // (a value copied into several chunks is written by the first), and the
-  // names of the whole model's.
+  // (a value copied into several chunks is written by the first).
   std::vector<StateBlock> state_blocks();
-  std::set<std::string> state_names() const;
   std::unique_ptr<Impl> impl_;
   PipelineConfig pc_;
   Schedule schedule_;

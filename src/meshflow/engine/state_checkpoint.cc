@@ -36,6 +36,23 @@ nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::s
           {"schedule", {{"step", step}, {"next_lr", rc.schedule.at(step)}}}};
 }
 
+std::vector<ValueId> persistent_values(const Graph& g) {
+  std::vector<ValueId> v = g.parameters();
+  for (ValueId s : g.states()) v.push_back(s);
+  return v;
+}
+
+std::string state_kind(const Graph& g, ValueId v, const std::set<ValueId>& buffers) {
+  if (g.producer(v).kind == OpKind::kParameter) return "parameter";
+  return buffers.count(v) ? "buffer" : "optimizer";
+}
+
+std::set<std::string> state_names(const Graph& global) {
+  std::set<std::string> names;
+  for (ValueId v : persistent_values(global)) names.insert(global.value(v).name);
+  return names;
+}
+
 StateBlock state_block(const std::string& name, const std::string& kind, const Shape& global,
                        const Mesh& mesh, const Layout& layout, int rank, Tensor* storage) {
   MF_CHECK(!layout.has_partial()) << "checkpoint: '" << name << "' is a partial sum";

@@ -21,6 +21,7 @@
 #include "meshflow/core/layout.h"
 #include "meshflow/core/mesh.h"
 #include "meshflow/io/checkpoint.h"
+#include "meshflow/ir/graph.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -30,6 +31,16 @@ struct StateBlock {
   Tensor* storage = nullptr;
   bool write = false;  // this rank is the first holder of the block: it writes it
 };
+
+// A graph's persistent values, parameters then states (buffers and
+// optimizer state): what a full-state checkpoint holds.
+std::vector<ValueId> persistent_values(const Graph& g);
+// Their kinds in a manifest: "parameter", "buffer" (a state a forward node
+// reads, Graph::buffers) or "optimizer". `buffers`: g.buffers().
+std::string state_kind(const Graph& g, ValueId v, const std::set<ValueId>& buffers);
+// The names of the whole training graph's persistent values (what a
+// checkpoint of this model and optimizer may hold).
+std::set<std::string> state_names(const Graph& global);
 
 // The block of a global tensor a rank of `mesh` holds under `layout`, and
 // whether it is that block's first holder (coordinate 0 on every mesh axis

@@ -478,26 +478,12 @@ void Trainer::split_optimizer_order() {
 
 // ---- Full-state checkpoints ----
 
-namespace {
-
-// A persistent value's kind in a checkpoint.
-std::string state_kind(const Graph& g, ValueId v, const std::set<ValueId>& buffers) {
-  if (g.producer(v).kind == OpKind::kParameter) return "parameter";
-  return buffers.count(v) ? "buffer" : "optimizer";
-}
-
-}  // namespace
-
 std::vector<StateBlock> Trainer::state_blocks() {
   const Graph& pg = program_graph();
   const std::vector<ValueId> buf = pg.buffers();
   const std::set<ValueId> buffers(buf.begin(), buf.end());
-  std::vector<ValueId> values = pg.parameters();
-  for (ValueId v : pg.states()) values.push_back(v);
   std::vector<StateBlock> out;
-  for (ValueId v : values) {
-    if (pg.producer(v).kind != OpKind::kParameter && pg.producer(v).kind != OpKind::kState)
-      continue;  // parameters() lists inputs' producers too
+  for (ValueId v : persistent_values(pg)) {
     Tensor* storage = &executor_->storage(v);
     const std::string kind = state_kind(pg, v, buffers);
     if (!program_) {
@@ -513,15 +499,6 @@ std::vector<StateBlock> Trainer::state_blocks() {
   return out;
 }
 
-std::set<std::string> Trainer::state_names() const {
-  std::set<std::string> names;
-  const Graph& g = model_.graph;
-  for (ValueId v : g.parameters())
-    if (g.producer(v).kind == OpKind::kParameter) names.insert(g.value(v).name);
-  for (ValueId v : g.states()) names.insert(g.value(v).name);
-  return names;
-}
-
 Status Trainer::save_state(const std::string& root, int keep) {
   Communicator* world = comm_ ? comm_.get() : nullptr;
   return meshflow::save_state(world, root, step_, state_blocks(),
@@ -531,7 +508,7 @@ Status Trainer::save_state(const std::string& root, int keep) {
 Status Trainer::load_state(const std::string& path) {
   Communicator* world = comm_ ? comm_.get() : nullptr;
   MF_ASSIGN_OR_RETURN(CheckpointManifest m,
-                      meshflow::load_state(world, path, state_blocks(), state_names()));
+                      meshflow::load_state(world, path, state_blocks(), state_names(model_.graph)));
   step_ = static_cast<int>(m.step);
   return Status::ok();
 }

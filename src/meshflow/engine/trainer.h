@@ -93,9 +93,8 @@ class Trainer : public Engine {
   Trainer() = default;
   void feed_batch(const Batch& b);
   // Every persistent value of this rank's program as a block of its global
-  // tensor (engine/state_checkpoint.h), and the names of the whole model's.
+  // tensor (engine/state_checkpoint.h).
   std::vector<StateBlock> state_blocks();
-  std::set<std::string> state_names() const;
   void split_optimizer_order();
   // train.on_nonfinite "stop": the step's first micro-batch run again with
   // every node's f32 outputs checked; the first node (program order) whose
