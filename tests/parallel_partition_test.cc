@@ -24,6 +24,7 @@
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
+#include "meshflow/parallel/strategy_search.h"
 
 namespace meshflow {
 namespace {
@@ -244,6 +245,50 @@ TEST(PartitionRandom, ResNetStrategyAssignmentsMatchOneDevice) {
   // ParallelShardingNumeric.WindowsSplitSpatiallyExchangeHalos splits pooling.)
   for (OpKind k : {OpKind::kConv2d, OpKind::kConv2dGradInput, OpKind::kConv2dGradWeight})
     EXPECT_GE(halo_splits[k], 2) << op_name(k);
+}
+
+// ---- the strategy search's plans: what it picks trains like one device ----
+
+// The per-operator search (parallel/strategy_search.h) on the tp axis of a
+// dp x tp mesh, written as the config's split tuples (as auto mode writes
+// them) and trained: GPT, LLaMA and a ResNet on 2-8 ranks, with links fast
+// enough that it splits operators (not just the batch) in every case.
+TEST(PartitionSearched, SearchedStrategiesTrainLikeOneDevice) {
+  struct Case {
+    std::string model;
+    int dp, tp;
+  };
+  for (const Case& c : {Case{"gpt", 1, 2}, Case{"llama", 2, 2}, Case{"gpt_dropout", 2, 2},
+                        Case{"llama", 1, 4}, Case{"resnet", 1, 2}, Case{"gpt", 2, 4}}) {
+    SCOPED_TRACE(c.model + " dp=" + std::to_string(c.dp) + " tp=" + std::to_string(c.tp));
+    RunConfig rc1 = run(c.model, 1, json());
+    rc1.train.steps = 2;
+    const Trace single = train(rc1, nullptr);
+    ModelGraph m = value_or_throw(build_training_graph(rc1, rc1.train.batch_size));
+    StrategySearchOptions o;
+    o.batch_axes = {"dp"};
+    o.node_time_s = [](const Graph& g, const Node& n) { return op_cost(g, n).flops / 1e9; };
+    const Mesh search_mesh = value_or_throw(Mesh::parse("dp=1,tp=" + std::to_string(c.tp)));
+    const StrategySearch r = value_or_throw(search_strategies(m.graph, search_mesh, o));
+    json strategies = json::object();
+    int operator_splits = 0;  // decisions that split over tp something other than the batch
+    for (const auto& [key, splits] : r.strategies) strategies[key] = splits;
+    for (const StrategyDecision& d : r.decisions) {
+      const std::string batch_only = "((dp*tp";
+      if (d.splits.find("tp") != std::string::npos && d.splits.rfind(batch_only, 0) != 0)
+        ++operator_splits;
+    }
+    EXPECT_GE(operator_splits, 3) << r.summary();
+    RunConfig rc = run(c.model, 1,
+                       json{{"mode", "semi"},
+                            {"mesh", "dp=" + std::to_string(c.dp) + ",tp=" + std::to_string(c.tp)},
+                            {"rules", {{"batch", "dp"}}},
+                            {"strategies", strategies}});
+    rc.train.steps = 2;
+    rc.train.batch_size = rc1.train.batch_size;
+    expect_same(single, train_ranks(rc, c.dp * c.tp), "searched");
+    if (HasFailure()) return;
+  }
 }
 
 // ---- structure: the collectives the textbook plans have ----

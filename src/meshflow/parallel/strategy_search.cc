@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "meshflow/core/dtype.h"
+#include "meshflow/core/glob.h"
 #include "meshflow/ops/op_def.h"
 
 namespace meshflow {
@@ -491,6 +492,32 @@ class Search {
     return Status::ok();
   }
 
+  // The config keys that name exactly a class's nodes: a block pattern
+  // "h.*.ln_1" becomes "h.?.ln_1" (and "h.??.ln_1" past block 9), since '*'
+  // would also match gradient nodes ("h.1.attn.k_proj.grad.acc_h.1.ln_1");
+  // if even those match another node, the exact names.
+  std::vector<std::string> config_keys(const Class& c) const {
+    const size_t star = c.pattern.find(".*.");
+    if (star == std::string::npos) return {c.pattern};
+    std::vector<std::string> keys;
+    for (NodeId id : c.nodes) {
+      const std::string digits(std::to_string(g_.node(id).layer).size(), '?');
+      std::string k = c.pattern.substr(0, star + 1) + digits + c.pattern.substr(star + 2);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(std::move(k));
+    }
+    size_t matched = 0;
+    for (const Node& n : g_.nodes())
+      for (const std::string& k : keys)
+        if (glob_match(k, n.name)) {
+          ++matched;
+          break;
+        }
+    if (matched == c.nodes.size()) return keys;
+    keys.clear();
+    for (NodeId id : c.nodes) keys.push_back(g_.node(id).name);
+    return keys;
+  }
+
   // ---- the answer ----
   void finish(const std::vector<int>& pick, StrategySearch* r) {
     r->objective_s = evaluate(pick);
@@ -535,7 +562,7 @@ class Search {
         if (x < best) best = x, d.runner_up = splits_text(g_, n, cl.st[t], mesh_, o_.batch_axes);
       }
       if (!d.runner_up.empty()) d.runner_up_extra_s = best - with(s);
-      r->strategies.emplace_back(d.pattern, d.splits);
+      for (std::string& key : config_keys(cl)) r->strategies.emplace_back(std::move(key), d.splits);
       r->decisions.push_back(std::move(d));
     }
     struct Costs {

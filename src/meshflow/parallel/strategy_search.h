@@ -22,7 +22,7 @@
 //
 //   StrategySearchOptions o;  o.cost = reshard_costs(...);  o.node_time_s = roofline;
 //   MF_ASSIGN_OR_RETURN(StrategySearch r, search_strategies(g, mesh, o));
-//   r.strategies;   // [("h.*.mlp.c_fc", "((1, 1, 1), (1, tp))"), ...] for the partitioner
+//   r.strategies;   // [("h.?.mlp.c_fc", "((dp, 1, 1), (1, tp))"), ...] for the partitioner
 //   r.gap;          // (objective - best bound) / objective: 0 when proven optimal
 //
 // What the search decides goes to the partitioner as split tuples (the user's
@@ -88,7 +88,9 @@ struct StrategyDecision {
 
 struct StrategySearch {
   std::vector<StrategyDecision> decisions;                    // in graph order
-  std::vector<std::pair<std::string, std::string>> strategies;  // pattern -> split tuples
+  // The config's "strategies": node name or glob -> split tuples. A block
+  // decision's glob names its nodes exactly ("h.?.mlp.c_fc", "h.??.mlp.c_fc").
+  std::vector<std::pair<std::string, std::string>> strategies;
   double objective_s = 0;  // the program's predicted seconds
   double bound_s = 0;      // CBC's best lower bound
   double gap = 0;          // (objective - bound) / objective
