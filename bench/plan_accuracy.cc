@@ -53,7 +53,7 @@ struct Case {
   std::string name;
   int ranks = 1;
   std::string mesh;    // "dp=2,tp=2"
-  std::string preset;  // dp | megatron | megatron-sp
+  std::string preset;  // dp | megatron | megatron-sp | ops (the strategy search)
   int zero = 0;
   std::string recompute = "none";
   int micro_batches = 1;
@@ -155,8 +155,9 @@ void print_profile(Executor& ex, int steps, int micro_batches) {
 // MLP's tensor parallelism is the rules `meshflow plan --out` writes for it
 // (plan::parallel_section).
 json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
-  // A ResNet: the section `meshflow plan --out` writes for the plan, as is.
-  if (std::holds_alternative<ResNetConfig>(mc))
+  // A ResNet, or the strategy search's plan: the section `meshflow plan
+  // --out` writes for the plan, as is.
+  if (std::holds_alternative<ResNetConfig>(mc) || p.ops)
     return value_or_throw(plan::parallel_section(p, mc));
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
   if (!is_language_model(mc) && p.tp > 1) {
@@ -277,6 +278,7 @@ plan::Plan plan_of(const Case& c, int batch) {
   p.pp = c.pp;
   p.schedule = value_or_throw(parse_schedule_kind(c.schedule));
   p.sp = c.preset == "megatron-sp";
+  p.ops = c.preset == "ops";
   p.num_micro_batches = c.micro_batches;
   p.micro_batch = batch / (p.dp * c.micro_batches);
   p.zero = c.zero;
@@ -357,6 +359,10 @@ int main(int argc, char** argv) {
       {"dp4-zero1", 4, "dp=4", "dp", 1},
       {"dp4-zero3", 4, "dp=4", "dp", 3},
       {"dp2-full-zero1", 2, "dp=2", "dp", 1, "full"},
+      // The per-operator strategy search's plans (auto mode's third layout).
+      {"tp2-ops", 2, "dp=1,tp=2", "ops"},
+      {"dp2-tp2-ops", 4, "dp=2,tp=2", "ops"},
+      {"tp4-ops", 4, "dp=1,tp=4", "ops"},
   };
   // A model without blocks or sequence: dp x tp and ZeRO (the MLP's tp is
   // Megatron's MLP split, the rules plan::parallel_section writes).
@@ -369,6 +375,8 @@ int main(int argc, char** argv) {
       {"dp2-tp2", 4, "dp=2,tp=2", "megatron"},
       {"dp2-zero1", 2, "dp=2", "dp", 1},
       {"dp2-zero3", 2, "dp=2", "dp", 3},
+      {"tp2-ops", 2, "dp=1,tp=2", "ops"},
+      {"tp4-ops", 4, "dp=1,tp=4", "ops"},
   };
   // A ResNet (--model configs/models/resnet_fashion.json): batch (dp),
   // channels (tp), height (cp: halo exchanges), residual layers (pp) and
@@ -384,6 +392,7 @@ int main(int argc, char** argv) {
       {"pp2-zb-mb4", 2, "dp=1", "", 0, "none", 4, 2, "zb-h1"},
       {"pp3-1f1b-mb4", 3, "dp=1", "", 0, "none", 4, 3, "1f1b"},
       {"pp2-tp2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
+      {"tp2-ops", 2, "dp=1,tp=2", "ops"},
   };
   const bool resnet = std::holds_alternative<ResNetConfig>(mc);
   const std::vector<Case>& cases = lm ? lm_cases : resnet ? resnet_cases : mlp_cases;
@@ -402,12 +411,12 @@ int main(int argc, char** argv) {
     plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
     g_cluster = &cl;
     const plan::Plan planned = plan_of(c, batch);
-    const json parallel = parallel_of(mc, c, planned);
     Result<plan::StepCost> pc = cm.price(planned);
     if (!pc.is_ok()) {
       std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
       continue;
     }
+    const json parallel = parallel_of(mc, c, pc->plan);  // (an ops plan: the strategies priced)
     // The least disturbed of `repeat` runs (the machine may be shared).
     Result<Measured> me = measure(model, c, parallel, batch, seq, warmup, steps);
     for (int r = 1; r < repeat && me.is_ok(); ++r) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "meshflow/models/from_config.h"
+#include "meshflow/parallel/strategy_search.h"
 
 namespace meshflow::plan {
 
@@ -54,11 +55,12 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
                         " replicas";
       continue;
     }
-    for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+    // Layouts on tp: Megatron, Megatron-SP, the per-operator search's.
+    for (int layout = 0; layout <= (tp > 1 ? 2 : 0); ++layout) {
       for (Recompute rcp : policies) {
         for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
           Plan p;
-          p.dp = dp, p.tp = tp, p.sp = sp == 1;
+          p.dp = dp, p.tp = tp, p.sp = layout == 1, p.ops = layout == 2;
           p.micro_batch = tc.batch_size / (dp * m);
           p.num_micro_batches = m;
           p.recompute = rcp;
@@ -148,7 +150,16 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   const bool spmd = p.tp > 1 || p.cp > 1 || p.zero > 0;
   par["mode"] = spmd ? "semi" : "data";
   par["mesh"] = plan_mesh(p);
-  if (spmd && resnet)
+  if (p.ops) {
+    if (!p.searched)
+      return Status::invalid("plan " + plan_label(p) +
+                             ": its per-operator strategies are not searched yet (price the plan "
+                             "with CostModel::price first)");
+    par["rules"] = {{"batch", "dp"}};
+    nlohmann::json strategies = nlohmann::json::object();
+    for (const auto& [key, splits] : p.searched->strategies) strategies[key] = splits;
+    par["strategies"] = strategies;
+  } else if (spmd && resnet)
     par = resnet_section(p, std::move(par));
   else if (spmd && mlp && p.tp > 1)
     par["rules"] = mlp_tensor_rules(*mlp);

@@ -6,12 +6,16 @@
 #include <optional>
 #include <vector>
 
+#include "meshflow/autodiff/autodiff.h"
 #include "meshflow/autodiff/recompute.h"
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/memory_plan.h"
+#include "meshflow/runtime/run_config.h"
 
 namespace meshflow::plan {
 
@@ -174,7 +178,8 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
   const auto key = std::make_tuple(
-      s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0), s.blocks);
+      s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0), s.blocks,
+      s.ops.get());
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -192,7 +197,8 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
 
 Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(p.tp, p.cp, p.micro_batch, p.sp, int(p.recompute));
+  const auto key =
+      std::make_tuple(p.tp, p.cp, p.micro_batch, int(p.sp) + (p.ops ? 2 : 0), int(p.recompute));
   std::pair<double, double> a;
   bool cached = false;
   {
@@ -206,6 +212,9 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
     const int64_t programs = has_blocks() ? 2 : 1;
     for (int64_t n = 1; n <= programs; ++n) {
       RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, p.recompute, n};
+      if (p.ops) {
+        MF_ASSIGN_OR_RETURN(shape.ops, op_search(p.tp, p.micro_batch));
+      }
       MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
       bytes[n - 1] = static_arena_bytes(lp.graph);
     }
@@ -322,16 +331,61 @@ double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const
   return collective_time_on(n.kind, n.attrs.group_size, buffer, *axis, p, bytes);
 }
 
-Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch,
-                                        bool sp) const {
+Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
+                                                                  int64_t micro_batch) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(tp, cp, micro_batch, sp);
+  const auto key = std::make_pair(tp, micro_batch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = op_search_cache_.find(key);
+    if (it != op_search_cache_.end()) return *it->second;
+  }
+  auto solve = [&]() -> Result<std::shared_ptr<const StrategySearch>> {
+    // The program the trainer builds (forward, backward, the default
+    // optimizer), whole: identical blocks are tied, so the model's own block
+    // count weighs its blocks against its embedding and head. (Capped: past
+    // 16 blocks the weights hardly move.)
+    const ModelConfig model = num_blocks(job_.model) > 16 ? with_blocks(job_.model, 16)
+                                                          : job_.model;
+    MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(model, micro_batch, job_.seq));
+    try {
+      append_backward(m.graph);
+    } catch (const StatusError& e) {
+      return e.status().with_context("the strategy search's program");
+    }
+    append_optimizer(m.graph, RunConfig{}.optimizer);
+    Plan p;
+    p.tp = tp;
+    MF_ASSIGN_OR_RETURN(const Mesh mesh, Mesh::parse("dp=1,tp=" + std::to_string(tp)));
+    StrategySearchOptions o;
+    o.cost = reshard_costs(cluster_, mesh, {axis_stride(p, "dp"), axis_stride(p, "tp")},
+                           int64_t(dtype_size(dtype_)));
+    o.node_time_s = [this](const Graph& g, const Node& n) {
+      const OpCost c = op_cost(g, n);
+      return roofline_time_s(c.flops, c.bytes);
+    };
+    o.memory_budget_bytes = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
+    o.batch_axes = {"dp"};
+    MF_ASSIGN_OR_RETURN(StrategySearch r, search_strategies(m.graph, mesh, o));
+    return std::shared_ptr<const StrategySearch>(
+        std::make_shared<const StrategySearch>(std::move(r)));
+  };
+  auto shared = std::make_shared<const Result<std::shared_ptr<const StrategySearch>>>(solve());
+  std::lock_guard<std::mutex> lock(mu_);
+  op_search_cache_.emplace(key, shared);
+  return *shared;
+}
+
+Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
+                                        bool ops) const {
+  MF_RETURN_IF_ERROR(status_);
+  const auto key = std::make_tuple(tp, cp, micro_batch, int(sp) + (ops ? 2 : 0));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
   }
-  Result<LayerCost> r = price_program(tp, cp, micro_batch, sp);
+  Result<LayerCost> r = price_program(tp, cp, micro_batch, sp, ops);
   auto shared = std::make_shared<const Result<LayerCost>>(r);
   std::lock_guard<std::mutex> lock(mu_);
   cache_.emplace(key, shared);
@@ -494,10 +548,14 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
   }
 }
 
-Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch,
-                                           bool sp) const {
+Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
+                                           bool ops) const {
   Plan p;
   p.tp = tp, p.cp = cp;
+  std::shared_ptr<const StrategySearch> searched;
+  if (ops) {
+    MF_ASSIGN_OR_RETURN(searched, op_search(tp, micro_batch));
+  }
   // Prices a program: all of it, and (embed) the part on the embedding's side.
   auto price_all = [&](const LocalProgram& lp, Totals* all, Totals* embed) {
     const Graph& g = lp.graph;
@@ -509,7 +567,8 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // embedding side apart, else folded into the total).
   auto totals = [&](int64_t blocks, Recompute rc, Totals* embed,
                     bool optimizer = false) -> Result<Totals> {
-    const RankShape shape{micro_batch, job_.seq, tp, cp, sp, rc, blocks, optimizer};
+    RankShape shape{micro_batch, job_.seq, tp, cp, sp, rc, blocks, optimizer};
+    shape.ops = searched;
     MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
     Totals all{};
     price_all(lp, &all, embed);
@@ -530,7 +589,8 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   LayerCost lc = layer_cost_of(one, block, embed, head);
   // The optimizer phase's collectives act on parameters and gradients, whose
   // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
-  const auto opt_key = std::make_tuple(tp, cp, sp);
+  // (Searched strategies differ per micro-batch: keyed by it.)
+  const auto opt_key = std::make_tuple(tp, cp, int(sp) + (ops ? 2 : 0), ops ? micro_batch : 0);
   std::optional<std::array<double, 6>> opt;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -678,6 +738,12 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     if (!s.is_ok()) return s.message();
   }
   if (p.sp && p.tp == 1) return "sp (sequence parallelism) needs tp > 1";
+  if (p.ops && (p.tp == 1 || p.sp || p.cp > 1 || p.pp > 1))
+    return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh: they need "
+           "tp > 1 and no sp, cp or pp";
+  if (p.ops && k_.memory_model != MemoryModel::kStaticArena)
+    return "per-operator strategies (ops) are priced with the static-arena memory model only (a "
+           "Korthikanti count assumes the Megatron layout)";
   if (p.sp && (job_.seq / p.cp) % p.tp != 0)
     return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
            ", which does not divide it";
@@ -1151,7 +1217,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   if (by_chunk) {
     MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp));
   } else {
-    MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp));
+    MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops));
   }
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;
@@ -1161,6 +1227,9 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
 
   StepCost r;
   r.plan = p;
+  if (p.ops) {
+    MF_ASSIGN_OR_RETURN(r.plan.searched, op_search(p.tp, p.micro_batch));
+  }
   double p2p_bytes = 0;
   double p_first = 0, p_last = 0;
   if (by_chunk) {

@@ -322,7 +322,14 @@ class CostModel {
   Result<StepCost> price(const Plan& p, PipelineModel model = PipelineModel::kSimulated) const;
   // One block's cost at these local shapes (the rank program built and priced
   // once per (tp, cp, micro_batch, sp), then cached, errors included).
-  Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false) const;
+  Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false,
+                               bool ops = false) const;
+  // The per-operator strategy search (parallel/strategy_search.h) of this
+  // job's program at micro-batch `micro_batch` on the tp axis of a dp x tp
+  // mesh: compute priced by this model's roofline, reshards on the cluster's
+  // tp link, the device's usable memory as the budget. Solved once per
+  // (tp, micro_batch), then cached (errors included).
+  Result<std::shared_ptr<const StrategySearch>> op_search(int64_t tp, int64_t micro_batch) const;
   // The rank program the planner prices (plan/rank_program.h), with the
   // cluster's links for the reshard planner.
   Result<LocalProgram> rank_program(const RankShape& s) const;
@@ -395,7 +402,8 @@ class CostModel {
   Result<MemoryBreakdown> memory_from_chunks(const Plan& p,
                                              const std::vector<ChunkCost>& chunks) const;
   // layer_cost without the cache.
-  Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp) const;
+  Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
+                                  bool ops) const;
 
   TrainingJob job_;
   Cluster cluster_;
@@ -406,18 +414,22 @@ class CostModel {
   double forward_flops_per_token_ = 0;
   Status status_;
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool>,
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int>,
                    std::shared_ptr<const Result<LayerCost>>>
       cache_;
+  // (tp, micro_batch) -> the strategy search's answer.
+  mutable std::map<std::pair<int64_t, int64_t>,
+                   std::shared_ptr<const Result<std::shared_ptr<const StrategySearch>>>>
+      op_search_cache_;
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
   // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
-  mutable std::map<std::tuple<int64_t, int64_t, bool>, std::array<double, 6>> opt_cache_;
+  mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 6>> opt_cache_;
   // (tp, cp, sp, recompute, blocks) -> the partitioner's strategy for the rank program.
-  mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t>,
+  mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, const StrategySearch*>,
                    std::shared_ptr<const Annotation>>
       strategy_cache_;
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::pair<double, double>>
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::pair<double, double>>
       arena_cache_;
   // (tp, cp, micro_batch, chunks) -> the priced chunks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>,

@@ -23,6 +23,7 @@ Result<Recompute> parse_recompute(const std::string& s) {
 std::string plan_label(const Plan& p) {
   std::string s = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp);
   if (p.sp) s += "+sp";
+  if (p.ops) s += "+ops";
   s += " pp=" + std::to_string(p.pp);
   if (p.cp > 1) s += " cp=" + std::to_string(p.cp);
   if (p.vp > 1) s += " vp=" + std::to_string(p.vp);

@@ -14,10 +14,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "meshflow/core/status.h"
 #include "meshflow/pipeline/schedule.h"
+
+namespace meshflow {
+struct StrategySearch;  // parallel/strategy_search.h
+}
 
 namespace meshflow::plan {
 
@@ -41,6 +46,12 @@ struct Plan {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   Recompute recompute = Recompute::kNone;
   int zero = 0;  // ZeRO stage 0..3, over the dp * cp replicas
+  // Per-operator strategies on the tp axis, chosen by the strategy search
+  // (parallel/strategy_search.h) in place of the Megatron template; `searched`
+  // holds them once CostModel::price has priced the plan (what
+  // parallel_section writes as the config's split tuples).
+  bool ops = false;
+  std::shared_ptr<const StrategySearch> searched;
 
   int64_t devices() const { return dp * tp * pp * cp; }
   bool operator==(const Plan&) const = default;

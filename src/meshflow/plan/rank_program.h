@@ -48,6 +48,9 @@ struct RankShape {
   // trainer lowers it: the gradient norm's sums of squares are exchanged per
   // parameter between the chunks, not reduced as one.
   bool pipeline = false;
+  // Per-operator strategies (a plan's Plan::searched) in place of the
+  // Megatron template on tp; null: the template.
+  std::shared_ptr<const StrategySearch> ops;
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA
