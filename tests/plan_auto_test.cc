@@ -84,9 +84,15 @@ TEST(PlanAuto, PlansTheMlpToo) {
   Result<StrategyConfig> sc = parse_strategy_config(par);
   ASSERT_TRUE(sc.is_ok()) << sc.status().message() << "\n" << par.dump();
   EXPECT_EQ(sc->mesh.num_ranks(), 2);
-  if (a->best.plan.tp == 2) {
+  if (a->best.plan.tp == 2 && !a->best.plan.ops) {
     EXPECT_EQ(par["rules"]["hidden"], "tp") << par.dump();
   }
+  if (a->best.plan.ops) {  // the strategy search's: a split tuple for every forward node
+    EXPECT_TRUE(par["strategies"].contains("fc1")) << par.dump();
+  }
+  // The searched layout was priced for tp=2 beside Megatron's MLP split.
+  EXPECT_TRUE(std::any_of(a->candidates.begin(), a->candidates.end(),
+                          [](const StepCost& c) { return c.plan.ops && c.plan.tp == 2; }));
 }
 
 TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
@@ -143,6 +149,52 @@ TEST(PlanAuto, ChosenPlanTrains) {
     return Status::ok();
   });
   EXPECT_TRUE(s.is_ok()) << s.message() << "\n" << par.dump();
+}
+
+// The strategy search's plans (Plan::ops) are auto mode's candidates beside
+// the Megatron layouts, for every tp > 1; the section of one carries its
+// split tuples, and the trainer running it holds the memory the planner
+// predicted (within 5%: the planner priced the program those tuples build).
+TEST(PlanAuto, SearchedPlansArePricedAndRunAsPriced) {
+  const Cluster m = local();
+  const RunConfig rc = run_config(json{{"mode", "auto"}, {"search", "full"}});
+  Result<LocalAutoPlan> a = plan_local_run(rc, 4, m);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  std::set<int64_t> ops_tps;
+  const StepCost* ops = nullptr;
+  for (const StepCost& c : a->candidates) {
+    if (!c.plan.ops) continue;
+    ops_tps.insert(c.plan.tp);
+    ASSERT_NE(c.plan.searched, nullptr);
+    if (c.plan.zero == 0 && c.plan.recompute == Recompute::kNone && c.plan.tp == 2) ops = &c;
+  }
+  EXPECT_EQ(ops_tps, (std::set<int64_t>{2, 4}));
+  ASSERT_NE(ops, nullptr);
+  EXPECT_NE(plan_label(ops->plan).find("+ops"), std::string::npos);
+  const json par =
+      value_or_throw(parallel_section(ops->plan, value_or_throw(parse_model_config(rc.model))));
+  ASSERT_TRUE(par.contains("strategies")) << par.dump();
+  EXPECT_EQ(par["mode"], "semi");
+  EXPECT_TRUE(par["strategies"].contains("h.?.mlp.c_fc")) << par.dump();
+  const RunConfig run = run_config(par);
+  std::vector<double> held(4, 0);
+  Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
+    MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(run, Communicator::world(t)));
+    const StepResult r = tr->step();
+    if (!(r.loss > 0)) return Status::internal("loss " + std::to_string(r.loss));
+    held[t->rank()] = static_cast<double>(tr->executor().memory().total());
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message() << "\n" << par.dump();
+  const double measured = *std::max_element(held.begin(), held.end());
+  EXPECT_NEAR(ops->memory.total / measured, 1.0, 0.05)
+      << "predicted " << ops->memory.total << " measured " << measured;
+  // Without a price, a plan has no strategies to write.
+  Plan unpriced = ops->plan;
+  unpriced.searched = nullptr;
+  Result<json> none = parallel_section(unpriced, value_or_throw(parse_model_config(rc.model)));
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("not searched yet"), std::string::npos);
 }
 
 TEST(PlanAuto, ErrorsSayWhy) {

@@ -4,6 +4,8 @@
 // GPT block where that is the cheap plan, a memory budget changes the answer
 // or is refused with the least memory any plan needs, and repeated blocks
 // are decided once.
+#include "meshflow/parallel/strategy_search.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
-#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -31,8 +32,12 @@ nlohmann::json mlp() {
 }
 
 nlohmann::json gpt(int64_t layers, int64_t width) {
-  return {{"model_type", "gpt2"}, {"n_layer", layers},       {"n_embd", width},
-          {"n_head", 16},         {"n_positions", 128},      {"vocab_size", 256},
+  return {{"model_type", "gpt2"},
+          {"n_layer", layers},
+          {"n_embd", width},
+          {"n_head", 16},
+          {"n_positions", 128},
+          {"vocab_size", 256},
           {"tie_word_embeddings", false}};
 }
 

@@ -130,6 +130,34 @@ std::string replicated_activations(const Graph& g, const Annotation& a) {
   return out;
 }
 
+// The strategy search's decisions: per class of forward nodes its split
+// tuples and what decided them (its compute, the reshards into it, its
+// gradients' reductions, and how much more the next best strategy costs).
+std::string search_text(const StrategySearch& r) {
+  std::string out = "\nper-operator strategies (the strategy search: " + r.summary() + "):\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-30s %-34s %9s %9s %9s  %s\n", "nodes", "split tuples",
+                "compute", "reshard", "grad red", "next best (+ms)");
+  out += line;
+  for (const StrategyDecision& d : r.decisions) {
+    std::string next = d.runner_up.empty() ? "(no other strategy)" : d.runner_up;
+    if (!d.runner_up.empty()) {
+      char extra[32];
+      std::snprintf(extra, sizeof extra, " (+%.3f)", 1e3 * d.runner_up_extra_s);
+      next += extra;
+    }
+    std::string name = d.pattern;
+    if (d.nodes.size() > 1) name += " x" + std::to_string(d.nodes.size());
+    std::snprintf(line, sizeof line, "  %-30s %-34s %9.3f %9.3f %9.3f  %s\n", name.c_str(),
+                  d.splits.c_str(), 1e3 * d.compute_s, 1e3 * d.comm_in_s, 1e3 * d.grad_reduce_s,
+                  next.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  (ms per step; total %.3f ms, bound %.3f ms)\n",
+                1e3 * r.objective_s, 1e3 * r.bound_s);
+  return out + line;
+}
+
 }  // namespace
 
 int run_explain(const ExplainOptions& o) {
@@ -186,6 +214,10 @@ int run_explain(const ExplainOptions& o) {
         "note: each of the %d pipeline stages runs its layers of this program on its own "
         "sub-mesh; activations cross stages point to point (%d micro-batches)\n",
         job->pipeline->stages, job->pipeline->micro_batches);
+  if (!job->planned.empty())
+    std::printf("planned by search: %s, predicted %.1f ms per step\n", job->planned_label.c_str(),
+                1e3 * job->planned_step_s);
+  if (job->searched) std::fputs(search_text(*job->searched).c_str(), stdout);
   std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);
   const std::string whole = replicated_activations(model->graph, *a);
   if (!whole.empty())

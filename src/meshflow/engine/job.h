@@ -32,6 +32,7 @@
 // Errors are a user's mistake: one line naming the key and what is valid.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,7 @@
 #include "meshflow/core/trace.h"
 #include "meshflow/engine/engine.h"
 #include "meshflow/parallel/reshard.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/runtime/run_config.h"
 
@@ -65,7 +67,12 @@ struct Job {
   int micro_batches = 1;                   // per step (the pipeline's when pipelined)
   int micro_batch_rows = 1;                // rows of one micro-batch over all replicas
   std::string planned;                     // auto + search full: the chosen section (JSON)
-  std::vector<std::string> notes;          // what was resolved on the user's behalf
+  std::string planned_label;               // ... its plan ("dp=2 tp=2+ops pp=1 ...")
+  double planned_step_s = 0;               // ... its predicted step time
+  // ... and when it is the strategy search's plan (Plan::ops), the search:
+  // every forward node's strategy and the costs that decided it (explain).
+  std::shared_ptr<const StrategySearch> searched;
+  std::vector<std::string> notes;  // what was resolved on the user's behalf
   // The links the reshard planner ranks redistributions on, per mesh axis:
   // the local cluster file's (plan::load_local_cluster, shared among the
   // ranks as the planner shares it), the same collective cost the planner

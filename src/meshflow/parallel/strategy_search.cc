@@ -85,10 +85,10 @@ struct Class {
   std::string pattern;
   std::vector<NodeId> nodes;
   std::vector<ShardingStrategy> st;
-  std::vector<double> cost;       // compute + gradient reductions + same-class edges (s)
-  std::vector<double> compute;    // compute alone (s)
-  std::vector<double> reduce;     // gradient reductions alone (s)
-  std::vector<double> mem;        // bytes
+  std::vector<double> cost;     // compute + gradient reductions + same-class edges (s)
+  std::vector<double> compute;  // compute alone (s)
+  std::vector<double> reduce;   // gradient reductions alone (s)
+  std::vector<double> mem;      // bytes
 };
 
 // Pairwise costs between two classes u < v: cost[s * nt + t].
@@ -130,8 +130,7 @@ class Search {
     StrategySearch r;
     MF_RETURN_IF_ERROR(solve(&pick, &r));
     finish(pick, &r);
-    r.solve_time_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.solve_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
 
@@ -247,8 +246,7 @@ class Search {
           for (size_t k = 0; k < n.outputs.size(); ++k)
             c.mem[s] += local_bytes(g_, n.outputs[k], whole(st.outputs[k]), mesh_);
         }
-        for (size_t i = 0; i < n.inputs.size(); ++i)
-          add_input_costs(c, id, int(i), first_reader);
+        for (size_t i = 0; i < n.inputs.size(); ++i) add_input_costs(c, id, int(i), first_reader);
       }
       for (size_t s = 0; s < ns; ++s) c.cost[s] += c.compute[s] + c.reduce[s];
     }
@@ -391,8 +389,7 @@ class Search {
     for (size_t c = 0; c < classes_.size(); ++c)
       if (classes_[c].st.size() > 1) x0[c] = cols, cols += int(classes_[c].st.size());
     std::vector<int> y0(edges_.size());
-    for (size_t k = 0; k < edges_.size(); ++k)
-      y0[k] = cols, cols += int(edges_[k].cost.size());
+    for (size_t k = 0; k < edges_.size(); ++k) y0[k] = cols, cols += int(edges_[k].cost.size());
     r->columns = cols;
     std::vector<int> start = greedy();
     const bool need_memory_row = budget > 0 && memory_of(start) > budget;
@@ -421,7 +418,8 @@ class Search {
     };
     for (size_t c = 0; c < classes_.size(); ++c) {
       if (x0[c] < 0) continue;
-      for (size_t s = 0; s < classes_[c].st.size(); ++s) idx.push_back(x0[c] + int(s)), val.push_back(1);
+      for (size_t s = 0; s < classes_[c].st.size(); ++s)
+        idx.push_back(x0[c] + int(s)), val.push_back(1);
       row('E', 1);
     }
     for (size_t k = 0; k < edges_.size(); ++k) {

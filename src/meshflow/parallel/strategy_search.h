@@ -73,9 +73,9 @@ struct StrategyDecision {
   std::string pattern;  // node name, or a glob over the block index ("h.*.mlp.c_fc")
   std::vector<NodeId> nodes;
   ShardingStrategy strategy;
-  std::string splits;  // the split tuples of `strategy` ("((1, 1), (1, tp))")
-  int candidates = 1;  // strategies the rule enumerated (after removing equal ones)
-  int chosen = 0;      // index of `strategy` among them (StrategySearch::cost_of)
+  std::string splits;        // the split tuples of `strategy` ("((1, 1), (1, tp))")
+  int candidates = 1;        // strategies the rule enumerated (after removing equal ones)
+  int chosen = 0;            // index of `strategy` among them (StrategySearch::cost_of)
   double compute_s = 0;      // forward + gradient work of every node of the class
   double grad_reduce_s = 0;  // its parameters' gradient reductions
   double comm_in_s = 0;      // reshards into its inputs (and their gradients back)
@@ -87,15 +87,15 @@ struct StrategyDecision {
 };
 
 struct StrategySearch {
-  std::vector<StrategyDecision> decisions;                    // in graph order
+  std::vector<StrategyDecision> decisions;  // in graph order
   // The config's "strategies": node name or glob -> split tuples. A block
   // decision's glob names its nodes exactly ("h.?.mlp.c_fc", "h.??.mlp.c_fc").
   std::vector<std::pair<std::string, std::string>> strategies;
-  double objective_s = 0;  // the program's predicted seconds
-  double bound_s = 0;      // CBC's best lower bound
-  double gap = 0;          // (objective - bound) / objective
-  bool optimal = false;    // proven optimal (gap ~ 0)
-  bool timed_out = false;  // stopped at time_limit_s
+  double objective_s = 0;   // the program's predicted seconds
+  double bound_s = 0;       // CBC's best lower bound
+  double gap = 0;           // (objective - bound) / objective
+  bool optimal = false;     // proven optimal (gap ~ 0)
+  bool timed_out = false;   // stopped at time_limit_s
   double memory_bytes = 0;  // the memory term of the chosen strategies
   int classes = 0, nodes = 0, columns = 0, rows = 0;
   double solve_time_s = 0;
@@ -114,7 +114,7 @@ Result<StrategySearch> search_strategies(const Graph& g, const Mesh& mesh,
 // The split tuples of a strategy's inputs on `mesh` ("((dp, 1), (1, tp))",
 // "()" for a scalar input), with `batch_axes` put major-most on dims named
 // "batch". The inverse of strategy_from_splits.
-std::string splits_text(const Graph& g, const Node& n, const ShardingStrategy& s,
-                        const Mesh& mesh, const std::vector<std::string>& batch_axes = {});
+std::string splits_text(const Graph& g, const Node& n, const ShardingStrategy& s, const Mesh& mesh,
+                        const std::vector<std::string>& batch_axes = {});
 
 }  // namespace meshflow

@@ -177,9 +177,9 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
-  const auto key = std::make_tuple(
-      s.tp, s.cp, s.sp, int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0), s.blocks,
-      s.ops.get());
+  const auto key = std::make_tuple(s.tp, s.cp, s.sp,
+                                   int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0),
+                                   s.blocks, s.ops.get());
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -332,7 +332,7 @@ double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const
 }
 
 Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
-                                                                  int64_t micro_batch) const {
+                                                                   int64_t micro_batch) const {
   MF_RETURN_IF_ERROR(status_);
   const auto key = std::make_pair(tp, micro_batch);
   {
@@ -345,8 +345,8 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
     // optimizer), whole: identical blocks are tied, so the model's own block
     // count weighs its blocks against its embedding and head. (Capped: past
     // 16 blocks the weights hardly move.)
-    const ModelConfig model = num_blocks(job_.model) > 16 ? with_blocks(job_.model, 16)
-                                                          : job_.model;
+    const ModelConfig model =
+        num_blocks(job_.model) > 16 ? with_blocks(job_.model, 16) : job_.model;
     MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(model, micro_batch, job_.seq));
     try {
       append_backward(m.graph);
