@@ -157,7 +157,7 @@ void print_profile(Executor& ex, int steps, int micro_batches) {
 json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
   // A ResNet, or the strategy search's plan: the section `meshflow plan
   // --out` writes for the plan, as is.
-  if (std::holds_alternative<ResNetConfig>(mc) || p.ops)
+  if (std::holds_alternative<ResNetConfig>(mc) || p.ops || p.pp > 1)
     return value_or_throw(plan::parallel_section(p, mc));
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
   if (!is_language_model(mc) && p.tp > 1) {
@@ -363,6 +363,11 @@ int main(int argc, char** argv) {
       {"tp2-ops", 2, "dp=1,tp=2", "ops"},
       {"dp2-tp2-ops", 4, "dp=2,tp=2", "ops"},
       {"tp4-ops", 4, "dp=1,tp=4", "ops"},
+      // Pipelines (the pipeline trainer, from the section the planner writes).
+      {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
+      {"pp2-gpipe-mb4", 2, "dp=1", "", 0, "none", 4, 2, "gpipe"},
+      {"pp4-1f1b-mb4", 4, "dp=1", "", 0, "none", 4, 4, "1f1b"},
+      {"pp2-tp2-mb2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
   };
   // A model without blocks or sequence: dp x tp and ZeRO (the MLP's tp is
   // Megatron's MLP split, the rules plan::parallel_section writes).

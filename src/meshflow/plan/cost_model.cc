@@ -629,9 +629,11 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
 }
 
 Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
-                                                      int64_t chunks) const {
+                                                      int64_t chunks, bool sp,
+                                                      Recompute recompute) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(tp, cp, micro_batch, chunks);
+  const int variant = int(sp) + 2 * int(recompute);
+  const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = chunk_cache_.find(key); it != chunk_cache_.end()) return *it->second;
@@ -641,14 +643,16 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
     // optimizer (its collectives over tp), partitioned on the stage's mesh.
     // Built once per (tp, cp, micro_batch) and split for each chunk count.
     std::shared_ptr<const LocalProgram> program;
-    const auto pkey = std::make_tuple(tp, cp, micro_batch);
+    const auto pkey = std::make_tuple(tp, cp, micro_batch, variant);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = pipeline_programs_.find(pkey); it != pipeline_programs_.end())
         program = it->second;
     }
     if (!program) {
-      RankShape shape{micro_batch, job_.seq, tp, cp};
+      // Every block of a language model (the pipeline splits them).
+      RankShape shape{micro_batch, job_.seq, tp, cp, sp, recompute,
+                      has_blocks() ? dims_.layers : 1};
       shape.optimizer = true;
       shape.pipeline = true;
       MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
@@ -1210,12 +1214,17 @@ Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
 Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
-  // A model without uniform blocks (a ResNet) on a pipeline: its chunks priced one by one.
-  const bool by_chunk = !has_blocks() && p.pp > 1;
+  // A pipeline of meshflow's executor (the static-arena memory model: any
+  // model here, a ResNet anywhere): the runtime's own split of the whole
+  // program, its chunks priced one by one (their arenas and stashes are the
+  // memory the pipeline trainer holds).
+  const bool by_chunk =
+      p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
   std::vector<ChunkCost> chunks;
   LayerCost lc;
   if (by_chunk) {
-    MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp));
+    MF_ASSIGN_OR_RETURN(chunks,
+                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute));
   } else {
     MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops));
   }
@@ -1223,7 +1232,8 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const Cluster& cl = cluster_;
   const bool mixed = dtype_ != DType::F32;
   const double m = double(p.num_micro_batches), v = double(p.vp);
-  const double ls = double(blocks_per_stage(p));
+  // (Priced by chunk, a stage's blocks are in its chunks' totals.)
+  const double ls = by_chunk ? 0.0 : double(blocks_per_stage(p));
 
   StepCost r;
   r.plan = p;

@@ -346,7 +346,8 @@ class CostModel {
   // Errors: the model has fewer blocks than chunks, or its program does not
   // partition at these degrees.
   Result<std::vector<ChunkCost>> chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
-                                             int64_t chunks) const;
+                                             int64_t chunks, bool sp = false,
+                                             Recompute recompute = Recompute::kNone) const;
   // The blocks a pipeline splits: a language model's transformer blocks, a
   // ResNet's residual layers; 0 for a model that cannot be pipelined (the MLP).
   int64_t pipeline_layers() const { return pipeline_layers_; }
@@ -431,12 +432,12 @@ class CostModel {
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::pair<double, double>>
       arena_cache_;
-  // (tp, cp, micro_batch, chunks) -> the priced chunks.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>,
+  // (tp, cp, micro_batch, chunks, sp + 2 x recompute) -> the priced chunks.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>,
                    std::shared_ptr<const Result<std::vector<ChunkCost>>>>
       chunk_cache_;
-  // (tp, cp, micro_batch) -> the program chunk_costs splits.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const LocalProgram>>
+  // (tp, cp, micro_batch, sp + 2 x recompute) -> the program chunk_costs splits.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::shared_ptr<const LocalProgram>>
       pipeline_programs_;
   int64_t pipeline_layers_ = 0;
 };
