@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
   int repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--cluster") cluster_path = argv[i + 1];
-    else if (k == "--repeat") repeat = std::max(1, std::atoi(argv[i + 1]));
+    if (k == "--cluster")
+      cluster_path = argv[i + 1];
+    else if (k == "--repeat")
+      repeat = std::max(1, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "usage: op_search_bench [--cluster FILE] [--repeat N]\n");
       return 2;
@@ -66,8 +68,7 @@ int main(int argc, char** argv) {
   std::printf("%-22s %4s %7s %8s %7s %7s %8s %9s %9s  %s\n", "case", "tp", "nodes", "classes",
               "cols", "rows", "build s", "search s", "total s", "answer");
   for (const Case& c : cases) {
-    ModelConfig model =
-        value_or_throw(parse_model_config(value_or_throw(read_json_file(c.model))));
+    ModelConfig model = value_or_throw(parse_model_config(value_or_throw(read_json_file(c.model))));
     if (c.blocks > 0) model = plan::with_blocks(model, c.blocks);
     double best_build = 1e9, best_search = 1e9;
     StrategySearch last;

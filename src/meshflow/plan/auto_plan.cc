@@ -166,11 +166,13 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   else if (spmd)
     par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";
   if (p.zero > 0) par["zero"] = p.zero;
-  if (p.pp > 1)
+  if (p.pp > 1) {
     par["pipeline"] = {{"stages", p.pp},
                        {"schedule", std::string(schedule_name(p.schedule))},
                        {"micro_batches", p.num_micro_batches},
                        {"virtual_stages", p.vp}};
+    if (!p.layers_per_stage.empty()) par["pipeline"]["layers_per_stage"] = p.layers_per_stage;
+  }
   par["recompute"] = recompute_name(p.recompute);
   return par;
 }

@@ -629,11 +629,11 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
 }
 
 Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
-                                                      int64_t chunks, bool sp,
-                                                      Recompute recompute) const {
+                                                      int64_t chunks, bool sp, Recompute recompute,
+                                                      const std::vector<int64_t>& layers) const {
   MF_RETURN_IF_ERROR(status_);
   const int variant = int(sp) + 2 * int(recompute);
-  const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant);
+  const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant, layers);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = chunk_cache_.find(key); it != chunk_cache_.end()) return *it->second;
@@ -651,8 +651,8 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
     }
     if (!program) {
       // Every block of a language model (the pipeline splits them).
-      RankShape shape{micro_batch, job_.seq, tp, cp, sp, recompute,
-                      has_blocks() ? dims_.layers : 1};
+      RankShape shape{
+          micro_batch, job_.seq, tp, cp, sp, recompute, has_blocks() ? dims_.layers : 1};
       shape.optimizer = true;
       shape.pipeline = true;
       MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
@@ -662,7 +662,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
     }
     const LocalProgram& lp = *program;
     MF_ASSIGN_OR_RETURN(const PipelineSplit split,
-                        split_pipeline(lp.graph, static_cast<int>(chunks)));
+                        split_pipeline(lp.graph, static_cast<int>(chunks), layers));
     Plan p;
     p.tp = tp, p.cp = cp;
     std::vector<ChunkCost> out;
@@ -742,6 +742,24 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     if (!s.is_ok()) return s.message();
   }
   if (p.sp && p.tp == 1) return "sp (sequence parallelism) needs tp > 1";
+  if (!p.layers_per_stage.empty()) {
+    std::string given = "layers_per_stage [";
+    for (size_t i = 0; i < p.layers_per_stage.size(); ++i)
+      given += (i ? ", " : "") + str(p.layers_per_stage[i]);
+    given += "]";
+    if (int64_t(p.layers_per_stage.size()) != p.pp * p.vp)
+      return given + " needs one entry per pipeline chunk (pp*vp = " + str(p.pp * p.vp) + ")";
+    if (p.vp > 1 && has_blocks() && k_.memory_model != MemoryModel::kStaticArena)
+      return given + ": uneven interleaved chunks are priced only by chunk (meshflow's executor)";
+    int64_t sum = 0;
+    for (int64_t n : p.layers_per_stage) {
+      if (n < 1) return given + ": every stage holds at least one block";
+      sum += n;
+    }
+    if (sum != pipeline_layers_)
+      return given + " sums to " + str(sum) + ", the model has " + str(pipeline_layers_) +
+             " blocks to split";
+  }
   if (p.ops && (p.tp == 1 || p.sp || p.cp > 1 || p.pp > 1))
     return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh: they need "
            "tp > 1 and no sp, cp or pp";
@@ -801,7 +819,16 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
 }
 
 int64_t CostModel::blocks_per_stage(const Plan& p) const {
-  return has_blocks() ? (dims_.layers + p.pp - 1) / p.pp : 0;
+  if (!has_blocks()) return 0;
+  if (!p.layers_per_stage.empty())
+    return *std::max_element(p.layers_per_stage.begin(), p.layers_per_stage.end());
+  return (dims_.layers + p.pp - 1) / p.pp;
+}
+
+std::vector<int64_t> CostModel::stage_blocks(const Plan& p) const {
+  if (has_blocks() && !p.layers_per_stage.empty()) return p.layers_per_stage;
+  // Balanced: every stage priced with the most blocks one holds.
+  return std::vector<int64_t>(static_cast<size_t>(p.pp), blocks_per_stage(p));
 }
 
 StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const {
@@ -809,13 +836,44 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   const Cluster& cl = cluster_;
   const double act = double(dtype_size(dtype_));
   const double s_local = double(job_.seq) / double(p.cp);
-  const double ls = double(blocks_per_stage(p));
+  const Link& tp_link = cl.link_for_axis(p.tp, 1);
+  const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
+  // The stage with the most work per micro-batch (the first on ties).
+  auto total = [](const StageTimes& st) { return st.forward_s + st.backward_s + st.weight_grad_s; };
+  const std::vector<int64_t> blocks = stage_blocks(p);
+  StageTimes st;
+  double most = -1;
+  std::vector<int64_t> seen;  // a middle stage's work depends on its blocks alone
+  for (int64_t s = 0; s < p.pp; ++s) {
+    if (s > 0 && s < p.pp - 1) {
+      if (std::find(seen.begin(), seen.end(), blocks[size_t(s)]) != seen.end()) continue;
+      seen.push_back(blocks[size_t(s)]);
+    }
+    const StageTimes t = stage_times(p, lc, s, double(blocks[size_t(s)]));
+    if (total(t) > most) most = total(t), st = t;
+  }
+
+  // ---- pipeline: p2p sends (Megatron's scatter/gather: 1/tp of the activation)
+  const int64_t pp_stride = p.tp * p.cp * p.dp;
+  const Link& pp_link = cl.link_for_axis(p.pp, pp_stride);
+  *p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
+  st.p2p_s = 0;
+  if (p.pp > 1) {
+    st.p2p_s =
+        cl.collective_time_s(Collective::kSendRecv, 2, *p2p_bytes, pp_link) / k_.p2p_efficiency;
+    if (k_.p2p_scatter_gather)
+      st.p2p_s += cl.collective_time_s(Collective::kAllGather, p.tp, act_buf, tp_link);
+  }
+  return st;
+}
+
+StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t stage,
+                                  double blocks) const {
+  const double ls = blocks;
   // ---- one block, one micro-batch: compute + the collectives the partitioner put in it
   const double f_layer = lc.forward_s, b_layer = lc.backward_s, w_layer = lc.weight_grad_s;
   const double tp_fwd = lc.tp_fwd_s, tp_bwd = lc.tp_bwd_s;
   const double cp_fwd = lc.cp_fwd_s, cp_bwd = lc.cp_bwd_s;
-  const Link& tp_link = cl.link_for_axis(p.tp, 1);
-  const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
 
   // ---- stages: blocks per stage, first (embedding) and last (head) stage
   double recompute_layer = 0;
@@ -830,37 +888,19 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   base.recompute_s = ls * recompute_layer;
   base.tp_comm_s = ls * (tp_fwd + tp_bwd + (p.recompute == Recompute::kFull ? tp_fwd : 0));
   base.cp_comm_s = ls * (cp_fwd + cp_bwd + (p.recompute == Recompute::kFull ? cp_fwd : 0));
-  StageTimes first = base, last = base;
-  first.forward_s += lc.embed_fwd_s;
-  first.backward_s += lc.embed_bwd_s;
-  first.tp_comm_s += lc.embed_comm_s - lc.embed_cp_comm_s;
-  first.cp_comm_s += lc.embed_cp_comm_s;
-  auto add_head = [&](StageTimes& st) {
+  StageTimes st = base;
+  if (stage == 0) {  // the embedding
+    st.forward_s += lc.embed_fwd_s;
+    st.backward_s += lc.embed_bwd_s;
+    st.tp_comm_s += lc.embed_comm_s - lc.embed_cp_comm_s;
+    st.cp_comm_s += lc.embed_cp_comm_s;
+  }
+  if (stage == p.pp - 1) {  // the final norm, head and loss
     st.forward_s += lc.head_fwd_s;
     st.backward_s += lc.head_bwd_s;
     st.weight_grad_s += lc.head_wgrad_s;
     st.tp_comm_s += lc.head_comm_s - lc.head_cp_comm_s;
     st.cp_comm_s += lc.head_cp_comm_s;
-  };
-  if (p.pp == 1) {
-    add_head(first);
-    last = first;
-  } else {
-    add_head(last);
-  }
-  auto total = [](const StageTimes& st) { return st.forward_s + st.backward_s + st.weight_grad_s; };
-  StageTimes st = total(first) >= total(last) ? first : last;
-
-  // ---- pipeline: p2p sends (Megatron's scatter/gather: 1/tp of the activation)
-  const int64_t pp_stride = p.tp * p.cp * p.dp;
-  const Link& pp_link = cl.link_for_axis(p.pp, pp_stride);
-  *p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
-  st.p2p_s = 0;
-  if (p.pp > 1) {
-    st.p2p_s =
-        cl.collective_time_s(Collective::kSendRecv, 2, *p2p_bytes, pp_link) / k_.p2p_efficiency;
-    if (k_.p2p_scatter_gather)
-      st.p2p_s += cl.collective_time_s(Collective::kAllGather, p.tp, act_buf, tp_link);
   }
   return st;
 }
@@ -942,22 +982,28 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
   return pipeline;
 }
 
-void CostModel::stage_parameters(const Plan& p, const LayerCost& lc, double* first,
-                                 double* last) const {
+double CostModel::stage_params(const Plan& p, const LayerCost& lc, int64_t stage,
+                               double blocks) const {
   const TransformerDims& d = dims_;
-  const double ls = double(blocks_per_stage(p));
-  // ---- parameters per rank on the first and the last stage
-  const double layer_params = double(lc.layer_params);
-  double p_first = ls * layer_params + double(lc.embed_params);
-  double p_last = ls * layer_params + double(lc.head_params);
-  if (p.pp == 1) {
-    p_first += double(lc.head_params);
-    p_last = p_first;
-  } else if (d.tied) {
-    p_last += double((d.vocab + p.tp - 1) / p.tp) * double(d.hidden);  // the table's copy
+  double params = blocks * double(lc.layer_params);
+  if (stage == 0) params += double(lc.embed_params);
+  if (stage == p.pp - 1) {
+    params += double(lc.head_params);
+    if (p.pp > 1 && d.tied)
+      params += double((d.vocab + p.tp - 1) / p.tp) * double(d.hidden);  // the table's copy
   }
+  return params;
+}
 
-  *first = p_first, *last = p_last;
+double CostModel::most_stage_params(const Plan& p, const LayerCost& lc) const {
+  const std::vector<int64_t> blocks = stage_blocks(p);
+  // The first, the last, and the middle stage with the most blocks.
+  int64_t middle = 0;
+  for (int64_t s = 1; s + 1 < p.pp; ++s) middle = std::max(middle, blocks[size_t(s)]);
+  double most = std::max(stage_params(p, lc, 0, double(blocks.front())),
+                         stage_params(p, lc, p.pp - 1, double(blocks.back())));
+  if (p.pp > 2) most = std::max(most, stage_params(p, lc, 1, double(middle)));
+  return most;
 }
 
 // The exposed time of the gradients' reduction (and ZeRO's gathers) over the
@@ -1059,38 +1105,40 @@ void model_states(double params, const Plan& p, bool mixed, double act, MemoryBr
 
 }  // namespace
 
-// Bytes per device, the worse of the first and the last stage.
-Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc,
-                                                     double p_first, double p_last) const {
+// Micro-batches whose activations stage `stage` holds at its peak: 1F1B and
+// ZB-H1 keep pp - stage (at most m), GPipe all m, the interleaved schedule a
+// little more on the first stages (Narayanan et al. 2021).
+double stage_in_flight(const Plan& p, int64_t stage) {
+  if (p.pp <= 1) return 1;
+  const double m = double(p.num_micro_batches), pp = double(p.pp);
+  const double ahead = std::min(m, pp - double(stage));
+  switch (p.schedule) {
+    case ScheduleKind::kGPipe:
+      return m;
+    case ScheduleKind::k1F1B:
+    case ScheduleKind::kZbH1:
+      return ahead;
+    case ScheduleKind::kInterleaved:
+      return stage == p.pp - 1 ? 1.0 : ahead * (1 + (pp - 1) / (pp * m));
+  }
+  return ahead;
+}
+
+// Bytes per device of pipeline stage `stage` holding `blocks` blocks: its
+// model states, the activations of the micro-batches its schedule keeps in
+// flight, and its temporaries.
+Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
+                                                double blocks) const {
   const TransformerDims& d = dims_;
   const double act = double(dtype_size(dtype_));
   const bool mixed = dtype_ != DType::F32;
   const double m = double(p.num_micro_batches), pp = double(p.pp);
   const double s_local = double(job_.seq) / double(p.cp);
-  const int64_t ls_int = blocks_per_stage(p);
-  const double ls = double(ls_int), layer_params = double(lc.layer_params);
-  // ---- memory (bytes per device; the worse of the first and the last stage)
+  const double layer_params = double(lc.layer_params);
+  const bool first = stage == 0, last = stage == p.pp - 1;
   const double w_b = act;
-  auto states = [&](double params, MemoryBreakdown& mb) {
-    model_states(params, p, mixed, act, &mb);
-  };
   const double act_layer = layer_activation_bytes(d, p, job_.seq, k_.attention, act);
-  double in_flight = 1;
-  if (p.pp > 1) {
-    switch (p.schedule) {
-      case ScheduleKind::kGPipe:
-        in_flight = m;
-        break;
-      case ScheduleKind::k1F1B:
-      case ScheduleKind::kZbH1:
-        in_flight = std::min(m, pp);
-        break;
-      case ScheduleKind::kInterleaved:
-        in_flight = std::min(m, pp) * (1 + (pp - 1) / (pp * m));
-        break;
-    }
-  }
-  const double last_in_flight = p.schedule == ScheduleKind::kGPipe ? m : 1.0;
+  const double in_flight = stage_in_flight(p, stage);
   const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
                            (act + (d.dropout ? 1.0 : 0.0)) / (p.sp ? double(p.tp) : 1.0);
   // Temporaries: the recompute working set (one layer's full activations),
@@ -1104,9 +1152,8 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   const double z3_ws = p.zero >= 3 ? 2 * layer_params * w_b : 0.0;
   const double logits =
       2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
-  MemoryBreakdown mf, ml;
-  states(p_first, mf);
-  states(p_last, ml);
+  MemoryBreakdown mb;
+  model_states(stage_params(p, lc, stage, blocks), p, mixed, act, &mb);
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist
@@ -1114,25 +1161,40 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
     // over dp * cp replicas, or weights replicated over tp); the fed inputs
     // (an LM's i32 token and target ids, an MLP's f32 features and i32
     // labels: the program's input values) are the temporaries.
-    MF_ASSIGN_OR_RETURN(const double arena, arena_bytes(p, ls_int));
-    const double ids = lc.input_bytes;
+    MF_ASSIGN_OR_RETURN(const double arena,
+                        arena_bytes(p, static_cast<int64_t>(std::llround(blocks))));
     const bool buckets = p.num_micro_batches > 1 ||
                          (p.zero == 0 && (p.dp * p.cp > 1 || lc.opt_bucketed_tp_bytes > 0 ||
                                           lc.opt_bucketed_tp_outside_bytes > 0));
-    for (MemoryBreakdown* mb : {&mf, &ml}) {
-      if (!buckets) mb->grads = 0;
-      mb->activations = (mb == &mf ? in_flight : last_in_flight) * arena;
-      mb->temporaries = ids;
-    }
+    if (!buckets) mb.grads = 0;
+    mb.activations = in_flight * arena;
+    mb.temporaries = lc.input_bytes;
   } else {
-    mf.activations = in_flight * (ls * act_layer + embed_act);
-    ml.activations = last_in_flight * ls * act_layer;
-    mf.temporaries = rc_ws + z3_ws + (p.pp == 1 ? logits : 0.0);
-    ml.temporaries = rc_ws + z3_ws + logits;
+    mb.activations = in_flight * (blocks * act_layer + (first ? embed_act : 0.0));
+    mb.temporaries = rc_ws + z3_ws + (last ? logits : 0.0);
   }
-  for (MemoryBreakdown* mb : {&mf, &ml})
-    mb->total = mb->params + mb->grads + mb->optimizer + mb->activations + mb->temporaries;
-  return mf.total >= ml.total ? mf : ml;
+  mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
+  return mb;
+}
+
+// Bytes per device: the stage that needs the most (the first on ties). A
+// middle stage holding as many blocks as an earlier middle one needs no more
+// (it has as many or fewer micro-batches in flight), so it is not priced.
+Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc) const {
+  const std::vector<int64_t> blocks = stage_blocks(p);
+  MemoryBreakdown worst;
+  worst.total = -1;
+  std::vector<int64_t> seen;
+  for (int64_t s = 0; s < p.pp; ++s) {
+    if (s > 0 && s < p.pp - 1) {
+      if (std::find(seen.begin(), seen.end(), blocks[size_t(s)]) != seen.end()) continue;
+      seen.push_back(blocks[size_t(s)]);
+    }
+    MF_ASSIGN_OR_RETURN(const MemoryBreakdown mb,
+                        stage_memory(p, lc, s, double(blocks[size_t(s)])));
+    if (mb.total > worst.total) worst = mb;
+  }
+  return worst;
 }
 
 void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
@@ -1211,6 +1273,83 @@ Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
   return worst;
 }
 
+Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
+  if (p.pp <= 1 || p.vp > 1 || !has_blocks() || k_.memory_model == MemoryModel::kStaticArena)
+    return std::vector<int64_t>{};
+  Plan q = p;  // (REQUIRES: p valid; the search asks only for valid plans)
+  q.layers_per_stage.clear();
+  MF_ASSIGN_OR_RETURN(const LayerCost lc, layer_cost(q.tp, q.cp, q.micro_batch, q.sp, q.ops));
+  const int64_t layers = dims_.layers, pp = p.pp;
+  const double usable = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
+  auto work = [&](int64_t s, double n) {
+    const StageTimes t = stage_times(q, lc, s, n);
+    return t.forward_s + t.backward_s + t.weight_grad_s;
+  };
+  // Per stage: time t0 + n dt, memory b + n a (both linear in the blocks n).
+  // The first and the last stage are priced as they are; a middle stage
+  // differs from stage 1 only in the micro-batches it keeps in flight, each
+  // holding one block's activations per block.
+  std::vector<double> t0(static_cast<size_t>(pp)), a(static_cast<size_t>(pp)),
+      b(static_cast<size_t>(pp));
+  const double dt = work(0, 1) - work(0, 0);
+  const double act_layer =
+      layer_activation_bytes(dims_, q, job_.seq, k_.attention, double(dtype_size(dtype_)));
+  for (int64_t s : {int64_t{0}, int64_t{1}, pp - 1}) {
+    if (s >= pp) continue;
+    t0[size_t(s)] = work(s, 0);
+    MF_ASSIGN_OR_RETURN(const MemoryBreakdown m0, stage_memory(q, lc, s, 0));
+    MF_ASSIGN_OR_RETURN(const MemoryBreakdown m1, stage_memory(q, lc, s, 1));
+    b[size_t(s)] = m0.total, a[size_t(s)] = m1.total - m0.total;
+  }
+  for (int64_t s = 2; s < pp - 1; ++s) {
+    t0[size_t(s)] = t0[1], b[size_t(s)] = b[1];
+    a[size_t(s)] = a[1] + (stage_in_flight(q, s) - stage_in_flight(q, 1)) * act_layer;
+  }
+  // The most blocks stage s takes within time T and memory.
+  auto cap = [&](int64_t s, double T) -> int64_t {
+    double n = double(layers);
+    if (dt > 0) n = std::min(n, std::floor((T - t0[size_t(s)]) / dt * (1 + 1e-12)));
+    if (a[size_t(s)] > 0) n = std::min(n, std::floor((usable - b[size_t(s)]) / a[size_t(s)]));
+    return std::max<int64_t>(0, static_cast<int64_t>(n));
+  };
+  auto fits = [&](double T) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < pp; ++s) {
+      const int64_t c = cap(s, T);
+      if (c < 1) return false;
+      total += c;
+    }
+    return total >= layers;
+  };
+  double hi = 0;
+  for (int64_t s = 0; s < pp; ++s) hi = std::max(hi, t0[size_t(s)] + double(layers) * dt);
+  if (!fits(hi)) return std::vector<int64_t>{};  // memory: no split fits
+  // The slowest stage's time is t0 + k dt of the first, a middle or the last
+  // stage for some k: the least that fits, by bisection on k for each.
+  for (int64_t s : {int64_t{0}, std::min<int64_t>(1, pp - 1), pp - 1}) {
+    int64_t lo_k = 0, hi_k = layers;  // fits(t0 + hi_k dt) is known for hi_k = layers
+    if (!fits(t0[size_t(s)] + double(hi_k) * dt)) continue;
+    while (hi_k - lo_k > 1) {
+      const int64_t mid = (lo_k + hi_k) / 2;
+      (fits(t0[size_t(s)] + double(mid) * dt) ? hi_k : lo_k) = mid;
+    }
+    hi = std::min(hi, t0[size_t(s)] + double(hi_k) * dt);
+  }
+  std::vector<int64_t> n(static_cast<size_t>(pp));
+  int64_t total = 0;
+  for (int64_t s = 0; s < pp; ++s) total += n[size_t(s)] = std::min(cap(s, hi), layers);
+  // Give back the surplus from the stages with the most work (never below one block).
+  while (total > layers) {
+    int64_t worst = -1;
+    for (int64_t s = 0; s < pp; ++s)
+      if (n[size_t(s)] > 1 && (worst < 0 || t0[size_t(s)] + double(n[size_t(s)]) * dt >
+                                                t0[size_t(worst)] + double(n[size_t(worst)]) * dt))
+        worst = s;
+    --n[size_t(worst)], --total;
+  }
+  return n;
+}
+
 Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
@@ -1218,13 +1357,12 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   // model here, a ResNet anywhere): the runtime's own split of the whole
   // program, its chunks priced one by one (their arenas and stashes are the
   // memory the pipeline trainer holds).
-  const bool by_chunk =
-      p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
+  const bool by_chunk = p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
   std::vector<ChunkCost> chunks;
   LayerCost lc;
   if (by_chunk) {
-    MF_ASSIGN_OR_RETURN(chunks,
-                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute));
+    MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp,
+                                            p.recompute, p.layers_per_stage));
   } else {
     MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops));
   }
@@ -1241,16 +1379,15 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     MF_ASSIGN_OR_RETURN(r.plan.searched, op_search(p.tp, p.micro_batch));
   }
   double p2p_bytes = 0;
-  double p_first = 0, p_last = 0;
+  double p_stage = 0;  // the most parameters a stage holds
   if (by_chunk) {
     stages_from_chunks(p, chunks, &r.stage, &lc, &p2p_bytes);
-    p_first = p_last = double(lc.head_params);
+    p_stage = double(lc.head_params);
   } else {
     r.stage = slowest_stage(p, lc, &p2p_bytes);
-    stage_parameters(p, lc, &p_first, &p_last);
+    p_stage = most_stage_params(p, lc);
   }
   MF_ASSIGN_OR_RETURN(const double pipeline, pipeline_time(p, r.stage, model, &r));
-  const double p_stage = std::max(p_first, p_last);
   const int64_t replicas = p.dp * p.cp;
   double dp_bytes = 0;
   r.dp_comm_s = data_parallel_time(p, lc, r.stage, p_stage, &dp_bytes);
@@ -1267,7 +1404,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   if (by_chunk) {
     MF_ASSIGN_OR_RETURN(r.memory, memory_from_chunks(p, chunks));
   } else {
-    MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc, p_first, p_last));
+    MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc));
   }
   r.usable_memory = k_.usable_memory_fraction * double(cl.device.memory_bytes);
   r.fits = r.memory.total <= r.usable_memory;

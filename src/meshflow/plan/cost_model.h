@@ -347,7 +347,18 @@ class CostModel {
   // partition at these degrees.
   Result<std::vector<ChunkCost>> chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
                                              int64_t chunks, bool sp = false,
-                                             Recompute recompute = Recompute::kNone) const;
+                                             Recompute recompute = Recompute::kNone,
+                                             const std::vector<int64_t>& layers = {}) const;
+  // Blocks per stage for p's pipeline chosen by time and memory together:
+  // the split that minimizes the slowest stage's work per micro-batch with
+  // every stage's predicted peak within the device's usable memory (a 1F1B
+  // pipeline's first stages hold more micro-batches in flight, the first
+  // stage the embedding, the last the head and its logits). For a chain of
+  // identical blocks the stage's time and memory are linear in its blocks,
+  // so a bisection on the slowest stage's time with each stage taking what
+  // fits is exact. Empty when no split fits. Pipelines priced by chunk (on
+  // meshflow's executor) keep the runtime's own cost-balanced split (empty).
+  Result<std::vector<int64_t>> stage_split(const Plan& p) const;
   // The blocks a pipeline splits: a language model's transformer blocks, a
   // ResNet's residual layers; 0 for a model that cannot be pipelined (the MLP).
   int64_t pipeline_layers() const { return pipeline_layers_; }
@@ -381,17 +392,27 @@ class CostModel {
                             const std::string& axis, const Plan& p, double* bytes) const;
   double roofline_time_s(double flops, double bytes) const;
   // The parts of price(), in order (cost_model.cc).
+  // The most blocks a stage holds; per stage (Plan::layers_per_stage, or
+  // that most on every stage when balanced).
   int64_t blocks_per_stage(const Plan& p) const;
+  std::vector<int64_t> stage_blocks(const Plan& p) const;
+  // One micro-batch's F, B, W on pipeline stage `stage` holding `blocks`
+  // blocks (the embedding on the first, the head on the last).
+  StageTimes stage_times(const Plan& p, const LayerCost& lc, int64_t stage, double blocks) const;
   StageTimes slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const;
   Result<double> pipeline_time(const Plan& p, const StageTimes& st, PipelineModel model,
                                StepCost* r) const;
   // The makespan of the runtime's schedule for p's micro-batches, simulated.
   Result<double> simulated_pipeline_s(const Plan& p, const StageTimes& st) const;
-  void stage_parameters(const Plan& p, const LayerCost& lc, double* first, double* last) const;
+  // Parameters per device on stage `stage` holding `blocks` blocks; the most
+  // over the plan's stages.
+  double stage_params(const Plan& p, const LayerCost& lc, int64_t stage, double blocks) const;
+  double most_stage_params(const Plan& p, const LayerCost& lc) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;
-  Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc, double p_first,
-                                            double p_last) const;
+  Result<MemoryBreakdown> stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
+                                       double blocks) const;
+  Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc) const;
   // A pipeline of priced chunks (a ResNet's): *st, the slowest rank's chunks
   // summed; *lc, the rank with the most parameters as a model without blocks
   // (its parameters, optimizer collectives and collective bytes as the
@@ -432,8 +453,8 @@ class CostModel {
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::pair<double, double>>
       arena_cache_;
-  // (tp, cp, micro_batch, chunks, sp + 2 x recompute) -> the priced chunks.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>,
+  // (tp, cp, micro_batch, chunks, sp + 2 x recompute, layers) -> the priced chunks.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, std::vector<int64_t>>,
                    std::shared_ptr<const Result<std::vector<ChunkCost>>>>
       chunk_cache_;
   // (tp, cp, micro_batch, sp + 2 x recompute) -> the program chunk_costs splits.

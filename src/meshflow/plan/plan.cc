@@ -27,6 +27,11 @@ std::string plan_label(const Plan& p) {
   s += " pp=" + std::to_string(p.pp);
   if (p.cp > 1) s += " cp=" + std::to_string(p.cp);
   if (p.vp > 1) s += " vp=" + std::to_string(p.vp);
+  if (!p.layers_per_stage.empty()) {
+    s += " stages=";
+    for (size_t i = 0; i < p.layers_per_stage.size(); ++i)
+      s += (i ? "/" : "") + std::to_string(p.layers_per_stage[i]);
+  }
   s += " mb=" + std::to_string(p.micro_batch) + "x" + std::to_string(p.num_micro_batches);
   s += " " + std::string(schedule_name(p.schedule)) + " " + recompute_name(p.recompute) + " zero" +
        std::to_string(p.zero);

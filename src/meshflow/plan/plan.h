@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshflow/core/status.h"
 #include "meshflow/pipeline/schedule.h"
@@ -51,6 +52,11 @@ struct Plan {
   // holds them once CostModel::price has priced the plan (what
   // parallel_section writes as the config's split tuples).
   bool ops = false;
+  // Blocks per pipeline stage (one entry per stage, pp of them, summing to
+  // the model's blocks: a language model's transformer blocks, a ResNet's
+  // residual layers); empty: the runtime's balanced split. Uneven splits
+  // come from CostModel::stage_split (time and memory together) or the user.
+  std::vector<int64_t> layers_per_stage;
   std::shared_ptr<const StrategySearch> searched;
 
   int64_t devices() const { return dp * tp * pp * cp; }

@@ -242,24 +242,41 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
       return true;
     }
-    Result<StepCost> c = cm.price(p, CostModel::PipelineModel::kClosedForm);
-    if (!c.is_ok()) {
-      if (first_invalid.empty()) first_invalid = c.status().message();
-      return true;
+    auto consider = [&](const Plan& q) {
+      Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
+      if (!c.is_ok()) {
+        if (first_invalid.empty()) first_invalid = c.status().message();
+        return;
+      }
+      ++r.valid;
+      if (!c->fits) {
+        if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
+        return;
+      }
+      ++r.fitting;
+      if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
+      // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
+      for (const StepCost& k : r.plans)
+        if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
+      auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
+      r.plans.insert(at, *c);
+      if (r.plans.size() > keep) r.plans.pop_back();
+    };
+    consider(p);
+    // The same pipeline with its stages chosen by time and memory together
+    // (uneven: fewer blocks where the embedding, the head or the micro-batches
+    // in flight weigh), when that differs from the balanced split.
+    if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
+      Result<std::vector<int64_t>> split = cm.stage_split(p);
+      if (split.is_ok() && !split->empty() &&
+          *std::max_element(split->begin(), split->end()) !=
+              *std::min_element(split->begin(), split->end())) {
+        Plan q = p;
+        q.layers_per_stage = *split;
+        ++r.evaluated;
+        consider(q);
+      }
     }
-    ++r.valid;
-    if (!c->fits) {
-      if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
-      return true;
-    }
-    ++r.fitting;
-    if (r.plans.size() == keep && !faster(*c, r.plans.back())) return true;
-    // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
-    for (const StepCost& k : r.plans)
-      if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return true;
-    auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
-    r.plans.insert(at, *c);
-    if (r.plans.size() > keep) r.plans.pop_back();
     return true;
   });
   for (StepCost& c : r.plans) {
