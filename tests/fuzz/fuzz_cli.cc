@@ -291,6 +291,8 @@ class Gen {
     if (coin(0.4)) a += " --seq " + one<std::string>({"128", "2048", "0", "-5", "100000"});
     if (coin(0.4)) a += " --fix '" + one(fixes) + "'";
     if (coin(0.3)) a += " --top " + one<std::string>({"0", "1", "5", "-1", "1000"});
+    if (coin(0.3))
+      a += " --emit " + one<std::string>({"megatron", "deepspeed", "torchtitan", "slurm", ""});
     return a;
   }
 

@@ -7,12 +7,14 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "meshflow/cli/errors.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/emit.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
 
@@ -148,6 +150,13 @@ Result<AttentionKernel> parse_attention(const std::string& s) {
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
+  std::optional<EmitTarget> emit;
+  if (!o.emit.empty()) {
+    Result<EmitTarget> t = parse_emit_target(o.emit);
+    if (!t.is_ok()) return user_error(t.status().message());
+    if (o.json) return user_error("--emit and --json both print to stdout; give one");
+    emit = *t;
+  }
   // Before the search, not after it: the --out file can be written.
   if (!o.out.empty()) {
     Status s = check_output_file(o.out, "--out");
@@ -188,12 +197,29 @@ int run_plan(const PlanOptions& o) {
   k.attention = *attention;
   CostModel cm(job, *cluster, k);
   if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
+  if (emit) {  // only the plans the target runs as planned
+    Result<TransformerDims> dims = transformer_dims(*model);
+    if (!dims.is_ok())
+      return user_error(std::string("--emit ") + o.emit + ": " + o.model +
+                        " is not a transformer language model, which " + emit_target_name(*emit) +
+                        " trains");
+    so.reject = [d = *dims, t = *emit](const Plan& p) {
+      Status s = emit_check(p, d, t);
+      return s.is_ok() ? std::string() : s.message();
+    };
+  }
   Result<SearchResult> r = search_plans(cm, o.gpus, so);
   if (!r.is_ok()) return user_error(r.status().message());
 
   const ModelSummary sum = summarize(*model, job.seq);
   const StepCost& best = r->plans[0];
-  if (o.json) {
+  if (emit) {
+    Result<std::string> text = emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit);
+    if (!text.is_ok()) return user_error(text.status().message());
+    std::fputs(text->c_str(), stdout);
+    std::fprintf(stderr, "meshflow: best plan %s, %.3f s per step predicted\n",
+                 plan_label(best.plan).c_str(), best.step_time_s);
+  } else if (o.json) {
     ojson j;
     j["model"] = o.model;
     j["model_summary"] = sum.text;
@@ -250,7 +276,10 @@ int run_plan(const PlanOptions& o) {
     if (!f.is_ok()) return user_error("--out " + o.out + ": " + f.status().message());
     Status s = write_file_atomic(o.out, f->dump(2) + "\n", "--out");
     if (!s.is_ok()) return user_error(s.message());
-    if (!o.json) std::printf("\nwrote %s\n", o.out.c_str());
+    if (emit)
+      std::fprintf(stderr, "meshflow: wrote %s\n", o.out.c_str());
+    else if (!o.json)
+      std::printf("\nwrote %s\n", o.out.c_str());
   }
   return 0;
 }
@@ -314,6 +343,9 @@ void add_plan_commands(CLI::App& app) {
         return v.empty() ? std::string("empty; give key=value items, e.g. tp=8,pp=4")
                          : std::string();
       });
+  p->add_option("--emit", po->emit,
+                "Print the best plan as another stack's launch config: megatron (Megatron-LM "
+                "arguments), deepspeed (config JSON) or torchtitan (job TOML tables)");
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention) or materialized (Megatron-LM 2021)");
   p->callback([po]() { std::exit(guard([&] { return run_plan(*po); })); });

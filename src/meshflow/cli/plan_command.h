@@ -2,6 +2,7 @@
 //
 //   meshflow plan configs/models/gpt3_175b.json --cluster configs/clusters/dgx_a100_80gb.json
 //       --gpus 1024 --global-batch 1536 [--seq 2048] [--top 3] [--json] [--out plan.json]
+//       [--emit megatron|deepspeed|torchtitan]   (the best plan as that stack's launch config)
 //       [--fix tp=8,pp=8,schedule=interleaved] [--time-limit SECONDS]
 //   meshflow simulate plan.json --trace step.json      (Chrome trace of one predicted step)
 //
@@ -35,6 +36,9 @@ struct PlanOptions {
   std::string fix;                  // "tp=8,pp=4"
   std::string attention = "fused";  // fused | materialized (Megatron-LM 2021 kernels)
   double time_limit_s = 60;         // the search stops here with the best plan so far
+  // megatron | deepspeed | torchtitan: print the best plan in that stack's
+  // spelling (plan/emit.h) as the only output on stdout.
+  std::string emit;
 };
 
 // The most devices `plan --gpus` accepts (about ten times the largest clusters built).

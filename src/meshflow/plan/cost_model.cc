@@ -581,6 +581,22 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   if (has_blocks()) {
     MF_ASSIGN_OR_RETURN(const Totals two, totals(2, Recompute::kNone, nullptr));
     block = minus(two, one);
+    // The difference is a block only if the partitioner lays out the rest
+    // (embedding, head) alike in both programs. Where it does not (LLaMA's
+    // GQA under megatron-sp with cp: the one-block program's head runs on
+    // gathered sequences), a part comes out negative: then the block is the
+    // third block's cost and the rest is the two-block program's.
+    bool negative = false;
+    for (int i : {kFwd, kBwd, kWgrad, kTpFwd, kTpBwd, kCpFwd, kCpBwd})
+      negative |= block[i] < -1e-12;
+    if (negative) {
+      Totals embed2{};
+      MF_ASSIGN_OR_RETURN(const Totals two_e, totals(2, Recompute::kNone, &embed2));
+      MF_ASSIGN_OR_RETURN(const Totals three, totals(3, Recompute::kNone, nullptr));
+      block = minus(three, two_e);
+      one = minus(two_e, block);
+      embed = embed2;
+    }
   } else {
     embed = Totals{};  // no blocks: everything is the head's
   }

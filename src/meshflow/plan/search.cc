@@ -243,6 +243,13 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       return true;
     }
     auto consider = [&](const Plan& q) {
+      if (options.reject) {
+        const std::string no = options.reject(q);
+        if (!no.empty()) {
+          if (first_invalid.empty()) first_invalid = no;
+          return;
+        }
+      }
       Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
       if (!c.is_ok()) {
         if (first_invalid.empty()) first_invalid = c.status().message();

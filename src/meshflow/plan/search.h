@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ struct SearchOptions {
   // Stop after this many seconds with the best plans found so far
   // (SearchResult::timed_out); 0: no limit.
   double time_limit_s = 0;
+  // Plans this returns a reason for are left out (counted as invalid, the
+  // first reason reported when nothing is left): `meshflow plan --emit`
+  // searches only the plans the target stack runs as planned.
+  std::function<std::string(const Plan&)> reject;
 };
 
 struct SearchResult {

@@ -1,0 +1,296 @@
+#include "meshflow/plan/emit.h"
+
+#include <nlohmann/json.hpp>
+
+#include "meshflow/plan/model_dims.h"
+
+namespace meshflow::plan {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+Status cannot(EmitTarget t, const Plan& p, const std::string& why) {
+  return Status::invalid(std::string(emit_target_name(t)) + " cannot run plan " + plan_label(p) +
+                         " as planned: " + why);
+}
+
+// Checks shared by every target: a language model, a plan without
+// per-operator strategies.
+Result<TransformerDims> common_checks(const Plan& p, const TrainingJob& job, EmitTarget t) {
+  Result<TransformerDims> d = transformer_dims(job.model);
+  if (!d.is_ok())
+    return Status::invalid(std::string(emit_target_name(t)) +
+                           " trains transformer language models (GPT, LLaMA); this model is not "
+                           "one: " +
+                           d.status().message());
+  return d;
+}
+
+// The balanced split the target makes when given only the stage count:
+// equal stages. An uneven split is spelled per target.
+bool uneven(const Plan& p) {
+  for (int64_t n : p.layers_per_stage)
+    if (n != p.layers_per_stage.front()) return true;
+  return false;
+}
+
+Status check_megatron(const Plan& p) {
+  const EmitTarget t = EmitTarget::kMegatron;
+  if (p.pp > 1) {
+    if (p.schedule == ScheduleKind::kGPipe || p.schedule == ScheduleKind::kZbH1)
+      return cannot(t, p,
+                    "Megatron-LM runs 1F1B and its interleaved form only; pin "
+                    "schedule=1f1b or schedule=interleaved");
+    if (uneven(p)) {
+      const std::vector<int64_t>& n = p.layers_per_stage;
+      for (size_t s = 2; s + 1 < n.size(); ++s)
+        if (n[s] != n[1])
+          return cannot(t, p,
+                        "Megatron-LM sets the first and the last stage's layers "
+                        "(--decoder-first/last-pipeline-num-layers) and splits the rest evenly; "
+                        "this split's middle stages differ");
+    }
+  }
+  if (p.zero == 3 && p.pp > 1)
+    return cannot(t, p,
+                  "ZeRO-3 is Megatron-LM's --use-torch-fsdp2, which does not run with "
+                  "pipeline parallelism; pin zero=1 or 2 (--use-distributed-optimizer)");
+  return Status::ok();
+}
+
+Status check_deepspeed(const Plan& p) {
+  const EmitTarget t = EmitTarget::kDeepSpeed;
+  if (p.pp > 1)
+    return cannot(t, p,
+                  "DeepSpeed's pipeline stages are set in code (PipelineModule(num_stages=...)), "
+                  "not in its JSON config; pin pp=1 or emit megatron");
+  if (p.cp > 1)
+    return cannot(t, p, "DeepSpeed's Ulysses sequence parallelism is set in code; pin cp=1");
+  if (p.sp) return cannot(t, p, "DeepSpeed's AutoTP has no sequence parallelism; pin sp=false");
+  if (p.tp > 1 && p.zero == 3)
+    return cannot(t, p, "DeepSpeed's AutoTP runs with ZeRO stage 0, 1 or 2; pin zero<=2");
+  if (p.recompute == Recompute::kSelective)
+    return cannot(t, p,
+                  "DeepSpeed checkpoints whole layers (activation_checkpointing), not selected "
+                  "ops; pin recompute=full or none");
+  return Status::ok();
+}
+
+Status check_torchtitan(const Plan& p, const TransformerDims& d) {
+  const EmitTarget t = EmitTarget::kTorchTitan;
+  if (!d.llama)
+    return cannot(t, p, "TorchTitan's models are LLaMA-style (llama3); this model is GPT-2 style");
+  if (p.tp > 1 && !p.sp)
+    return cannot(t, p,
+                  "TorchTitan's tensor parallelism always splits the sequence of norms and "
+                  "residuals (sequence parallelism); pin sp=true");
+  // FSDP2 keeps nothing between ZeRO-0 (DDP) and ZeRO-3 but
+  // reshard_after_forward = "never" (parameters stay gathered from the
+  // forward to the backward), which is not ZeRO-1/2's memory.
+  if (p.zero == 1 || p.zero == 2)
+    return cannot(t, p,
+                  "TorchTitan shards with FSDP2: ZeRO-3 (data_parallel_shard_degree) or none "
+                  "(data_parallel_replicate_degree); pin zero=0 or zero=3");
+  if (p.schedule == ScheduleKind::kZbH1 && p.pp > 1)
+    return cannot(t, p,
+                  "torch's zero-bubble schedules need two or more stages per rank "
+                  "(InterleavedZeroBubble, ZBVZeroBubble); pin schedule=1f1b");
+  return Status::ok();
+}
+
+Result<std::string> megatron(const Plan& p, const TrainingJob& job, const TransformerDims& d,
+                             bool bf16) {
+  std::vector<std::string> a;
+  auto arg = [&](const std::string& name, const std::string& value = "") {
+    a.push_back(value.empty() ? name : name + " " + value);
+  };
+  // The model (megatron/training/arguments.py, network size).
+  arg("--num-layers", str(d.layers));
+  arg("--hidden-size", str(d.hidden));
+  arg("--ffn-hidden-size", str(d.ffn));
+  arg("--num-attention-heads", str(d.heads));
+  if (d.kv_heads != d.heads) {
+    arg("--group-query-attention");
+    arg("--num-query-groups", str(d.kv_heads));
+  }
+  arg("--seq-length", str(job.seq));
+  arg("--max-position-embeddings", str(d.max_seq));
+  arg("--vocab-size", str(d.vocab));
+  if (d.llama) {
+    arg("--normalization", "RMSNorm");
+    arg("--position-embedding-type", "rope");
+    arg("--swiglu");
+    arg("--disable-bias-linear");
+  }
+  if (!d.tied) arg("--untie-embeddings-and-output-weights");
+  if (bf16) arg("--bf16");
+  // The parallel layout (distributed).
+  arg("--tensor-model-parallel-size", str(p.tp));
+  if (p.sp) arg("--sequence-parallel");
+  arg("--pipeline-model-parallel-size", str(p.pp));
+  if (p.cp > 1) {
+    arg("--context-parallel-size", str(p.cp));
+    arg("--cp-comm-type", "a2a");  // meshflow's cp: all_to_all to head shards (Ulysses)
+  }
+  if (p.pp > 1) {
+    if (p.schedule == ScheduleKind::kInterleaved)
+      arg("--num-layers-per-virtual-pipeline-stage", str(d.layers / (p.pp * p.vp)));
+    if (uneven(p)) {
+      arg("--decoder-first-pipeline-num-layers", str(p.layers_per_stage.front()));
+      arg("--decoder-last-pipeline-num-layers", str(p.layers_per_stage.back()));
+    }
+  }
+  if (p.zero == 3) {
+    arg("--use-torch-fsdp2");
+  } else if (p.zero >= 1) {
+    // Optimizer state sharded, gradients reduce-scattered to their owner.
+    arg("--use-distributed-optimizer");
+  }
+  // The batch (training).
+  arg("--micro-batch-size", str(p.micro_batch));
+  arg("--global-batch-size", str(job.global_batch));
+  if (p.recompute == Recompute::kFull) {
+    arg("--recompute-granularity", "full");
+    arg("--recompute-method", "uniform");
+    arg("--recompute-num-layers", "1");
+  } else if (p.recompute == Recompute::kSelective) {
+    arg("--recompute-granularity", "selective");
+  }
+  std::string out = "# meshflow plan " + plan_label(p) + ": Megatron-LM arguments for " +
+                    str(p.devices()) +
+                    " GPUs (data parallel = world size / (tp x pp x cp) = " + str(p.dp) + ")\n";
+  for (size_t i = 0; i < a.size(); ++i) out += a[i] + (i + 1 < a.size() ? " \\\n" : "\n");
+  return out;
+}
+
+Result<std::string> deepspeed(const Plan& p, const TrainingJob& job, bool bf16) {
+  nlohmann::ordered_json j;
+  j["train_batch_size"] = job.global_batch;
+  j["train_micro_batch_size_per_gpu"] = p.micro_batch;
+  j["gradient_accumulation_steps"] = p.num_micro_batches;
+  j["zero_optimization"] = {{"stage", p.zero}};
+  j["bf16"] = {{"enabled", bf16}};
+  if (p.tp > 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
+  if (p.recompute == Recompute::kFull)
+    j["activation_checkpointing"] = {{"partition_activations", false},
+                                     {"contiguous_memory_optimization", false}};
+  return j.dump(2) + "\n";
+}
+
+Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const TransformerDims& d) {
+  std::string sched;
+  switch (p.schedule) {
+    case ScheduleKind::k1F1B:
+      sched = "1F1B";
+      break;
+    case ScheduleKind::kGPipe:
+      sched = "GPipe";
+      break;
+    case ScheduleKind::kInterleaved:
+      sched = "Interleaved1F1B";
+      break;
+    case ScheduleKind::kZbH1:  // (pp = 1 only: no pipeline, check_torchtitan)
+      sched = "1F1B";
+      break;
+  }
+  std::string out = "# meshflow plan " + plan_label(p) + ": TorchTitan job config tables for " +
+                    str(p.devices()) + " GPUs (set [model] name = \"llama3\" and its flavor)\n";
+  out += "[training]\n";
+  out +=
+      "local_batch_size = " + str(p.pp > 1 ? p.micro_batch * p.num_micro_batches : p.micro_batch) +
+      "\n";
+  out += "global_batch_size = " + str(job.global_batch) + "\n";
+  out += "seq_len = " + str(job.seq) + "\n\n";
+  out += "[parallelism]\n";
+  out += "data_parallel_replicate_degree = " + str(p.zero == 3 ? 1 : p.dp) + "\n";
+  out += "data_parallel_shard_degree = " + str(p.zero == 3 ? p.dp : 1) + "\n";
+  out += "tensor_parallel_degree = " + str(p.tp) + "\n";
+  out += "context_parallel_degree = " + str(p.cp) + "\n";
+  out += "pipeline_parallel_degree = " + str(p.pp) + "\n";
+  if (p.pp > 1) {
+    out += "pipeline_parallel_schedule = \"" + sched + "\"\n";
+    out += "pipeline_parallel_microbatch_size = " + str(p.micro_batch) + "\n";
+    if (uneven(p)) {
+      // The modules of each stage by name (TorchTitan's llama3 modules).
+      out += "module_fqns_per_model_part = [";
+      int64_t layer = 0;
+      for (size_t s = 0; s < p.layers_per_stage.size(); ++s) {
+        out += s ? ", [" : "[";
+        std::string part;
+        if (s == 0) part += "\"tok_embeddings\"";
+        for (int64_t k = 0; k < p.layers_per_stage[s]; ++k, ++layer)
+          part += (part.empty() ? "" : ", ") + std::string("\"layers.") + str(layer) + "\"";
+        if (s + 1 == p.layers_per_stage.size()) part += ", \"norm\", \"output\"";
+        out += part + "]";
+      }
+      out += "]\n";
+    } else {
+      out += "pipeline_parallel_layers_per_stage = " + str(d.layers / (p.pp * p.vp)) + "\n";
+    }
+  }
+  out += "\n[activation_checkpoint]\n";
+  out += std::string("mode = \"") +
+         (p.recompute == Recompute::kFull        ? "full"
+          : p.recompute == Recompute::kSelective ? "selective"
+                                                 : "none") +
+         "\"\n";
+  if (p.recompute == Recompute::kSelective) out += "selective_ac_option = \"op\"\n";
+  return out;
+}
+
+}  // namespace
+
+Result<EmitTarget> parse_emit_target(const std::string& name) {
+  if (name == "megatron") return EmitTarget::kMegatron;
+  if (name == "deepspeed") return EmitTarget::kDeepSpeed;
+  if (name == "torchtitan") return EmitTarget::kTorchTitan;
+  return Status::invalid("--emit '" + name +
+                         "': valid targets are megatron, deepspeed, torchtitan");
+}
+
+const char* emit_target_name(EmitTarget t) {
+  switch (t) {
+    case EmitTarget::kMegatron:
+      return "Megatron-LM";
+    case EmitTarget::kDeepSpeed:
+      return "DeepSpeed";
+    case EmitTarget::kTorchTitan:
+      return "TorchTitan";
+  }
+  return "?";
+}
+
+Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t) {
+  if (p.ops)
+    return cannot(t, p,
+                  "its per-operator strategies (the strategy search's) have no spelling there; "
+                  "price the Megatron layouts instead (a plan without +ops)");
+  switch (t) {
+    case EmitTarget::kMegatron:
+      return check_megatron(p);
+    case EmitTarget::kDeepSpeed:
+      return check_deepspeed(p);
+    case EmitTarget::kTorchTitan:
+      return check_torchtitan(p, d);
+  }
+  return Status::ok();
+}
+
+Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t) {
+  MF_ASSIGN_OR_RETURN(const TransformerDims d, common_checks(p, job, t));
+  MF_RETURN_IF_ERROR(emit_check(p, d, t));
+  switch (t) {
+    case EmitTarget::kMegatron:
+      return megatron(p, job, d, bf16);
+    case EmitTarget::kDeepSpeed:
+      return deepspeed(p, job, bf16);
+    case EmitTarget::kTorchTitan:
+      return torchtitan(p, job, d);
+  }
+  return Status::internal("emit_plan: unknown target");
+}
+
+}  // namespace meshflow::plan

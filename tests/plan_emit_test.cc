@@ -1,0 +1,266 @@
+// `meshflow plan --emit megatron|deepspeed|torchtitan` (plan/emit.h): the
+// best plan written as another stack's launch config. Every name emitted is
+// checked against the names that stack defines, transcribed here from its
+// own source:
+//   Megatron-LM  megatron/training/arguments.py (_add_network_size_args,
+//                _add_distributed_args, _add_training_args,
+//                _add_mixed_precision_args, _add_tokenizer_args), core_r0.12;
+//   DeepSpeed    deepspeed/runtime/config.py and constants.py (train_batch_size,
+//                train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+//                zero_optimization.stage, bf16.enabled, activation_checkpointing),
+//                and the AutoTP training tutorial (tensor_parallel.autotp_size);
+//   TorchTitan   torchtitan/config/job_config.py (Training, Parallelism,
+//                ActivationCheckpoint).
+// Plans a stack cannot run as planned are refused, and the search under
+// --emit returns only plans the stack runs.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "cli_run.h"
+#include "meshflow/config/json_reader.h"
+#include "meshflow/plan/emit.h"
+#include "meshflow/plan/search.h"
+
+namespace meshflow::plan {
+namespace {
+
+using meshflow::testing::run_cli;
+using meshflow::testing::source_dir;
+
+ModelConfig model(const std::string& name) {
+  return value_or_throw(
+      parse_model_config(value_or_throw(read_json_file(source_dir() + "/configs/models/" + name))));
+}
+
+const std::set<std::string> kMegatronArgs = {"--num-layers",
+                                             "--hidden-size",
+                                             "--ffn-hidden-size",
+                                             "--num-attention-heads",
+                                             "--group-query-attention",
+                                             "--num-query-groups",
+                                             "--seq-length",
+                                             "--max-position-embeddings",
+                                             "--vocab-size",
+                                             "--normalization",
+                                             "--position-embedding-type",
+                                             "--swiglu",
+                                             "--disable-bias-linear",
+                                             "--untie-embeddings-and-output-weights",
+                                             "--bf16",
+                                             "--tensor-model-parallel-size",
+                                             "--sequence-parallel",
+                                             "--pipeline-model-parallel-size",
+                                             "--context-parallel-size",
+                                             "--cp-comm-type",
+                                             "--num-layers-per-virtual-pipeline-stage",
+                                             "--decoder-first-pipeline-num-layers",
+                                             "--decoder-last-pipeline-num-layers",
+                                             "--use-distributed-optimizer",
+                                             "--use-torch-fsdp2",
+                                             "--micro-batch-size",
+                                             "--global-batch-size",
+                                             "--recompute-granularity",
+                                             "--recompute-method",
+                                             "--recompute-num-layers"};
+
+// The flags of an emitted Megatron-LM argument list, each checked known.
+std::map<std::string, std::string> megatron_flags(const std::string& text) {
+  std::map<std::string, std::string> flags;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.size() >= 2 && line.substr(line.size() - 2) == " \\") line.resize(line.size() - 2);
+    const size_t sp = line.find(' ');
+    const std::string flag = line.substr(0, sp);
+    EXPECT_TRUE(kMegatronArgs.count(flag)) << "not a Megatron-LM argument: " << flag;
+    flags[flag] = sp == std::string::npos ? "" : line.substr(sp + 1);
+  }
+  return flags;
+}
+
+TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
+  const TrainingJob job{model("llama3_70b.json"), 256, 8192};
+  Plan p;
+  p.dp = 2, p.tp = 4, p.pp = 4, p.cp = 2, p.sp = true, p.vp = 1;
+  p.micro_batch = 2, p.num_micro_batches = 64;
+  p.recompute = Recompute::kFull;
+  p.zero = 1;
+  p.layers_per_stage = {17, 21, 21, 21};
+  const std::string text = value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron));
+  const auto f = megatron_flags(text);
+  EXPECT_EQ(f.at("--tensor-model-parallel-size"), "4");
+  EXPECT_EQ(f.at("--pipeline-model-parallel-size"), "4");
+  EXPECT_EQ(f.at("--context-parallel-size"), "2");
+  EXPECT_EQ(f.at("--cp-comm-type"), "a2a");
+  EXPECT_TRUE(f.count("--sequence-parallel"));
+  EXPECT_EQ(f.at("--decoder-first-pipeline-num-layers"), "17");
+  EXPECT_EQ(f.at("--decoder-last-pipeline-num-layers"), "21");
+  EXPECT_EQ(f.at("--micro-batch-size"), "2");
+  EXPECT_EQ(f.at("--global-batch-size"), "256");
+  EXPECT_EQ(f.at("--recompute-granularity"), "full");
+  EXPECT_TRUE(f.count("--use-distributed-optimizer"));
+  EXPECT_EQ(f.at("--num-query-groups"), "8");
+  EXPECT_EQ(f.at("--normalization"), "RMSNorm");
+  EXPECT_TRUE(f.count("--bf16"));
+  // Interleaved: layers per virtual stage.
+  p.layers_per_stage.clear();
+  p.schedule = ScheduleKind::kInterleaved, p.vp = 5;
+  EXPECT_EQ(megatron_flags(value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron)))
+                .at("--num-layers-per-virtual-pipeline-stage"),
+            "4");
+  // What Megatron-LM cannot run as planned.
+  p.schedule = ScheduleKind::kGPipe, p.vp = 1;
+  Result<std::string> bad = emit_plan(p, job, true, EmitTarget::kMegatron);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("1F1B and its interleaved form only"), std::string::npos);
+  p.schedule = ScheduleKind::k1F1B;
+  p.layers_per_stage = {10, 30, 20, 20};
+  bad = emit_plan(p, job, true, EmitTarget::kMegatron);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("middle stages differ"), std::string::npos);
+  p.layers_per_stage.clear();
+  p.zero = 3;
+  bad = emit_plan(p, job, true, EmitTarget::kMegatron);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--use-torch-fsdp2"), std::string::npos);
+}
+
+TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
+  const TrainingJob job{model("llama3_8b.json"), 512, 4096};
+  Plan p;
+  p.dp = 16, p.tp = 4;
+  p.micro_batch = 2, p.num_micro_batches = 16;
+  p.zero = 2;
+  p.recompute = Recompute::kFull;
+  const std::string text = value_or_throw(emit_plan(p, job, true, EmitTarget::kDeepSpeed));
+  const nlohmann::json j = nlohmann::json::parse(text);
+  const std::set<std::string> keys = {"train_batch_size",
+                                      "train_micro_batch_size_per_gpu",
+                                      "gradient_accumulation_steps",
+                                      "zero_optimization",
+                                      "bf16",
+                                      "tensor_parallel",
+                                      "activation_checkpointing"};
+  for (const auto& [k, v] : j.items()) EXPECT_TRUE(keys.count(k)) << "not a DeepSpeed key: " << k;
+  EXPECT_EQ(j["train_batch_size"], 512);
+  // DeepSpeed checks train_batch_size = micro x accumulation x data-parallel size.
+  EXPECT_EQ(j["train_micro_batch_size_per_gpu"].get<int>() *
+                j["gradient_accumulation_steps"].get<int>() * p.dp,
+            512);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 2);
+  EXPECT_EQ(j["tensor_parallel"]["autotp_size"], 4);
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+  for (const auto& [mutate, want] : std::vector<std::pair<std::function<void(Plan&)>, std::string>>{
+           {[](Plan& q) { q.pp = 2, q.dp = 8; }, "PipelineModule(num_stages"},
+           {[](Plan& q) { q.sp = true; }, "AutoTP has no sequence parallelism"},
+           {[](Plan& q) { q.zero = 3; }, "ZeRO stage 0, 1 or 2"},
+           {[](Plan& q) { q.recompute = Recompute::kSelective; }, "not selected ops"}}) {
+    Plan q = p;
+    mutate(q);
+    Result<std::string> bad = emit_plan(q, job, true, EmitTarget::kDeepSpeed);
+    ASSERT_FALSE(bad.is_ok()) << want;
+    EXPECT_NE(bad.status().message().find(want), std::string::npos) << bad.status().message();
+  }
+}
+
+TEST(PlanEmit, TorchTitanTomlTables) {
+  const TrainingJob job{model("llama3_70b.json"), 256, 8192};
+  Plan p;
+  p.dp = 2, p.tp = 4, p.pp = 4, p.cp = 2, p.sp = true;
+  p.micro_batch = 2, p.num_micro_batches = 64;
+  p.zero = 3;
+  p.recompute = Recompute::kSelective;
+  p.layers_per_stage = {17, 21, 21, 21};
+  const std::string text = value_or_throw(emit_plan(p, job, true, EmitTarget::kTorchTitan));
+  const std::set<std::string> keys = {"local_batch_size",
+                                      "global_batch_size",
+                                      "seq_len",
+                                      "data_parallel_replicate_degree",
+                                      "data_parallel_shard_degree",
+                                      "tensor_parallel_degree",
+                                      "context_parallel_degree",
+                                      "pipeline_parallel_degree",
+                                      "pipeline_parallel_schedule",
+                                      "pipeline_parallel_microbatch_size",
+                                      "pipeline_parallel_layers_per_stage",
+                                      "module_fqns_per_model_part",
+                                      "mode",
+                                      "selective_ac_option"};
+  std::map<std::string, std::string> kv;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
+    const size_t eq = line.find(" = ");
+    ASSERT_NE(eq, std::string::npos) << line;
+    const std::string key = line.substr(0, eq);
+    EXPECT_TRUE(keys.count(key)) << "not a TorchTitan key: " << key;
+    kv[key] = line.substr(eq + 3);
+  }
+  EXPECT_NE(text.find("[parallelism]"), std::string::npos);
+  EXPECT_EQ(kv["data_parallel_shard_degree"], "2");  // ZeRO-3 is FSDP
+  EXPECT_EQ(kv["data_parallel_replicate_degree"], "1");
+  EXPECT_EQ(kv["pipeline_parallel_schedule"], "\"1F1B\"");
+  EXPECT_EQ(kv["local_batch_size"], "128");  // the replica's batch: 64 micro-batches of 2
+  EXPECT_EQ(kv["mode"], "\"selective\"");
+  // The uneven split by module: the embedding and 17 layers, ..., the last 21 with norm and output.
+  EXPECT_NE(kv["module_fqns_per_model_part"].find("[\"tok_embeddings\", \"layers.0\","),
+            std::string::npos);
+  EXPECT_NE(kv["module_fqns_per_model_part"].find("\"layers.79\", \"norm\", \"output\"]]"),
+            std::string::npos);
+  Plan q = p;
+  q.zero = 1;
+  EXPECT_FALSE(emit_plan(q, job, true, EmitTarget::kTorchTitan).is_ok());
+  q = p;
+  q.sp = false;
+  EXPECT_FALSE(emit_plan(q, job, true, EmitTarget::kTorchTitan).is_ok());
+  const TrainingJob gpt{model("gpt3_1.3b.json"), 512, 2048};
+  Plan g;
+  g.dp = 8, g.micro_batch = 4, g.num_micro_batches = 16;
+  Result<std::string> bad = emit_plan(g, gpt, true, EmitTarget::kTorchTitan);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("LLaMA-style"), std::string::npos);
+}
+
+// The CLI: --emit searches only what the target runs and prints only the
+// emitted text on stdout; a bad target or --json with it is an error.
+TEST(PlanEmit, CliSearchesWhatTheTargetRuns) {
+  const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                           source_dir() + "/configs/clusters/h100_sxm.json --gpus 64 " +
+                           "--global-batch 512 --seq 4096";
+  // (run_cli joins stderr to stdout: the one "meshflow: best plan ..." line
+  // of stderr is taken out; the rest is stdout.)
+  auto stdout_of = [](const std::string& out) {
+    std::string kept;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("meshflow: best plan ", 0) != 0) kept += line + "\n";
+    return kept;
+  };
+  testing::CliRun r = run_cli(base + " --emit deepspeed");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("meshflow: best plan "), std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(stdout_of(r.output));  // the JSON alone
+  EXPECT_EQ(j["train_batch_size"], 512);
+  r = run_cli(base + " --emit torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[parallelism]"), std::string::npos);
+  r = run_cli(base + " --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--tensor-model-parallel-size"), std::string::npos);
+  megatron_flags(stdout_of(r.output));
+  r = run_cli(base + " --emit slurm");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("valid targets are megatron, deepspeed, torchtitan"), std::string::npos);
+  r = run_cli(base + " --emit megatron --json");
+  EXPECT_EQ(r.code, 2);
+  r = run_cli("plan " + source_dir() + "/configs/models/resnet50.json --cluster " + source_dir() +
+              "/configs/clusters/h100_sxm.json --gpus 8 --emit megatron");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("not a transformer language model"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace meshflow::plan
