@@ -236,6 +236,22 @@ TEST(PlanAuto, StaticArenaMemoryMatchesTheExecutor) {
 // rank the model states, the chunk's arena and its activation stash at the
 // peak the schedule reaches, predicted within 5% of what the trainer planned
 // and held (Engine::peak_bytes; bench/plan_accuracy measured 0.1%).
+// The most memory a rank of the job `doc` describes holds in one step
+// (Engine::peak_bytes, with a pipeline's stash), run on `ranks` local ranks.
+double held_peak(const json& doc, int ranks) {
+  const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(doc, "")), ranks));
+  std::vector<int64_t> peak(static_cast<size_t>(ranks), 0);
+  Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+    MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                        make_engine(job, Communicator::world(t), nullptr, false));
+    e->step();
+    peak[static_cast<size_t>(t->rank())] = e->peak_bytes();
+    return Status::ok();
+  });
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return static_cast<double>(*std::max_element(peak.begin(), peak.end()));
+}
+
 // A language model's pipeline on meshflow's executor, priced by the
 // runtime's own split of the whole program (as a ResNet's): the predicted
 // peak (the worst stage: model states, arena, the stash of the micro-batches
@@ -259,17 +275,7 @@ TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
           {"train", {{"steps", 1}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}}},
           {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
           {"parallel", value_or_throw(parallel_section(p, mc))}};
-      const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(doc, "")), 2));
-      std::vector<int64_t> peak(2, 0);
-      Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
-        MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
-                            make_engine(job, Communicator::world(t), nullptr, false));
-        e->step();
-        peak[static_cast<size_t>(t->rank())] = e->peak_bytes();
-        return Status::ok();
-      });
-      ASSERT_TRUE(s.is_ok()) << s.message();
-      const double measured = static_cast<double>(std::max(peak[0], peak[1]));
+      const double measured = held_peak(doc, 2);
       const CostModel cm(TrainingJob{mc, 16, 32}, value_or_throw(share_machine(local(), 2)),
                          meshflow_cpu_constants());
       const StepCost c = value_or_throw(cm.price(p));
@@ -291,17 +297,7 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
                     {"train", {{"steps", 1}, {"batch_size", 16}, {"eval_batches", 1}}},
                     {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
                     {"parallel", value_or_throw(parallel_section(p, mc))}};
-  const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(doc, "")), 2));
-  std::vector<int64_t> peak(2, 0);
-  Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& t) -> Status {
-    MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
-                        make_engine(job, Communicator::world(t), nullptr, false));
-    e->step();
-    peak[static_cast<size_t>(t->rank())] = e->peak_bytes();
-    return Status::ok();
-  });
-  ASSERT_TRUE(s.is_ok()) << s.message();
-  const double measured = static_cast<double>(std::max(peak[0], peak[1]));
+  const double measured = held_peak(doc, 2);
   const CostModel cm(TrainingJob{mc, 16, 1}, value_or_throw(share_machine(local(), 2)),
                      meshflow_cpu_constants());
   const StepCost c = value_or_throw(cm.price(p));

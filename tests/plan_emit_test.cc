@@ -81,6 +81,13 @@ std::map<std::string, std::string> megatron_flags(const std::string& text) {
   return flags;
 }
 
+// emit_plan refuses `p` for `t`, saying `want`.
+void expect_refused(const Plan& p, const TrainingJob& job, EmitTarget t, const std::string& want) {
+  Result<std::string> r = emit_plan(p, job, true, t);
+  ASSERT_FALSE(r.is_ok()) << want;
+  EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+}
+
 TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
   const TrainingJob job{model("llama3_70b.json"), 256, 8192};
   Plan p;
@@ -113,19 +120,13 @@ TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
             "4");
   // What Megatron-LM cannot run as planned.
   p.schedule = ScheduleKind::kGPipe, p.vp = 1;
-  Result<std::string> bad = emit_plan(p, job, true, EmitTarget::kMegatron);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("1F1B and its interleaved form only"), std::string::npos);
+  expect_refused(p, job, EmitTarget::kMegatron, "1F1B and its interleaved form only");
   p.schedule = ScheduleKind::k1F1B;
   p.layers_per_stage = {10, 30, 20, 20};
-  bad = emit_plan(p, job, true, EmitTarget::kMegatron);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("middle stages differ"), std::string::npos);
+  expect_refused(p, job, EmitTarget::kMegatron, "middle stages differ");
   p.layers_per_stage.clear();
   p.zero = 3;
-  bad = emit_plan(p, job, true, EmitTarget::kMegatron);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("--use-torch-fsdp2"), std::string::npos);
+  expect_refused(p, job, EmitTarget::kMegatron, "--use-torch-fsdp2");
 }
 
 TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
@@ -160,9 +161,7 @@ TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
            {[](Plan& q) { q.recompute = Recompute::kSelective; }, "not selected ops"}}) {
     Plan q = p;
     mutate(q);
-    Result<std::string> bad = emit_plan(q, job, true, EmitTarget::kDeepSpeed);
-    ASSERT_FALSE(bad.is_ok()) << want;
-    EXPECT_NE(bad.status().message().find(want), std::string::npos) << bad.status().message();
+    expect_refused(q, job, EmitTarget::kDeepSpeed, want);
   }
 }
 
@@ -212,16 +211,17 @@ TEST(PlanEmit, TorchTitanTomlTables) {
             std::string::npos);
   Plan q = p;
   q.zero = 1;
-  EXPECT_FALSE(emit_plan(q, job, true, EmitTarget::kTorchTitan).is_ok());
+  expect_refused(q, job, EmitTarget::kTorchTitan, "FSDP2: ZeRO-3");
   q = p;
   q.sp = false;
-  EXPECT_FALSE(emit_plan(q, job, true, EmitTarget::kTorchTitan).is_ok());
+  expect_refused(q, job, EmitTarget::kTorchTitan, "pin sp=true");
+  q = p;
+  q.ops = true;
+  expect_refused(q, job, EmitTarget::kTorchTitan, "per-operator strategies");
   const TrainingJob gpt{model("gpt3_1.3b.json"), 512, 2048};
   Plan g;
   g.dp = 8, g.micro_batch = 4, g.num_micro_batches = 16;
-  Result<std::string> bad = emit_plan(g, gpt, true, EmitTarget::kTorchTitan);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("LLaMA-style"), std::string::npos);
+  expect_refused(g, gpt, EmitTarget::kTorchTitan, "LLaMA-style");
 }
 
 // The CLI: --emit searches only what the target runs and prints only the
