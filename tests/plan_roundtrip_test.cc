@@ -54,18 +54,20 @@ TEST(PlanRoundTrip, EveryPlanKindRunsAsPriced) {
   const std::string cluster = source_dir() + "/configs/clusters/local_cpu.json";
   const Case cases[] = {
       {"tp=1,pp=1,cp=1,zero=0,recompute=none", "data", "", "", true},
-      {"tp=2,sp=false,pp=1,cp=1,zero=0", "semi", "megatron", "fwd       all_reduce      over tp",
-       true},
+      {"tp=2,sp=false,ops=false,pp=1,cp=1,zero=0", "semi", "megatron",
+       "fwd       all_reduce      over tp", true},
       {"tp=2,sp=true,pp=1,cp=1,zero=0", "semi", "megatron-sp", "fwd       reduce_scatter  over tp",
        true},
       {"tp=1,cp=2,pp=1,zero=0", "semi", "ulysses", "fwd       all_to_all      over cp", true},
-      {"tp=2,sp=false,cp=2,pp=1,zero=0", "semi", "megatron", "fwd       all_to_all      over cp",
-       true},
+      {"tp=2,sp=false,ops=false,cp=2,pp=1,zero=0", "semi", "megatron",
+       "fwd       all_to_all      over cp", true},
       {"tp=1,pp=2,cp=1,zero=0", "data", "", "", false},
       {"tp=1,pp=1,cp=1,zero=1", "semi", "dp", "opt       all_gather      over dp", true},
       {"tp=1,pp=1,cp=1,zero=2", "semi", "dp", "bwd       reduce_scatter  over dp", false},
       {"tp=1,pp=1,cp=1,zero=3", "semi", "dp", "fwd       all_gather      over dp", true},
       {"tp=1,pp=1,cp=1,zero=0,recompute=full", "data", "", "", true},
+      // The strategy search's plan: split tuples, no preset.
+      {"tp=2,ops=true,pp=1,cp=1,zero=0", "semi", "", "", true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fix);

@@ -15,6 +15,7 @@
 #include "cli_run.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/check.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
@@ -488,7 +489,14 @@ TEST(PlanSearch, Gpt3On1024GpusIsFast) {
       static_cast<long long>(r->evaluated), static_cast<long long>(r->fitting), r->search_time_s,
       plan_label(r->plans[0].plan).c_str(), r->plans[0].step_time_s);
   EXPECT_LT(r->search_time_s, 5.0);  // the bound is 1 s in Release
-  EXPECT_EQ(r->plans.size(), 4u);
+  // The per-operator search ran on the leaders: its plan for dp=128 tp=8 is
+  // priced (it recovers Megatron-SP's layout: within 1% of the best).
+  const auto ops =
+      std::find_if(r->plans.begin(), r->plans.end(), [](const StepCost& c) { return c.plan.ops; });
+  ASSERT_NE(ops, r->plans.end());
+  EXPECT_LT(ops->step_time_s, 1.01 * r->plans[0].step_time_s) << plan_label(ops->plan);
+  EXPECT_TRUE(ops->plan.searched && ops->plan.searched->optimal);
+  EXPECT_GE(r->plans.size(), 4u);
   for (size_t i = 1; i < r->plans.size(); ++i)
     EXPECT_GE(r->plans[i].step_time_s, r->plans[0].step_time_s);
   EXPECT_TRUE(r->plans[0].fits);
@@ -686,7 +694,7 @@ TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
           .string();
   CliRun r = run("plan " + model("mlp_fashion.json") + " --cluster " + source_dir() +
                  "/configs/clusters/local_cpu.json --gpus 4 --global-batch 64 --top 0 " +
-                 "--fix tp=2 --out " + out);
+                 "--fix tp=2,ops=false --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("examples/s"), std::string::npos) << r.output;
   const json f = value_or_throw(read_json_file(out));

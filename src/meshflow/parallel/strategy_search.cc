@@ -68,8 +68,10 @@ Layout whole(Layout l) {
   return l;
 }
 
-double local_bytes(const Graph& g, ValueId v, const Layout& l, const Mesh& mesh) {
-  double n = double(g.shape(v).numel()) * double(dtype_size(g.value(v).dtype));
+double local_bytes(const Graph& g, ValueId v, const Layout& l, const Mesh& mesh,
+                   double bytes_per_element = 0) {
+  double n = double(g.shape(v).numel()) *
+             (bytes_per_element > 0 ? bytes_per_element : double(dtype_size(g.value(v).dtype)));
   for (int a = 0; a < l.num_axes(); ++a)
     if (l.at(a).is_shard()) n /= double(mesh.size(a));
   return n;
@@ -208,6 +210,11 @@ class Search {
     std::unordered_map<std::string, NodeId> fwd_by_name;
     for (NodeId id = 0; id < NodeId(g_.num_nodes()); ++id)
       if (class_of_[id] >= 0) fwd_by_name[g_.node(id).name] = id;
+    // Values the backward reads: the activations a micro-batch keeps.
+    std::vector<char> read_back(static_cast<size_t>(g_.num_values()), 0);
+    for (const Node& n : g_.nodes())
+      if (n.phase == Phase::kBackward)
+        for (ValueId v : n.inputs) read_back[static_cast<size_t>(v)] = 1;
     std::vector<double> work(g_.num_nodes(), 0);
     for (NodeId id = 0; id < NodeId(g_.num_nodes()); ++id) {
       const Node& n = g_.node(id);
@@ -244,7 +251,9 @@ class Search {
           const ShardingStrategy& st = c.st[s];
           c.compute[s] += work[id] / split_degree(st, mesh_);
           for (size_t k = 0; k < n.outputs.size(); ++k)
-            c.mem[s] += local_bytes(g_, n.outputs[k], whole(st.outputs[k]), mesh_);
+            if (read_back[static_cast<size_t>(n.outputs[k])])
+              c.mem[s] +=
+                  local_bytes(g_, n.outputs[k], whole(st.outputs[k]), mesh_, o_.activation_bytes);
         }
         for (size_t i = 0; i < n.inputs.size(); ++i) add_input_costs(c, id, int(i), first_reader);
       }
@@ -392,7 +401,8 @@ class Search {
     for (size_t k = 0; k < edges_.size(); ++k) y0[k] = cols, cols += int(edges_[k].cost.size());
     r->columns = cols;
     std::vector<int> start = greedy();
-    const bool need_memory_row = budget > 0 && memory_of(start) > budget;
+    const bool need_memory_row = budget > 0;
+    const bool start_fits = budget <= 0 || memory_of(start) <= budget;
     if (cols == 0 || (edges_.empty() && budget <= 0)) {
       // Nothing couples the choices: each class's cheapest is optimal.
       *pick = start;
@@ -447,7 +457,7 @@ class Search {
         idx.push_back(x0[c] + int(s)), val.push_back(classes_[c].mem[s] / double(1 << 20));
     }
     if (need_memory_row) row('L', (budget - fixed_mem) / double(1 << 20));
-    if (!need_memory_row) {  // the greedy assignment is feasible: start from it
+    if (start_fits) {  // the greedy assignment is feasible: start from it
       std::vector<int> si;
       std::vector<double> sv;
       for (size_t c = 0; c < classes_.size(); ++c)
@@ -463,7 +473,7 @@ class Search {
     Cbc_solve(m.get());
     const double* sol = Cbc_getColSolution(m.get());
     const bool have = sol != nullptr && Cbc_numberSavedSolutions(m.get()) > 0;
-    if (!have && need_memory_row)
+    if (!have && !start_fits)
       return Status::invalid("strategy search: the solver found no assignment within " +
                              std::to_string(budget / double(1 << 30)) +
                              " GiB per device in its time limit");
@@ -479,7 +489,7 @@ class Search {
           if (sol[x0[c] + int(s)] > sol[x0[c] + best]) best = int(s);
         (*pick)[c] = best;
       }
-      if (!need_memory_row && evaluate(*pick) > evaluate(start)) *pick = start;
+      if (start_fits && evaluate(*pick) > evaluate(start)) *pick = start;
     }
     r->optimal = Cbc_isProvenOptimal(m.get()) != 0;
     r->timed_out = !r->optimal && Cbc_secondaryStatus(m.get()) == 2;

@@ -54,9 +54,11 @@ struct StrategySearchOptions {
   std::function<double(const Graph&, const Node&)> node_time_s;
   // Bytes one device may hold (0: no limit): the model states of the
   // parameters each class stores (state_copies x the parameter's local
-  // bytes) plus the forward outputs it keeps for the backward.
+  // bytes) plus the forward outputs the backward reads (the activations a
+  // micro-batch keeps), at activation_bytes per element (0: the value's dtype).
   double memory_budget_bytes = 0;
   double state_copies = 4;  // weights, gradients, AdamW's two moments
+  double activation_bytes = 0;
   // Nodes of identical transformer blocks (node.layer >= 0, the same name
   // but for the block index, the same shapes) share one decision.
   bool tie_layers = true;

@@ -172,7 +172,65 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
   return double(plan_memory(g, order, persistent, keep).arena_bytes);
 }
 
+// Bytes of the forward values a program's backward reads (the activations a
+// micro-batch keeps), f32 values counted at `f32_bytes` per element (the
+// compute dtype).
+double forward_stash_bytes(const Graph& g, double f32_bytes) {
+  std::vector<char> read_back(static_cast<size_t>(g.num_values()), 0);
+  for (const Node& n : g.nodes())
+    if (n.phase == Phase::kBackward)
+      for (ValueId v : n.inputs) read_back[static_cast<size_t>(v)] = 1;
+  double bytes = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.phase != Phase::kForward || is_source(n.kind)) continue;
+    for (ValueId v : n.outputs) {
+      if (!read_back[static_cast<size_t>(v)]) continue;
+      const DType dt = g.value(v).dtype;
+      bytes += double(g.shape(v).numel()) * (dt == DType::F32 ? f32_bytes : double(dtype_size(dt)));
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
+
+Result<double> CostModel::layer_activations(const Plan& p) const {
+  const double act = double(dtype_size(dtype_));
+  if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act);
+  // A per-operator plan keeps what its program's backward reads: Korthikanti's
+  // count for the Megatron layout at the same degrees, scaled by the ratio of
+  // the two programs' stashed forward values per block.
+  Plan megatron = p;
+  megatron.ops = false, megatron.searched = nullptr, megatron.sp = false;
+  const auto key = std::make_pair(p.tp, p.micro_batch);
+  double ratio = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = stash_ratio_cache_.find(key); it != stash_ratio_cache_.end()) ratio = it->second;
+  }
+  if (ratio == 0) {
+    MF_ASSIGN_OR_RETURN(const std::shared_ptr<const StrategySearch> searched,
+                        op_search(p.tp, p.micro_batch));
+    double per_block[2] = {0, 0};
+    for (int layout = 0; layout < 2; ++layout) {
+      double bytes[2] = {0, 0};
+      for (int64_t blocks = 1; blocks <= 2; ++blocks) {
+        RankShape shape{p.micro_batch, job_.seq, p.tp, 1, false, Recompute::kNone, blocks};
+        if (layout == 1) shape.ops = searched;
+        MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
+        bytes[blocks - 1] = forward_stash_bytes(lp.graph, act);
+      }
+      per_block[layout] = bytes[1] - bytes[0];
+    }
+    if (per_block[0] <= 0 || per_block[1] <= 0)
+      return Status::internal("per-operator plan at tp=" + str(p.tp) +
+                              ": a block's stashed activations came out non-positive");
+    ratio = per_block[1] / per_block[0];
+    std::lock_guard<std::mutex> lock(mu_);
+    stash_ratio_cache_.emplace(key, ratio);
+  }
+  return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act);
+}
 
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
@@ -345,8 +403,9 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
     // optimizer), whole: identical blocks are tied, so the model's own block
     // count weighs its blocks against its embedding and head. (Capped: past
     // 16 blocks the weights hardly move.)
-    const ModelConfig model =
-        num_blocks(job_.model) > 16 ? with_blocks(job_.model, 16) : job_.model;
+    const int64_t all_blocks = num_blocks(job_.model);
+    const int64_t built = std::min<int64_t>(all_blocks, 16);
+    const ModelConfig model = all_blocks > 16 ? with_blocks(job_.model, 16) : job_.model;
     MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(model, micro_batch, job_.seq));
     try {
       append_backward(m.graph);
@@ -364,11 +423,22 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
       const OpCost c = op_cost(g, n);
       return roofline_time_s(c.flops, c.bytes);
     };
-    o.memory_budget_bytes = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
+    // The device's memory, for the blocks built (a cut model holds a share).
+    o.memory_budget_bytes = k_.usable_memory_fraction * double(cluster_.device.memory_bytes) *
+                            (all_blocks > built ? double(built) / double(all_blocks) : 1.0);
+    o.activation_bytes = double(dtype_size(dtype_));
     o.batch_axes = {"dp"};
-    MF_ASSIGN_OR_RETURN(StrategySearch r, search_strategies(m.graph, mesh, o));
+    Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
+    if (!r.is_ok() && o.memory_budget_bytes > 0) {
+      // The search's memory term is every stashed activation without
+      // recompute: past the budget, it chooses by time alone and the plan's
+      // price (recompute, ZeRO, the real memory model) decides whether it fits.
+      o.memory_budget_bytes = 0;
+      r = search_strategies(m.graph, mesh, o);
+    }
+    MF_RETURN_IF_ERROR(r.status());
     return std::shared_ptr<const StrategySearch>(
-        std::make_shared<const StrategySearch>(std::move(r)));
+        std::make_shared<const StrategySearch>(std::move(*r)));
   };
   auto shared = std::make_shared<const Result<std::shared_ptr<const StrategySearch>>>(solve());
   std::lock_guard<std::mutex> lock(mu_);
@@ -779,9 +849,6 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   if (p.ops && (p.tp == 1 || p.sp || p.cp > 1 || p.pp > 1))
     return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh: they need "
            "tp > 1 and no sp, cp or pp";
-  if (p.ops && k_.memory_model != MemoryModel::kStaticArena)
-    return "per-operator strategies (ops) are priced with the static-arena memory model only (a "
-           "Korthikanti count assumes the Megatron layout)";
   if (p.sp && (job_.seq / p.cp) % p.tp != 0)
     return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
            ", which does not divide it";
@@ -1153,7 +1220,6 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const double layer_params = double(lc.layer_params);
   const bool first = stage == 0, last = stage == p.pp - 1;
   const double w_b = act;
-  const double act_layer = layer_activation_bytes(d, p, job_.seq, k_.attention, act);
   const double in_flight = stage_in_flight(p, stage);
   const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
                            (act + (d.dropout ? 1.0 : 0.0)) / (p.sp ? double(p.tp) : 1.0);
@@ -1186,6 +1252,7 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
     mb.activations = in_flight * arena;
     mb.temporaries = lc.input_bytes;
   } else {
+    MF_ASSIGN_OR_RETURN(const double act_layer, layer_activations(p));
     mb.activations = in_flight * (blocks * act_layer + (first ? embed_act : 0.0));
     mb.temporaries = rc_ws + z3_ws + (last ? logits : 0.0);
   }
@@ -1308,8 +1375,7 @@ Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
   std::vector<double> t0(static_cast<size_t>(pp)), a(static_cast<size_t>(pp)),
       b(static_cast<size_t>(pp));
   const double dt = work(0, 1) - work(0, 0);
-  const double act_layer =
-      layer_activation_bytes(dims_, q, job_.seq, k_.attention, double(dtype_size(dtype_)));
+  MF_ASSIGN_OR_RETURN(const double act_layer, layer_activations(q));
   for (int64_t s : {int64_t{0}, int64_t{1}, pp - 1}) {
     if (s >= pp) continue;
     t0[size_t(s)] = work(s, 0);

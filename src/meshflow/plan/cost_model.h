@@ -410,6 +410,11 @@ class CostModel {
   double most_stage_params(const Plan& p, const LayerCost& lc) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;
+  // Activation bytes one block keeps per micro-batch (MemoryModel::kMegatron):
+  // Korthikanti's count for the template layouts; for a per-operator plan
+  // that count at the Megatron layout scaled by the ratio of the two rank
+  // programs' stashed forward values per block.
+  Result<double> layer_activations(const Plan& p) const;
   Result<MemoryBreakdown> stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
                                        double blocks) const;
   Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc) const;
@@ -439,6 +444,9 @@ class CostModel {
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int>,
                    std::shared_ptr<const Result<LayerCost>>>
       cache_;
+  // (tp, micro_batch) -> a per-operator plan's stashed activations per block
+  // over the Megatron layout's (layer_activations).
+  mutable std::map<std::pair<int64_t, int64_t>, double> stash_ratio_cache_;
   // (tp, micro_batch) -> the strategy search's answer.
   mutable std::map<std::pair<int64_t, int64_t>,
                    std::shared_ptr<const Result<std::shared_ptr<const StrategySearch>>>>

@@ -5,6 +5,7 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/autodiff/recompute.h"
+#include "meshflow/core/glob.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
 #include "meshflow/plan/auto_plan.h"
@@ -54,6 +55,18 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   p.tp = s.tp, p.cp = s.cp, p.sp = s.sp;
   p.ops = s.ops != nullptr, p.searched = s.ops;
   MF_ASSIGN_OR_RETURN(nlohmann::json section, parallel_section(p, model));
+  if (section.contains("strategies")) {
+    // A program cut to fewer blocks than the model has: the searched keys for
+    // blocks it lacks ("h.??.mlp.c_fc" past block 9) name none of its nodes.
+    nlohmann::json kept = nlohmann::json::object();
+    for (const auto& [key, splits] : section["strategies"].items())
+      for (const Node& n : g.nodes())
+        if (glob_match(key, n.name)) {
+          kept[key] = splits;
+          break;
+        }
+    section["strategies"] = kept;
+  }
   if (section.value("mode", "data") == "data") {
     LocalProgram lp;
     lp.graph = std::move(g);

@@ -52,7 +52,7 @@ bool FixedChoices::matches(const Plan& p) const {
          (!cp || *cp == p.cp) && (!vp || *vp == p.vp) &&
          (!micro_batch || *micro_batch == p.micro_batch) && (!sp || *sp == p.sp) &&
          (!schedule || *schedule == p.schedule) && (!recompute || *recompute == p.recompute) &&
-         (!zero || *zero == p.zero);
+         (!zero || *zero == p.zero) && (!ops || *ops == p.ops);
 }
 
 std::string FixedChoices::to_string() const {
@@ -68,6 +68,7 @@ std::string FixedChoices::to_string() const {
   if (schedule) add("schedule=" + std::string(schedule_name(*schedule)));
   if (recompute) add(std::string("recompute=") + recompute_name(*recompute));
   if (zero) add("zero=" + str(*zero));
+  if (ops) add(std::string("ops=") + (*ops ? "true" : "false"));
   return s;
 }
 
@@ -103,10 +104,10 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
       MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 0));
       if (x > 3) return Status::invalid("--fix zero must be 0, 1, 2 or 3, got " + v);
       f.zero = static_cast<int>(x);
-    } else if (key == "sp") {
+    } else if (key == "sp" || key == "ops") {
       if (v != "true" && v != "false" && v != "1" && v != "0")
-        return Status::invalid("--fix sp must be true or false, got '" + v + "'");
-      f.sp = v == "true" || v == "1";
+        return Status::invalid("--fix " + key + " must be true or false, got '" + v + "'");
+      (key == "sp" ? f.sp : f.ops) = v == "true" || v == "1";
     } else if (key == "schedule") {
       Result<ScheduleKind> s = parse_schedule_kind(v);
       if (!s.is_ok()) return s.status().with_context("--fix");
@@ -118,7 +119,7 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
     } else {
       return Status::invalid("--fix: unknown key '" + key +
                              "'; valid: dp, tp, pp, cp, sp, vp, micro_batch, schedule, "
-                             "recompute, zero");
+                             "recompute, zero, ops");
     }
   }
   return f;
@@ -184,8 +185,13 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
           for (const auto& [sched, vp] : schedules) {
             p.schedule = sched;
             p.vp = vp;
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-              p.sp = sp == 1;
+            // Layouts on tp: Megatron, Megatron-SP; the strategy search's
+            // per-operator plan when pinned (ops=true; otherwise it is tried
+            // on the leaders only, search_until).
+            const int layouts = tp == 1 ? 0 : fx.ops && *fx.ops ? 2 : 1;
+            for (int layout = 0; layout <= layouts; ++layout) {
+              p.sp = layout == 1;
+              p.ops = layout == 2;
               for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                 p.recompute = rc;
                 const int max_zero = dp * cp > 1 ? 3 : 0;
@@ -286,6 +292,35 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     }
     return true;
   });
+  // The per-operator strategy search (parallel/strategy_search.h) inside the
+  // tp group of each leader shown without pipeline or cp: the same mesh, batch,
+  // recompute and ZeRO with every operator's split chosen by the integer
+  // program in place of the Megatron layout (one solve per (tp, micro-batch),
+  // cached), kept when faster. The template plans stay candidates, so the
+  // answer is never worse than theirs.
+  if (!options.no_op_search && !r.timed_out) {
+    std::vector<Plan> variants;
+    for (size_t i = 0; i < r.plans.size() && i < shown; ++i) {  // the leaders shown
+      Plan q = r.plans[i].plan;
+      if (q.tp == 1 || q.cp > 1 || q.pp > 1 || q.ops) continue;
+      q.ops = true, q.sp = false;
+      if (!options.fixed.matches(q) ||
+          std::find(variants.begin(), variants.end(), q) != variants.end())
+        continue;
+      if (options.reject && !options.reject(q).empty()) continue;
+      variants.push_back(q);
+    }
+    for (const Plan& q : variants) {
+      ++r.evaluated;
+      Result<StepCost> c = cm.price(q);
+      if (!c.is_ok()) continue;  // (the search found no strategy: the templates stand)
+      ++r.valid;
+      if (!c->fits) continue;
+      ++r.fitting;
+      auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
+      r.plans.insert(at, *c);
+    }
+  }
   for (StepCost& c : r.plans) {
     if (c.plan.pp == 1) continue;  // no pipeline: the same either way
     Result<StepCost> sim = cm.price(c.plan, CostModel::PipelineModel::kSimulated);

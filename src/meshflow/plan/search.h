@@ -34,12 +34,13 @@ struct FixedChoices {
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   std::optional<int> zero;
+  std::optional<bool> ops;  // the strategy search's per-operator layout (Plan::ops)
   bool matches(const Plan& p) const;
   std::string to_string() const;  // "tp=8,pp=4" ("" when nothing is pinned)
 };
 
 // "tp=8,pp=4,schedule=1f1b,sp=true,recompute=full,zero=1". Keys: dp, tp, pp,
-// cp, sp, vp, micro_batch, schedule, recompute, zero. Errors name the key and
+// cp, sp, vp, micro_batch, schedule, recompute, zero, ops. Errors name the key and
 // what is valid.
 Result<FixedChoices> parse_fixed(const std::string& text);
 
@@ -61,6 +62,9 @@ struct SearchOptions {
   // first reason reported when nothing is left): `meshflow plan --emit`
   // searches only the plans the target stack runs as planned.
   std::function<std::string(const Plan&)> reject;
+  // Skip the per-operator strategy search of the leaders (the template
+  // layouts only).
+  bool no_op_search = false;
 };
 
 struct SearchResult {

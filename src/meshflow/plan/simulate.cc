@@ -168,6 +168,19 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   MF_ASSIGN_OR_RETURN(int64_t zero, get_int(par, "parallel", "zero", 0, false));
   p.zero = static_cast<int>(zero);
   p.sp = par.value("preset", std::string()) == "megatron-sp";
+  // The strategy search's plan: split tuples for every operator and no
+  // preset (priced again, the deterministic search gives the same tuples).
+  p.ops = par.contains("strategies") && !par.contains("preset") && p.tp > 1 && p.cp == 1;
+  if (pipe.contains("layers_per_stage")) {
+    const json& l = pipe.at("layers_per_stage");
+    if (!l.is_array())
+      return Status::invalid("parallel.pipeline.layers_per_stage must be a list of block counts");
+    for (const json& n : l) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 1)
+        return Status::invalid("parallel.pipeline.layers_per_stage entries are block counts >= 1");
+      p.layers_per_stage.push_back(n.get<int64_t>());
+    }
+  }
   const int64_t per_mb = p.dp * std::max<int64_t>(1, p.num_micro_batches);
   if (p.num_micro_batches < 1 || r.job.global_batch % per_mb != 0)
     return Status::invalid("train.batch_size=" + std::to_string(r.job.global_batch) +

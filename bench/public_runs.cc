@@ -1,0 +1,764 @@
+// The cost model against published runs: prices every run of
+// /work/shared/reference/public_runs.json (LLM pre-training throughput
+// reported by Megatron-LM, llm-foundry, TorchTitan, BLOOM, ... with model
+// shape, hardware and parallel configuration) with its own degrees pinned, and
+// prints predicted vs published iteration time, the error statistics and the
+// rank agreement (Kendall tau) inside groups of runs that share a model shape
+// and a GPU.
+//
+//   public_runs [--file /work/shared/reference/public_runs.json]
+//               [--clusters configs/clusters] [--only GROUP_SUBSTRING] [--verbose]
+//
+// A measurement harness: nothing is fitted or set per row. The constants are
+// CostConstants' defaults (one fitted scalar, from Megatron-LM 2021 Table 1)
+// or megatron2021_constants() for the pre-FlashAttention Megatron-DeepSpeed
+// stacks; the clusters are the shipped datasheet files. Where the source left
+// a field out, a documented rule below fills it and the row lists it under
+// "inferred". --verbose adds each run's predicted breakdown, memory and the
+// source of the published figure.
+//
+// bench/public_runs.sh builds it and runs it from the repository root.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshflow/config/json_reader.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/plan/cluster.h"
+#include "meshflow/plan/cost_model.h"
+#include "meshflow/plan/plan.h"
+
+using namespace meshflow;
+using namespace meshflow::plan;
+
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool has(const std::string& hay, const char* needle) {
+  return lower(hay).find(lower(needle)) != std::string::npos;
+}
+
+// o[key] as an integer when it is one (null, absent, strings like "all GPUs": nothing).
+std::optional<int64_t> get_int(const json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key)) return std::nullopt;
+  const json& v = o.at(key);
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d == std::floor(d)) return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+std::optional<double> get_num(const json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key) || !o.at(key).is_number()) return std::nullopt;
+  return o.at(key).get<double>();
+}
+
+std::string get_str(const json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key) || !o.at(key).is_string()) return "";
+  return o.at(key).get<std::string>();
+}
+
+std::optional<bool> get_bool(const json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key) || !o.at(key).is_boolean()) return std::nullopt;
+  return o.at(key).get<bool>();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Kendall's tau-b of two paired samples (ties counted on either side); NaN
+// when one side is all ties.
+double kendall_tau_b(const std::vector<double>& x, const std::vector<double>& y) {
+  long long concordant = 0, discordant = 0, tie_x = 0, tie_y = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    for (size_t j = i + 1; j < x.size(); ++j) {
+      const double dx = x[i] - x[j], dy = y[i] - y[j];
+      if (dx == 0 && dy == 0) continue;
+      if (dx == 0) {
+        ++tie_x;
+      } else if (dy == 0) {
+        ++tie_y;
+      } else if ((dx > 0) == (dy > 0)) {
+        ++concordant;
+      } else {
+        ++discordant;
+      }
+    }
+  const double denom =
+      std::sqrt(double(concordant + discordant + tie_x) * double(concordant + discordant + tie_y));
+  return denom > 0 ? double(concordant - discordant) / denom : std::nan("");
+}
+
+// ---------------------------------------------------------------- mapping
+
+struct Mapped {
+  int id = -1;
+  std::string group, name;
+  int64_t gpus = 0;
+  std::vector<std::string> skip;  // reasons, first one counts
+  std::vector<std::string> inferred;
+  // What is priced.
+  ModelConfig model;
+  std::string model_key;  // the shape, for Kendall groups
+  std::string cluster_file;
+  int64_t gpus_per_node = 8;
+  Plan plan;
+  CostConstants k;
+  std::string stack;  // "default" | "megatron2021"
+  int64_t global_batch = 0, seq = 0;
+  double published_s = 0;
+  std::string published_how;
+};
+
+// GPU -> cluster file (configs/clusters/). A GPU without a file is skipped.
+// An H100 or A100 whose memory the source leaves open (or states two ways) is
+// taken as the 80 GB part, recorded as inferred.
+void map_gpu(const json& hw, Mapped* m) {
+  const std::string g = get_str(hw, "gpu");
+  if (has(g, "gb200") || has(g, "gb300") || has(g, "b200") || has(g, "h200")) {
+    std::string kind = has(g, "gb200")   ? "GB200"
+                       : has(g, "gb300") ? "GB300"
+                       : has(g, "b200")  ? "B200"
+                                         : "H200";
+    m->skip.push_back("no cluster file for " + kind);
+    return;
+  }
+  if (has(g, "h100")) {
+    if (has(g, "96gb")) {
+      m->cluster_file = "h100_96gb.json";
+    } else {
+      m->cluster_file = "h100_sxm.json";
+      if (!has(g, "80gb") || has(g, "assum") || has(g, "inferred"))
+        m->inferred.push_back("gpu=H100-80GB");
+    }
+    return;
+  }
+  if (has(g, "a100")) {
+    const bool g40 = has(g, "40gb"), g80 = has(g, "80gb");
+    if (g40 && !g80) {
+      m->cluster_file = "a100_40gb.json";
+    } else {
+      m->cluster_file = "dgx_a100_80gb.json";
+      if (!g80 || g40) m->inferred.push_back("gpu=A100-80GB");
+    }
+    return;
+  }
+  m->skip.push_back("no cluster file for GPU '" + g + "'");
+}
+
+// FP8 (Transformer Engine, torchao Float8 linears, llm-foundry amp_fp8): the
+// cost model prices 16-bit matmuls only.
+bool is_fp8(const json& par) {
+  const std::string p = get_str(par, "precision"), t = get_str(par, "techniques");
+  if (has(p, "fp8") || has(p, "float8")) return true;
+  if ((has(t, "fp8") || has(t, "float8")) && !has(t, "quantization=none")) return true;
+  return false;
+}
+
+// The model: LLaMA-style (RoPE, RMSNorm, SwiGLU, GQA) when the run says SwiGLU
+// or Llama; otherwise GPT-style (learned positions, LayerNorm, GeLU MLP), which
+// also stands for MPT, BLOOM (ALiBi: no position table, a negligible
+// difference), OPT (ReLU) and GPT-NeoX. Shapes as given; a null kv_heads is
+// the head count (MHA) and a null GPT ffn 4 x hidden (both recorded).
+// Embeddings tied unless the run says "untied" (LLaMA: untied).
+Result<ModelConfig> map_model(const json& md, Mapped* m) {
+  const std::string family = get_str(md, "family"), mlp = get_str(md, "mlp");
+  const std::string notes = get_str(md, "notes");
+  const int64_t layers = get_int(md, "layers").value_or(0);
+  const int64_t hidden = get_int(md, "hidden").value_or(0);
+  const int64_t heads = get_int(md, "heads").value_or(0);
+  const int64_t vocab = get_int(md, "vocab").value_or(0);
+  const int64_t seq = get_int(md, "seq_len").value_or(0);
+  std::optional<int64_t> kv = get_int(md, "kv_heads"), ffn = get_int(md, "ffn");
+  const bool llama = has(mlp, "swiglu") || has(family, "llama");
+  if (!kv) {
+    kv = heads;
+    m->inferred.push_back("kv=heads");
+  }
+  if (!ffn) {
+    if (llama) return Status::invalid("LLaMA-style model without ffn");
+    ffn = 4 * hidden;
+    m->inferred.push_back("ffn=4h");
+  }
+  const bool untied = has(family, "untied") || has(notes, "untied");
+  json j;
+  if (llama) {
+    j = {{"model_type", "llama"},       {"num_hidden_layers", layers},
+         {"hidden_size", hidden},       {"num_attention_heads", heads},
+         {"num_key_value_heads", *kv},  {"intermediate_size", *ffn},
+         {"vocab_size", vocab},         {"max_position_embeddings", seq},
+         {"tie_word_embeddings", false}};
+  } else {
+    j = {{"model_type", "gpt2"}, {"n_layer", layers},
+         {"n_embd", hidden},     {"n_head", heads},
+         {"n_positions", seq},   {"vocab_size", vocab},
+         {"n_inner", *ffn},      {"tie_word_embeddings", !untied}};
+    if (*kv != heads) return Status::invalid("GPT-style model with GQA");
+  }
+  char key[160];
+  std::snprintf(key, sizeof key, "%s L%lld h%lld a%lld kv%lld f%lld V%lld s%lld",
+                llama ? "llama" : "gpt", (long long)layers, (long long)hidden, (long long)heads,
+                (long long)*kv, (long long)*ffn, (long long)vocab, (long long)seq);
+  m->model_key = key;
+  return parse_model_config(j);
+}
+
+// Megatron-LM's num_floating_point_operations (model FLOPs of one step, no
+// recompute, attention over the full s x s): the convention the Megatron-LM
+// README rows state.
+double megatron_model_flops(const json& md, int64_t batch) {
+  const double L = get_int(md, "layers").value_or(0), h = get_int(md, "hidden").value_or(0);
+  const double a = get_int(md, "heads").value_or(1), s = get_int(md, "seq_len").value_or(0);
+  const double V = get_int(md, "vocab").value_or(0);
+  const double kv = get_int(md, "kv_heads").value_or(static_cast<int64_t>(a));
+  const double f = get_int(md, "ffn").value_or(static_cast<int64_t>(4 * h));
+  const double gated = has(get_str(md, "mlp"), "swiglu") ? 1.5 : 1.0;
+  return 12.0 * batch * s * L * h * h * ((1 + kv / a + s / h) + f / h * gated + V / (2 * L * h));
+}
+
+// The published iteration time, in order of preference:
+//   1. measured.derived.iteration_s (computed by the compiler of the file from
+//      the source's own figures);
+//   2. measured.kind iteration_s: the value;
+//   3. tokens/s (total or per GPU), samples/s: global_batch (x seq) over it;
+//      also from measured.also when the primary figure is a FLOP rate;
+//   4. MFU or TFLOP/s per GPU only under a convention the run names that we
+//      can recompute: Megatron-LM model FLOPs (num_floating_point_operations)
+//      against the peak the convention states (989 or 312 TFLOP/s).
+//   Otherwise (convention not stated or not verified) the run is skipped.
+std::optional<double> published_iteration_s(const json& run, Mapped* m) {
+  const json& ms = run.at("measured");
+  const json& md = run.at("model");
+  const double gb = double(m->global_batch), seq = double(m->seq), gpus = double(m->gpus);
+  if (ms.contains("derived")) {
+    if (auto v = get_num(ms.at("derived"), "iteration_s")) {
+      m->published_how = "derived.iteration_s";
+      return *v;
+    }
+  }
+  const std::string kind = get_str(ms, "kind");
+  const std::optional<double> value = get_num(ms, "value");
+  if (!value || *value <= 0) return std::nullopt;
+  auto from_rate = [&](const std::string& k, double v) -> std::optional<double> {
+    if (k == "iteration_s") return v;
+    if (k == "tokens_per_s_per_gpu") return gb * seq / (v * gpus);
+    if (k == "tokens_per_s" || k == "tokens_per_s_total") return gb * seq / v;
+    if (k == "samples_per_s") return gb / v;
+    return std::nullopt;
+  };
+  if (auto t = from_rate(kind, *value)) {
+    m->published_how = kind;
+    return t;
+  }
+  if (ms.contains("also") && ms.at("also").is_object()) {
+    for (const char* k : {"tokens_per_s_per_gpu", "tokens_per_s_total", "samples_per_s"}) {
+      if (auto v = get_num(ms.at("also"), k); v && *v > 0) {
+        m->published_how = std::string("also.") + k;
+        return from_rate(k, *v);
+      }
+    }
+  }
+  const std::string conv = get_str(ms, "flops_convention");
+  const bool megatron_model = has(conv, "megatron") && has(conv, "model flops");
+  if (megatron_model && (kind == "mfu" || kind == "tflops_per_gpu")) {
+    double tflops = *value;
+    if (kind == "mfu") {
+      const double peak = has(conv, "989") ? 989 : has(conv, "312") ? 312 : 0;
+      if (peak == 0) return std::nullopt;
+      tflops = *value * peak;
+    }
+    m->published_how = kind + " via Megatron model FLOPs";
+    return megatron_model_flops(md, m->global_batch) / (tflops * 1e12 * gpus);
+  }
+  return std::nullopt;
+}
+
+int map_zero(const json& par, Mapped* m) {
+  const std::string z = lower(get_str(par, "zero_or_fsdp"));
+  if (z.empty()) {
+    // Megatron-LM's --overlap-param-gather needs --use-distributed-optimizer (ZeRO-1).
+    if (has(get_str(par, "comm_overlap"), "overlap-param-gather")) {
+      m->inferred.push_back("zero1(overlap-param-gather)");
+      return 1;
+    }
+    m->inferred.push_back("zero0");
+    return 0;
+  }
+  if (has(z, "hsdp")) {
+    // Sharded within a node, replicated across: no such plan; priced as
+    // ZeRO-3 over all the replicas (its gathers then cross nodes).
+    m->inferred.push_back("hsdp~zero3");
+    return 3;
+  }
+  if (has(z, "full_shard") || has(z, "fully_shard") || has(z, "full shard") || has(z, "zero-3") ||
+      has(z, "megatron-fsdp"))
+    return 3;
+  if (has(z, "shard_grad_op") || has(z, "zero2") || has(z, "zero-2")) return 2;
+  if (has(z, "zero-1") || has(z, "zero1") || has(z, "distributed optimizer")) return 1;
+  if (has(z, "ddp")) return 0;
+  m->inferred.push_back("zero0");
+  return 0;
+}
+
+Recompute map_recompute(const json& par, Mapped* m) {
+  const std::string r = lower(get_str(par, "recompute"));
+  if (r.empty() || has(r, "not stated in table")) {
+    m->inferred.push_back("rc=none");
+    return Recompute::kNone;
+  }
+  const bool assumed = has(r, "assumed") || has(r, "implied") || has(r, "inferred");
+  if (r.rfind("full", 0) == 0) {
+    if (assumed) m->inferred.push_back("rc=full");
+    return Recompute::kFull;
+  }
+  if (r.rfind("selective", 0) == 0) {
+    // TorchTitan's op-level SAC and FMS's full-block AC on a fraction of the
+    // blocks are both between none and full: priced as Megatron's selective
+    // (the attention core), recorded.
+    m->inferred.push_back(has(r, "fraction") ? "rc=partial-block~sel" : "rc=op-sac~sel");
+    return Recompute::kSelective;
+  }
+  if (r.rfind("none", 0) == 0) return Recompute::kNone;
+  m->inferred.push_back("rc=none");
+  return Recompute::kNone;
+}
+
+// Finds tp and pp for a run that leaves them out: those of another run in
+// the file with the same model shape (layers, hidden, heads, seq, vocab) and
+// both stated (the Megatron-LM strong-scaling rows: the 177B weak-scaling row).
+std::optional<std::pair<int64_t, int64_t>> borrow_tp_pp(const json& runs, const json& run,
+                                                        int* donor) {
+  const json& md = run.at("model");
+  for (const json& o : runs) {
+    const json& om = o.at("model");
+    bool same = true;
+    for (const char* k : {"layers", "hidden", "heads", "seq_len", "vocab"})
+      same = same && get_int(om, k) == get_int(md, k);
+    const auto tp = get_int(o.at("parallel"), "tp"), pp = get_int(o.at("parallel"), "pp");
+    if (same && tp && pp &&
+        o.at("hardware").value("gpu", "") == run.at("hardware").value("gpu", "")) {
+      *donor = get_int(o, "id").value_or(-1);
+      return std::make_pair(*tp, *pp);
+    }
+  }
+  for (const json& o : runs) {  // the same shape on any GPU
+    const json& om = o.at("model");
+    bool same = true;
+    for (const char* k : {"layers", "hidden", "heads", "seq_len", "vocab"})
+      same = same && get_int(om, k) == get_int(md, k);
+    const auto tp = get_int(o.at("parallel"), "tp"), pp = get_int(o.at("parallel"), "pp");
+    if (same && tp && pp) {
+      *donor = get_int(o, "id").value_or(-1);
+      return std::make_pair(*tp, *pp);
+    }
+  }
+  return std::nullopt;
+}
+
+// The Plan. Rules for what the source leaves null (each recorded):
+//   tp, pp: borrowed from a run of the same shape (borrow_tp_pp), else 1.
+//   cp: 1.  dp: gpus / (tp pp cp) (checked against a stated dp).
+//   vp: 1; vp > 1 -> the interleaved schedule, else 1F1B (Megatron, DeepSpeed
+//       and TorchTitan's default non-interleaved pipeline).
+//   sp: Megatron-Core/-Bridge and TorchTitan use sequence parallelism with
+//       tp > 1 (Megatron's --tp-comm-overlap requires it; TorchTitan's TP plan
+//       shards the norms over the sequence): on; others (Megatron-DeepSpeed
+//       2022, metaseq): off.
+//   micro_batch, in order: stated; TorchTitan's local_batch_per_dp_rank (no
+//       gradient accumulation: one micro-batch of it with pp = 1; with pp > 1
+//       its pipeline_parallel_microbatch_size default 1); global / (dp x
+//       grad_accum) when both known; 1 when pp > 1 (Megatron's default
+//       --micro-batch-size, the most common pipeline setting); global / dp
+//       (one micro-batch, no accumulation) when pp = 1.
+//   num_micro_batches: global / (dp x micro_batch) (an invalid plan when not whole).
+//   recompute: map_recompute; zero: map_zero.
+void map_plan(const json& runs, const json& run, Mapped* m) {
+  const json& par = run.at("parallel");
+  Plan& p = m->plan;
+  std::optional<int64_t> tp = get_int(par, "tp"), pp = get_int(par, "pp");
+  if (!tp || !pp) {
+    int donor = -1;
+    if (auto b = borrow_tp_pp(runs, run, &donor)) {
+      if (!tp) tp = b->first;
+      if (!pp) pp = b->second;
+      m->inferred.push_back("tp/pp(run " + std::to_string(donor) + ")");
+    } else {
+      if (!tp) tp = 1;
+      if (!pp) pp = 1;
+      m->inferred.push_back("tp/pp=1");
+    }
+  }
+  p.tp = *tp;
+  p.pp = *pp;
+  if (auto cp = get_int(par, "cp")) {
+    p.cp = *cp;
+  } else {
+    p.cp = 1;
+    m->inferred.push_back("cp=1");
+  }
+  const int64_t model_par = p.tp * p.pp * p.cp;
+  if (auto dp = get_int(par, "dp")) {
+    p.dp = *dp;
+  } else {
+    p.dp = m->gpus / std::max<int64_t>(model_par, 1);
+    m->inferred.push_back("dp");
+  }
+  if (auto vp = get_int(par, "vpp")) {
+    p.vp = std::max<int64_t>(*vp, 1);
+  } else {
+    p.vp = 1;
+    if (p.pp > 1 && has(get_str(par, "techniques"), "interleaved")) {
+      p.vp = 2;
+      m->inferred.push_back("vp=2");
+    }
+  }
+  p.schedule = p.pp > 1 && p.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
+  const std::string fw = get_str(par, "framework");
+  if (auto sp = get_bool(par, "sequence_parallel")) {
+    p.sp = *sp && p.tp > 1;
+  } else {
+    p.sp = p.tp > 1 &&
+           (has(fw, "megatron-core") || has(fw, "megatron-bridge") || has(fw, "torchtitan"));
+    if (p.tp > 1) m->inferred.push_back(p.sp ? "sp=on" : "sp=off");
+  }
+  const int64_t gb = m->global_batch;
+  if (auto mb = get_int(par, "micro_batch")) {
+    p.micro_batch = *mb;
+  } else if (auto lb = get_int(par, "local_batch_per_dp_rank")) {
+    p.micro_batch = p.pp > 1 ? 1 : *lb;
+    m->inferred.push_back(p.pp > 1 ? "mb=1(pp)" : "mb=local");
+  } else if (auto ga = get_int(par, "grad_accum"); ga && p.dp > 0 && gb % (p.dp * *ga) == 0) {
+    p.micro_batch = gb / (p.dp * *ga);
+    m->inferred.push_back("mb=gb/(dp*ga)");
+  } else if (p.pp > 1) {
+    p.micro_batch = 1;
+    m->inferred.push_back("mb=1");
+  } else {
+    p.micro_batch = std::max<int64_t>(gb / std::max<int64_t>(p.dp, 1), 1);
+    m->inferred.push_back("mb=gb/dp");
+  }
+  const int64_t per_replica = p.dp * p.micro_batch;
+  p.num_micro_batches = per_replica > 0 && gb % per_replica == 0 ? gb / per_replica : 0;
+  p.recompute = map_recompute(par, m);
+  p.zero = map_zero(par, m);
+}
+
+Mapped map_run(const json& runs, const json& run) {
+  Mapped m;
+  m.id = get_int(run, "id").value_or(-1);
+  m.group = get_str(run, "group");
+  m.name = get_str(run.at("model"), "name");
+  const json& hw = run.at("hardware");
+  const json& par = run.at("parallel");
+  if (auto g = get_int(hw, "num_gpus")) {
+    m.gpus = *g;
+  } else {
+    m.skip.push_back("GPU count not stated");
+  }
+  map_gpu(hw, &m);
+  if (is_fp8(par)) m.skip.push_back("fp8 not modelled");
+  if (auto n = get_int(hw, "gpus_per_node")) {
+    m.gpus_per_node = *n;
+  } else {
+    m.gpus_per_node = 8;
+    m.inferred.push_back("gpn=8");
+  }
+  if (auto gb = get_int(par, "global_batch")) {
+    m.global_batch = *gb;
+  } else {
+    m.skip.push_back("global batch not stated");
+  }
+  m.seq = get_int(run.at("model"), "seq_len").value_or(0);
+  if (m.skip.empty()) {
+    if (auto t = published_iteration_s(run, &m)) {
+      m.published_s = *t;
+    } else {
+      m.skip.push_back("published figure not convertible (FLOP convention not stated)");
+    }
+  }
+  if (!m.skip.empty()) return m;
+  Result<ModelConfig> model = map_model(run.at("model"), &m);
+  if (!model.is_ok()) {
+    m.skip.push_back("model not mappable: " + model.status().message());
+    return m;
+  }
+  m.model = *model;
+  map_plan(runs, run, &m);
+  // Pre-FlashAttention Megatron-DeepSpeed stacks (BLOOM 2022, MT-NLG 2021,
+  // GPT-NeoX, metaseq): materialized attention scores and gradients reduced
+  // after the pipeline flush (megatron2021_constants). Everything else ran
+  // FlashAttention (llm-foundry flash/triton, SDPA flash, Transformer Engine)
+  // with overlapped gradient reduction: the defaults.
+  const std::string fw = get_str(par, "framework");
+  if (has(fw, "deepspeed") || has(fw, "gpt-neox") || has(fw, "metaseq")) {
+    m.k = megatron2021_constants();
+    m.stack = "megatron2021";
+  } else {
+    m.k = CostConstants{};
+    m.stack = "default";
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------- results
+
+struct Priced {
+  Mapped m;
+  double predicted_s = 0, err = 0, params_b = 0;
+  bool fits = true;
+  StepCost cost;
+};
+
+std::string bucket_of(int64_t gpus) {
+  if (gpus <= 64) return "<=64";
+  if (gpus <= 256) return "65-256";
+  if (gpus <= 1024) return "257-1024";
+  return ">1024";
+}
+
+struct Stats {
+  int n = 0, within10 = 0;
+  double mae = 0, med = 0;
+};
+
+Stats stats_of(const std::vector<double>& errs) {
+  Stats s;
+  s.n = static_cast<int>(errs.size());
+  for (double e : errs) {
+    s.mae += std::abs(e);
+    if (std::abs(e) <= 0.10) ++s.within10;
+  }
+  if (s.n) s.mae /= s.n;
+  s.med = median(errs);
+  return s;
+}
+
+void print_stats_row(const std::string& label, const Stats& s) {
+  std::printf("  %-38s %4d  %6.1f%%  %+7.1f%%  %5.0f%%\n", label.c_str(), s.n, 100 * s.mae,
+              100 * s.med, s.n ? 100.0 * s.within10 / s.n : 0.0);
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string file = "/work/shared/reference/public_runs.json";
+  std::string clusters = "configs/clusters";
+  std::string only;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--file") {
+      file = next();
+    } else if (a == "--clusters") {
+      clusters = next();
+    } else if (a == "--only") {
+      only = next();
+    } else if (a == "--verbose" || a == "-v") {
+      verbose = true;
+    } else {
+      std::fprintf(
+          stderr,
+          "usage: public_runs [--file RUNS.json] [--clusters DIR] [--only GROUP_SUBSTRING] "
+          "[--verbose]\n");
+      return 2;
+    }
+  }
+  Result<json> doc = read_json_file(file);
+  if (!doc.is_ok()) {
+    std::fprintf(stderr, "%s\n", doc.status().message().c_str());
+    return 1;
+  }
+  const json& runs = (*doc)["runs"];
+
+  std::map<std::string, Cluster> cluster_cache;
+  std::vector<Priced> priced;
+  std::map<std::string, int> skipped;  // reason -> count
+  std::vector<std::pair<Mapped, std::string>> invalid;
+  int considered = 0;
+
+  std::printf("%4s %-24s %7s %5s %-48s %9s %9s %8s  %s\n", "id", "group", "params", "gpus", "plan",
+              "pub s", "pred s", "error", "inferred / notes");
+  for (const json& run : runs) {
+    const std::string group = get_str(run, "group");
+    if (!only.empty() && group.find(only) == std::string::npos) continue;
+    ++considered;
+    Mapped m = map_run(runs, run);
+    if (!m.skip.empty()) {
+      ++skipped[m.skip[0]];
+      std::printf("%4d %-24.24s %7s %5lld %-48s %9s %9s %8s  skipped: %s\n", m.id, m.group.c_str(),
+                  "", (long long)m.gpus, "", "", "", "", join(m.skip, "; ").c_str());
+      continue;
+    }
+    // The cluster: the GPU's file, with the run's GPUs per node, sized to its GPUs.
+    auto it = cluster_cache.find(m.cluster_file);
+    if (it == cluster_cache.end()) {
+      Result<Cluster> c = load_cluster(clusters + "/" + m.cluster_file);
+      if (!c.is_ok()) {
+        std::fprintf(stderr, "%s\n", c.status().message().c_str());
+        return 1;
+      }
+      it = cluster_cache.emplace(m.cluster_file, *c).first;
+    }
+    Cluster node = it->second;
+    node.nodes = 1;
+    node.devices_per_node = static_cast<int>(m.gpus_per_node);
+    Result<Cluster> cluster = with_devices(node, m.gpus);
+    if (!cluster.is_ok()) {
+      invalid.emplace_back(m, "cluster: " + cluster.status().message());
+      std::printf("%4d %-24.24s %7s %5lld %-48s %9.3f %9s %8s  INVALID: %s\n", m.id,
+                  m.group.c_str(), "", (long long)m.gpus, plan_label(m.plan).c_str(), m.published_s,
+                  "", "", invalid.back().second.c_str());
+      continue;
+    }
+    CostModel cm(TrainingJob{m.model, m.global_batch, m.seq}, *cluster, m.k);
+    std::string why = cm.invalid_reason(m.plan);
+    if (m.plan.num_micro_batches == 0)
+      why = "global batch " + std::to_string(m.global_batch) +
+            " is not a multiple of dp x mb = " + std::to_string(m.plan.dp * m.plan.micro_batch);
+    Result<StepCost> cost = why.empty() ? cm.price(m.plan) : Result<StepCost>(Status::invalid(why));
+    if (!cost.is_ok()) {
+      invalid.emplace_back(m, cost.status().message());
+      std::printf("%4d %-24.24s %6.1fB %5lld %-48s %9.3f %9s %8s  INVALID: %s\n", m.id,
+                  m.group.c_str(), cm.num_parameters() / 1e9, (long long)m.gpus,
+                  plan_label(m.plan).c_str(), m.published_s, "", "", invalid.back().second.c_str());
+      continue;
+    }
+    Priced r;
+    r.m = m;
+    r.cost = *cost;
+    r.predicted_s = cost->step_time_s;
+    r.err = r.predicted_s / m.published_s - 1;
+    r.params_b = cm.num_parameters() / 1e9;
+    r.fits = cost->fits;
+    std::vector<std::string> notes = m.inferred;
+    if (m.stack != "default") notes.insert(notes.begin(), m.stack);
+    if (!r.fits) notes.insert(notes.begin(), "OOM-predicted");
+    std::printf("%4d %-24.24s %6.1fB %5lld %-48s %9.3f %9.3f %+7.1f%%  %s\n", m.id, m.group.c_str(),
+                r.params_b, (long long)m.gpus, plan_label(m.plan).c_str(), m.published_s,
+                r.predicted_s, 100 * r.err, join(notes, ",").c_str());
+    if (verbose) {
+      const StepCost& c = *cost;
+      std::printf(
+          "      %s on %s (%d/node): compute %.3f recompute %.3f tp %.3f cp %.3f pp %.3f bubble "
+          "%.3f "
+          "dp %.3f opt %.3f s; mem %.1f/%.1f GiB; published from %s\n",
+          m.model_key.c_str(), m.cluster_file.c_str(), (int)m.gpus_per_node, c.compute_s,
+          c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s, c.dp_comm_s,
+          c.optimizer_s, c.memory.total / double(1ull << 30), c.usable_memory / double(1ull << 30),
+          m.published_how.c_str());
+    }
+    priced.push_back(std::move(r));
+  }
+
+  // ---------------------------------------------------------------- summary
+  int total_skipped = 0;
+  for (const auto& [reason, n] : skipped) total_skipped += n;
+  std::printf("\n== Summary (%d runs considered) ==\n", considered);
+  std::printf("priced %zu, skipped %d, invalid %zu\n", priced.size(), total_skipped,
+              invalid.size());
+  for (const auto& [reason, n] : skipped) std::printf("  skipped %3d: %s\n", n, reason.c_str());
+  for (const auto& [m, why] : invalid) std::printf("  invalid run %d: %s\n", m.id, why.c_str());
+  if (priced.empty()) return 0;
+
+  std::vector<double> errs;
+  std::map<std::string, std::vector<double>> by_group, by_bucket, by_gpu;
+  for (const Priced& r : priced) {
+    errs.push_back(r.err);
+    by_gpu[r.m.cluster_file].push_back(r.err);
+    by_group[r.m.group].push_back(r.err);
+    by_bucket[bucket_of(r.m.gpus)].push_back(r.err);
+  }
+  const Stats all = stats_of(errs);
+  std::printf("\nerror = predicted / published iteration time - 1\n");
+  std::printf("  %-38s %4s  %7s  %8s  %6s\n", "", "n", "MAE", "median", "<=10%");
+  print_stats_row("all priced runs", all);
+  std::printf("by group:\n");
+  for (const auto& [g, e] : by_group) print_stats_row(g, stats_of(e));
+  std::printf("by cluster file (GPU):\n");
+  for (const auto& [g, e] : by_gpu) print_stats_row(g, stats_of(e));
+  std::printf("by GPU count:\n");
+  for (const char* b : {"<=64", "65-256", "257-1024", ">1024"})
+    if (by_bucket.count(b)) print_stats_row(b, stats_of(by_bucket[b]));
+
+  // Kendall tau inside each (model shape, GPU) group of >= 3 priced runs.
+  std::map<std::string, std::vector<const Priced*>> shape_groups;
+  for (const Priced& r : priced)
+    shape_groups[r.m.model_key + " @ " + r.m.cluster_file].push_back(&r);
+  std::printf(
+      "\nKendall tau-b of predicted vs published iteration time, per model shape + GPU "
+      "(>= 3 runs):\n");
+  double tau_sum = 0;
+  int tau_n = 0;
+  for (const auto& [key, rs] : shape_groups) {
+    if (rs.size() < 3) continue;
+    std::vector<double> x, y;
+    for (const Priced* r : rs) x.push_back(r->predicted_s), y.push_back(r->m.published_s);
+    const double tau = kendall_tau_b(x, y);
+    std::set<std::string> groups;
+    for (const Priced* r : rs) groups.insert(r->m.group);
+    if (std::isnan(tau)) {
+      std::printf("  %-62s n=%2zu  tau   n/a  (%s)\n", key.c_str(), rs.size(),
+                  join(std::vector<std::string>(groups.begin(), groups.end()), ",").c_str());
+      continue;
+    }
+    tau_sum += tau;
+    ++tau_n;
+    std::printf("  %-62s n=%2zu  tau %+5.2f  (%s)\n", key.c_str(), rs.size(), tau,
+                join(std::vector<std::string>(groups.begin(), groups.end()), ",").c_str());
+  }
+  if (tau_n) std::printf("  mean tau over %d groups: %+.3f\n", tau_n, tau_sum / tau_n);
+
+  std::vector<const Priced*> worst;
+  for (const Priced& r : priced) worst.push_back(&r);
+  std::sort(worst.begin(), worst.end(),
+            [](const Priced* a, const Priced* b) { return std::abs(a->err) > std::abs(b->err); });
+  std::printf("\n10 worst runs:\n");
+  for (size_t i = 0; i < worst.size() && i < 10; ++i) {
+    const Priced& r = *worst[i];
+    const StepCost& c = r.cost;
+    std::printf(
+        "  %4d %-24.24s %-30.30s s=%-6lld %-18s %5lld gpus %-48s pub %8.3f pred %8.3f %+7.1f%%  "
+        "[compute %.2f rc "
+        "%.2f tp %.2f cp %.2f pp %.2f bubble %.2f dp %.2f opt %.2f%s] %s\n",
+        r.m.id, r.m.group.c_str(), r.m.name.c_str(), (long long)r.m.seq, r.m.cluster_file.c_str(),
+        (long long)r.m.gpus, plan_label(r.m.plan).c_str(), r.m.published_s, r.predicted_s,
+        100 * r.err, c.compute_s, c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s,
+        c.dp_comm_s, c.optimizer_s, r.fits ? "" : " OOM", join(r.m.inferred, ",").c_str());
+  }
+  std::printf("\nwithin +-10%%: %d/%d (%.0f%%); MAE %.1f%%; signed median %+.1f%%\n", all.within10,
+              all.n, 100.0 * all.within10 / all.n, 100 * all.mae, 100 * all.med);
+  return 0;
+}
