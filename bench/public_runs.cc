@@ -1,12 +1,12 @@
 // The cost model against published runs: prices every run of
-// /work/shared/reference/public_runs.json (LLM pre-training throughput
+// ../shared/reference/public_runs.json (LLM pre-training throughput
 // reported by Megatron-LM, llm-foundry, TorchTitan, BLOOM, ... with model
 // shape, hardware and parallel configuration) with its own degrees pinned, and
 // prints predicted vs published iteration time, the error statistics and the
 // rank agreement (Kendall tau) inside groups of runs that share a model shape
 // and a GPU.
 //
-//   public_runs [--file /work/shared/reference/public_runs.json]
+//   public_runs [--file ../shared/reference/public_runs.json]
 //               [--clusters configs/clusters] [--only GROUP_SUBSTRING] [--verbose]
 //
 // A measurement harness: nothing is fitted or set per row. The constants are
@@ -567,7 +567,7 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string file = "/work/shared/reference/public_runs.json";
+  std::string file = "../shared/reference/public_runs.json";  // from the repository root
   std::string clusters = "configs/clusters";
   std::string only;
   bool verbose = false;

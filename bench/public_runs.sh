@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cost model against published runs (docs/planner.md "Accuracy against
 # published runs"): builds bench/public_runs and prices every run of
-# /work/shared/reference/public_runs.json with its published degrees, printing
+# ../shared/reference/public_runs.json with its published degrees, printing
 # predicted vs published iteration time, the error by group and GPU count, the
 # Kendall tau per model shape + GPU and the 10 worst runs. Pure arithmetic:
 # nothing is run on a GPU and no constant is fitted.
