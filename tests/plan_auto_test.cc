@@ -236,15 +236,19 @@ TEST(PlanAuto, StaticArenaMemoryMatchesTheExecutor) {
 // rank the model states, the chunk's arena and its activation stash at the
 // peak the schedule reaches, predicted within 5% of what the trainer planned
 // and held (Engine::peak_bytes; bench/plan_accuracy measured 0.1%).
-// The most memory a rank of the job `doc` describes holds in one step
-// (Engine::peak_bytes, with a pipeline's stash), run on `ranks` local ranks.
-double held_peak(const json& doc, int ranks) {
+// The most memory a rank of the job `doc` describes holds in its steps
+// (Engine::peak_bytes, with a pipeline's stash), run on `ranks` local ranks
+// for `steps` steps; *losses (when given) gets rank 0's.
+double held_peak(const json& doc, int ranks, int steps = 1, std::vector<float>* losses = nullptr) {
   const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(doc, "")), ranks));
   std::vector<int64_t> peak(static_cast<size_t>(ranks), 0);
   Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
     MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
                         make_engine(job, Communicator::world(t), nullptr, false));
-    e->step();
+    for (int i = 0; i < steps; ++i) {
+      const StepResult r = e->step();
+      if (losses && t->rank() == 0) losses->push_back(r.loss);
+    }
     peak[static_cast<size_t>(t->rank())] = e->peak_bytes();
     return Status::ok();
   });
@@ -283,6 +287,36 @@ TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
           << "predicted " << c.memory.total << " measured " << measured;
     }
   }
+}
+
+// The strategy search's plan on pipeline stages (tp=2 x pp=2): priced by the
+// runtime's split of the program its split tuples build, the pipeline
+// trainer runs it with one device's losses, holding the predicted memory.
+TEST(PlanAuto, SearchedPlanOnPipelineStagesRunsAsPriced) {
+  json model = small_gpt();
+  model["n_layer"] = 4;
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  const CostModel cm(TrainingJob{mc, 16, 32}, value_or_throw(share_machine(local(), 4)),
+                     meshflow_cpu_constants());
+  Plan p;
+  p.tp = 2, p.pp = 2, p.ops = true;
+  p.micro_batch = 4, p.num_micro_batches = 4;
+  const StepCost c = value_or_throw(cm.price(p));
+  ASSERT_NE(c.plan.searched, nullptr);
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train", {{"steps", 3}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};  // (the planner's optimizer)
+  std::vector<float> one, four;
+  held_peak(doc, 1, 3, &one);
+  doc["parallel"] = value_or_throw(parallel_section(c.plan, mc));
+  ASSERT_TRUE(doc["parallel"].contains("strategies")) << doc["parallel"].dump();
+  ASSERT_TRUE(doc["parallel"].contains("pipeline")) << doc["parallel"].dump();
+  const double measured = held_peak(doc, 4, 3, &four);
+  ASSERT_EQ(four.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(four[i], one[i], 5e-5 * one[i]) << i;
+  EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
+      << "predicted " << c.memory.total << " measured " << measured;
 }
 
 TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {

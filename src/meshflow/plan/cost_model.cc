@@ -714,12 +714,12 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   return lc;
 }
 
-Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
-                                                      int64_t chunks, bool sp, Recompute recompute,
-                                                      const std::vector<int64_t>& layers) const {
+Result<std::vector<ChunkCost>> CostModel::chunk_costs(
+    int64_t tp, int64_t cp, int64_t micro_batch, int64_t chunks, bool sp, Recompute recompute,
+    const std::vector<int64_t>& layers, std::shared_ptr<const StrategySearch> ops) const {
   MF_RETURN_IF_ERROR(status_);
   const int variant = int(sp) + 2 * int(recompute);
-  const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant, layers);
+  const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant, layers, ops.get());
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = chunk_cache_.find(key); it != chunk_cache_.end()) return *it->second;
@@ -729,7 +729,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
     // optimizer (its collectives over tp), partitioned on the stage's mesh.
     // Built once per (tp, cp, micro_batch) and split for each chunk count.
     std::shared_ptr<const LocalProgram> program;
-    const auto pkey = std::make_tuple(tp, cp, micro_batch, variant);
+    const auto pkey = std::make_tuple(tp, cp, micro_batch, variant, ops.get());
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = pipeline_programs_.find(pkey); it != pipeline_programs_.end())
@@ -741,6 +741,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
           micro_batch, job_.seq, tp, cp, sp, recompute, has_blocks() ? dims_.layers : 1};
       shape.optimizer = true;
       shape.pipeline = true;
+      shape.ops = ops;
       MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
       program = std::make_shared<const LocalProgram>(std::move(built));
       std::lock_guard<std::mutex> lock(mu_);
@@ -846,9 +847,9 @@ std::string CostModel::invalid_reason(const Plan& p) const {
       return given + " sums to " + str(sum) + ", the model has " + str(pipeline_layers_) +
              " blocks to split";
   }
-  if (p.ops && (p.tp == 1 || p.sp || p.cp > 1 || p.pp > 1))
-    return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh: they need "
-           "tp > 1 and no sp, cp or pp";
+  if (p.ops && (p.tp == 1 || p.sp || p.cp > 1))
+    return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh (and "
+           "pipeline stages of it): they need tp > 1 and no sp or cp";
   if (p.sp && (job_.seq / p.cp) % p.tp != 0)
     return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
            ", which does not divide it";
@@ -1442,9 +1443,13 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const bool by_chunk = p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
   std::vector<ChunkCost> chunks;
   LayerCost lc;
+  std::shared_ptr<const StrategySearch> searched;
+  if (p.ops) {
+    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
+  }
   if (by_chunk) {
     MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp,
-                                            p.recompute, p.layers_per_stage));
+                                            p.recompute, p.layers_per_stage, searched));
   } else {
     MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops));
   }
@@ -1457,9 +1462,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
 
   StepCost r;
   r.plan = p;
-  if (p.ops) {
-    MF_ASSIGN_OR_RETURN(r.plan.searched, op_search(p.tp, p.micro_batch));
-  }
+  r.plan.searched = searched;
   double p2p_bytes = 0;
   double p_stage = 0;  // the most parameters a stage holds
   if (by_chunk) {

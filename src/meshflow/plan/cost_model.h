@@ -348,7 +348,8 @@ class CostModel {
   Result<std::vector<ChunkCost>> chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
                                              int64_t chunks, bool sp = false,
                                              Recompute recompute = Recompute::kNone,
-                                             const std::vector<int64_t>& layers = {}) const;
+                                             const std::vector<int64_t>& layers = {},
+                                             std::shared_ptr<const StrategySearch> ops = {}) const;
   // Blocks per stage for p's pipeline chosen by time and memory together:
   // the split that minimizes the slowest stage's work per micro-batch with
   // every stage's predicted peak within the device's usable memory (a 1F1B
@@ -461,12 +462,14 @@ class CostModel {
   // (tp, cp, micro_batch, sp, recompute) -> arena bytes of one and of two blocks.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, std::pair<double, double>>
       arena_cache_;
-  // (tp, cp, micro_batch, chunks, sp + 2 x recompute, layers) -> the priced chunks.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, std::vector<int64_t>>,
+  // (tp, cp, micro_batch, chunks, sp + 2 x recompute, layers, ops) -> the priced chunks.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, std::vector<int64_t>,
+                              const StrategySearch*>,
                    std::shared_ptr<const Result<std::vector<ChunkCost>>>>
       chunk_cache_;
-  // (tp, cp, micro_batch, sp + 2 x recompute) -> the program chunk_costs splits.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::shared_ptr<const LocalProgram>>
+  // (tp, cp, micro_batch, sp + 2 x recompute, ops) -> the program chunk_costs splits.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, const StrategySearch*>,
+                   std::shared_ptr<const LocalProgram>>
       pipeline_programs_;
   int64_t pipeline_layers_ = 0;
 };

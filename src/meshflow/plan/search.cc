@@ -293,7 +293,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     return true;
   });
   // The per-operator strategy search (parallel/strategy_search.h) inside the
-  // tp group of each leader shown without pipeline or cp: the same mesh, batch,
+  // tp group of each leader shown without cp or interleaving: the same mesh, batch,
   // recompute and ZeRO with every operator's split chosen by the integer
   // program in place of the Megatron layout (one solve per (tp, micro-batch),
   // cached), kept when faster. The template plans stay candidates, so the
@@ -302,7 +302,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     std::vector<Plan> variants;
     for (size_t i = 0; i < r.plans.size() && i < shown; ++i) {  // the leaders shown
       Plan q = r.plans[i].plan;
-      if (q.tp == 1 || q.cp > 1 || q.pp > 1 || q.ops) continue;
+      if (q.tp == 1 || q.cp > 1 || q.vp > 1 || q.ops) continue;
       q.ops = true, q.sp = false;
       if (!options.fixed.matches(q) ||
           std::find(variants.begin(), variants.end(), q) != variants.end())
