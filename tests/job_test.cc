@@ -12,6 +12,7 @@
 
 #include "cli_run.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/plan/auto_plan.h"
 
 namespace meshflow {
 namespace {
@@ -114,6 +115,38 @@ TEST_F(Job, AutoFullSearchExplainShowsEachOperatorsSplit) {
     EXPECT_FALSE(line.rfind("  fwd", 0) == 0 && line.find("over dp") != std::string::npos &&
                  line.find(" loss ") == std::string::npos)
         << line;
+}
+
+// The planner checks itself: a run auto mode planned prints its measured
+// step, compute, collectives, optimizer and memory beside the prediction,
+// the corrections they imply and whether another priced plan would now be
+// faster; --calibrate-from-run writes the refitted local cluster file (a
+// cluster file the planner loads). Without an auto plan the option is an
+// error before training.
+TEST_F(Job, AutoPlannedRunChecksItsPlan) {
+  const std::string cfg = config(json{{"mode", "auto"}, {"search", "full"}}, false, 8);
+  const std::string refit = (dir_ / "refit.json").string();
+  CliRun r = run_cli("train " + cfg + " --ranks 2 --steps 3 --calibrate-from-run " + refit);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"plan check (", "  step         predicted", "  compute      predicted",
+                           "  collectives  predicted", "  optimizer    predicted",
+                           "  memory       predicted", "  corrections: compute x"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(r.output.find("would now be faster") != std::string::npos ||
+              r.output.find("is still the fastest of the") != std::string::npos)
+      << r.output;
+  Result<plan::Cluster> c = plan::load_cluster(refit);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  const plan::Cluster local = value_or_throw(plan::load_local_cluster());
+  EXPECT_NE(c->device.peak_flops.f32, local.device.peak_flops.f32);
+  EXPECT_EQ(c->device.memory_bytes, local.device.memory_bytes);
+  // One step measures nothing after the first.
+  r = run_cli("train " + cfg + " --ranks 2 --steps 1 --calibrate-from-run " + refit);
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("at least two steps"), std::string::npos) << r.output;
+  r = run_cli("train " + config(json()) + " --calibrate-from-run " + refit);
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("has no such plan"), std::string::npos) << r.output;
 }
 
 TEST_F(Job, AnAxisThatSplitsNothingIsAnError) {

@@ -17,6 +17,7 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/cli/errors.h"
+#include "meshflow/cli/plan_check.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/comm/mpi_transport.h"
 #include "meshflow/core/file_io.h"
@@ -86,6 +87,21 @@ Status check_checkpoint_dir(const std::string& path, const std::string& what) {
   return Status::ok();
 }
 
+// --calibrate-from-run refits from a run auto mode planned, into a file it can write.
+Status check_calibrate_option(const TrainOptions& o, const Job& job) {
+  if (o.calibrate_from_run.empty()) return Status::ok();
+  if (!job.auto_plan)
+    return Status::invalid(
+        "--calibrate-from-run compares a run with the plan auto mode chose for it; this run "
+        "has no such plan (set \"parallel\": {\"mode\": \"auto\", \"search\": \"full\"})");
+  if (job.rc.train.steps < 2)
+    return Status::invalid(
+        "--calibrate-from-run needs at least two steps (the first one warms "
+        "up), train.steps is " +
+        std::to_string(job.rc.train.steps) + "; raise --steps");
+  return check_output_file(o.calibrate_from_run, "--calibrate-from-run");
+}
+
 // One rank's training run. Rank 0 (the main rank) reports progress and
 // writes metrics and checkpoints; every rank computes. trace: optional, this
 // rank's writer.
@@ -98,7 +114,11 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   if (main_rank && !o.metrics.empty())
     MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics, /*append=*/o.attempt > 0));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
-  MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer, make_engine(job, comm, trace, o.profile));
+  // A run auto mode planned is profiled: the plan check compares its kernels
+  // with the prediction (cli/plan_check.h).
+  const bool check = job.auto_plan != nullptr && main_rank;
+  MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer,
+                      make_engine(job, comm, trace, o.profile || job.auto_plan != nullptr));
   const TrainConfig& tc = rc.train;
   if (!o.resume.empty()) {
     const std::string from = o.resume == "latest" ? tc.checkpoint : o.resume;
@@ -134,6 +154,11 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   double window_s = 0, window_flops = 0, window_wait = 0;
   int64_t window_items = 0;
   int steps_done = 0;
+  // The plan check's measurements: kernels after this run's first step, the
+  // later steps' wall times and waits.
+  std::vector<double> kernels_after_first, later_steps;
+  double later_wait = 0;
+  const int first_step = trainer->steps_done();
   // Injected faults fire in the first run only (a restart would meet them again).
   const FaultInjection fault =
       o.attempt == 0 ? fault_from_env(comm ? comm->rank() : 0) : FaultInjection{};
@@ -141,6 +166,14 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
     if (fault.step == s) fault.trigger();
     StepResult r = trainer->step();
     steps_done = r.step;
+    if (check) {
+      if (s == first_step) {
+        kernels_after_first = trainer->seconds_by_kind();
+      } else {
+        later_steps.push_back(r.seconds);
+        later_wait += r.comm_wait_seconds;
+      }
+    }
     window_s += r.seconds;
     window_flops += r.flops * flops_scale;
     window_items += r.items;
@@ -173,6 +206,30 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
     }
     if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
       MF_RETURN_IF_ERROR(save());
+  }
+  if (check) {
+    const RunMeasurement m = measure_run(kernels_after_first, trainer->seconds_by_kind(),
+                                         static_cast<int>(later_steps.size()), later_steps,
+                                         later_wait, trainer->peak_bytes());
+    if (m.steps < 1) {
+      progress.message("meshflow: plan check: needs two steps or more (measured after the first)");
+      if (!o.calibrate_from_run.empty())
+        return Status::invalid(
+            "--calibrate-from-run needs at least two steps (the first one "
+            "warms up); raise --steps");
+    } else {
+      const PlanCheck pc = check_plan(*job.auto_plan, m);
+      if (!o.quiet) std::fputs(pc.report.c_str(), stderr);
+      if (!o.calibrate_from_run.empty()) {
+        MF_ASSIGN_OR_RETURN(const plan::Cluster local, plan::load_local_cluster());
+        const plan::Cluster refit = refit_cluster(local, pc);
+        MF_RETURN_IF_ERROR(write_file_atomic(o.calibrate_from_run,
+                                             plan::cluster_to_json(refit).dump(2) + "\n",
+                                             "--calibrate-from-run"));
+        progress.message("meshflow: wrote the refitted cluster file " + o.calibrate_from_run +
+                         " (use it with MESHFLOW_LOCAL_CLUSTER=" + o.calibrate_from_run + ")");
+      }
+    }
   }
   EvalResult e = trainer->evaluate();
   MF_RETURN_IF_ERROR(progress.eval({steps_done, e.loss, e.accuracy}));
@@ -268,6 +325,7 @@ int train_impl(const TrainOptions& o) {
     // Resolved before any rank starts (every process resolves the same).
     Result<Job> job = resolve_job(*rc, (*t)->size());
     if (!job.is_ok()) return user_error(job.status());
+    if (Status c = check_calibrate_option(o, *job); !c.is_ok()) return user_error(c);
     Status s;
     try {
       std::shared_ptr<Communicator> world = Communicator::world(*t);
@@ -292,6 +350,7 @@ int train_impl(const TrainOptions& o) {
   for (;; ++run.attempt) {
     Result<Job> job = resolve_job(*rc, run.ranks);  // before any rank starts
     if (!job.is_ok()) return user_error(job.status());
+    if (Status c = check_calibrate_option(run, *job); !c.is_ok()) return user_error(c);
     traces.assign(static_cast<size_t>(run.ranks), TraceWriter{});
     if (run.ranks <= 1) {
       s = train_rank(run, *job, nullptr, o.trace.empty() ? nullptr : &traces[0]);

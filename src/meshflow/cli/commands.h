@@ -26,6 +26,9 @@ struct TrainOptions {
   int max_restarts = 0;
   bool elastic = false;
   int attempt = 0;  // set by the restart loop: 0 is the first run
+  // A run auto mode planned: write the local cluster file refitted by the
+  // plan check's corrections (cli/plan_check.h) here.
+  std::string calibrate_from_run;
 };
 int run_train(const TrainOptions& o);
 

@@ -214,10 +214,12 @@ int run_explain(const ExplainOptions& o) {
         "note: each of the %d pipeline stages runs its layers of this program on its own "
         "sub-mesh; activations cross stages point to point (%d micro-batches)\n",
         job->pipeline->stages, job->pipeline->micro_batches);
-  if (!job->planned.empty())
-    std::printf("planned by search: %s, predicted %.1f ms per step\n", job->planned_label.c_str(),
-                1e3 * job->planned_step_s);
-  if (job->searched) std::fputs(search_text(*job->searched).c_str(), stdout);
+  if (job->auto_plan) {
+    const plan::StepCost& best = job->auto_plan->best;
+    std::printf("planned by search: %s, predicted %.1f ms per step\n",
+                plan::plan_label(best.plan).c_str(), 1e3 * best.step_time_s);
+    if (best.plan.searched) std::fputs(search_text(*best.plan.searched).c_str(), stdout);
+  }
   std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);
   const std::string whole = replicated_activations(model->graph, *a);
   if (!whole.empty())

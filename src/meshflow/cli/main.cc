@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
               "failed one's)");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
+  t->add_option("--calibrate-from-run", train.calibrate_from_run,
+                "Auto mode: write the local cluster file refitted by this run's plan check "
+                "(measured vs predicted compute and collectives)");
   t->add_option(
        "--ranks", train.ranks,
        "Data-parallel ranks as threads of this process (under mpirun, ranks are its processes)")

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "meshflow/core/status.h"
 
@@ -79,6 +80,9 @@ class Engine {
   virtual double flops_scale() const = 0;
   // Kernel time by op kind when profiling is on ("" when the engine has none).
   virtual std::string profile_report() const { return ""; }
+  // Seconds of kernel time per OpKind so far (indexed by the kind; empty when
+  // the engine does not profile).
+  virtual std::vector<double> seconds_by_kind() const { return {}; }
 };
 
 }  // namespace meshflow

@@ -290,10 +290,8 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
     Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, local);
     if (!chosen.is_ok()) return chosen.status().with_context("parallel.search \"full\"");
-    const json* section = &chosen->parallel;
-    job.searched = chosen->best.plan.searched;
-    job.planned_label = plan::plan_label(chosen->best.plan);
-    job.planned_step_s = chosen->best.step_time_s;
+    job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
+    const json* section = &job.auto_plan->parallel;
     MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
     MF_RETURN_IF_ERROR(fold_recompute(&rc));
     job.planned = section->dump();

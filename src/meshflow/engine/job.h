@@ -45,6 +45,7 @@
 #include "meshflow/parallel/reshard.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/pipeline_config.h"
+#include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow {
@@ -67,11 +68,11 @@ struct Job {
   int micro_batches = 1;                   // per step (the pipeline's when pipelined)
   int micro_batch_rows = 1;                // rows of one micro-batch over all replicas
   std::string planned;                     // auto + search full: the chosen section (JSON)
-  std::string planned_label;               // ... its plan ("dp=2 tp=2+ops pp=1 ...")
-  double planned_step_s = 0;               // ... its predicted step time
-  // ... and when it is the strategy search's plan (Plan::ops), the search:
-  // every forward node's strategy and the costs that decided it (explain).
-  std::shared_ptr<const StrategySearch> searched;
+  // ... and the planner's answer: the chosen plan's prediction (with, for
+  // the strategy search's plan, every forward node's strategy and the costs
+  // that decided it: explain) and every candidate it priced (the train-time
+  // plan check compares the run with them).
+  std::shared_ptr<const plan::LocalAutoPlan> auto_plan;
   std::vector<std::string> notes;  // what was resolved on the user's behalf
   // The links the reshard planner ranks redistributions on, per mesh axis:
   // the local cluster file's (plan::load_local_cluster, shared among the

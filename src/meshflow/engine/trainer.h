@@ -82,6 +82,7 @@ class Trainer : public Engine {
   // Every rank runs the same program on its share: the job's FLOPs are world x.
   double flops_scale() const override { return world_; }
   std::string profile_report() const override { return executor_->profile_report(); }
+  std::vector<double> seconds_by_kind() const override { return executor_->seconds_by_kind(); }
   int steps_done() const override { return step_; }
   // Chrome trace of each step (meshflow train --trace): per micro-batch a
   // forward and a backward span, one span per collective node, the gradient

@@ -1,0 +1,134 @@
+#include "meshflow/cli/plan_check.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "meshflow/ir/op_kind.h"
+
+namespace meshflow::cli {
+
+namespace {
+
+bool is_collective(OpKind k) {
+  switch (k) {
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllReduce:
+    case OpKind::kAllToAll:
+    case OpKind::kNeighborExchange:
+    case OpKind::kNeighborExchangeGrad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_optimizer(OpKind k) {
+  return k == OpKind::kSumSquares || k == OpKind::kClipCoef || k == OpKind::kSgdUpdate ||
+         k == OpKind::kAdamWUpdate;
+}
+
+std::string line(const char* what, double predicted, double measured) {
+  char buf[160];
+  const double diff = predicted > 0 ? 100 * (measured / predicted - 1) : 0;
+  if (predicted > 0)
+    std::snprintf(buf, sizeof buf, "  %-12s predicted %9.2f ms  measured %9.2f ms  %+6.1f%%\n",
+                  what, 1e3 * predicted, 1e3 * measured, diff);
+  else
+    std::snprintf(buf, sizeof buf, "  %-12s predicted %9.2f ms  measured %9.2f ms\n", what,
+                  1e3 * predicted, 1e3 * measured);
+  return buf;
+}
+
+}  // namespace
+
+RunMeasurement measure_run(const std::vector<double>& after_first,
+                           const std::vector<double>& at_end, int steps,
+                           std::vector<double> step_seconds, double comm_wait_s,
+                           int64_t peak_bytes) {
+  RunMeasurement m;
+  m.steps = steps;
+  m.peak_bytes = peak_bytes;
+  if (steps < 1) return m;
+  for (size_t k = 0; k < at_end.size(); ++k) {
+    const double s = at_end[k] - (k < after_first.size() ? after_first[k] : 0.0);
+    const OpKind kind = static_cast<OpKind>(k);
+    (is_collective(kind)  ? m.collectives_s
+     : is_optimizer(kind) ? m.optimizer_s
+                          : m.compute_s) += s / steps;
+  }
+  m.collectives_s += comm_wait_s / steps;
+  if (!step_seconds.empty()) {
+    std::nth_element(step_seconds.begin(), step_seconds.begin() + step_seconds.size() / 2,
+                     step_seconds.end());
+    m.step_s = step_seconds[step_seconds.size() / 2];
+  }
+  return m;
+}
+
+PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
+  PlanCheck c;
+  const plan::StepCost& p = a.best;
+  const double p_compute = p.compute_s + p.recompute_s + p.bubble_s;
+  const double p_comm = p.tp_comm_s + p.cp_comm_s + p.pp_comm_s + p.dp_comm_s;
+  std::string r = "plan check (" + plan::plan_label(p.plan) + ", rank 0, " +
+                  std::to_string(m.steps) +
+                  " steps after the first; collectives include waiting for the other ranks):\n";
+  r += line("step", p.step_time_s, m.step_s);
+  r += line("compute", p_compute, m.compute_s);
+  r += line("collectives", p_comm, m.collectives_s);  // (with the waits for other ranks)
+  r += line("optimizer", p.optimizer_s, m.optimizer_s);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "  %-12s predicted %9.2f MiB measured %9.2f MiB %+6.1f%%\n",
+                "memory", p.memory.total / (1 << 20), double(m.peak_bytes) / (1 << 20),
+                p.memory.total > 0 ? 100 * (double(m.peak_bytes) / p.memory.total - 1) : 0.0);
+  r += buf;
+  // The corrections this run gives: the optimizer is memory-bound work like
+  // the compute's small kernels, so it moves with compute.
+  if (p_compute + p.optimizer_s > 0 && m.compute_s + m.optimizer_s > 0)
+    c.compute_ratio = (m.compute_s + m.optimizer_s) / (p_compute + p.optimizer_s);
+  if (p_comm > 0 && m.collectives_s > 0) c.comm_ratio = m.collectives_s / p_comm;
+  auto corrected = [&](const plan::StepCost& s) {
+    const double compute = s.compute_s + s.recompute_s + s.bubble_s + s.optimizer_s;
+    const double comm = s.tp_comm_s + s.cp_comm_s + s.pp_comm_s + s.dp_comm_s;
+    return s.step_time_s + (c.compute_ratio - 1) * compute + (c.comm_ratio - 1) * comm;
+  };
+  const double mine = corrected(p);
+  const plan::StepCost* best = nullptr;
+  for (const plan::StepCost& s : a.candidates) {
+    if (!s.fits || s.plan == p.plan) continue;
+    if (corrected(s) < 0.97 * mine && (!best || corrected(s) < corrected(*best))) best = &s;
+  }
+  std::snprintf(buf, sizeof buf,
+                "  corrections: compute x%.2f, collectives x%.2f (meshflow train "
+                "--calibrate-from-run FILE writes the refitted cluster file)\n",
+                c.compute_ratio, c.comm_ratio);
+  r += buf;
+  if (best) {
+    c.faster = *best;
+    std::snprintf(buf, sizeof buf,
+                  "  with these corrections %s would now be faster: %.2f ms per step against "
+                  "%.2f ms\n",
+                  plan::plan_label(best->plan).c_str(), 1e3 * corrected(*best), 1e3 * mine);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "  with these corrections the chosen plan is still the fastest of the %zu "
+                  "priced\n",
+                  a.candidates.size());
+  }
+  r += buf;
+  c.report = r;
+  return c;
+}
+
+plan::Cluster refit_cluster(const plan::Cluster& local, const PlanCheck& c) {
+  plan::Cluster out = local;
+  plan::PeakFlops& f = out.device.peak_flops;
+  for (double* v : {&f.f32, &f.tf32, &f.bf16, &f.f16}) *v /= c.compute_ratio;
+  out.device.memory_bandwidth_bytes_per_s /= c.compute_ratio;
+  out.intra_node.bandwidth_bytes_per_s /= c.comm_ratio;
+  out.inter_node.bandwidth_bytes_per_s /= c.comm_ratio;
+  return out;
+}
+
+}  // namespace meshflow::cli
