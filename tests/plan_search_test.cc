@@ -553,6 +553,8 @@ TEST(PlanSearch, FixErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(msg("zero=4").find("zero must be 0, 1, 2 or 3"), std::string::npos);
   EXPECT_NE(msg("tp").find("key=value"), std::string::npos);
+  EXPECT_NE(msg("ops=maybe").find("--fix ops must be true or false"), std::string::npos);
+  EXPECT_EQ(value_or_throw(parse_fixed("tp=2,ops=true")).to_string(), "tp=2,ops=true");
 }
 
 TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
