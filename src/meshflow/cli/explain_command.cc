@@ -6,6 +6,7 @@
 #include <map>
 
 #include "meshflow/engine/job.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/configured.h"

@@ -3,24 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "meshflow/ir/op_kind.h"
+#include "meshflow/ops/op_def.h"
 
 namespace meshflow::cli {
 
 namespace {
 
-bool is_collective(OpKind k) {
-  switch (k) {
-    case OpKind::kAllGather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAllReduce:
-    case OpKind::kAllToAll:
-    case OpKind::kNeighborExchange:
-    case OpKind::kNeighborExchangeGrad:
-      return true;
-    default:
-      return false;
-  }
+// Communication: the collectives (ops/op_def.h) and a window op's halo exchange.
+bool communicates(OpKind k) {
+  return is_collective(k) || k == OpKind::kNeighborExchange || k == OpKind::kNeighborExchangeGrad;
 }
 
 bool is_optimizer(OpKind k) {
@@ -53,7 +44,7 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
   for (size_t k = 0; k < at_end.size(); ++k) {
     const double s = at_end[k] - (k < after_first.size() ? after_first[k] : 0.0);
     const OpKind kind = static_cast<OpKind>(k);
-    (is_collective(kind)  ? m.collectives_s
+    (communicates(kind)   ? m.collectives_s
      : is_optimizer(kind) ? m.optimizer_s
                           : m.compute_s) += s / steps;
   }

@@ -43,7 +43,6 @@
 #include "meshflow/core/trace.h"
 #include "meshflow/engine/engine.h"
 #include "meshflow/parallel/reshard.h"
-#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/run_config.h"

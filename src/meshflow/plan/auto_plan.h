@@ -1,7 +1,8 @@
 // Auto mode for local runs: `"parallel": {"mode": "auto", "search": "full"}`
 // with `meshflow train CONFIG --ranks N`. The planner prices every
 // data/tensor-parallel split of the N in-process ranks (mesh dp x tp, the
-// Megatron preset with or without sequence parallelism), each ZeRO stage and
+// Megatron preset with or without sequence parallelism, and the strategy
+// search's per-operator layout, Plan::ops), each ZeRO stage and
 // recompute policy, for this model and batch on this machine's calibrated
 // cluster shared among the ranks (share_machine, meshflow_cpu_constants), and
 // returns the fastest plan that fits as the "parallel" object of the semi mode

@@ -172,65 +172,7 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
   return double(plan_memory(g, order, persistent, keep).arena_bytes);
 }
 
-// Bytes of the forward values a program's backward reads (the activations a
-// micro-batch keeps), f32 values counted at `f32_bytes` per element (the
-// compute dtype).
-double forward_stash_bytes(const Graph& g, double f32_bytes) {
-  std::vector<char> read_back(static_cast<size_t>(g.num_values()), 0);
-  for (const Node& n : g.nodes())
-    if (n.phase == Phase::kBackward)
-      for (ValueId v : n.inputs) read_back[static_cast<size_t>(v)] = 1;
-  double bytes = 0;
-  for (const Node& n : g.nodes()) {
-    if (n.phase != Phase::kForward || is_source(n.kind)) continue;
-    for (ValueId v : n.outputs) {
-      if (!read_back[static_cast<size_t>(v)]) continue;
-      const DType dt = g.value(v).dtype;
-      bytes += double(g.shape(v).numel()) * (dt == DType::F32 ? f32_bytes : double(dtype_size(dt)));
-    }
-  }
-  return bytes;
-}
-
 }  // namespace
-
-Result<double> CostModel::layer_activations(const Plan& p) const {
-  const double act = double(dtype_size(dtype_));
-  if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act);
-  // A per-operator plan keeps what its program's backward reads: Korthikanti's
-  // count for the Megatron layout at the same degrees, scaled by the ratio of
-  // the two programs' stashed forward values per block.
-  Plan megatron = p;
-  megatron.ops = false, megatron.searched = nullptr, megatron.sp = false;
-  const auto key = std::make_pair(p.tp, p.micro_batch);
-  double ratio = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = stash_ratio_cache_.find(key); it != stash_ratio_cache_.end()) ratio = it->second;
-  }
-  if (ratio == 0) {
-    MF_ASSIGN_OR_RETURN(const std::shared_ptr<const StrategySearch> searched,
-                        op_search(p.tp, p.micro_batch));
-    double per_block[2] = {0, 0};
-    for (int layout = 0; layout < 2; ++layout) {
-      double bytes[2] = {0, 0};
-      for (int64_t blocks = 1; blocks <= 2; ++blocks) {
-        RankShape shape{p.micro_batch, job_.seq, p.tp, 1, false, Recompute::kNone, blocks};
-        if (layout == 1) shape.ops = searched;
-        MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
-        bytes[blocks - 1] = forward_stash_bytes(lp.graph, act);
-      }
-      per_block[layout] = bytes[1] - bytes[0];
-    }
-    if (per_block[0] <= 0 || per_block[1] <= 0)
-      return Status::internal("per-operator plan at tp=" + str(p.tp) +
-                              ": a block's stashed activations came out non-positive");
-    ratio = per_block[1] / per_block[0];
-    std::lock_guard<std::mutex> lock(mu_);
-    stash_ratio_cache_.emplace(key, ratio);
-  }
-  return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act);
-}
 
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
@@ -387,63 +329,6 @@ double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const
   const double buffer = double(elems) * double(dtype_size(dt == DType::F32 ? dtype_ : dt));
   *axis = mesh.axis_name(n.attrs.mesh_axis);
   return collective_time_on(n.kind, n.attrs.group_size, buffer, *axis, p, bytes);
-}
-
-Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
-                                                                   int64_t micro_batch) const {
-  MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_pair(tp, micro_batch);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = op_search_cache_.find(key);
-    if (it != op_search_cache_.end()) return *it->second;
-  }
-  auto solve = [&]() -> Result<std::shared_ptr<const StrategySearch>> {
-    // The program the trainer builds (forward, backward, the default
-    // optimizer), whole: identical blocks are tied, so the model's own block
-    // count weighs its blocks against its embedding and head. (Capped: past
-    // 16 blocks the weights hardly move.)
-    const int64_t all_blocks = num_blocks(job_.model);
-    const int64_t built = std::min<int64_t>(all_blocks, 16);
-    const ModelConfig model = all_blocks > 16 ? with_blocks(job_.model, 16) : job_.model;
-    MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(model, micro_batch, job_.seq));
-    try {
-      append_backward(m.graph);
-    } catch (const StatusError& e) {
-      return e.status().with_context("the strategy search's program");
-    }
-    append_optimizer(m.graph, RunConfig{}.optimizer);
-    Plan p;
-    p.tp = tp;
-    MF_ASSIGN_OR_RETURN(const Mesh mesh, Mesh::parse("dp=1,tp=" + std::to_string(tp)));
-    StrategySearchOptions o;
-    o.cost = reshard_costs(cluster_, mesh, {axis_stride(p, "dp"), axis_stride(p, "tp")},
-                           int64_t(dtype_size(dtype_)));
-    o.node_time_s = [this](const Graph& g, const Node& n) {
-      const OpCost c = op_cost(g, n);
-      return roofline_time_s(c.flops, c.bytes);
-    };
-    // The device's memory, for the blocks built (a cut model holds a share).
-    o.memory_budget_bytes = k_.usable_memory_fraction * double(cluster_.device.memory_bytes) *
-                            (all_blocks > built ? double(built) / double(all_blocks) : 1.0);
-    o.activation_bytes = double(dtype_size(dtype_));
-    o.batch_axes = {"dp"};
-    Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
-    if (!r.is_ok() && o.memory_budget_bytes > 0) {
-      // The search's memory term is every stashed activation without
-      // recompute: past the budget, it chooses by time alone and the plan's
-      // price (recompute, ZeRO, the real memory model) decides whether it fits.
-      o.memory_budget_bytes = 0;
-      r = search_strategies(m.graph, mesh, o);
-    }
-    MF_RETURN_IF_ERROR(r.status());
-    return std::shared_ptr<const StrategySearch>(
-        std::make_shared<const StrategySearch>(std::move(*r)));
-  };
-  auto shared = std::make_shared<const Result<std::shared_ptr<const StrategySearch>>>(solve());
-  std::lock_guard<std::mutex> lock(mu_);
-  op_search_cache_.emplace(key, shared);
-  return *shared;
 }
 
 Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
@@ -830,21 +715,24 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   }
   if (p.sp && p.tp == 1) return "sp (sequence parallelism) needs tp > 1";
   if (!p.layers_per_stage.empty()) {
-    std::string given = "layers_per_stage [";
-    for (size_t i = 0; i < p.layers_per_stage.size(); ++i)
-      given += (i ? ", " : "") + str(p.layers_per_stage[i]);
-    given += "]";
+    // (Spelled only when refused: the search asks this of every split it prices.)
+    auto given = [&] {
+      std::string g = "layers_per_stage [";
+      for (size_t i = 0; i < p.layers_per_stage.size(); ++i)
+        g += (i ? ", " : "") + str(p.layers_per_stage[i]);
+      return g + "]";
+    };
     if (int64_t(p.layers_per_stage.size()) != p.pp * p.vp)
-      return given + " needs one entry per pipeline chunk (pp*vp = " + str(p.pp * p.vp) + ")";
+      return given() + " needs one entry per pipeline chunk (pp*vp = " + str(p.pp * p.vp) + ")";
     if (p.vp > 1 && has_blocks() && k_.memory_model != MemoryModel::kStaticArena)
-      return given + ": uneven interleaved chunks are priced only by chunk (meshflow's executor)";
+      return given() + ": uneven interleaved chunks are priced only by chunk (meshflow's executor)";
     int64_t sum = 0;
     for (int64_t n : p.layers_per_stage) {
-      if (n < 1) return given + ": every stage holds at least one block";
+      if (n < 1) return given() + ": every stage holds at least one block";
       sum += n;
     }
     if (sum != pipeline_layers_)
-      return given + " sums to " + str(sum) + ", the model has " + str(pipeline_layers_) +
+      return given() + " sums to " + str(sum) + ", the model has " + str(pipeline_layers_) +
              " blocks to split";
   }
   if (p.ops && (p.tp == 1 || p.sp || p.cp > 1))
@@ -1216,7 +1104,6 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const TransformerDims& d = dims_;
   const double act = double(dtype_size(dtype_));
   const bool mixed = dtype_ != DType::F32;
-  const double m = double(p.num_micro_batches), pp = double(p.pp);
   const double s_local = double(job_.seq) / double(p.cp);
   const double layer_params = double(lc.layer_params);
   const bool first = stage == 0, last = stage == p.pp - 1;

@@ -17,9 +17,8 @@ Status cannot(EmitTarget t, const Plan& p, const std::string& why) {
                          " as planned: " + why);
 }
 
-// Checks shared by every target: a language model, a plan without
-// per-operator strategies.
-Result<TransformerDims> common_checks(const Plan& p, const TrainingJob& job, EmitTarget t) {
+// Every target trains a transformer language model: its dims, or why not.
+Result<TransformerDims> model_dims(const TrainingJob& job, EmitTarget t) {
   Result<TransformerDims> d = transformer_dims(job.model);
   if (!d.is_ok())
     return Status::invalid(std::string(emit_target_name(t)) +
@@ -280,7 +279,7 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t) {
 }
 
 Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t) {
-  MF_ASSIGN_OR_RETURN(const TransformerDims d, common_checks(p, job, t));
+  MF_ASSIGN_OR_RETURN(const TransformerDims d, model_dims(job, t));
   MF_RETURN_IF_ERROR(emit_check(p, d, t));
   switch (t) {
     case EmitTarget::kMegatron:

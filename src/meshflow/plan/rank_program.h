@@ -50,7 +50,7 @@ struct RankShape {
   bool pipeline = false;
   // Per-operator strategies (a plan's Plan::searched) in place of the
   // Megatron template on tp; null: the template.
-  std::shared_ptr<const StrategySearch> ops;
+  std::shared_ptr<const StrategySearch> ops = nullptr;
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA

@@ -1,7 +1,10 @@
 // Full plan search: every combination of mesh degrees (dp, tp, pp, cp),
 // sequence parallelism, pipeline schedule and virtual stages, micro-batch size
 // and count, recompute policy and ZeRO stage that is valid for the job and
-// fits device memory, priced by the CostModel; the best K come back.
+// fits device memory, priced by the CostModel; each pipeline also with its
+// stages chosen by time and memory (CostModel::stage_split), and the leaders
+// shown also with the strategy search's per-operator layout (Plan::ops); the
+// best K come back.
 //
 //   CostModel cm(job, *with_devices(cluster, 1024));
 //   SearchOptions o;  o.top_k = 3;
