@@ -147,6 +147,9 @@ TEST_F(Job, AutoPlannedRunChecksItsPlan) {
   r = run_cli("train " + config(json()) + " --calibrate-from-run " + refit);
   EXPECT_TRUE(one_line_error(r)) << r.output;
   EXPECT_NE(r.output.find("has no such plan"), std::string::npos) << r.output;
+  r = run_cli("train " + cfg + " --ranks 2 --steps 3 --calibrate-from-run /nonexistent/dir/c.json");
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("--calibrate-from-run"), std::string::npos) << r.output;
 }
 
 TEST_F(Job, AnAxisThatSplitsNothingIsAnError) {

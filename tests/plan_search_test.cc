@@ -658,6 +658,20 @@ TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
   const std::string text = t->dump();
   for (const char* s : {"\"stage 7\"", "\"bubble\"", "\"forward\"", "\"send\"", "optimizer"})
     EXPECT_NE(text.find(s), std::string::npos) << s;
+  // A plan file whose stage split is not one: each refusal names it and what is valid.
+  const std::pair<json, std::string> bad_splits[] = {
+      {json("12/12"), "layers_per_stage must be a list of block counts"},
+      {json::array({12, 0, 12, 12, 12, 12, 12, 12}), "entries are block counts >= 1"},
+      {json::array({12, 12}), "needs one entry per pipeline chunk (pp*vp = 8)"},
+      {json::array({1, 1, 1, 1, 1, 1, 1, 1}), "sums to 8, the model has 80 blocks"}};
+  for (const auto& [split, want] : bad_splits) {
+    json edited = *f;
+    edited["parallel"]["pipeline"]["layers_per_stage"] = split;
+    std::ofstream(out) << edited.dump(2);
+    r = run("simulate " + out);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  }
 }
 
 TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
