@@ -147,7 +147,8 @@ TEST_F(PipelineCli, TrainsTwoStagesTimesTwoReplicasWithTraceEvalAndCheckpoint) {
 }
 
 // Same micro-batches, same losses: 2 stages x 2 replicas (m = 2) against one
-// rank with train.micro_batches = 2; and zb-h1 with recompute on 2 stages.
+// rank with train.micro_batches = 2; zb-h1 with recompute on 2 stages; and
+// zb-v (its 2 chunks per stage by default: 4 chunks of one layer).
 TEST_F(PipelineCli, LossesMatchOneRank) {
   json one = gpt_run();
   one["train"]["micro_batches"] = 2;
@@ -161,14 +162,21 @@ TEST_F(PipelineCli, LossesMatchOneRank) {
   zb["parallel"] = {{"pipeline", pipeline(2, "zb-h1", 2)}, {"recompute", "full"}};
   r = run("train " + write(zb, "zb.json") + " --ranks 2 --metrics " + path("zb.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
+  json zbv = gpt_run();
+  zbv["parallel"] = {{"pipeline", pipeline(2, "zb-v", 2)}};
+  r = run("train " + write(zbv, "zbv.json") + " --ranks 2 --metrics " + path("zbv.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("zb-v"), std::string::npos) << r.output;
   const std::vector<double> a = losses(path("one.jsonl")), b = losses(path("p.jsonl")),
-                            c = losses(path("zb.jsonl"));
+                            c = losses(path("zb.jsonl")), v = losses(path("zbv.jsonl"));
+  ASSERT_EQ(v.size(), 3u);
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);
   ASSERT_EQ(c.size(), 3u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(a[i])) << "step " << i + 1;
     EXPECT_NEAR(a[i], c[i], 1e-4 * std::abs(a[i])) << "step " << i + 1;
+    EXPECT_NEAR(a[i], v[i], 1e-4 * std::abs(a[i])) << "step " << i + 1;
   }
 }
 

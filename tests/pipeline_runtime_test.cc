@@ -130,11 +130,18 @@ std::vector<PpCase> all_cases() {
             if (k == ScheduleKind::kInterleaved && v == 1 && m != 8) continue;  // = 1f1b
             out.push_back({model, k, p, m, v});
           }
+  // ZB-V (two chunks per rank in a V; rank 0 holds GPT's tied embedding and
+  // head both, so the tie is a local copy there).
+  for (const char* model : {"gpt", "llama"})
+    for (int p : {2, 4})
+      for (int m : {1, 2, 8})
+        if (m > 1 || p == 4) out.push_back({model, ScheduleKind::kZbV, p, m, 2});
   // Pipeline x data parallel: 2 stages x 2 replicas. (LLaMA only: GPT's
   // k_proj.bias has an exactly-zero true gradient, so AdamW amplifies the
   // rounding noise of a differently ordered dp sum to lr-sized steps.)
   out.push_back({"llama", ScheduleKind::k1F1B, 2, 4, 1, 2});
   out.push_back({"llama", ScheduleKind::kZbH1, 2, 2, 1, 2});
+  out.push_back({"llama", ScheduleKind::kZbV, 2, 4, 2, 2});
   return out;
 }
 
@@ -207,6 +214,37 @@ TEST(PipelineMemory, OneFOneBStashesAtMostPMicroBatchesGPipeAllM) {
         static_cast<long long>(stats[ScheduleKind::kZbH1][r].peak_bytes),
         static_cast<long long>(stats[ScheduleKind::kGPipe][r].bytes_per_micro_batch));
   }
+}
+
+// ZB-V's measured stashes: on every rank at most 2p (micro-batch, chunk)
+// stashes at once, each holding half a stage's blocks, so every rank's peak
+// is about 1F1B's first-stage peak (p micro-batches of a whole stage), where
+// 1F1B's later stages hold less.
+TEST(PipelineMemory, ZbVStashesOneFOneBsPeakOnEveryRank) {
+  RunConfig rc = tiny_run("llama", 8, 8);
+  rc.train.steps = 1;
+  PipelineConfig pc;
+  pc.stages = 4;
+  pc.micro_batches = 8;
+  std::vector<StashStats> one, zbv;
+  pc.schedule = ScheduleKind::k1F1B;
+  train_pipeline(rc, pc, 1, &one);
+  pc.schedule = ScheduleKind::kZbV;
+  pc.virtual_stages = 2;
+  train_pipeline(rc, pc, 1, &zbv);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(zbv[r].peak_per_chunk.size(), 2u);
+    EXPECT_EQ(zbv[r].peak_entries, 8) << "stage " << r;  // 2p (mb, chunk) pairs
+    EXPECT_LE(zbv[r].peak_bytes, 8 * zbv[r].bytes_per_micro_batch / 2 * 11 / 10) << "stage " << r;
+    std::printf("stage %d stash peak: 1f1b %lld B, zb-v %lld B\n", r,
+                static_cast<long long>(one[r].peak_bytes),
+                static_cast<long long>(zbv[r].peak_bytes));
+  }
+  // Within 15% of 1F1B's first stage on each rank (the V puts the embedding's
+  // and the head's stashes on rank 0 and the middle chunks' on rank 3).
+  for (int r = 0; r < 4; ++r)
+    EXPECT_LT(static_cast<double>(zbv[r].peak_bytes), 1.15 * static_cast<double>(one[0].peak_bytes))
+        << "stage " << r;
 }
 
 TEST(PipelineTrace, SpansPerMicroBatchAndRank) {

@@ -4,6 +4,8 @@
 // once after its dependencies, and meets the textbook bubble fractions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "meshflow/pipeline/schedule.h"
@@ -12,9 +14,10 @@ namespace meshflow {
 namespace {
 
 const ScheduleKind kAll[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                             ScheduleKind::kZbH1};
+                             ScheduleKind::kZbH1, ScheduleKind::kZbV};
 
 bool valid(ScheduleKind k, int p, int m, int v) {
+  if (k == ScheduleKind::kZbV) return v == 2;
   if (v > 1 && k != ScheduleKind::kInterleaved) return false;
   return v == 1 || m % p == 0;
 }
@@ -43,7 +46,7 @@ TEST(PipelineSchedule, EveryScheduleRunsAndCoversEachMicroBatchOnce) {
                 EXPECT_EQ(s->rank_of_chunk(a.chunk), rank);
                 ++count[{a.micro, a.chunk, a.kind}];
               }
-          const bool split = k == ScheduleKind::kZbH1;
+          const bool split = k == ScheduleKind::kZbH1 || k == ScheduleKind::kZbV;
           for (int c = 0; c < p * v; ++c)
             for (int mb = 0; mb < m; ++mb) {
               EXPECT_EQ((count[{mb, c, ActionKind::kForward}]), 1);
@@ -57,7 +60,38 @@ TEST(PipelineSchedule, EveryScheduleRunsAndCoversEachMicroBatchOnce) {
           EXPECT_EQ(count.size(), static_cast<size_t>(p * v * m * (split ? 3 : 2)));
           ++checked;
         }
-  EXPECT_EQ(checked, 4 * 3 * 8 + 8 + 4 + 2);  // v=1: all; interleaved v=2: m % p == 0
+  // v=1: all but zb-v; interleaved v=2: m % p == 0; zb-v: v=2 only, every m.
+  EXPECT_EQ(checked, 4 * 3 * 8 + 8 + 4 + 2 + 3 * 8);
+}
+
+// ZB-V's V: chunk c and chunk 2p-1-c on rank c, so rank 0 holds the first
+// and the last chunk and rank p-1 hands chunk p-1's output to chunk p itself.
+TEST(PipelineSchedule, ZbVPlacesTwoChunksPerRankInAV) {
+  Schedule s = value_or_throw(make_schedule({ScheduleKind::kZbV, 4, 8, 2}));
+  const int expected[8] = {0, 1, 2, 3, 3, 2, 1, 0};
+  for (int c = 0; c < 8; ++c) EXPECT_EQ(s.rank_of_chunk(c), expected[c]) << "chunk " << c;
+  // No message between chunks 3 and 4 (both on rank 3), and none wraps from
+  // rank 3 to rank 0 as the interleaved schedule's do.
+  for (int r = 0; r < 4; ++r)
+    for (const Action& a : s.ranks[r]) {
+      if (is_compute(a.kind)) continue;
+      EXPECT_EQ(std::abs(a.peer - r), 1) << to_string(a) << " on rank " << r;
+      EXPECT_FALSE(a.chunk == 3 && a.kind == ActionKind::kSendAct) << to_string(a);
+    }
+}
+
+// Memory: at most 2p (mb, chunk) pairs hold activations on every rank, a
+// chunk being half a stage: 1F1B's first-stage peak of p micro-batches, on
+// every rank (1F1B's later stages hold fewer; ZB-V balances them).
+TEST(PipelineSchedule, ZbVHoldsOneFOneBsPeakOnEveryRank) {
+  for (int p : {2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 8, 16}) {
+      SimResult r =
+          value_or_throw(simulate(value_or_throw(make_schedule({ScheduleKind::kZbV, p, m, 2}))));
+      for (int rank = 0; rank < p; ++rank)
+        EXPECT_EQ(r.peak_in_flight[rank], 2 * std::min(m, p))
+            << "p=" << p << " m=" << m << " rank " << rank;
+    }
 }
 
 TEST(PipelineSchedule, OneFOneBKeepsAtMostPMicroBatchesInFlight) {
@@ -104,6 +138,29 @@ TEST(PipelineSchedule, BubbleFractionsMatchTheFormulas) {
     }
 }
 
+// ZB-V at unit chunk costs (F = Bi = W = 1, a chunk being half a stage): for
+// m >= p every rank idles only p-1 units, the forwards it waits for at the
+// start (makespan 6m + p - 1), which is the formula; that is half of zb-h1's
+// bubble time (p-1 stage units) and a sixth of 1F1B's, at 1F1B's memory.
+TEST(PipelineSchedule, ZbVBubbleIsTheStartUpSkewAlone) {
+  SimCosts chunk;  // one chunk: F = 1, Bi = W = 1
+  for (int p : {2, 3, 4, 8})
+    for (int m : {1, 2, 4, 8, 16, 32}) {
+      ScheduleOptions o{ScheduleKind::kZbV, p, m, 2};
+      SimResult r = value_or_throw(simulate(value_or_throw(make_schedule(o)), chunk));
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      EXPECT_GE(r.makespan, 6.0 * m + p - 1);  // no schedule beats the skew
+      if (m < p) continue;
+      EXPECT_DOUBLE_EQ(r.makespan, 6.0 * m + p - 1);
+      EXPECT_NEAR(r.bubble_fraction, ideal_bubble_fraction(o, chunk), 1e-12);
+      // The same model as zb-h1 at stage costs twice the chunk's.
+      SimCosts stage{2, 4, 2, 2, 0};
+      SimResult h1 = value_or_throw(
+          simulate(value_or_throw(make_schedule({ScheduleKind::kZbH1, p, m, 1})), stage));
+      EXPECT_DOUBLE_EQ(h1.makespan - 6.0 * m, 2 * (r.makespan - 6.0 * m));
+    }
+}
+
 TEST(PipelineSchedule, SimulatorFindsDeadlocksAndCrossedMessages) {
   Schedule s = value_or_throw(make_schedule({ScheduleKind::k1F1B, 2, 2, 1}));
   // Rank 1 waits for mb 1 before mb 0: the messages cross.
@@ -142,6 +199,10 @@ TEST(PipelineSchedule, ClearErrors) {
   EXPECT_NE(m.find("use 4 or 8"), std::string::npos) << m;
   m = msg({ScheduleKind::k1F1B, 2, 4, 2});
   EXPECT_NE(m.find("needs schedule \"interleaved\""), std::string::npos) << m;
+  m = msg({ScheduleKind::kZbV, 2, 4, 3});
+  EXPECT_NE(m.find("virtual_stages must be 2 (or left out), got 3"), std::string::npos) << m;
+  EXPECT_NE(parse_schedule_kind("zbv").status().message().find("\"zb-v\""), std::string::npos);
+  EXPECT_EQ(value_or_throw(parse_schedule_kind("zb-v")), ScheduleKind::kZbV);
   EXPECT_NE(parse_schedule_kind("zb").status().message().find("\"zb-h1\""), std::string::npos);
   EXPECT_EQ(value_or_throw(parse_schedule_kind("zb-h1")), ScheduleKind::kZbH1);
 }

@@ -176,6 +176,8 @@ INSTANTIATE_TEST_SUITE_P(
         SpmdCase{"llama", "dp=2,tp=2", "megatron", K::k1F1B, 2, 1},
         // Split backward and virtual stages
         SpmdCase{"llama", "tp=2", "megatron", K::kZbH1, 2},
+        SpmdCase{"llama", "tp=2", "megatron", K::kZbV, 4, 0, 4, 2},
+        SpmdCase{"gpt_tied", "dp=2", "dp", K::kZbV, 2, 0, 4, 2},
         SpmdCase{"gpt", "tp=2", "megatron", K::kInterleaved, 2, 0, 4, 2}),
     [](const auto& info) { return case_name(info.param); });
 

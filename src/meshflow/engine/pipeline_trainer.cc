@@ -157,6 +157,11 @@ struct PipelineTrainer::Impl {
   std::vector<int> local_of;  // chunk -> index in locals, -1
   std::map<std::pair<int, int>, std::unique_ptr<Channel>> channels;  // (peer stage, kind)
   std::map<int, Batch> batches;  // this step's micro-batches, by index
+  // Messages between two chunks of this rank (zb-v's chunks p-1 and p), by
+  // (receiving chunk, micro-batch, 0 activation | 1 gradient): held until the
+  // consumer runs, since in between the receiving chunk may run other
+  // micro-batches, whose backward restores their own inputs into the arena.
+  std::map<std::tuple<int, int, int>, std::vector<float>> handoff;
   std::vector<float> buffer;
   int64_t stash_bytes = 0;
   int stash_entries = 0;
@@ -342,6 +347,15 @@ struct PipelineTrainer::Impl {
   }
   StashStats* stats = nullptr;
 
+  void take_handoff(Local& l, int chunk, int micro, int kind) {
+    auto it = handoff.find({chunk, micro, kind});
+    MF_CHECK(it != handoff.end()) << (kind ? "gradient" : "activation") << " for mb=" << micro
+                                  << " chunk=" << chunk
+                                  << " from this rank's other chunk is missing";
+    unpack(l, kind ? l.program->grad_in : l.program->act_in, it->second.data());
+    handoff.erase(it);
+  }
+
   void run_action(const Action& a, const Schedule& s) {
     const int c = a.chunk, mb = a.micro, C = s.num_chunks();
     switch (a.kind) {
@@ -367,6 +381,7 @@ struct PipelineTrainer::Impl {
       case ActionKind::kForward: {
         Local& l = local(c);
         const double t0 = now_us();
+        if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c)) take_handoff(l, c, mb, 0);
         feed_inputs(l, mb);
         l.ex->run(l.program->forward);
         if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
@@ -374,12 +389,9 @@ struct PipelineTrainer::Impl {
         ++l.live_micro;
         ++stash_entries;
         note_stash(local_of[c]);
-        // The next chunk on this rank (one stage, several chunks): hand over directly.
-        if (c + 1 < C && s.rank_of_chunk(c + 1) == s.rank_of_chunk(c)) {
-          Local& next = local(c + 1);
-          std::vector<float> msg = pack(l, l.program->act_out, mb, c + 1);
-          unpack(next, next.program->act_in, msg.data());
-        }
+        // The next chunk on this rank (one stage, several chunks): its input, held.
+        if (c + 1 < C && s.rank_of_chunk(c + 1) == s.rank_of_chunk(c))
+          handoff[{c + 1, mb, 0}] = pack(l, l.program->act_out, mb, c + 1);
         span("F mb=" + std::to_string(mb) + " c=" + std::to_string(c), "forward", t0, mb, c);
         break;
       }
@@ -388,6 +400,7 @@ struct PipelineTrainer::Impl {
         Local& l = local(c);
         const bool split = a.kind == ActionKind::kBackwardInput;
         const double t0 = now_us();
+        if (c + 1 < C && s.rank_of_chunk(c + 1) == s.rank_of_chunk(c)) take_handoff(l, c, mb, 1);
         run_backward(l, split ? l.program->backward_input : l.program->backward, mb);
         if (split) {
           save(l, l.weight_stash, l.program->weight_stash, nullptr, mb);
@@ -397,11 +410,8 @@ struct PipelineTrainer::Impl {
           --l.live_micro;
           --stash_entries;
         }
-        if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c)) {
-          Local& prev = local(c - 1);
-          std::vector<float> msg = pack(l, l.program->grad_out, mb, c - 1);
-          unpack(prev, prev.program->grad_in, msg.data());
-        }
+        if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c))
+          handoff[{c - 1, mb, 1}] = pack(l, l.program->grad_out, mb, c - 1);
         note_stash(local_of[c]);
         span(std::string(split ? "Bi" : "B") + " mb=" + std::to_string(mb) +
                  " c=" + std::to_string(c),
@@ -877,9 +887,11 @@ StepResult PipelineTrainer::step() {
     throw_if_error(
         im.pp->all_reduce(squares.data(), static_cast<int64_t>(squares.size()), ReduceOp::kSum));
   if (im.trace) im.trace->span(im.track_compute, "grad sync", "collective", tc0, now_us() - tc0);
-  // Loss: the last stage has it; every rank gets the replicas' mean. With
-  // the squares, every rank can tell a non-finite step before any update.
-  float loss[1] = {stage_ == im.p - 1 ? static_cast<float>(im.loss_sum / im.m) : 0.f};
+  // Loss: the rank of the last chunk has it (the last stage; rank 0 under
+  // zb-v's V); every rank gets the replicas' mean. With the squares, every
+  // rank can tell a non-finite step before any update.
+  const bool has_loss = stage_ == schedule_.rank_of_chunk(schedule_.num_chunks() - 1);
+  float loss[1] = {has_loss ? static_cast<float>(im.loss_sum / im.m) : 0.f};
   if (im.pp && im.p > 1) throw_if_error(im.pp->all_reduce(loss, 1, ReduceOp::kSum));
   r.loss = loss[0];
   double sumsq = 0;

@@ -10,7 +10,7 @@ Result<PipelineConfig> parse_pipeline_config(const json& j) {
   r.integer("stages", &pc.stages, 1);
   r.int_list("layers_per_stage", &pc.layers_per_stage, 1);
   std::string schedule = "1f1b";
-  r.choice("schedule", &schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  r.choice("schedule", &schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
   r.integer("micro_batches", &pc.micro_batches, 1);
   r.integer("virtual_stages", &pc.virtual_stages, 1);
   r.ignore({"stage_of"});
@@ -31,13 +31,17 @@ Result<PipelineConfig> parse_pipeline_config(const json& j) {
     if (!pc.layers_per_stage.empty())
       return Status::invalid(
           "pipeline.stage_of and pipeline.layers_per_stage both place the layers; give one");
-    if (pc.virtual_stages > 1)
-      return Status::invalid(
-          "pipeline.stage_of with virtual_stages=" + std::to_string(pc.virtual_stages) +
-          ": stage_of gives each cell one stage; interleaved chunks take layers_per_stage (one "
-          "entry per chunk)");
+    if (pc.virtual_stages > 1 || schedule == "zb-v")
+      return Status::invalid("pipeline.stage_of with " +
+                             (schedule == "zb-v"
+                                  ? std::string("schedule \"zb-v\"")
+                                  : "virtual_stages=" + std::to_string(pc.virtual_stages)) +
+                             ": stage_of gives each cell one stage; several chunks per stage take "
+                             "layers_per_stage (one entry per chunk)");
   }
   MF_ASSIGN_OR_RETURN(pc.schedule, parse_schedule_kind(schedule));
+  // zb-v is two chunks per stage by definition: left out, virtual_stages is 2.
+  if (pc.schedule == ScheduleKind::kZbV && !j.contains("virtual_stages")) pc.virtual_stages = 2;
   if (!pc.layers_per_stage.empty() &&
       static_cast<int>(pc.layers_per_stage.size()) != pc.stages * pc.virtual_stages)
     return Status::invalid(

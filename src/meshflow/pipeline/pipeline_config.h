@@ -20,7 +20,9 @@ namespace meshflow {
 //   {"stages": 2, "layers_per_stage": [2, 2], "schedule": "1f1b", "micro_batches": 8,
 //    "virtual_stages": 1}
 // layers_per_stage has one entry per model chunk (stages x virtual_stages
-// entries; chunk c runs on stage c % stages); absent: balanced.
+// entries; chunk c runs on stage c % stages, or in a V with "zb-v": chunk c
+// and chunk 2*stages-1-c on stage c); absent: balanced. "zb-v" without
+// "virtual_stages" runs 2 chunks per stage.
 struct PipelineConfig {
   int stages = 1;
   std::vector<int64_t> layers_per_stage;

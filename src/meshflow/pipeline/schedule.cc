@@ -20,16 +20,28 @@ std::string_view schedule_name(ScheduleKind k) {
       return "interleaved";
     case ScheduleKind::kZbH1:
       return "zb-h1";
+    case ScheduleKind::kZbV:
+      return "zb-v";
   }
   return "?";
 }
 
 Result<ScheduleKind> parse_schedule_kind(const std::string& name) {
-  for (ScheduleKind k :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZbH1})
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                         ScheduleKind::kZbH1, ScheduleKind::kZbV})
     if (name == schedule_name(k)) return k;
   return Status::invalid("unknown pipeline schedule \"" + name +
-                         "\"; valid: \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\"");
+                         "\"; valid: \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\", \"zb-v\"");
+}
+
+int chunk_rank(const ScheduleOptions& o, int chunk) {
+  const int p = o.stages;
+  if (o.kind == ScheduleKind::kZbV) return chunk < p ? chunk : 2 * p - 1 - chunk;
+  return chunk % p;
+}
+
+bool splits_backward(ScheduleKind k) {
+  return k == ScheduleKind::kZbH1 || k == ScheduleKind::kZbV;
 }
 
 std::string_view action_name(ActionKind k) {
@@ -153,6 +165,66 @@ std::vector<Order> zb_h1_orders(int p, int m) {
   return orders;
 }
 
+// ZB-V by list scheduling in unit time steps (a chunk's F = Bi = W = 1, no
+// latency). Rank r holds chunk r (local 0) and chunk 2p-1-r (local 1). A free
+// rank picks, in this order: the next Bi of local 0, of local 1 (a Bi only
+// runs on the critical path: it unblocks the previous chunk), the next F of
+// local 1, of local 0 (the second chunk first: it drains micro-batches
+// towards the loss), each F only while fewer than 2p (mb, chunk) pairs hold
+// activations on the rank, and else the oldest pending W. Of the 120 priority
+// orders this one reaches the makespan 6m + p - 1 for every m >= p tried
+// (p <= 8), within the 2p limit; the W queue fills every other gap.
+std::vector<Order> zb_v_orders(int p, int m) {
+  constexpr int kNever = 1 << 30;
+  const int C = 2 * p;
+  std::vector<Order> orders(p);
+  std::vector<std::vector<int>> f_done(C, std::vector<int>(m, kNever)), b_done = f_done;
+  struct RankQueue {
+    int next_f[2] = {0, 0}, next_b[2] = {0, 0}, live = 0, free_at = 0, left = 0;
+    std::deque<std::pair<int, int>> pending_w;  // (mb, chunk), in Bi order
+  };
+  std::vector<RankQueue> q(p);
+  for (RankQueue& rq : q) rq.left = 6 * m;
+  int busy_ranks = p;
+  for (int t = 0; busy_ranks > 0; ++t) {
+    MF_CHECK_LT(t, 32 * (m + p) + 64) << "zb-v list scheduling did not finish";
+    for (int r = 0; r < p; ++r) {
+      RankQueue& rq = q[r];
+      if (rq.free_at > t || rq.left == 0) continue;
+      const int chunk[2] = {r, C - 1 - r};
+      auto b_ready = [&](int li) {
+        const int c = chunk[li], mb = rq.next_b[li];
+        return mb < rq.next_f[li] && f_done[c][mb] <= t && (c == C - 1 || b_done[c + 1][mb] <= t);
+      };
+      auto f_ready = [&](int li) {
+        const int c = chunk[li], mb = rq.next_f[li];
+        return mb < m && rq.live < C && (c == 0 || f_done[c - 1][mb] <= t);
+      };
+      if (b_ready(0) || b_ready(1)) {
+        const int li = b_ready(0) ? 0 : 1, mb = rq.next_b[li]++;
+        orders[r].push_back({ActionKind::kBackwardInput, mb, chunk[li], -1});
+        b_done[chunk[li]][mb] = t + 1;
+        rq.pending_w.emplace_back(mb, chunk[li]);
+      } else if (f_ready(1) || f_ready(0)) {
+        const int li = f_ready(1) ? 1 : 0, mb = rq.next_f[li]++;
+        orders[r].push_back(F(mb, chunk[li]));
+        f_done[chunk[li]][mb] = t + 1;
+        ++rq.live;
+      } else if (!rq.pending_w.empty()) {
+        const auto [mb, c] = rq.pending_w.front();
+        rq.pending_w.pop_front();
+        orders[r].push_back({ActionKind::kBackwardWeight, mb, c, -1});
+        --rq.live;
+      } else {
+        continue;
+      }
+      rq.free_at = t + 1;
+      if (--rq.left == 0) --busy_ranks;
+    }
+  }
+  return orders;
+}
+
 // Adds the sends and receives around each compute action: a Recv right before
 // the action that needs the data, a Send right after the action that makes it.
 std::vector<Action> with_messages(const Order& order, int r, const Schedule& s) {
@@ -185,11 +257,16 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
     return Status::invalid("pipeline.micro_batches must be >= 1, got " + std::to_string(m));
   if (v < 1)
     return Status::invalid("pipeline.virtual_stages must be >= 1, got " + std::to_string(v));
-  if (v > 1 && o.kind != ScheduleKind::kInterleaved)
+  if (o.kind == ScheduleKind::kZbV && v != 2)
+    return Status::invalid(
+        "pipeline schedule \"zb-v\" runs two chunks per rank in a V: "
+        "virtual_stages must be 2 (or left out), got " +
+        std::to_string(v));
+  if (v > 1 && o.kind != ScheduleKind::kInterleaved && o.kind != ScheduleKind::kZbV)
     return Status::invalid("pipeline.virtual_stages=" + std::to_string(v) + " needs schedule " +
-                           "\"interleaved\"; schedule \"" + name +
+                           "\"interleaved\" (or \"zb-v\" with 2); schedule \"" + name +
                            "\" runs one chunk per rank (virtual_stages 1)");
-  if (v > 1 && m % p != 0)
+  if (o.kind == ScheduleKind::kInterleaved && v > 1 && m % p != 0)
     return Status::invalid(
         "pipeline schedule \"interleaved\" with virtual_stages=" + std::to_string(v) +
         " needs micro_batches divisible by stages=" + std::to_string(p) +
@@ -200,6 +277,8 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
   std::vector<Order> orders(p);
   if (o.kind == ScheduleKind::kZbH1) {
     orders = zb_h1_orders(p, m);
+  } else if (o.kind == ScheduleKind::kZbV) {
+    orders = zb_v_orders(p, m);
   } else {
     for (int r = 0; r < p; ++r) {
       if (o.kind == ScheduleKind::kGPipe)
@@ -286,7 +365,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
         if ((a.kind == ActionKind::kBackwardInput) != split)
-          return fail(split ? "this schedule splits B into Bi and W" : "Bi needs zb-h1");
+          return fail(split ? "this schedule splits B into Bi and W" : "Bi needs zb-h1 or zb-v");
         if (rs.b.count(key)) return fail("repeated backward");
         if (!rs.f.count(key)) return fail("backward before its forward");
         if (a.chunk < C - 1 && !rs.grad.count(key))
@@ -297,7 +376,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
         cost = split ? bi : costs.backward;
         break;
       case ActionKind::kBackwardWeight:
-        if (!split) return fail("W needs zb-h1");
+        if (!split) return fail("W needs zb-h1 or zb-v");
         if (rs.w.count(key)) return fail("repeated weight-gradient");
         if (!rs.b.count(key)) return fail("weight-gradient before its input-gradient");
         rs.w.insert(key);
@@ -393,6 +472,12 @@ double ideal_bubble_fraction(const ScheduleOptions& o, const SimCosts& c) {
       const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
       const double bubble = (p - 1) * std::max(0.0, c.forward + bi - w);
       return bubble / (m * (c.forward + bi + w) + bubble);
+    }
+    case ScheduleKind::kZbV: {
+      const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
+      const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+      const double bubble = (p - 1) * c.forward;
+      return bubble / (2 * m * (c.forward + bi + w) + bubble);
     }
   }
   return 0;

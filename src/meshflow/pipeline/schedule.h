@@ -11,7 +11,10 @@
 //
 // Model chunks: the model is cut into p*v chunks (a "chunk" is a virtual
 // stage); chunk c runs on rank c % p (round-robin, as in Megatron-LM's
-// interleaved schedule), so for v = 1 chunk == stage == rank.
+// interleaved schedule), so for v = 1 chunk == stage == rank. zb-v places its
+// two chunks per rank in a V instead: chunk c < p on rank c, chunk c >= p on
+// rank 2p-1-c (rank 0 holds the first and the last chunk; rank p-1 hands
+// chunk p-1's output to chunk p without a message).
 //
 // How the lists are made (one global order): first each rank's compute order
 // (F/B/W) is fixed by the schedule's rule; then every cross-rank dependency
@@ -36,6 +39,14 @@
 //                F first (1F1B's in-flight rule, p - r on rank r), then Bi,
 //                then a pending W; at most p micro-batches hold activations
 //                (F done, W not done) on any rank: 1F1B's peak.
+//   zb-v         Qi et al. 2024: two chunks per rank in a V, B split as in
+//                zb-h1. List scheduling with unit chunk times, priority Bi of
+//                the first chunk, Bi of the second, F of the second, F of the
+//                first, then a pending W; at most 2p (mb, chunk) pairs hold
+//                activations on any rank (1F1B's peak of p whole-stage
+//                micro-batches, on every rank). For m >= p it reaches the
+//                makespan 6m + p - 1 chunk units: every rank idles only the
+//                p-1 forwards it waits for at the start.
 #pragma once
 
 #include <cstdint>
@@ -46,16 +57,16 @@
 
 namespace meshflow {
 
-enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZbH1 };
-std::string_view schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb-h1"
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1"; the error lists them.
+enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kZbH1, kZbV };
+std::string_view schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"
+// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-v"; the error lists them.
 Result<ScheduleKind> parse_schedule_kind(const std::string& name);
 
 enum class ActionKind : uint8_t {
   kForward,         // F(mb, chunk)
   kBackward,        // B(mb, chunk): input and weight gradients
-  kBackwardInput,   // zb-h1: input gradient only
-  kBackwardWeight,  // zb-h1: weight gradient (W)
+  kBackwardInput,   // zb-h1, zb-v: input gradient only
+  kBackwardWeight,  // zb-h1, zb-v: weight gradient (W)
   kSendAct,         // output of F(mb, chunk) to rank_of(chunk + 1)
   kRecvAct,         // input of F(mb, chunk) from rank_of(chunk - 1)
   kSendGrad,        // input gradient of B(mb, chunk) to rank_of(chunk - 1)
@@ -77,24 +88,30 @@ struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int stages = 1;          // p: pipeline ranks
   int micro_batches = 1;   // m
-  int virtual_stages = 1;  // v: chunks per rank (interleaved only; others need 1)
+  int virtual_stages = 1;  // v: chunks per rank (interleaved: any; zb-v: 2; others: 1)
 };
+
+// The rank that runs model chunk `chunk` (see "Model chunks" above).
+int chunk_rank(const ScheduleOptions& o, int chunk);
+// zb-h1 and zb-v run B as Bi and W.
+bool splits_backward(ScheduleKind k);
 
 struct Schedule {
   ScheduleOptions options;
   std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
   int num_chunks() const { return options.stages * options.virtual_stages; }
-  int rank_of_chunk(int chunk) const { return chunk % options.stages; }
-  bool split_backward() const { return options.kind == ScheduleKind::kZbH1; }
+  int rank_of_chunk(int chunk) const { return chunk_rank(options, chunk); }
+  bool split_backward() const { return splits_backward(options.kind); }
 };
 
 // Errors (a Status naming what is valid): p < 1, m < 1, v < 1; v > 1 with a
-// schedule other than interleaved; interleaved with v > 1 and m % p != 0.
+// schedule other than interleaved or zb-v; zb-v with v != 2; interleaved with
+// v > 1 and m % p != 0.
 Result<Schedule> make_schedule(const ScheduleOptions& options);
 
 // Op times for simulate(), per chunk (a chunk holds 1/v of a stage's layers,
 // so the interleaved schedule's F costs forward/v when comparing schedules).
-// backward is a whole B; for zb-h1, BackwardInput and BackwardWeight each
+// backward is a whole B; for zb-h1 and zb-v, BackwardInput and BackwardWeight each
 // cost backward / 2 unless given.
 struct SimCosts {
   double forward = 1;
@@ -124,6 +141,12 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs = {});
 //   interleaved:  (p-1) / (v*m + p - 1)          (chunk costs; Narayanan et al. 2021)
 //   zb-h1:        (p-1)(F + Bi - W) / (m(F + Bi + W) + (p-1)(F + Bi - W))   (Qi et al. 2023)
 //                 = (p-1) / (3m + p - 1) for F = Bi = W, a third of 1F1B's bubble time.
+//   zb-v:         (p-1)F / (2m(F + Bi + W) + (p-1)F)                       (chunk costs)
+//                 the start-up skew alone (each rank waits p-1 chunk forwards);
+//                 = (p-1) / (6m + p - 1) for F = Bi = W, m >= p: half of zb-h1's
+//                 bubble time when a chunk is half a stage. (Qi et al. count
+//                 zero by letting the next step start during the skew, which
+//                 a step ending in the gradient-norm all-reduce does not.)
 double ideal_bubble_fraction(const ScheduleOptions& o, const SimCosts& costs = {});
 
 }  // namespace meshflow
