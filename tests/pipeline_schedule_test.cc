@@ -161,6 +161,31 @@ TEST(PipelineSchedule, ZbVBubbleIsTheStartUpSkewAlone) {
     }
 }
 
+// Uneven times (a transformer block's W is shorter than its Bi: attention's
+// core has no weights): the order is made for the chunk costs, so the bubble
+// stays at most zb-h1's for the same work (a stage = two chunks) at every m,
+// where an order made for equal times waits a little more every round.
+TEST(PipelineSchedule, ZbVOrderFollowsTheChunkCosts) {
+  for (const auto& [bi, w] : {std::pair{1.2, 0.8}, std::pair{1.0, 0.5}})
+    for (int p : {2, 4})
+      for (int m : {8, 16, 32}) {
+        SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                     " Bi=" + std::to_string(bi) + " W=" + std::to_string(w));
+        SimCosts chunk{1, bi + w, bi, w, 0}, stage{2, 2 * (bi + w), 2 * bi, 2 * w, 0};
+        const double work = 2.0 * m * (1 + bi + w);
+        SimResult v = value_or_throw(
+            simulate(value_or_throw(make_schedule({ScheduleKind::kZbV, p, m, 2, chunk})), chunk));
+        SimResult h1 = value_or_throw(
+            simulate(value_or_throw(make_schedule({ScheduleKind::kZbH1, p, m, 1})), stage));
+        EXPECT_LE(v.makespan - work, h1.makespan - work + 1e-9);
+        SimResult equal_order = value_or_throw(
+            simulate(value_or_throw(make_schedule({ScheduleKind::kZbV, p, m, 2})), chunk));
+        EXPECT_LE(v.makespan, equal_order.makespan + 1e-9);
+        if (m == 32) EXPECT_GT(equal_order.makespan - work, 2 * (v.makespan - work));
+        for (int r = 0; r < p; ++r) EXPECT_LE(v.peak_in_flight[r], 2 * p);
+      }
+}
+
 TEST(PipelineSchedule, SimulatorFindsDeadlocksAndCrossedMessages) {
   Schedule s = value_or_throw(make_schedule({ScheduleKind::k1F1B, 2, 2, 1}));
   // Rank 1 waits for mb 1 before mb 0: the messages cross.

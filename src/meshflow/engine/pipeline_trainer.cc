@@ -743,6 +743,22 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     if (n.kind == OpKind::kCrossEntropy) im.count_targets = g.value(n.inputs[1]).name;
   MF_ASSIGN_OR_RETURN(im.split, split_pipeline(im.program->graph, pc.stages * pc.virtual_stages,
                                                pc.layers_per_stage));
+  if (pc.schedule == ScheduleKind::kZbV) {
+    // zb-v's order is made for the chunks' F, Bi and W times: their FLOPs,
+    // summed over the chunks (only the ratios matter; the same on every rank:
+    // each holds the whole split).
+    SimCosts c;
+    c.forward = c.backward_input = c.backward_weight = 0;
+    for (const ChunkProgram& cp : im.split.chunks) {
+      const Graph& cg = cp.graph;
+      for (NodeId n : cp.forward) c.forward += op_cost(cg, cg.node(n)).flops;
+      for (NodeId n : cp.backward_input) c.backward_input += op_cost(cg, cg.node(n)).flops;
+      for (NodeId n : cp.backward_weight) c.backward_weight += op_cost(cg, cg.node(n)).flops;
+    }
+    c.backward = c.backward_input + c.backward_weight;
+    MF_ASSIGN_OR_RETURN(t->schedule_, make_schedule({pc.schedule, pc.stages, pc.micro_batches,
+                                                     pc.virtual_stages, c}));
+  }
   for (const Node& n : g.nodes()) {
     if (n.phase == Phase::kForward || n.phase == Phase::kBackward)
       im.flops_per_micro += op_cost(g, n).flops;

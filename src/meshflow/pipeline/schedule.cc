@@ -1,6 +1,7 @@
 #include "meshflow/pipeline/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
@@ -165,64 +166,97 @@ std::vector<Order> zb_h1_orders(int p, int m) {
   return orders;
 }
 
-// ZB-V by list scheduling in unit time steps (a chunk's F = Bi = W = 1, no
-// latency). Rank r holds chunk r (local 0) and chunk 2p-1-r (local 1). A free
-// rank picks, in this order: the next Bi of local 0, of local 1 (a Bi only
-// runs on the critical path: it unblocks the previous chunk), the next F of
-// local 1, of local 0 (the second chunk first: it drains micro-batches
-// towards the loss), each F only while fewer than 2p (mb, chunk) pairs hold
-// activations on the rank, and else the oldest pending W. Of the 120 priority
-// orders this one reaches the makespan 6m + p - 1 for every m >= p tried
-// (p <= 8), within the 2p limit; the W queue fills every other gap.
-std::vector<Order> zb_v_orders(int p, int m) {
-  constexpr int kNever = 1 << 30;
+// ZB-V by event-driven list scheduling at chunk times c (F, Bi, W). Rank r
+// holds chunk r (local 0) and chunk 2p-1-r (local 1). A free rank picks, in
+// this order: the next Bi of local 0, of local 1 (a Bi is on the critical
+// path: it unblocks the previous chunk), the next F of local 1, of local 0
+// (the second chunk first: it drains micro-batches towards the loss), each F
+// only while fewer than 2p (mb, chunk) pairs hold activations on the rank
+// (with `reserve`, counting a slot for the second chunk of each micro-batch
+// started on the first), and else its oldest pending W. Of the 120 priority
+// orders this one reaches the makespan 6m + p - 1 at equal times for every
+// m >= p tried (p <= 8). Returns no orders when the ranks stall (possible at
+// uneven times without `reserve`).
+std::vector<Order> zb_v_orders(int p, int m, const SimCosts& c, bool reserve) {
+  constexpr double kNever = 1e300;
   const int C = 2 * p;
+  const double cost[3] = {c.forward, c.backward_input, c.backward_weight};  // F, Bi, W
   std::vector<Order> orders(p);
-  std::vector<std::vector<int>> f_done(C, std::vector<int>(m, kNever)), b_done = f_done;
+  std::vector<std::vector<double>> f_done(C, std::vector<double>(m, kNever)), b_done = f_done;
   struct RankQueue {
-    int next_f[2] = {0, 0}, next_b[2] = {0, 0}, live = 0, free_at = 0, left = 0;
+    int next_f[2] = {0, 0}, next_b[2] = {0, 0}, live = 0, left = 0;
+    double free_at = 0;
     std::deque<std::pair<int, int>> pending_w;  // (mb, chunk), in Bi order
   };
   std::vector<RankQueue> q(p);
   for (RankQueue& rq : q) rq.left = 6 * m;
-  int busy_ranks = p;
-  for (int t = 0; busy_ranks > 0; ++t) {
-    MF_CHECK_LT(t, 32 * (m + p) + 64) << "zb-v list scheduling did not finish";
+  for (double t = 0;;) {
     for (int r = 0; r < p; ++r) {
       RankQueue& rq = q[r];
       if (rq.free_at > t || rq.left == 0) continue;
       const int chunk[2] = {r, C - 1 - r};
       auto b_ready = [&](int li) {
-        const int c = chunk[li], mb = rq.next_b[li];
-        return mb < rq.next_f[li] && f_done[c][mb] <= t && (c == C - 1 || b_done[c + 1][mb] <= t);
+        const int ch = chunk[li], mb = rq.next_b[li];
+        return mb < rq.next_f[li] && f_done[ch][mb] <= t &&
+               (ch == C - 1 || b_done[ch + 1][mb] <= t);
       };
       auto f_ready = [&](int li) {
-        const int c = chunk[li], mb = rq.next_f[li];
-        return mb < m && rq.live < C && (c == 0 || f_done[c - 1][mb] <= t);
+        const int ch = chunk[li], mb = rq.next_f[li];
+        const int held = rq.live + (reserve && li == 0 ? rq.next_f[0] - rq.next_f[1] : 0);
+        return mb < m && held < C && (ch == 0 || f_done[ch - 1][mb] <= t);
       };
+      int kind = -1;  // 0 F, 1 Bi, 2 W
       if (b_ready(0) || b_ready(1)) {
         const int li = b_ready(0) ? 0 : 1, mb = rq.next_b[li]++;
         orders[r].push_back({ActionKind::kBackwardInput, mb, chunk[li], -1});
-        b_done[chunk[li]][mb] = t + 1;
+        b_done[chunk[li]][mb] = t + cost[1];
         rq.pending_w.emplace_back(mb, chunk[li]);
+        kind = 1;
       } else if (f_ready(1) || f_ready(0)) {
         const int li = f_ready(1) ? 1 : 0, mb = rq.next_f[li]++;
         orders[r].push_back(F(mb, chunk[li]));
-        f_done[chunk[li]][mb] = t + 1;
+        f_done[chunk[li]][mb] = t + cost[0];
         ++rq.live;
+        kind = 0;
       } else if (!rq.pending_w.empty()) {
-        const auto [mb, c] = rq.pending_w.front();
+        const auto [mb, ch] = rq.pending_w.front();
         rq.pending_w.pop_front();
-        orders[r].push_back({ActionKind::kBackwardWeight, mb, c, -1});
+        orders[r].push_back({ActionKind::kBackwardWeight, mb, ch, -1});
         --rq.live;
+        kind = 2;
       } else {
         continue;
       }
-      rq.free_at = t + 1;
-      if (--rq.left == 0) --busy_ranks;
+      rq.free_at = t + cost[kind];
+      --rq.left;
     }
+    // The next time a rank frees up; none while work is left: stalled.
+    double next = kNever;
+    bool left = false;
+    for (const RankQueue& rq : q) {
+      left = left || rq.left > 0;
+      if (rq.free_at > t) next = std::min(next, rq.free_at);
+    }
+    if (!left) return orders;
+    if (next == kNever) return {};
+    t = next;
   }
-  return orders;
+}
+
+// One chunk's F, Bi and W for ordering: as given, each > 0 (a zero W would
+// make every W free), rounded to 1/64 of F so that tiny differences between
+// ranks' estimates cannot give them different orders.
+SimCosts zb_v_order_costs(const SimCosts& c) {
+  const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
+  const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+  SimCosts out;
+  if (!(c.forward > 0) || !std::isfinite(c.forward + bi + w)) return out;  // equal times
+  auto q = [&](double x) { return std::max(1.0, std::round(64 * x / c.forward)) / 64; };
+  out.forward = 1;
+  out.backward_input = q(bi);
+  out.backward_weight = q(w);
+  out.backward = out.backward_input + out.backward_weight;
+  return out;
 }
 
 // Adds the sends and receives around each compute action: a Recv right before
@@ -278,7 +312,27 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
   if (o.kind == ScheduleKind::kZbH1) {
     orders = zb_h1_orders(p, m);
   } else if (o.kind == ScheduleKind::kZbV) {
-    orders = zb_v_orders(p, m);
+    // The candidate orders (see schedule.h), each simulated at the costs;
+    // the first with the least makespan is kept (equal times: the first).
+    const SimCosts costs = zb_v_order_costs(o.zb_v_costs);
+    SimCosts unit;
+    unit.backward_input = unit.backward_weight = 1;
+    double best = 0;
+    for (const auto& [order_costs, reserve] :
+         {std::pair{unit, false}, std::pair{costs, false}, std::pair{costs, true}}) {
+      std::vector<Order> candidate = zb_v_orders(p, m, order_costs, reserve);
+      if (candidate.empty()) continue;
+      Schedule trial;
+      trial.options = o;
+      trial.ranks.resize(p);
+      for (int r = 0; r < p; ++r) trial.ranks[r] = with_messages(candidate[r], r, trial);
+      Result<SimResult> sim = simulate(trial, costs);
+      MF_CHECK(sim.is_ok()) << "zb-v candidate order does not run: " << sim.status().message();
+      if (orders[0].empty() || sim->makespan < best) {
+        best = sim->makespan;
+        orders = std::move(candidate);
+      }
+    }
   } else {
     for (int r = 0; r < p; ++r) {
       if (o.kind == ScheduleKind::kGPipe)

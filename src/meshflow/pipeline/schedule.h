@@ -40,13 +40,19 @@
 //                then a pending W; at most p micro-batches hold activations
 //                (F done, W not done) on any rank: 1F1B's peak.
 //   zb-v         Qi et al. 2024: two chunks per rank in a V, B split as in
-//                zb-h1. List scheduling with unit chunk times, priority Bi of
-//                the first chunk, Bi of the second, F of the second, F of the
-//                first, then a pending W; at most 2p (mb, chunk) pairs hold
-//                activations on any rank (1F1B's peak of p whole-stage
-//                micro-batches, on every rank). For m >= p it reaches the
-//                makespan 6m + p - 1 chunk units: every rank idles only the
-//                p-1 forwards it waits for at the start.
+//                zb-h1. List scheduling (event-driven, at chunk times), a
+//                free rank taking Bi of its first chunk, Bi of its second, F
+//                of the second, F of the first, else its oldest pending W; at
+//                most 2p (mb, chunk) pairs hold activations on any rank
+//                (1F1B's peak of p whole-stage micro-batches, on every rank).
+//                At equal times (F = Bi = W) and m >= p it reaches the
+//                makespan 6m + p - 1 chunk units: every rank idles only p-1.
+//                An order made for equal times runs badly when W is shorter
+//                than Bi (each round of micro-batches then waits), so three
+//                candidate orders are made (at equal times; at
+//                options.zb_v_costs; at those, reserving room for each
+//                started micro-batch's second chunk) and the one whose
+//                simulated makespan at zb_v_costs is least is kept.
 #pragma once
 
 #include <cstdint>
@@ -84,11 +90,27 @@ struct Action {
 };
 std::string to_string(const Action& a);  // "F(mb=3,c=1)", "send_act(mb=3,c=1->r2)"
 
+// Op times for simulate(), per chunk (a chunk holds 1/v of a stage's layers,
+// so the interleaved schedule's F costs forward/v when comparing schedules).
+// backward is a whole B; for zb-h1 and zb-v, BackwardInput and BackwardWeight each
+// cost backward / 2 unless given.
+struct SimCosts {
+  double forward = 1;
+  double backward = 2;
+  double backward_input = -1;   // < 0: backward / 2
+  double backward_weight = -1;  // < 0: backward / 2
+  double p2p = 0;               // latency of one message
+};
+
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int stages = 1;          // p: pipeline ranks
   int micro_batches = 1;   // m
   int virtual_stages = 1;  // v: chunks per rank (interleaved: any; zb-v: 2; others: 1)
+  // zb-v only: one chunk's F, Bi and W times its order is list-scheduled for
+  // (the runtime: from the chunk programs' FLOPs; the planner: its priced
+  // times). Only the ratios matter; every rank must pass the same.
+  SimCosts zb_v_costs{};
 };
 
 // The rank that runs model chunk `chunk` (see "Model chunks" above).
@@ -108,18 +130,6 @@ struct Schedule {
 // schedule other than interleaved or zb-v; zb-v with v != 2; interleaved with
 // v > 1 and m % p != 0.
 Result<Schedule> make_schedule(const ScheduleOptions& options);
-
-// Op times for simulate(), per chunk (a chunk holds 1/v of a stage's layers,
-// so the interleaved schedule's F costs forward/v when comparing schedules).
-// backward is a whole B; for zb-h1 and zb-v, BackwardInput and BackwardWeight each
-// cost backward / 2 unless given.
-struct SimCosts {
-  double forward = 1;
-  double backward = 2;
-  double backward_input = -1;   // < 0: backward / 2
-  double backward_weight = -1;  // < 0: backward / 2
-  double p2p = 0;               // latency of one message
-};
 
 struct SimResult {
   double makespan = 0;
