@@ -154,7 +154,8 @@ TEST(PipelineSchedule, ZbVBubbleIsTheStartUpSkewAlone) {
       EXPECT_DOUBLE_EQ(r.makespan, 6.0 * m + p - 1);
       EXPECT_NEAR(r.bubble_fraction, ideal_bubble_fraction(o, chunk), 1e-12);
       // The same model as zb-h1 at stage costs twice the chunk's.
-      SimCosts stage{2, 4, 2, 2, 0};
+      SimCosts stage;
+      stage.forward = 2, stage.backward = 4, stage.backward_input = stage.backward_weight = 2;
       SimResult h1 = value_or_throw(
           simulate(value_or_throw(make_schedule({ScheduleKind::kZbH1, p, m, 1})), stage));
       EXPECT_DOUBLE_EQ(h1.makespan - 6.0 * m, 2 * (r.makespan - 6.0 * m));
@@ -171,7 +172,10 @@ TEST(PipelineSchedule, ZbVOrderFollowsTheChunkCosts) {
       for (int m : {8, 16, 32}) {
         SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
                      " Bi=" + std::to_string(bi) + " W=" + std::to_string(w));
-        SimCosts chunk{1, bi + w, bi, w, 0}, stage{2, 2 * (bi + w), 2 * bi, 2 * w, 0};
+        SimCosts chunk, stage;
+        chunk.backward = bi + w, chunk.backward_input = bi, chunk.backward_weight = w;
+        stage.forward = 2, stage.backward = 2 * (bi + w);
+        stage.backward_input = 2 * bi, stage.backward_weight = 2 * w;
         const double work = 2.0 * m * (1 + bi + w);
         SimResult v = value_or_throw(
             simulate(value_or_throw(make_schedule({ScheduleKind::kZbV, p, m, 2, chunk})), chunk));
@@ -181,7 +185,9 @@ TEST(PipelineSchedule, ZbVOrderFollowsTheChunkCosts) {
         SimResult equal_order = value_or_throw(
             simulate(value_or_throw(make_schedule({ScheduleKind::kZbV, p, m, 2})), chunk));
         EXPECT_LE(v.makespan, equal_order.makespan + 1e-9);
-        if (m == 32) EXPECT_GT(equal_order.makespan - work, 2 * (v.makespan - work));
+        if (m == 32) {
+          EXPECT_GT(equal_order.makespan - work, 2 * (v.makespan - work));
+        }
         for (int r = 0; r < p; ++r) EXPECT_LE(v.peak_in_flight[r], 2 * p);
       }
 }

@@ -266,12 +266,16 @@ TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
   json model = small_gpt();
   model["n_layer"] = 4;
   const ModelConfig mc = value_or_throw(parse_model_config(model));
-  for (const char* schedule : {"1f1b", "gpipe"}) {
+  for (const char* schedule : {"1f1b", "gpipe", "zb-v"}) {
     for (const std::vector<int64_t>& split : {std::vector<int64_t>{}, std::vector<int64_t>{1, 3}}) {
       SCOPED_TRACE(std::string(schedule) + (split.empty() ? " balanced" : " 1/3"));
       Plan p;
       p.pp = 2, p.micro_batch = 4, p.num_micro_batches = 4;
       p.schedule = value_or_throw(parse_schedule_kind(schedule));
+      if (p.schedule == ScheduleKind::kZbV) {  // two chunks per stage: 4 of one block
+        if (!split.empty()) continue;
+        p.vp = 2;
+      }
       p.layers_per_stage = split;
       const json doc = {
           {"model", model},

@@ -218,6 +218,17 @@ TEST(PlanEmit, TorchTitanTomlTables) {
   q = p;
   q.ops = true;
   expect_refused(q, job, EmitTarget::kTorchTitan, "per-operator strategies");
+  // ZB-V: torch's ZBVZeroBubble (two stages per rank, placed in a V by the
+  // schedule), 80 layers in 8 model parts of 10; zb-h1 has no torch form.
+  q = p;
+  q.layers_per_stage.clear();
+  q.schedule = ScheduleKind::kZbV, q.vp = 2;
+  const std::string zbv = value_or_throw(emit_plan(q, job, true, EmitTarget::kTorchTitan));
+  EXPECT_NE(zbv.find("pipeline_parallel_schedule = \"ZBVZeroBubble\""), std::string::npos) << zbv;
+  EXPECT_NE(zbv.find("pipeline_parallel_layers_per_stage = 10"), std::string::npos) << zbv;
+  expect_refused(q, job, EmitTarget::kMegatron, "1F1B and its interleaved form only");
+  q.schedule = ScheduleKind::kZbH1, q.vp = 1;
+  expect_refused(q, job, EmitTarget::kTorchTitan, "pin schedule=zb-v or 1f1b");
   const TrainingJob gpt{model("gpt3_1.3b.json"), 512, 2048};
   Plan g;
   g.dp = 8, g.micro_batch = 4, g.num_micro_batches = 16;

@@ -278,8 +278,37 @@ TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   p.schedule = ScheduleKind::kZbH1;
   p.vp = 1;
   StepCost zb = *cm.price(p);
+  p.schedule = ScheduleKind::kZbV;
+  p.vp = 2;
+  StepCost zbv = *cm.price(p);
+  p.vp = 1;
   EXPECT_NEAR(inter.bubble_s / one.bubble_s, 0.5, 0.05);
   EXPECT_LT(zb.bubble_s, one.bubble_s);
+  // ZB-V at 1F1B's first-stage activations on every stage. Full recompute
+  // puts a forward into every Bi, so Bi is about twice W and ZB-V's rounds
+  // wait (schedule.h): it loses to ZB-H1 here, and wins with selective
+  // recompute, where Bi and W are near equal.
+  EXPECT_NEAR(zbv.memory.activations / one.memory.activations, 1.0, 0.1);
+  EXPECT_GT(zbv.bubble_s, zb.bubble_s);
+  p.recompute = Recompute::kSelective;
+  p.schedule = ScheduleKind::kZbH1;
+  const StepCost zb_sel = *cm.price(p);
+  p.schedule = ScheduleKind::kZbV;
+  p.vp = 2;
+  const StepCost zbv_sel = *cm.price(p);
+  std::printf(
+      "gpt3 175b pp8 m96 bubble: 1f1b %.3f s, zb-h1 %.3f s, zb-v %.3f s (full recompute); "
+      "zb-h1 %.3f s, zb-v %.3f s (selective)\n",
+      one.bubble_s, zb.bubble_s, zbv.bubble_s, zb_sel.bubble_s, zbv_sel.bubble_s);
+  EXPECT_LT(zbv_sel.bubble_s, zb_sel.bubble_s);
+  p.vp = 1;
+  p.recompute = Recompute::kFull;
+  p.schedule = ScheduleKind::kZbV;
+  p.vp = 3;
+  EXPECT_NE(cm.invalid_reason(p).find("zb-v runs two chunks per stage in a V: vp must be 2, got 3"),
+            std::string::npos)
+      << cm.invalid_reason(p);
+  p.vp = 1;
   // 1F1B: (p-1)/(m+p-1) of the pipeline is bubble.
   const double pipeline = one.step_time_s - one.dp_comm_s - one.optimizer_s;
   EXPECT_NEAR(one.bubble_s / pipeline, 7.0 / 103.0, 1e-6);
@@ -298,11 +327,11 @@ TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
   Plan p;
   p.dp = 1, p.tp = 8, p.pp = 4;
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                         ScheduleKind::kZbH1}) {
+                         ScheduleKind::kZbH1, ScheduleKind::kZbV}) {
     for (int64_t m : {8, 24, 96}) {
       SCOPED_TRACE(std::string(schedule_name(k)) + " m=" + std::to_string(m));
       p.schedule = k;
-      p.vp = k == ScheduleKind::kInterleaved ? 2 : 1;
+      p.vp = k == ScheduleKind::kInterleaved || k == ScheduleKind::kZbV ? 2 : 1;
       p.num_micro_batches = m;
       p.micro_batch = 96 / m;
       const CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 96, 2048},
@@ -318,8 +347,8 @@ TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
       costs.backward_weight = st.weight_grad_s / double(p.vp);
       costs.backward = costs.backward_input + costs.backward_weight;
       costs.p2p = 0;
-      const Schedule sched = value_or_throw(
-          make_schedule({k, static_cast<int>(p.pp), static_cast<int>(m), static_cast<int>(p.vp)}));
+      const Schedule sched = value_or_throw(make_schedule(
+          {k, static_cast<int>(p.pp), static_cast<int>(m), static_cast<int>(p.vp), costs}));
       const SimResult whole = value_or_throw(simulate(sched, costs));
       EXPECT_NEAR(pipeline / whole.makespan, 1.0, 1e-9);
       if (k == ScheduleKind::kGPipe || k == ScheduleKind::k1F1B) {

@@ -841,7 +841,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
       l.stash_index[l.program->stash[i]] = static_cast<int>(i);
     for (size_t i = 0; i < l.program->weight_stash.size(); ++i)
       l.weight_index[l.program->weight_stash[i]] = static_cast<int>(i);
-    t->stash_stats_.bytes_per_micro_batch += l.program->stash_bytes(t->schedule_.split_backward());
+    t->stash_stats_.bytes_per_micro_batch +=
+        l.program->stash_bytes() +
+        (t->schedule_.split_backward() ? l.program->weight_hold_bytes() : 0);
     im.locals.push_back(std::move(l));
   }
   t->stash_stats_.peak_per_chunk.assign(im.locals.size(), 0);

@@ -68,6 +68,7 @@ struct StashStats {
   int peak_entries = 0;               // most (micro-batch, chunk) stashes alive at once
   std::vector<int> peak_per_chunk;    // per local chunk: most micro-batches stashed at once
   int64_t bytes_per_micro_batch = 0;  // sum over local chunks of one micro-batch's stash
+                                      // (split backward: plus what it holds from Bi to W)
 };
 
 class PipelineTrainer : public Engine {

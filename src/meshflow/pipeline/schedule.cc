@@ -318,8 +318,11 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
     SimCosts unit;
     unit.backward_input = unit.backward_weight = 1;
     double best = 0;
+    int index = -1;
     for (const auto& [order_costs, reserve] :
          {std::pair{unit, false}, std::pair{costs, false}, std::pair{costs, true}}) {
+      ++index;
+      if (o.zb_v_order >= 0 && index != o.zb_v_order) continue;
       std::vector<Order> candidate = zb_v_orders(p, m, order_costs, reserve);
       if (candidate.empty()) continue;
       Schedule trial;
@@ -331,8 +334,13 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
       if (orders[0].empty() || sim->makespan < best) {
         best = sim->makespan;
         orders = std::move(candidate);
+        s.options.zb_v_order = index;
       }
     }
+    if (orders[0].empty())
+      return Status::invalid("pipeline schedule \"zb-v\": candidate order " +
+                             std::to_string(o.zb_v_order) +
+                             " stalls at these costs; use -1 (the best of 0, 1 and 2)");
   } else {
     for (int r = 0; r < p; ++r) {
       if (o.kind == ScheduleKind::kGPipe)
@@ -363,7 +371,7 @@ struct Message {
 
 struct RankState {
   std::set<std::pair<int, int>> f, b, w, act, grad;  // (mb, chunk) done / available
-  double clock = 0, busy = 0;
+  double clock = 0, busy = 0, stash = 0, peak_stash = 0;
   int live = 0, peak = 0;
   size_t pc = 0;
 };
@@ -382,6 +390,14 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
   const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
   const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
   const bool split = s.split_backward();
+  auto stash_of = [&](int chunk) {
+    return static_cast<size_t>(chunk) < costs.stash_bytes.size() ? costs.stash_bytes[chunk] : 0.0;
+  };
+  auto hold_of = [&](int chunk) {
+    return static_cast<size_t>(chunk) < costs.weight_hold_bytes.size()
+               ? costs.weight_hold_bytes[chunk]
+               : 0.0;
+  };
   std::map<std::tuple<int, int, Kind>, std::deque<Message>> channels;  // (src, dst, kind)
   std::vector<RankState> st(p);
   SimResult res;
@@ -414,6 +430,8 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
         rs.f.insert(key);
         if (local_next) rs.act.insert({a.micro, a.chunk + 1});
         rs.peak = std::max(rs.peak, ++rs.live);
+        rs.stash += stash_of(a.chunk);
+        rs.peak_stash = std::max(rs.peak_stash, rs.stash);
         cost = costs.forward;
         break;
       case ActionKind::kBackward:
@@ -426,7 +444,12 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
           return fail("its output gradient is not here yet");
         rs.b.insert(key);
         if (local_prev) rs.grad.insert({a.micro, a.chunk - 1});
-        if (!split) --rs.live;
+        rs.stash -= stash_of(a.chunk);
+        if (split)
+          rs.stash += hold_of(a.chunk);
+        else
+          --rs.live;
+        rs.peak_stash = std::max(rs.peak_stash, rs.stash);
         cost = split ? bi : costs.backward;
         break;
       case ActionKind::kBackwardWeight:
@@ -435,6 +458,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
         if (!rs.b.count(key)) return fail("weight-gradient before its input-gradient");
         rs.w.insert(key);
         --rs.live;
+        rs.stash -= hold_of(a.chunk);
         cost = bw;
         break;
       case ActionKind::kSendAct:
@@ -507,6 +531,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
     res.makespan = std::max(res.makespan, st[r].clock);
     res.busy.push_back(st[r].busy);
     res.peak_in_flight.push_back(st[r].peak);
+    res.peak_stash_bytes.push_back(st[r].peak_stash);
     busy += st[r].busy;
   }
   res.bubble_fraction = res.makespan > 0 ? 1.0 - busy / (p * res.makespan) : 0.0;

@@ -100,6 +100,10 @@ struct SimCosts {
   double backward_input = -1;   // < 0: backward / 2
   double backward_weight = -1;  // < 0: backward / 2
   double p2p = 0;               // latency of one message
+  // Optional, per chunk: the bytes one micro-batch's stash holds from its F
+  // to its B (Bi with a split backward), and from Bi to W;
+  // SimResult::peak_stash_bytes.
+  std::vector<double> stash_bytes, weight_hold_bytes;
 };
 
 struct ScheduleOptions {
@@ -111,6 +115,10 @@ struct ScheduleOptions {
   // (the runtime: from the chunk programs' FLOPs; the planner: its priced
   // times). Only the ratios matter; every rank must pass the same.
   SimCosts zb_v_costs{};
+  // zb-v only: the candidate order to make (0 for equal times, 1 at
+  // zb_v_costs, 2 at those reserving room); -1: the one of least makespan.
+  // make_schedule records the one it made in Schedule::options.
+  int zb_v_order = -1;
 };
 
 // The rank that runs model chunk `chunk` (see "Model chunks" above).
@@ -136,7 +144,8 @@ struct SimResult {
   std::vector<double> busy;                // per rank: compute time
   double bubble_fraction = 0;              // 1 - sum(busy) / (p * makespan)
   std::vector<int> peak_in_flight;         // per rank: max (mb, chunk) pairs with F done and B
-                                           // (zb-h1: W) not yet done
+                                           // (zb-h1, zb-v: W) not yet done
+  std::vector<double> peak_stash_bytes;    // per rank: the most SimCosts::stash_bytes held at once
   std::vector<std::vector<double>> start;  // per rank, per action: start time
 };
 

@@ -37,11 +37,21 @@ std::vector<ValueId> ChunkProgram::keep_alive() const {
   return v;
 }
 
-int64_t ChunkProgram::stash_bytes(bool split_backward) const {
+int64_t ChunkProgram::stash_bytes() const {
   int64_t b = 0;
-  for (const auto* list : {&stash, &weight_stash})
-    for (ValueId v : (list == &stash || split_backward) ? *list : std::vector<ValueId>{})
-      b += graph.shape(v).numel() * static_cast<int64_t>(dtype_size(graph.value(v).dtype));
+  for (ValueId v : stash)
+    b += graph.shape(v).numel() * static_cast<int64_t>(dtype_size(graph.value(v).dtype));
+  return b;
+}
+
+int64_t ChunkProgram::weight_hold_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < stash.size(); ++i)
+    if (i < stash_for_weight.size() && stash_for_weight[i])
+      b += graph.shape(stash[i]).numel() *
+           static_cast<int64_t>(dtype_size(graph.value(stash[i]).dtype));
+  for (ValueId v : weight_stash)
+    b += graph.shape(v).numel() * static_cast<int64_t>(dtype_size(graph.value(v).dtype));
   return b;
 }
 

@@ -87,9 +87,11 @@ struct ChunkProgram {
 
   // Values the executor must keep readable after a run (messages, stash, norms).
   std::vector<ValueId> keep_alive() const;
-  // Per-micro-batch stash bytes: the forward stash, plus the W stash when the
-  // backward is split (zb-h1).
-  int64_t stash_bytes(bool split_backward) const;
+  // Per-micro-batch stash bytes held from F to B (to Bi when the backward is
+  // split), and, split, from Bi to W: the forward entries W reads plus the W
+  // stash.
+  int64_t stash_bytes() const;
+  int64_t weight_hold_bytes() const;
 };
 
 struct PipelineSplit {

@@ -663,8 +663,8 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(
       cc.opt_comm_s = t[kOptComm], cc.opt_comm_bytes = t[kOptCommBytes];
       cc.opt_bucketed_tp_bytes = t[kOptBucketedTp];
       cc.arena_bytes = static_arena_bytes(g, c.keep_alive());
-      cc.stash_bytes = double(c.stash_bytes(false));
-      cc.stash_bytes_split = double(c.stash_bytes(true));
+      cc.stash_bytes = double(c.stash_bytes());
+      cc.weight_hold_bytes = double(c.weight_hold_bytes());
       cc.input_bytes = t[kInputBytes];
       out.push_back(cc);
     }
@@ -755,8 +755,14 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     if (p.num_micro_batches % p.pp != 0)
       return "interleaved: the micro-batch count " + str(p.num_micro_batches) +
              " must be a multiple of pp=" + str(p.pp);
+  } else if (p.schedule == ScheduleKind::kZbV) {
+    if (p.vp != 2) return "zb-v runs two chunks per stage in a V: vp must be 2, got " + str(p.vp);
+    if (d.layers % (2 * p.pp) != 0)
+      return "zb-v: 2*pp = " + str(2 * p.pp) + " chunks must divide the " + str(d.layers) +
+             " layers";
   } else if (p.vp != 1) {
-    return "vp > 1 needs the interleaved schedule, got " + std::string(schedule_name(p.schedule));
+    return "vp > 1 needs the interleaved schedule (or zb-v with 2), got " +
+           std::string(schedule_name(p.schedule));
   }
   return "";
 }
@@ -839,6 +845,14 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   return st;
 }
 
+// The stage holding the final norm, the head and the loss: the last, or the
+// first under zb-v (its V ends on stage 0).
+namespace {
+int64_t head_stage(const Plan& p) {
+  return p.schedule == ScheduleKind::kZbV ? 0 : p.pp - 1;
+}
+}  // namespace
+
 StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t stage,
                                   double blocks) const {
   const double ls = blocks;
@@ -867,7 +881,7 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     st.tp_comm_s += lc.embed_comm_s - lc.embed_cp_comm_s;
     st.cp_comm_s += lc.embed_cp_comm_s;
   }
-  if (stage == p.pp - 1) {  // the final norm, head and loss
+  if (stage == head_stage(p)) {  // the final norm, head and loss
     st.forward_s += lc.head_fwd_s;
     st.backward_s += lc.head_bwd_s;
     st.weight_grad_s += lc.head_wgrad_s;
@@ -886,7 +900,8 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
 // round of pp micro-batches adds the same time. So a long run (a million
 // micro-batches is a valid plan) is simulated at two lengths with the same
 // remainder mod pp, and extended by that round's time.
-Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& st) const {
+namespace {
+SimCosts chunk_sim_costs(const Plan& p, const StageTimes& st) {
   const double v = double(p.vp);
   SimCosts costs;
   costs.forward = st.forward_s / v + st.p2p_s;
@@ -894,18 +909,34 @@ Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& 
   costs.backward_weight = st.weight_grad_s / v;
   costs.backward = costs.backward_input + costs.backward_weight;
   costs.p2p = 0;
+  return costs;
+}
+}  // namespace
+
+Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& st) const {
+  // zb-v's order is made for these chunk costs, as the runtime's for its own.
+  const SimCosts costs = chunk_sim_costs(p, st);
+  int zb_v_order = -1;
   auto makespan = [&](int64_t m) -> Result<double> {
     ScheduleOptions so;
     so.kind = p.schedule;
     so.stages = static_cast<int>(p.pp);
     so.micro_batches = static_cast<int>(m);
     so.virtual_stages = static_cast<int>(p.vp);
+    so.zb_v_costs = costs;
+    so.zb_v_order = zb_v_order;
     MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
     MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, costs));
+    zb_v_order = sched.options.zb_v_order;  // the longer run extends this order
     return sim.makespan;
   };
   const int64_t m = p.num_micro_batches, pp = p.pp;
-  const int64_t rounds = 4;  // simulated in full up to (rounds + 1) x pp micro-batches
+  // zb-v's order is list-scheduled at the costs, so its rounds repeat only
+  // nearly: simulated whole up to 64k micro-batch chunk passes (m = 4096 at
+  // pp = 8), then extended from longer runs, with the order chosen for the first.
+  const bool zb_v = p.schedule == ScheduleKind::kZbV;
+  if (zb_v && m * pp <= 32768) return makespan(m);
+  const int64_t rounds = zb_v ? 16 : 4;  // simulated in full up to (rounds + 1) x pp micro-batches
   if (m <= (rounds + 1) * pp) return makespan(m);
   const int64_t m1 = rounds * pp + m % pp, m2 = m1 + pp;
   MF_ASSIGN_OR_RETURN(const double t1, makespan(m1));
@@ -937,6 +968,12 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
         // (p-1)(F+B-2W) is ZB-H2's, which needs about twice the activations.
         pipeline = steady + (pp - 1) * (std::max(0.0, F + B - W) + 2 * st.p2p_s);
         break;
+      case ScheduleKind::kZbV:
+        // ZB-H1's form over half-stage chunks: (p-1) max(F, F+B-W)/2, the
+        // start-up skew alone when W >= B (schedule.h); shorter W's leave
+        // more, which the simulation (the leaders' price) shows.
+        pipeline = steady + (pp - 1) * (std::max(F, F + B - W) / 2 + 2 * st.p2p_s);
+        break;
     }
     if (model == PipelineModel::kSimulated) {
       Result<double> sim = simulated_pipeline_s(p, st);
@@ -959,7 +996,7 @@ double CostModel::stage_params(const Plan& p, const LayerCost& lc, int64_t stage
   const TransformerDims& d = dims_;
   double params = blocks * double(lc.layer_params);
   if (stage == 0) params += double(lc.embed_params);
-  if (stage == p.pp - 1) {
+  if (stage == head_stage(p)) {
     params += double(lc.head_params);
     if (p.pp > 1 && d.tied)
       params += double((d.vocab + p.tp - 1) / p.tp) * double(d.hidden);  // the table's copy
@@ -1090,6 +1127,8 @@ double stage_in_flight(const Plan& p, int64_t stage) {
     case ScheduleKind::k1F1B:
     case ScheduleKind::kZbH1:
       return ahead;
+    case ScheduleKind::kZbV:  // 2p half-stage chunks on every stage (schedule.h)
+      return std::min(m, pp);
     case ScheduleKind::kInterleaved:
       return stage == p.pp - 1 ? 1.0 : ahead * (1 + (pp - 1) / (pp * m));
   }
@@ -1106,7 +1145,7 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const bool mixed = dtype_ != DType::F32;
   const double s_local = double(job_.seq) / double(p.cp);
   const double layer_params = double(lc.layer_params);
-  const bool first = stage == 0, last = stage == p.pp - 1;
+  const bool first = stage == 0, last = stage == head_stage(p);
   const double w_b = act;
   const double in_flight = stage_in_flight(p, stage);
   const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
@@ -1171,10 +1210,12 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
 void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
                                    StageTimes* st, LayerCost* lc, double* p2p_bytes) const {
   double slowest = -1, act = 0;
+  const ScheduleOptions so{p.schedule, static_cast<int>(p.pp), 1, static_cast<int>(p.vp)};
   for (int64_t r = 0; r < p.pp; ++r) {
     StageTimes s;
     LayerCost l;
-    for (size_t c = static_cast<size_t>(r); c < chunks.size(); c += static_cast<size_t>(p.pp)) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (chunk_rank(so, static_cast<int>(c)) != r) continue;
       const ChunkCost& k = chunks[c];
       s.forward_s += k.times.forward_s;
       s.backward_s += k.times.backward_s;
@@ -1205,30 +1246,38 @@ void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& 
 }
 
 Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
-                                                      const std::vector<ChunkCost>& chunks) const {
-  // Micro-batches each rank keeps in flight (F done, its B or W not yet):
-  // the runtime's schedule simulated; past a few rounds the peak is reached.
+                                                      const std::vector<ChunkCost>& chunks,
+                                                      const StageTimes& st) const {
+  // The stashes each rank holds at its peak (F done, its B or W not yet):
+  // the runtime's schedule simulated with each chunk's stash bytes (a rank's
+  // chunks hold different stashes: zb-v's rank 0 the embedding's and the
+  // head's); past a few rounds the peak is reached.
   const int64_t m = p.num_micro_batches, pp = p.pp;
   ScheduleOptions so;
   so.kind = p.schedule;
   so.stages = static_cast<int>(pp);
   so.micro_batches = static_cast<int>(m <= 5 * pp ? m : 4 * pp + m % pp);
   so.virtual_stages = static_cast<int>(p.vp);
+  so.zb_v_costs = chunk_sim_costs(p, st);  // its order, as simulated_pipeline_s makes it
   MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
-  MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched));
+  SimCosts stashes;
+  for (const ChunkCost& k : chunks) {
+    stashes.stash_bytes.push_back(k.stash_bytes);
+    stashes.weight_hold_bytes.push_back(k.weight_hold_bytes);
+  }
+  MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, stashes));
   const bool mixed = dtype_ != DType::F32;
   const double act = double(dtype_size(dtype_));
   MemoryBreakdown worst;
   for (int64_t r = 0; r < pp; ++r) {
-    double params = 0, arena = 0, stash = 0, inputs = 0, bucketed_tp = 0, n = 0;
-    for (size_t c = static_cast<size_t>(r); c < chunks.size(); c += static_cast<size_t>(pp)) {
+    double params = 0, arena = 0, inputs = 0, bucketed_tp = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (chunk_rank(so, static_cast<int>(c)) != r) continue;
       const ChunkCost& k = chunks[c];
       params += double(k.params);
       arena += k.arena_bytes;
-      stash += sched.split_backward() ? k.stash_bytes_split : k.stash_bytes;
       inputs += k.input_bytes;
       bucketed_tp += k.opt_bucketed_tp_bytes;
-      n += 1;
     }
     MemoryBreakdown mb;
     model_states(params, p, mixed, act, &mb);
@@ -1236,7 +1285,7 @@ Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
     // (as memory_per_device's static arena).
     const bool buckets = m > 1 || (p.zero == 0 && (p.dp * p.cp > 1 || bucketed_tp > 0));
     if (!buckets) mb.grads = 0;
-    mb.activations = arena + double(sim.peak_in_flight[static_cast<size_t>(r)]) * stash / n;
+    mb.activations = arena + sim.peak_stash_bytes[static_cast<size_t>(r)];
     mb.temporaries = inputs;
     mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
     if (mb.total > worst.total) worst = mb;
@@ -1374,7 +1423,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
   if (by_chunk) {
-    MF_ASSIGN_OR_RETURN(r.memory, memory_from_chunks(p, chunks));
+    MF_ASSIGN_OR_RETURN(r.memory, memory_from_chunks(p, chunks, r.stage));
   } else {
     MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc));
   }

@@ -286,10 +286,10 @@ struct ChunkCost {
   int param_tensors = 0;
   // The optimizer phase's collectives over tp (LayerCost::opt_*), once per step.
   double opt_comm_s = 0, opt_comm_bytes = 0, opt_bucketed_tp_bytes = 0;
-  double arena_bytes = 0;  // the chunk executor's arena (static memory planner)
-  double stash_bytes = 0;  // per micro-batch in flight; stash_bytes_split with zb-h1's W stash
-  double stash_bytes_split = 0;
-  double input_bytes = 0;  // fed per micro-batch: data, received activations and gradients
+  double arena_bytes = 0;        // the chunk executor's arena (static memory planner)
+  double stash_bytes = 0;        // per micro-batch from F to B (Bi when split)
+  double weight_hold_bytes = 0;  // split backward: from Bi to W
+  double input_bytes = 0;        // fed per micro-batch: data, received activations and gradients
 };
 
 class CostModel {
@@ -426,9 +426,10 @@ class CostModel {
   void stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks, StageTimes* st,
                           LayerCost* lc, double* p2p_bytes) const;
   // Bytes per device, the worst rank: its chunks' model states, arenas, and
-  // stash times the micro-batches its schedule keeps in flight (simulated).
-  Result<MemoryBreakdown> memory_from_chunks(const Plan& p,
-                                             const std::vector<ChunkCost>& chunks) const;
+  // the most stash bytes its schedule holds at once (simulated with each
+  // chunk's stash; the order zb-v makes for the chunk times st).
+  Result<MemoryBreakdown> memory_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
+                                             const StageTimes& st) const;
   // layer_cost without the cache.
   Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
                                   bool ops) const;

@@ -39,7 +39,8 @@ bool uneven(const Plan& p) {
 Status check_megatron(const Plan& p) {
   const EmitTarget t = EmitTarget::kMegatron;
   if (p.pp > 1) {
-    if (p.schedule == ScheduleKind::kGPipe || p.schedule == ScheduleKind::kZbH1)
+    if (p.schedule == ScheduleKind::kGPipe || p.schedule == ScheduleKind::kZbH1 ||
+        p.schedule == ScheduleKind::kZbV)
       return cannot(t, p,
                     "Megatron-LM runs 1F1B and its interleaved form only; pin "
                     "schedule=1f1b or schedule=interleaved");
@@ -96,7 +97,7 @@ Status check_torchtitan(const Plan& p, const TransformerDims& d) {
   if (p.schedule == ScheduleKind::kZbH1 && p.pp > 1)
     return cannot(t, p,
                   "torch's zero-bubble schedules need two or more stages per rank "
-                  "(InterleavedZeroBubble, ZBVZeroBubble); pin schedule=1f1b");
+                  "(InterleavedZeroBubble, ZBVZeroBubble); pin schedule=zb-v or 1f1b");
   return Status::ok();
 }
 
@@ -193,6 +194,9 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
       break;
     case ScheduleKind::kZbH1:  // (pp = 1 only: no pipeline, check_torchtitan)
       sched = "1F1B";
+      break;
+    case ScheduleKind::kZbV:  // two stages per rank, placed in a V by the schedule
+      sched = "ZBVZeroBubble";
       break;
   }
   std::string out = "# meshflow plan " + plan_label(p) + ": TorchTitan job config tables for " +

@@ -175,6 +175,8 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
           } else {
             for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
               schedules.push_back({s, 1});
+            if (2 * pp <= layers && (!cm.has_blocks() || layers % (2 * pp) == 0))
+              schedules.push_back({ScheduleKind::kZbV, 2});
             if (p.num_micro_batches % pp == 0)
               // A transformer's chunks hold equal blocks; a ResNet's are
               // balanced by cost (chunk_costs), so any count up to its layers.

@@ -20,14 +20,20 @@ SimulatedStep simulate_step(const StepCost& c) {
   so.stages = static_cast<int>(pp);
   so.micro_batches = static_cast<int>(p.num_micro_batches);
   so.virtual_stages = static_cast<int>(v);
-  Result<meshflow::Schedule> sched = make_schedule(so);
-  MF_CHECK(sched.is_ok()) << plan_label(p) << ": " << sched.status().message();
   SimCosts costs;
   costs.forward = c.stage.forward_s / double(v);
   costs.backward_input = c.stage.backward_s / double(v);
   costs.backward_weight = c.stage.weight_grad_s / double(v);
   costs.backward = costs.backward_input + costs.backward_weight;
   costs.p2p = pp > 1 ? c.stage.p2p_s : 0.0;
+  // zb-v's order: made for the chunk costs with each message's time on the
+  // action that carries it, as the cost model prices it.
+  so.zb_v_costs = costs;
+  so.zb_v_costs.forward += costs.p2p;
+  so.zb_v_costs.backward_input += costs.p2p;
+  so.zb_v_costs.backward += costs.p2p;
+  Result<meshflow::Schedule> sched = make_schedule(so);
+  MF_CHECK(sched.is_ok()) << plan_label(p) << ": " << sched.status().message();
   Result<SimResult> sim = simulate(*sched, costs);
   MF_CHECK(sim.is_ok()) << plan_label(p) << ": " << sim.status().message();
   auto duration = [&](ActionKind k) {
