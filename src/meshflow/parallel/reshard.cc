@@ -116,71 +116,88 @@ std::vector<ReshardStep> moves(const Layout& l, int tensor_rank) {
   return out;
 }
 
-struct Visit {
-  double cost = 0;
-  int steps = 0;
-  bool done = false;
-  bool has_prev = false;
-  Layout prev;
-  ReshardStep step;
-};
-
 }  // namespace
+
+std::vector<ReshardStep> ReshardSearch::steps_to(const Layout& l) const {
+  std::vector<ReshardStep> steps;
+  for (Layout at = l;;) {
+    auto it = reached.find(at);
+    MF_CHECK(it != reached.end()) << at.to_string() << " was not reached";
+    if (!it->second.has_prev) break;
+    steps.insert(steps.begin(), it->second.step);
+    at = it->second.prev;
+  }
+  return steps;
+}
+
+ReshardSearch search_reshards(const Shape& shape, const Mesh& mesh,
+                              const std::vector<ReshardStart>& starts,
+                              const ReshardCostModel& model, const Layout* stop_at) {
+  using Key = std::tuple<double, int, size_t>;  // cost, steps, id
+  ReshardSearch out;
+  std::vector<Layout> ids;
+  std::unordered_map<Layout, char> done;
+  std::priority_queue<Key, std::vector<Key>, std::greater<Key>> queue;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const ReshardStart& s = starts[i];
+    auto it = out.reached.find(s.layout);
+    if (it != out.reached.end() &&
+        std::tie(it->second.cost_s, it->second.steps) <= std::tie(s.cost_s, s.steps))
+      continue;
+    ReshardSearch::Reached r;
+    r.cost_s = s.cost_s, r.steps = s.steps, r.start = static_cast<int>(i);
+    out.reached[s.layout] = r;
+    ids.push_back(s.layout);
+    queue.push({s.cost_s, s.steps, ids.size() - 1});
+  }
+  while (!queue.empty()) {
+    auto [cost, steps, id] = queue.top();
+    queue.pop();
+    const Layout cur = ids[id];
+    if (done[cur]) continue;
+    const ReshardSearch::Reached here = out.reached.at(cur);
+    // A stale queue entry (the layout was reached cheaper since) is skipped.
+    if (std::tie(here.cost_s, here.steps) != std::tie(cost, steps)) continue;
+    done[cur] = 1;
+    if (stop_at != nullptr && cur == *stop_at) break;
+    for (ReshardStep& st : moves(cur, shape.rank())) {
+      // A size-1 axis moves no data: where it holds nothing now and in the
+      // target (canonical layouts, core/layout.h), it is not a detour.
+      const int a = st.mesh_axis;
+      if (mesh.size(a) == 1 && cur.at(a).is_replicate() &&
+          (stop_at == nullptr || stop_at->at(a).is_replicate()))
+        continue;
+      if (!divides_evenly(st.after, mesh, shape)) continue;
+      price_step(shape, mesh, model, &st);
+      double c = cost + st.cost_s;
+      int n = steps + 1;
+      auto it = out.reached.find(st.after);
+      if (it != out.reached.end() &&
+          (done[st.after] || std::tie(it->second.cost_s, it->second.steps) <= std::tie(c, n))) {
+        continue;
+      }
+      ReshardSearch::Reached r;
+      r.cost_s = c, r.steps = n, r.start = here.start, r.has_prev = true, r.prev = cur, r.step = st;
+      out.reached[st.after] = r;
+      ids.push_back(st.after);
+      queue.push({c, n, ids.size() - 1});
+    }
+  }
+  return out;
+}
 
 Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Layout& src,
                                  const Layout& dst, const ReshardCostModel& model) {
   MF_RETURN_IF_ERROR(validate(src, mesh, shape).with_context("reshard source"));
   MF_RETURN_IF_ERROR(validate(dst, mesh, shape).with_context("reshard target"));
-  using Key = std::tuple<double, int, size_t>;  // cost, steps, id
-  std::vector<Layout> ids;
-  std::unordered_map<Layout, Visit> seen;
-  std::priority_queue<Key, std::vector<Key>, std::greater<Key>> queue;
-  seen[src] = Visit{};
-  ids.push_back(src);
-  queue.push({0.0, 0, 0});
-  bool found = false;
-  while (!queue.empty()) {
-    auto [cost, steps, id] = queue.top();
-    queue.pop();
-    const Layout cur = ids[id];
-    Visit& v = seen[cur];
-    if (v.done) continue;
-    v.done = true;
-    if (cur == dst) {
-      found = true;
-      break;
-    }
-    for (ReshardStep& st : moves(cur, shape.rank())) {
-      // A size-1 axis moves no data: where it holds nothing now and in the
-      // target (canonical layouts, core/layout.h), it is not a detour.
-      const int a = st.mesh_axis;
-      if (mesh.size(a) == 1 && cur.at(a).is_replicate() && dst.at(a).is_replicate()) continue;
-      if (!divides_evenly(st.after, mesh, shape)) continue;
-      price_step(shape, mesh, model, &st);
-      double c = cost + st.cost_s;
-      int n = steps + 1;
-      auto it = seen.find(st.after);
-      if (it != seen.end() &&
-          (it->second.done || std::tie(it->second.cost, it->second.steps) <= std::tie(c, n))) {
-        continue;
-      }
-      Visit nv;
-      nv.cost = c, nv.steps = n, nv.has_prev = true, nv.prev = cur, nv.step = st;
-      seen[st.after] = nv;
-      ids.push_back(st.after);
-      queue.push({c, n, ids.size() - 1});
-    }
-  }
-  if (!found) {
+  const ReshardSearch search = search_reshards(shape, mesh, {{src, 0, 0}}, model, &dst);
+  if (!search.reached.count(dst)) {
     return Status::invalid("reshard " + src.to_string() + " -> " + dst.to_string() + " of " +
                            shape.to_string() + " on mesh " + mesh.to_string() +
                            ": no sequence of steps reaches the target with every intermediate "
                            "layout dividing the shape evenly");
   }
-  ReshardPlan plan{src, dst, {}, 0, 0};
-  for (Layout at = dst; seen[at].has_prev; at = seen[at].prev) {
-    plan.steps.insert(plan.steps.begin(), seen[at].step);
-  }
+  ReshardPlan plan{src, dst, search.steps_to(dst), 0, 0};
   for (const ReshardStep& st : plan.steps) {
     plan.cost_s += st.cost_s;
     plan.bytes_per_rank += st.bytes_per_rank;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "meshflow/core/layout.h"
@@ -84,6 +85,38 @@ struct ReshardPlan {
 // layouts, dims and sizes.
 Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Layout& src,
                                  const Layout& dst, const ReshardCostModel& model = {});
+
+// The search plan_reshard runs, kept whole: from one or more start layouts
+// (each with the cost and step count it starts at), the cheapest way to every
+// layout reached. plan_reshape (parallel/reshape_layout.h) joins two searches
+// at a reshape: the input's from the source, the output's seeded with where
+// each reached input layout lands when reshaped locally.
+struct ReshardStart {
+  Layout layout;
+  double cost_s = 0;
+  int steps = 0;
+};
+struct ReshardSearch {
+  struct Reached {
+    double cost_s = 0;
+    int steps = 0;
+    int start = -1;  // index into the starts
+    bool has_prev = false;
+    Layout prev;
+    ReshardStep step;  // prev -> this layout (has_prev)
+  };
+  std::unordered_map<Layout, Reached> reached;
+  // The steps from its start to `l`, in order. REQUIRES: reached.count(l).
+  std::vector<ReshardStep> steps_to(const Layout& l) const;
+};
+// Dijkstra from `starts` over the one-axis moves above (every intermediate
+// layout dividing `shape`). With `stop_at`, it stops once that layout is
+// settled (and moves nothing onto a size-1 mesh axis that layout leaves
+// whole); without, it settles every reachable layout. REQUIRES: the starts
+// are valid for shape and mesh.
+ReshardSearch search_reshards(const Shape& shape, const Mesh& mesh,
+                              const std::vector<ReshardStart>& starts,
+                              const ReshardCostModel& model, const Layout* stop_at = nullptr);
 
 // The cost of one step from `before` on `axis` (fills bytes_per_rank and cost_s).
 // REQUIRES: before and after are valid for shape and mesh.
