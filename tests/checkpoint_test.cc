@@ -119,6 +119,8 @@ TEST(Checkpoint, ResumeIsBitIdenticalAtEveryPlan) {
       {"dp2-zero1", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 1}}, 2},
       {"dp2-zero2", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 2}}, 2},
       {"dp2-zero3", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 3}}, 2},
+      // Weights grouping: each optimizer state on its owner alone, who writes it.
+      {"dp4-zero1-group", {{"mode", "data"}, {"zero", 1}, {"zero_style", "group"}}, 4},
       {"recompute-mb2", nullptr, 1, {{"recompute", "full"}, {"micro_batches", 2}}},
       {"pp2-1f1b", {{"pipeline", pipe}}, 2},
       {"pp2-zb-dp2",
@@ -189,6 +191,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlanAndTrainsOn) {
   const std::vector<PlanCase> targets = {
       {"tp2 x dp2", {{"mode", "semi"}, {"mesh", "dp=2,tp=2"}, {"preset", "megatron"}}, 4},
       {"dp2 zero1", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 1}}, 2},
+      {"dp4 zero1 group", {{"mode", "data"}, {"zero", 1}, {"zero_style", "group"}}, 4},
       {"pp2", {{"pipeline", {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}}}}, 2},
       {"one rank", nullptr, 1},
   };
@@ -208,6 +211,42 @@ TEST(Checkpoint, LoadsIntoAnotherPlanAndTrainsOn) {
   EXPECT_TRUE(std::isfinite(back->losses[0]));
   fs::remove_all(dir);
   fs::remove_all(dir2);
+}
+
+// A weights-grouping checkpoint (each optimizer state written whole by its
+// owner) holds every state once and loads into plans that shard or replicate
+// the state, and into another grouping: the next two steps equal the source
+// plan's own.
+TEST(Checkpoint, WeightGroupsCheckpointLoadsIntoOtherPlans) {
+  json gpt = small_gpt();
+  gpt["resid_pdrop"] = 0.0, gpt["embd_pdrop"] = 0.0;
+  const json group4 = {{"mode", "data"}, {"zero", 1}, {"zero_style", "group"}};
+  const RunConfig src = run_config(gpt, group4, 4);
+  const std::string dir = temp_dir("groups");
+  Result<TrainRun> whole = train(src, 4, 4, "", "");
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  ASSERT_TRUE(train(src, 4, 2, "", dir).is_ok());
+  Result<CheckpointManifest> m = open_checkpoint(dir);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  int params = 0, states = 0;
+  for (const auto& [name, t] : m->tensors) {
+    params += t.kind == "parameter";
+    states += t.kind == "optimizer";
+  }
+  EXPECT_EQ(states, 2 * params);  // AdamW's two moments of every parameter
+  const std::vector<PlanCase> targets = {
+      {"dp2 zero1 shard", {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}, {"zero", 1}}, 2},
+      {"dp2 group", {{"mode", "data"}, {"zero", 1}, {"zero_style", "group"}}, 2},
+      {"one rank", nullptr, 1},
+  };
+  for (const PlanCase& c : targets) {
+    SCOPED_TRACE(c.name);
+    Result<TrainRun> r = train(run_config(gpt, c.parallel, 4), c.ranks, 2, dir, "");
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_NEAR(r->losses[0], whole->losses[2], 2e-5 * std::abs(whole->losses[2]));
+    EXPECT_NEAR(r->losses[1], whole->losses[3], 2e-5 * std::abs(whole->losses[3]));
+  }
+  fs::remove_all(dir);
 }
 
 // ---- damaged, foreign and interrupted checkpoints ----

@@ -6,10 +6,10 @@
 #include <map>
 
 #include "meshflow/engine/job.h"
-#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/configured.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/runtime/grad_buckets.h"
 #include "meshflow/runtime/progress.h"
 
@@ -44,6 +44,7 @@ std::string explain_text(const Graph& g, const Annotation& a, const LocalProgram
       out += line;
     }
   }
+  if (a.groups.on()) out += "\n" + a.groups.summary(a.mesh) + "\n";
   out += "\ncollectives inserted (per micro-batch in forward/backward, per step in optimizer):\n";
   struct Total {
     int count = 0;

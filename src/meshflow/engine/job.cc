@@ -227,7 +227,8 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     job.notes.push_back("parallel.zero=" + str(par.zero) +
                         " in mode \"data\" runs on the partitioner (preset \"dp\": the batch "
                         "split over dp, ZeRO-" +
-                        str(par.zero) + " over dp)");
+                        str(par.zero) + " over dp" +
+                        (par.zero_style == "group" ? ", weights grouping" : "") + ")");
   }
   job.partitioned = job.mode != ParallelMode::kData;
 
@@ -269,6 +270,11 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
         return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +
                                " differs from pipeline.micro_batches=" + str(pc.micro_batches) +
                                "; set only pipeline.micro_batches (or both to the same number)");
+      if (par.zero_style == "group")
+        return Status::invalid(
+            "parallel.zero_style \"group\" (weights grouping) runs on one program per rank, "
+            "not with parallel.pipeline (" +
+            str(pc.stages) + " stages); use \"zero_style\": \"shard\" with the pipeline");
       if (job.partitioned) {
         MF_ASSIGN_OR_RETURN(job.mesh, spmd_stage_mesh(par, pc.stages, world));
       } else {

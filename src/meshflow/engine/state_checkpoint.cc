@@ -54,7 +54,8 @@ std::set<std::string> state_names(const Graph& global) {
 }
 
 StateBlock state_block(const std::string& name, const std::string& kind, const Shape& global,
-                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage) {
+                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage,
+                       int sole_axis) {
   MF_CHECK(!layout.has_partial()) << "checkpoint: '" << name << "' is a partial sum";
   StateBlock b;
   b.block.name = name;
@@ -66,7 +67,8 @@ StateBlock state_block(const std::string& name, const std::string& kind, const S
   const std::vector<int> coords = mesh.coords(rank);
   b.write = true;
   for (int a = 0; a < mesh.num_axes(); ++a)
-    if (!layout.at(a).is_shard() && coords[static_cast<size_t>(a)] != 0) b.write = false;
+    if (a != sole_axis && !layout.at(a).is_shard() && coords[static_cast<size_t>(a)] != 0)
+      b.write = false;
   return b;
 }
 

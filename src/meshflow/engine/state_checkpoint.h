@@ -44,9 +44,12 @@ std::set<std::string> state_names(const Graph& global);
 
 // The block of a global tensor a rank of `mesh` holds under `layout`, and
 // whether it is that block's first holder (coordinate 0 on every mesh axis
-// that does not split it). REQUIRES: the layout has no Partial placement.
+// that does not split it). `sole_axis` (>= 0): the axis along which one
+// coordinate alone holds the value (a weights group's optimizer state, on
+// its owner), so that coordinate writes it. REQUIRES: no Partial placement.
 StateBlock state_block(const std::string& name, const std::string& kind, const Shape& global,
-                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage);
+                       const Mesh& mesh, const Layout& layout, int rank, Tensor* storage,
+                       int sole_axis = -1);
 
 // What a manifest records beside the tensors after `step` steps: the model,
 // the plan (`plan`: Job::describe) and world, the data cursor (seed, batch,

@@ -245,6 +245,11 @@ ValueId Builder::all_to_all(ValueId x, int gather_dim, int split_dim, int axis, 
                             const std::string& name) {
   return op1(OpKind::kAllToAll, {x}, group_attrs(axis, group, {gather_dim, split_dim}), name);
 }
+void Builder::broadcast(ValueId x, int root, int axis, int group, const std::string& name) {
+  Attrs at = group_attrs(axis, group, {});
+  at.ints = {root};
+  op(OpKind::kBroadcast, {x}, at, name);
+}
 
 ValueId Builder::reshape(ValueId x, Shape target, const std::string& name) {
   Attrs at;

@@ -156,6 +156,8 @@ class Builder {
   ValueId reduce_scatter(ValueId x, int dim, int axis, int group, const std::string& name = "");
   ValueId all_to_all(ValueId x, int gather_dim, int split_dim, int axis, int group,
                      const std::string& name = "");
+  // x := member `root`'s x on every member, in place (root: a coordinate on the axis).
+  void broadcast(ValueId x, int root, int axis, int group, const std::string& name = "");
 
  private:
   friend class Scope;

@@ -9,6 +9,9 @@
 //   all_reduce(x)      out = sum over members                               (same shape)
 //   all_to_all(x)      axes {i, j}: block c of dim j goes to member c; the
 //                      blocks received are concatenated along i             (i * n, j / n)
+//   broadcast(x)       ints {root}: x := member root's x, in place (no outputs,
+//                      optimizer phase): weights grouping's parameter, sent
+//                      updated by its owner to the others
 //   shard_slice(x)     axes {d}: keep this member's block of d, no traffic  (dim d / n)
 //   partial_mask(x)    member 0 keeps x, the others zero: R -> Partial      (same shape)
 //   neighbor_exchange(x)  axes {d}, ints {lo, hi}: x extended along d by the
@@ -22,7 +25,8 @@
 // Gradients follow "the loss is one replicated value": all_gather <->
 // shard_slice, reduce_scatter -> all_gather, all_reduce -> identity (each
 // addend's gradient is the replicated cotangent), all_to_all -> all_to_all
-// with i and j swapped, partial_mask -> identity.
+// with i and j swapped, partial_mask -> identity; broadcast has none (it only
+// runs in the optimizer phase, after the gradients).
 #include <algorithm>
 #include <cmath>
 
@@ -38,8 +42,8 @@ Status check_group(const Graph& g, const Node& n, int dims_needed) {
   MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
   // Moves (gather, all_to_all, slice) carry any 4-byte dtype bit for bit
   // (token ids too); reductions need f32.
-  const bool moves =
-      n.kind == OpKind::kAllGather || n.kind == OpKind::kAllToAll || n.kind == OpKind::kShardSlice;
+  const bool moves = n.kind == OpKind::kAllGather || n.kind == OpKind::kAllToAll ||
+                     n.kind == OpKind::kShardSlice || n.kind == OpKind::kBroadcast;
   if (!moves || g.value(n.inputs[0]).dtype != DType::I32)
     MF_RETURN_IF_ERROR(expect_dtype(g, n, 0, DType::F32));
   if (n.attrs.mesh_axis < 0 || n.attrs.group_size < 1)
@@ -87,6 +91,17 @@ Status infer_split(const Graph& g, const Node& n, std::vector<Value>* outs) {
 Status infer_same(const Graph& g, const Node& n, std::vector<Value>* outs) {
   MF_RETURN_IF_ERROR(check_group(g, n, 0));
   outs->push_back(out_value(g.shape(n.inputs[0])));
+  return Status::ok();
+}
+
+Status infer_broadcast(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(check_group(g, n, 0));
+  if (n.attrs.ints.size() != 1 || n.attrs.ints[0] < 0 || n.attrs.ints[0] >= n.attrs.group_size)
+    return Status::invalid(
+        node_label(n) + ": needs ints {root} with 0 <= root < " +
+        std::to_string(n.attrs.group_size) + " (the group's size)" +
+        (n.attrs.ints.size() == 1 ? ", got " + std::to_string(n.attrs.ints[0]) : std::string()));
+  (void)outs;  // in place
   return Status::ok();
 }
 
@@ -157,7 +172,8 @@ void grad_shard_slice(GradContext& c, const Node& n) {
 // cost model report; no FLOPs but all_reduce's / reduce_scatter's additions.
 OpCost cost_collective(const Graph& g, const Node& n) {
   const double in = 4.0 * static_cast<double>(g.shape(n.inputs[0]).numel());
-  const double out = 4.0 * static_cast<double>(g.shape(n.outputs[0]).numel());
+  const double out =
+      n.outputs.empty() ? in : 4.0 * static_cast<double>(g.shape(n.outputs[0]).numel());
   const double k = static_cast<double>(n.attrs.group_size);
   OpCost c;
   switch (n.kind) {
@@ -173,6 +189,9 @@ OpCost cost_collective(const Graph& g, const Node& n) {
       c.flops = in / 4 * (k - 1) / k;
       break;
     case OpKind::kAllToAll:
+      c.bytes = in * (k - 1) / k;
+      break;
+    case OpKind::kBroadcast:  // pipelined from the root: n-1 of n ranks forward the buffer
       c.bytes = in * (k - 1) / k;
       break;
     case OpKind::kNeighborExchange:
@@ -207,7 +226,7 @@ ShardingRule sharding_local(const Graph& g, const Node& n) {
 
 bool is_collective(OpKind k) {
   return k == OpKind::kAllGather || k == OpKind::kReduceScatter || k == OpKind::kAllReduce ||
-         k == OpKind::kAllToAll;
+         k == OpKind::kAllToAll || k == OpKind::kBroadcast;
 }
 
 void register_collective_ops(OpTable& t) {
@@ -215,6 +234,7 @@ void register_collective_ops(OpTable& t) {
   add_op(t, OpKind::kReduceScatter, 1, infer_split, grad_reduce_scatter, cost_collective);
   add_op(t, OpKind::kAllReduce, 1, infer_same, grad_identity, cost_collective);
   add_op(t, OpKind::kAllToAll, 1, infer_all_to_all, grad_all_to_all, cost_collective);
+  add_op(t, OpKind::kBroadcast, 1, infer_broadcast, nullptr, cost_collective, /*mutates=*/1u);
   add_op(t, OpKind::kShardSlice, 1, infer_split, grad_shard_slice, cost_collective);
   add_op(t, OpKind::kPartialMask, 1, infer_same, grad_identity, cost_collective);
   add_op(t, OpKind::kAssign, 2, infer_assign, nullptr, nullptr, /*mutates=*/1u);
@@ -222,8 +242,8 @@ void register_collective_ops(OpTable& t) {
          cost_collective);
   add_op(t, OpKind::kNeighborExchangeGrad, 1, infer_neighbor_exchange, nullptr, cost_collective);
   for (OpKind k : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllReduce,
-                   OpKind::kAllToAll, OpKind::kShardSlice, OpKind::kPartialMask, OpKind::kAssign,
-                   OpKind::kNeighborExchange, OpKind::kNeighborExchangeGrad})
+                   OpKind::kAllToAll, OpKind::kBroadcast, OpKind::kShardSlice, OpKind::kPartialMask,
+                   OpKind::kAssign, OpKind::kNeighborExchange, OpKind::kNeighborExchangeGrad})
     set_sharding(t, k, sharding_local);
 }
 

@@ -112,8 +112,8 @@ void set_local_attrs(OpTable& t, OpKind kind, LocalAttrsFn fn);
 // The collectives node n's kernel runs inside itself (empty for most ops).
 std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n);
 
-// all_gather, reduce_scatter, all_reduce, all_to_all: the ops that move data
-// between ranks (shard_slice and partial_mask are local).
+// all_gather, reduce_scatter, all_reduce, all_to_all, broadcast: the ops that
+// move data between ranks (shard_slice and partial_mask are local).
 bool is_collective(OpKind k);
 
 // Helpers shared by the shape rules.

@@ -26,7 +26,9 @@ Status verify(const Graph& g) {
       if (v < 0 || v >= g.num_values() || !defined[v])
         return Status::internal(where + ": input " + std::to_string(i) + " (%" + std::to_string(v) +
                                 ") is not defined before use");
-      if (mutated[v])
+      // A later in-place writer of the same value may read it (weights
+      // grouping's broadcast overwrites the owner's updated parameter).
+      if (mutated[v] && !(def.mutates & (1u << i)))
         return Status::internal(where + ": reads %" + std::to_string(v) + " '" + g.value(v).name +
                                 "' after an optimizer op updated it");
     }

@@ -13,8 +13,9 @@
 namespace meshflow {
 
 // Checks the graph's invariants (ir/graph.h): inputs defined before use, output types match
-// the op's shape rule, no read of a value after an op mutated it, names unique
-// for sources. Returns the first violation, naming the node.
+// the op's shape rule, no read of a source after an op mutated it (except by a
+// later in-place writer of it: weights grouping's broadcast), names unique for
+// sources. Returns the first violation, naming the node.
 Status verify(const Graph& g);
 
 // Run at the end of every pass: in debug builds, verify(g) and stop with the

@@ -14,6 +14,8 @@ const char* collective_name(Collective c) {
       return "reduce_scatter";
     case Collective::kAllToAll:
       return "all_to_all";
+    case Collective::kBroadcast:
+      return "broadcast";
     case Collective::kSendRecv:
       return "send_recv";
   }
@@ -28,6 +30,8 @@ Collective collective_of(OpKind kind) {
       return Collective::kReduceScatter;
     case OpKind::kAllToAll:
       return Collective::kAllToAll;
+    case OpKind::kBroadcast:
+      return Collective::kBroadcast;
     case OpKind::kNeighborExchange:
     case OpKind::kNeighborExchangeGrad:
       return Collective::kSendRecv;
@@ -50,7 +54,10 @@ double collective_time_s(Collective c, int64_t n, double bytes, const Link& link
   if (n == 1) return 0;
   const double steps = static_cast<double>(n - 1);
   const double rounds = c == Collective::kAllReduce ? 2 * steps : steps;
-  return rounds * link.latency_s + collective_bytes_per_rank(c, n, bytes) / bw;
+  // A broadcast's pipeline carries the whole buffer over every link.
+  const double carried =
+      c == Collective::kBroadcast ? bytes : collective_bytes_per_rank(c, n, bytes);
+  return rounds * link.latency_s + carried / bw;
 }
 
 }  // namespace meshflow

@@ -23,19 +23,23 @@ struct Link {
   double effective_bandwidth() const { return bandwidth_bytes_per_s * efficiency; }
 };
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kSendRecv };
 const char* collective_name(Collective c);  // "all_reduce", ...
-// The collective a graph op runs (all_gather, reduce_scatter, all_to_all;
-// all_reduce for the rest).
+// The collective a graph op runs (all_gather, reduce_scatter, all_to_all,
+// broadcast; all_reduce for the rest).
 Collective collective_of(OpKind kind);
 
 // Ring alpha-beta time of one collective over `n` ranks on `link`; `bytes` is
 // the full buffer (all_reduce: the buffer; all_gather: the gathered output;
-// reduce_scatter: the input; all_to_all: one rank's input; send_recv: the message).
+// reduce_scatter: the input; all_to_all: one rank's input; broadcast: the
+// buffer; send_recv: the message).
 //   all_reduce      2(n-1) alpha + 2(n-1)/n bytes / bw
 //   all_gather,
 //   reduce_scatter,
 //   all_to_all      (n-1) alpha +  (n-1)/n bytes / bw
+//   broadcast       (n-1) alpha +        bytes / bw   (a pipelined ring from the
+//                   root: every link carries the whole buffer once; n-1 of the
+//                   n ranks send it, so (n-1)/n bytes per rank on average)
 //   send_recv       alpha + bytes / bw
 // with bw = link bandwidth * efficiency. n == 1: 0 (send_recv: its one message).
 // REQUIRES: n >= 1, link bandwidth and efficiency > 0.

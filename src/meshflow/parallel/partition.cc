@@ -12,6 +12,7 @@
 #include "meshflow/core/check.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/verify.h"
+#include "meshflow/parallel/reshape_layout.h"
 
 namespace meshflow {
 
@@ -140,6 +141,13 @@ class Annotator {
     find_update_reads();
     a_.mesh = mesh_;
     a_.zero_stage = o_.zero_stage;
+    if (o_.weight_groups) {
+      // Balanced by the bytes one rank stores of each parameter.
+      MF_ASSIGN_OR_RETURN(a_.groups, group_weights(g_, mesh_, o_.zero_axis, [&](ValueId p) {
+                            const Result<Shape> s = local_shape(g_.shape(p), mesh_, stored_[p]);
+                            return s.is_ok() ? s->numel() * int64_t{4} : int64_t{0};
+                          }));
+    }
     a_.node.resize(g_.num_nodes());
     a_.source.resize(g_.num_nodes());
     a_.why.resize(g_.num_nodes());
@@ -185,6 +193,9 @@ class Annotator {
     if (o_.zero_stage < 0 || o_.zero_stage > 3)
       return Status::invalid("zero stage " + std::to_string(o_.zero_stage) +
                              " is not one of 0, 1, 2, 3");
+    if (o_.weight_groups && o_.zero_stage != 1)
+      return Status::invalid("weights grouping is a form of ZeRO stage 1, but the zero stage is " +
+                             std::to_string(o_.zero_stage) + "; use stage 1 with it");
     if (o_.zero_stage > 0 && (o_.zero_axis < 0 || o_.zero_axis >= na_))
       return Status::invalid("ZeRO needs the data-parallel mesh axis; the mesh " +
                              mesh_.to_string() + " has axes 0.." + std::to_string(na_ - 1));
@@ -340,11 +351,13 @@ class Annotator {
     return Status::ok();
   }
 
-  // The layout an update runs in: its parameter's, split over the ZeRO axis from stage 1.
+  // The layout an update runs in: its parameter's, split over the ZeRO axis
+  // from stage 1 (weights grouping: whole, on the parameter's owner).
   Layout update_layout(const Node& n) const {
     const ValueId p = n.inputs[0];
-    return o_.zero_stage >= 1 ? zero_shard(stored_[p], g_.shape(p), mesh_, o_.zero_axis)
-                              : stored_[p];
+    return o_.zero_stage >= 1 && !o_.weight_groups
+               ? zero_shard(stored_[p], g_.shape(p), mesh_, o_.zero_axis)
+               : stored_[p];
   }
 
   // Where optimizer updates will read their (non-source) inputs: the gradients.
@@ -403,7 +416,11 @@ class Annotator {
   Found from_fixed(NodeId id, const Node& n) {
     auto f = o_.fixed.find(id);
     if (f == o_.fixed.end()) return std::optional<Choice>();
-    MF_RETURN_IF_ERROR(validate_strategy(g_, n, mesh_, f->second.inputs, f->second.outputs));
+    // A reshape takes any layouts that divide its shapes: the lowering routes
+    // between them (reshape_layout.h).
+    MF_RETURN_IF_ERROR(n.kind == OpKind::kReshape
+                           ? validate_reshape_strategy(g_, n, mesh_, f->second)
+                           : validate_strategy(g_, n, mesh_, f->second.inputs, f->second.outputs));
     return std::optional<Choice>(Choice{f->second, StrategySource::kFixed, ""});
   }
 
@@ -499,6 +516,7 @@ class Annotator {
       if (requested_.count({n.inputs[i], c.inputs[i].to_string(), n.phase})) continue;
       total += cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]);
     }
+    if (n.kind == OpKind::kReshape && total <= bound) total += reshape_cost(n, c);
     for (size_t i = 0; i < n.outputs.size() && total < bound; ++i) {
       const ValueId out = n.outputs[i];
       const std::optional<Layout> w = stay_with(n, out);
@@ -530,6 +548,7 @@ class Annotator {
       if (outs.is_ok()) cands.push_back({std::move(ins), std::move(*outs)});
     }
     for (ShardingStrategy& s : enumerate_strategies(g_, n, mesh_)) cands.push_back(std::move(s));
+    if (n.kind == OpKind::kReshape) add_reshape_routes(n, &cands);
     double best = kInf;
     int best_i = -1;
     bool best_partial = true;
@@ -548,6 +567,41 @@ class Annotator {
       return Status::invalid(node_label(n) + ": no strategy on the mesh " + mesh_.to_string() +
                              " can be reached from its inputs' layouts");
     return std::optional<Choice>(Choice{std::move(cands[best_i]), StrategySource::kPropagated, ""});
+  }
+
+  // A reshape may also read its input where it is and write its output in a
+  // layout no per-rank reshape gives (reshape_layout.h): the lowering inserts
+  // the cheapest route. Appended after the rule's strategies, so a route wins
+  // only where it is strictly cheaper. Outputs tried: the rule's strategies',
+  // the rules' wish, whole.
+  void add_reshape_routes(const Node& n, std::vector<ShardingStrategy>* cands) const {
+    const ValueId out = n.outputs[0];
+    std::vector<Layout> outs = {Layout::Replicated(na_)};
+    if (!o_.rules.rules.empty()) outs.push_back(desired_[out]);
+    for (const ShardingStrategy& c : *cands) outs.push_back(c.outputs[0]);
+    std::set<std::string> seen;
+    for (const Layout& l : outs) {
+      const Layout o = canonical(l, mesh_);
+      if (o.has_partial() || !seen.insert(o.to_string()).second) continue;
+      if (!divides_evenly(o, mesh_, g_.shape(out))) continue;
+      cands->push_back({{current(n.inputs[0])}, {o}});
+    }
+  }
+
+  // What reshape n's route from c.inputs[0] to c.outputs[0] costs: zero where
+  // each rank reshapes its own block, else plan_reshape's (+ a nanosecond per
+  // collective, as CostCache breaks ties).
+  double reshape_cost(const Node& n, const ShardingStrategy& c) {
+    const Shape& in = g_.shape(n.inputs[0]);
+    const Shape& out = g_.shape(n.outputs[0]);
+    const std::optional<Layout> local = reshape_block_layout(in, out, mesh_, c.inputs[0]);
+    if (local && *local == canonical(c.outputs[0], mesh_)) return 0;
+    const std::string key = in.to_string() + c.inputs[0].to_string() + ">" + out.to_string();
+    auto it = routes_.find(key);
+    if (it == routes_.end())
+      it = routes_.emplace(key, ReshapeRoutes(in, out, mesh_, c.inputs[0], o_.cost)).first;
+    const Result<ReshapePlan> plan = it->second.plan(c.outputs[0]);
+    return plan.is_ok() ? plan->cost_s + 1e-9 * plan->num_collectives() : kInf;
   }
 
   // A weight's layout asked by its configured consumers (resolve_weights_from_users).
@@ -573,6 +627,7 @@ class Annotator {
   std::vector<std::string> source_why_;
   std::map<ValueId, Layout> update_reads_;
   std::set<std::tuple<ValueId, std::string, Phase>> requested_;
+  std::unordered_map<std::string, ReshapeRoutes> routes_;  // by (shape of x, layout, shape of y)
   Annotation a_;
 };
 
@@ -635,6 +690,10 @@ class Lowering {
     p_.mesh = a.mesh;
     p_.rank = rank;
     p_.local_of.assign(g.num_values(), kNoValue);
+    if (a.groups.on()) {
+      coord_ = a.mesh.coords(rank)[static_cast<size_t>(a.groups.axis)];
+      for (const WeightGroups::Member& m : a.groups.members) member_of_update_[m.update] = &m;
+    }
   }
 
   Result<LocalProgram> run() {
@@ -843,7 +902,83 @@ class Lowering {
     return count_;
   }
 
+  // Parameter `param` := local value `cur` (an updated copy), in update n's phase.
+  void emit_assign(ValueId param, ValueId cur, const Node& n) {
+    Node as;
+    as.kind = OpKind::kAssign;
+    as.name = g_.value(param).name + "/assign";
+    as.inputs = {p_.local_of[param], cur};
+    as.phase = n.phase;
+    as.layer = n.layer;
+    add(as, {}, kNoValue, {});
+  }
+
+  // ---- weights grouping (parallel/weight_groups.h) ----
+
+  // A grouped parameter's optimizer state lives on its owner only: that is
+  // the memory weights grouping saves.
+  bool held_here(ValueId state) const {
+    const int owner = a_.groups.owner_of(state);
+    return owner < 0 || owner == coord_;
+  }
+
+  // The node as without grouping, except: another group's optimizer state is
+  // not stored here, another group's update not run here; after the last
+  // update, every parameter comes from its owner (emit_broadcasts).
   Status lower_node(NodeId id) {
+    const WeightGroups& wg = a_.groups;
+    if (!wg.on()) return emit_node(id);
+    const Node& n = g_.node(id);
+    if (n.kind == OpKind::kState && !held_here(n.outputs[0])) return Status::ok();
+    auto m = member_of_update_.find(id);
+    if (m == member_of_update_.end()) return emit_node(id);
+    if (m->second->owner == coord_) {
+      MF_RETURN_IF_ERROR(emit_node(id));
+    } else {
+      // Another rank's update: its other inputs are read as the owner reads
+      // them (the same reshards: collectives match by order on every rank).
+      const ShardingStrategy& st = a_.node[id];
+      const std::vector<ValueId>& states = m->second->states;
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (std::find(states.begin(), states.end(), n.inputs[i]) == states.end())
+          MF_RETURN_IF_ERROR(get(n.inputs[i], st.inputs[i], n).status());
+    }
+    return id == wg.members.back().update ? emit_broadcasts() : Status::ok();
+  }
+
+  // After every owner has updated its group (in parallel: that is the
+  // optimizer time saved), each parameter, in the graph order of the
+  // updates, is broadcast in place from its owner over the group axis.
+  // Every rank emits the same sequence.
+  Status emit_broadcasts() {
+    const WeightGroups& wg = a_.groups;
+    const int size = mesh_.size(wg.axis);
+    for (const WeightGroups::Member& m : wg.members) {
+      const Node& u = g_.node(m.update);
+      const ValueId local = p_.local_of[m.param];
+      const Value& lv = p_.graph.value(local);
+      const Layout& l = a_.produced(g_, m.param);
+      Node b;
+      b.kind = OpKind::kBroadcast;
+      b.name = g_.value(m.param).name + "/broadcast(" + mesh_.axis_name(wg.axis) + ")";
+      b.inputs = {local};
+      b.attrs.mesh_axis = wg.axis;
+      b.attrs.group_size = size;
+      b.attrs.ints = {m.owner};
+      b.phase = u.phase;
+      b.layer = u.layer;
+      const NodeId bid = add(b, {}, kNoValue, {});
+      const double bytes = static_cast<double>(lv.shape.numel() * dtype_size(lv.dtype));
+      p_.collectives.push_back(
+          {bid, OpKind::kBroadcast, g_.value(m.param).name, u.name, u.phase,
+           mesh_.axis_name(wg.axis), l, l,
+           static_cast<int64_t>(collective_bytes_per_rank(Collective::kBroadcast, size, bytes) +
+                                0.5)});
+    }
+    return Status::ok();
+  }
+
+  Status emit_node(NodeId id) {
     const Node& n = g_.node(id);
     const ShardingStrategy& st = a_.node[id];
     Node ln = n;
@@ -868,10 +1003,23 @@ class Lowering {
         ln.inputs.push_back(lv);
       }
     }
+    // A reshape whose layouts no per-rank reshape connects runs between the
+    // layouts of its cheapest route (reshape_layout.h): the reshards of its
+    // input here, of its output after it.
+    std::optional<ReshapePlan> route;
+    if (n.kind == OpKind::kReshape) {
+      MF_ASSIGN_OR_RETURN(ReshapePlan plan, reshape_plan(n, st));
+      if (!plan.is_local()) {
+        MF_ASSIGN_OR_RETURN(ln.inputs[0], emit_steps(n.inputs[0], ln.inputs[0], plan.before, n));
+        route = std::move(plan);
+      }
+    }
+    const std::vector<Layout> out_layouts =
+        route ? std::vector<Layout>{route->local_out} : st.outputs;
     std::vector<Value> outs;
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const ValueId v = n.outputs[i];
-      MF_ASSIGN_OR_RETURN(Shape s, local(g_.shape(v), st.outputs[i]));
+      MF_ASSIGN_OR_RETURN(Shape s, local(g_.shape(v), out_layouts[i]));
       Value out = out_value(s, g_.value(v).dtype);
       out.name = g_.value(v).name;
       outs.push_back(out);
@@ -887,9 +1035,13 @@ class Lowering {
     // The update of a parameter stored whole but updated as a shard (ZeRO-1/2):
     // update a sliced copy, then gather it back into the parameter.
     const bool write_back = is_update(n.kind) && a_.produced(g_, n.inputs[0]) != st.inputs[0];
-    const NodeId lid = add(ln, outs, outs.empty() ? kNoValue : n.outputs[0], st.outputs);
+    const NodeId lid = add(ln, outs, outs.empty() ? kNoValue : n.outputs[0], out_layouts);
     for (size_t i = 0; i < n.outputs.size(); ++i)
       p_.local_of[n.outputs[i]] = p_.graph.node(lid).outputs[i];
+    if (route) {
+      MF_ASSIGN_OR_RETURN(p_.local_of[n.outputs[0]],
+                          emit_steps(n.outputs[0], p_.local_of[n.outputs[0]], route->after, n));
+    }
     // The collectives its kernel runs inside itself (op_def.h), recorded like
     // the inserted ones: a partial sum per rank reduced to the whole.
     for (const InnerCollective& ic : inner_collectives(p_.graph, p_.graph.node(lid))) {
@@ -916,13 +1068,7 @@ class Lowering {
       // Treat the updated shard as a fresh value in st.inputs[0] and reshard it.
       MF_ASSIGN_OR_RETURN(ReshardPlan plan, reshard(g_.shape(param), st.inputs[0], whole));
       MF_ASSIGN_OR_RETURN(ValueId cur, emit_steps(param, shard, plan, n));
-      Node as;
-      as.kind = OpKind::kAssign;
-      as.name = g_.value(param).name + "/assign";
-      as.inputs = {p_.local_of[param], cur};
-      as.phase = n.phase;
-      as.layer = n.layer;
-      add(as, {}, kNoValue, {});
+      emit_assign(param, cur, n);
     }
     // ZeRO-2/3: reduce-scatter a parameter's final gradient right away.
     for (ValueId v : n.outputs) {
@@ -946,15 +1092,30 @@ class Lowering {
     if (plan.is_ok()) plans_.emplace(std::move(key), *plan);
     return plan;
   }
+  // The same for a reshape node's route (reshape_layout.h).
+  Result<ReshapePlan> reshape_plan(const Node& n, const ShardingStrategy& st) {
+    const Shape& in = g_.shape(n.inputs[0]);
+    const Shape& out = g_.shape(n.outputs[0]);
+    std::string key = in.to_string() + st.inputs[0].to_string() + ">" + out.to_string() +
+                      st.outputs[0].to_string();
+    if (auto it = reshape_plans_.find(key); it != reshape_plans_.end()) return it->second;
+    Result<ReshapePlan> plan = plan_reshape(in, out, mesh_, st.inputs[0], st.outputs[0], cost_);
+    if (!plan.is_ok()) return plan.status().with_context(node_label(n));
+    reshape_plans_.emplace(std::move(key), *plan);
+    return plan;
+  }
 
   const Mesh& mesh_;
   int rank_;
   const ReshardCostModel& cost_;
   LocalProgram p_;
   std::unordered_map<std::string, ReshardPlan> plans_;
+  std::unordered_map<std::string, ReshapePlan> reshape_plans_;
   std::map<std::tuple<ValueId, std::string, int>, ValueId> cache_;
   std::map<ValueId, ValueId> grad_as_accumulated_;
   ValueId count_ = kNoValue;
+  int coord_ = -1;  // weights grouping: this rank's coordinate on the group axis
+  std::map<NodeId, const WeightGroups::Member*> member_of_update_;
 };
 
 }  // namespace

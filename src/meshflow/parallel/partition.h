@@ -11,11 +11,15 @@
 //   2. lower(): node by node in graph order; an input whose current layout is
 //      not the one its consumer reads gets the reshard planner's cheapest plan
 //      (parallel/reshard.h) as a run of collective nodes; the node is emitted
-//      with local shapes. Sources get local storage with shard-aware init.
+//      with local shapes. A reshape whose layouts no per-rank reshape connects
+//      runs inside plan_reshape's cheapest route (parallel/reshape_layout.h).
+//      Sources get local storage with shard-aware init.
 //
 // Data parallel is the plan "batch sharded on dp": a weight's gradient comes
 // out Partial on dp and the optimizer reads it Replicate, so the planner
 // inserts the all_reduce. Sequence-parallel norm weights get theirs the same way.
+// ZeRO is a layout of the optimizer's values; weights grouping (stage 1 by
+// whole parameters) is an owner per parameter (parallel/weight_groups.h).
 //
 //   Mesh mesh = value_or_throw(Mesh::parse("dp=2,tp=2"));
 //   PartitionOptions o;  o.rules = value_or_throw(DimRules::parse("batch: dp, heads: tp, ffn:
@@ -41,6 +45,7 @@
 #include "meshflow/ops/sharding_rule.h"
 #include "meshflow/parallel/reshard.h"
 #include "meshflow/parallel/strategy.h"
+#include "meshflow/parallel/weight_groups.h"
 
 namespace meshflow {
 
@@ -57,6 +62,10 @@ struct PartitionOptions {
   // parameters (all_gather before use). Each is a layout of those values.
   int zero_stage = 0;
   int zero_axis = -1;
+  // Stage 1 by whole parameters (parallel/weight_groups.h, "zero_style":
+  // "group"): each parameter's state and update on one coordinate of
+  // zero_axis, which broadcasts the updated weight. REQUIRES zero_stage 1.
+  bool weight_groups = false;
   ReshardCostModel cost;
 };
 
@@ -78,6 +87,10 @@ std::string_view strategy_source_name(StrategySource s);
 struct Annotation {
   Mesh mesh = Mesh::line(1);
   int zero_stage = 0;
+  // Weights grouping (PartitionOptions::weight_groups): the owners; lower()
+  // emits a grouped parameter's update and state on its owner only, then a
+  // broadcast from the owner and an assign on every rank.
+  WeightGroups groups;
   // lower(): the gradient-norm's Partial sums of squares are added locally and
   // reduced once (one all_reduce per mesh axis), not one all_reduce per
   // parameter. Off for a program split into pipeline chunks afterwards

@@ -481,6 +481,7 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses"});
   r.choice("search", &c.search, {"propagate", "full"});
   r.integer("zero", &c.zero, 0, 3);
+  r.choice("zero_style", &c.zero_style, {"shard", "group"});
   r.ignore({"mesh", "rules", "strategies", "pipeline"});
   r.choice("recompute", &c.recompute, {"", "none", "full", "selective"});
   MF_RETURN_IF_ERROR(r.finish());
@@ -561,6 +562,12 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
     c.rules = preset_rules(c.preset, c.mesh);
     for (auto& st : preset_strategies(c.preset, c.mesh)) c.strategies.push_back(st);
   }
+  if (c.zero_style == "group" && c.zero != 1)
+    return Status::invalid(
+        where + ".zero_style \"group\" (weights grouping: whole parameters' optimizer state " +
+        "and update on one data-parallel rank each) is a form of ZeRO stage 1, but " + where +
+        ".zero is " + std::to_string(c.zero) + "; use \"zero\": 1 with it, or \"zero_style\": " +
+        "\"shard\" (the default) for stages 2 and 3");
   if (c.zero > 0 && c.mesh.axis_index("dp") < 0)
     return Status::invalid(where + ".zero shards over the data-parallel axis, but the mesh " +
                            c.mesh.to_string() + " has no axis named dp");

@@ -14,6 +14,7 @@
 // 3. StrategyConfig: the run config's "parallel" object (strict keys):
 //      {"mode": "hybrid", "mesh": {"dp": 2, "tp": 2}, "rules": {"batch": "dp"},
 //       "strategies": {"h.*.mlp.c_fc": "((dp, 1), (1, tp))"}}
+//      {"mode": "data", "zero": 1, "zero_style": "group"}   // weights grouping
 //      StrategyConfig c = value_or_throw(parse_strategy_config(j));
 #pragma once
 
@@ -120,6 +121,13 @@ struct StrategyConfig {
   std::string preset;                // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
   std::string search = "propagate";  // auto mode: "propagate" | "full"
   int zero = 0;                      // ZeRO stage over the dp axis
+  // How stage 1 splits the optimizer over dp: "shard" (every parameter's state
+  // and update sliced N ways, the slices all-gathered: ZeRO-1, MindSpore's
+  // weights sharding) or "group" (whole parameters balanced by size into N
+  // groups, each rank keeps and updates its group's, the owner broadcasts the
+  // updated weight: MindSpore's weights grouping, PyTorch's
+  // ZeroRedundancyOptimizer, Lightning's "ddp_sharded"). "group" needs zero 1.
+  std::string zero_style = "shard";
   // "pipeline": {...} (engine/pipeline_trainer.h parse_pipeline_config), kept raw here.
   nlohmann::json pipeline;
   // "recompute": "none" | "full" | "selective" as a plan writes it (the same

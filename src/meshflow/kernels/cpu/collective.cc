@@ -104,6 +104,12 @@ void all_to_all_kernel(const KernelCall& c) {
   unpack_chunks(got.data(), chunk, i, n, c.out[0], dt);
 }
 
+// ints {root}: the root's buffer on every member, in place.
+void broadcast_kernel(const KernelCall& c) {
+  check(c,
+        group(c).broadcast(c.in[0], numel_in(c), dtype_in(c), static_cast<int>(c.attrs().ints[0])));
+}
+
 void shard_slice_kernel(const KernelCall& c) {
   const int n = c.attrs().group_size, d = static_cast<int>(c.attrs().axes[0]);
   const int coord = c.comms ? c.comms->axis(c.attrs().mesh_axis).rank() : 0;
@@ -137,6 +143,7 @@ void register_collective_kernels(KernelTable& t) {
   t[static_cast<int>(OpKind::kReduceScatter)] = reduce_scatter_kernel;
   t[static_cast<int>(OpKind::kAllReduce)] = all_reduce_kernel;
   t[static_cast<int>(OpKind::kAllToAll)] = all_to_all_kernel;
+  t[static_cast<int>(OpKind::kBroadcast)] = broadcast_kernel;
   t[static_cast<int>(OpKind::kShardSlice)] = shard_slice_kernel;
   t[static_cast<int>(OpKind::kPartialMask)] = partial_mask_kernel;
   t[static_cast<int>(OpKind::kNeighborExchange)] = neighbor_exchange_kernel;
