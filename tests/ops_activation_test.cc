@@ -20,7 +20,7 @@ using testing::S;
 // Runs the forward of g with the given feeds and returns y.
 std::vector<float> run_forward(const Graph& g, ValueId y,
                                const std::map<std::string, Tensor>& feeds) {
-  Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}, .offload = {}});
   for (const auto& [name, t] : feeds) throw_if_error(ex.feed(name, t));
   ex.run(ex.eval_order());
   const float* p = ex.data_f(y);

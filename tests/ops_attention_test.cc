@@ -139,7 +139,8 @@ TEST_P(AttentionCases, MatchesNaiveForwardAndBackward) {
   EXPECT_EQ(g.shape(o[1]).to_string(), q_shape(a.B, a.H, a.T, a.D).slice(0, 3).to_string());
   ASSERT_TRUE(verify(g).is_ok());
 
-  Executor ex(g, {.seed = 0, .fetch = {o[0], o[1], d[0], d[1], d[2]}, .run_elsewhere = {}});
+  Executor ex(
+      g, {.seed = 0, .fetch = {o[0], o[1], d[0], d[1], d[2]}, .run_elsewhere = {}, .offload = {}});
   Tensor tq = random_tensor(g.shape(q), 1), tk = random_tensor(g.shape(k), 2);
   Tensor tv = random_tensor(g.shape(v), 3), tdo = random_tensor(g.shape(dout), 4);
   ASSERT_TRUE(ex.feed("q", tq).is_ok());
@@ -191,7 +192,7 @@ TEST(Attention, SameBitsForAnyThreadCount) {
   std::vector<ValueId> d =
       b.op(OpKind::kAttentionGrad, {dout, q, k, v, o[0], o[1]}, attn_attrs(a), "attn_grad");
   const std::vector<ValueId> results = {o[0], o[1], d[0], d[1], d[2]};
-  Executor ex(g, {.seed = 0, .fetch = results, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = results, .run_elsewhere = {}, .offload = {}});
   for (ValueId x : {q, k, v, dout})
     ASSERT_TRUE(ex.feed(g.value(x).name, random_tensor(g.shape(x), x)).is_ok());
   const int saved = omp_get_max_threads();
@@ -289,7 +290,7 @@ struct DropoutRun {
     y = b.dropout(x, p, seed, "drop");
   }
   std::vector<float> run(int32_t offset, const Tensor& input) {
-    Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}});
+    Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}, .offload = {}});
     EXPECT_TRUE(ex.feed("x", input).is_ok());
     ex.feed_scalar_i32("rng_offset", offset);
     ex.run(ex.eval_order());
@@ -343,7 +344,7 @@ TEST(Dropout, GradUsesTheForwardMask) {
   ValueId x = b.input("x", Shape{{"n", n}});
   ValueId y = b.dropout(x, 0.25f, 99, "drop");
   ValueId dx = b.op1(OpKind::kDropoutGrad, {x, b.rng_offset()}, g.node(g.value(y).producer).attrs);
-  Executor ex(g, {.seed = 0, .fetch = {y, dx}, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = {y, dx}, .run_elsewhere = {}, .offload = {}});
   ASSERT_TRUE(ex.feed("x", random_tensor(Shape{{"n", n}}, 5)).is_ok());
   ex.feed_scalar_i32("rng_offset", 17);
   ex.run(ex.eval_order());
@@ -411,7 +412,7 @@ std::vector<float> run_rope(const Tensor& x, float theta, bool inverse) {
   at.theta = theta;
   at.inverse = inverse;
   ValueId y = b.op1(OpKind::kRope, {in}, at, "rope");
-  Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}, .offload = {}});
   EXPECT_TRUE(ex.feed("x", x).is_ok());
   ex.run(ex.eval_order());
   return std::vector<float>(ex.data_f(y), ex.data_f(y) + x.numel());

@@ -76,7 +76,7 @@ void naive_stats(const Tensor& x, std::vector<double>* mean, std::vector<double>
 
 TEST(OpsBatchNorm, TrainingForwardAndRunningStatisticsAsTorch) {
   BnGraph m;
-  Executor ex(m.g, {.seed = 3, .fetch = {m.y}, .run_elsewhere = {}});
+  Executor ex(m.g, {.seed = 3, .fetch = {m.y}, .run_elsewhere = {}, .offload = {}});
   ASSERT_TRUE(ex.feed("probe", random_tensor(kX, 2)).is_ok());
   ASSERT_TRUE(ex.feed("rng_offset", rng(0)).is_ok());
   // Running statistics start as torch's: mean 0, variance 1.
@@ -108,7 +108,7 @@ TEST(OpsBatchNorm, TrainingForwardAndRunningStatisticsAsTorch) {
 
 TEST(OpsBatchNorm, EvaluationUsesAndKeepsTheRunningStatistics) {
   BnGraph m;
-  Executor ex(m.g, {.seed = 3, .fetch = {m.y}, .run_elsewhere = {}});
+  Executor ex(m.g, {.seed = 3, .fetch = {m.y}, .run_elsewhere = {}, .offload = {}});
   ASSERT_TRUE(ex.feed("probe", random_tensor(kX, 2)).is_ok());
   ASSERT_TRUE(ex.feed("rng_offset", rng(-1)).is_ok());
   float* rm = static_cast<float*>(const_cast<void*>(ex.data(m.rm)));
@@ -163,7 +163,7 @@ TEST(OpsBatchNorm, ErrorsNameTheSizes) {
 TEST(OpsBatchNorm, SplitBatchEqualsOneDevice) {
   BnGraph m;
   const Tensor probe = random_tensor(kX, 2);
-  Executor one(m.g, {.seed = 3, .fetch = {}, .run_elsewhere = {}});
+  Executor one(m.g, {.seed = 3, .fetch = {}, .run_elsewhere = {}, .offload = {}});
   ASSERT_TRUE(one.feed("probe", probe).is_ok());
   ASSERT_TRUE(one.feed("rng_offset", rng(0)).is_ok());
   one.feed_scalar("loss_scale", 1.f);
@@ -185,7 +185,7 @@ TEST(OpsBatchNorm, SplitBatchEqualsOneDevice) {
         inner += c.consumer.find("(in its kernel)") != std::string::npos;
       EXPECT_EQ(inner, 3 * mesh.num_axes());  // 2 forward + 1 backward per axis
       MF_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::make(Communicator::world(t), mesh));
-      Executor ex(p.graph, {.seed = 3, .fetch = {}, .run_elsewhere = {}});
+      Executor ex(p.graph, {.seed = 3, .fetch = {}, .run_elsewhere = {}, .offload = {}});
       ex.set_mesh_comms(&comms);
       const ValueId gx = m.g.find("probe");
       MF_RETURN_IF_ERROR(ex.feed("probe", local_block(probe, mesh, a.produced(m.g, gx), rank)));

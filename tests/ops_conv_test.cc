@@ -132,7 +132,7 @@ Ran run_conv(const ConvCase& k, const Tensor& x, const Tensor& w, const Tensor& 
   const ValueId dx = b.op1(OpKind::kConv2dGradInput, {dyv, wv}, a, "dx");
   a.shape = k.w();
   const ValueId dw = b.op1(OpKind::kConv2dGradWeight, {dyv, xv}, a, "dw");
-  Executor ex(g, {.seed = 0, .fetch = {y, dx, dw}, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = {y, dx, dw}, .run_elsewhere = {}, .offload = {}});
   EXPECT_TRUE(ex.feed("x", x).is_ok());
   EXPECT_TRUE(ex.feed("w", w).is_ok());
   EXPECT_TRUE(ex.feed("dy", dy).is_ok());

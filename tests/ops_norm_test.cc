@@ -24,7 +24,7 @@ using testing::S;
 // Runs the graph's forward nodes with the given inputs; returns copies of `outs`.
 std::vector<std::vector<float>> run(const Graph& g, const std::map<std::string, Tensor>& feeds,
                                     const std::vector<ValueId>& outs) {
-  Executor ex(g, {.seed = 0, .fetch = outs, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = outs, .run_elsewhere = {}, .offload = {}});
   for (const auto& [name, t] : feeds) {
     Status s = ex.feed(name, t);
     EXPECT_TRUE(s.is_ok()) << s.message();

@@ -119,7 +119,7 @@ TEST(OpsPool, KernelsMatchNaiveReferences) {
           for (int64_t i = 0; i < x.numel(); ++i)
             x.data<float>()[i] = std::round(std::clamp(x.data<float>()[i] * 2.f, -1.f, 1.f));
         const Tensor dy = random_tensor(k.y(), 2);
-        Executor ex(g, {.seed = 0, .fetch = {y, dx}, .run_elsewhere = {}});
+        Executor ex(g, {.seed = 0, .fetch = {y, dx}, .run_elsewhere = {}, .offload = {}});
         ASSERT_TRUE(ex.feed("x", x).is_ok());
         ASSERT_TRUE(ex.feed("dy", dy).is_ok());
         ex.run(ex.eval_order());

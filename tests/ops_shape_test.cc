@@ -19,7 +19,7 @@ using testing::random_tensor;
 using testing::S;
 
 std::vector<float> run(const Graph& g, const std::map<std::string, Tensor>& feeds, ValueId out) {
-  Executor ex(g, {.seed = 0, .fetch = {out}, .run_elsewhere = {}});
+  Executor ex(g, {.seed = 0, .fetch = {out}, .run_elsewhere = {}, .offload = {}});
   for (const auto& [name, t] : feeds) {
     Status s = ex.feed(name, t);
     EXPECT_TRUE(s.is_ok()) << s.message();

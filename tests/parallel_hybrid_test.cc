@@ -164,7 +164,7 @@ TEST(Hybrid, NeighborExchangeAndItsGradient) {
     ValueId cv = b.input("c", grown);
     g.loss = b.all_reduce(b.reduce_sum(b.mul(y, cv), {0, 1}), 0, n, "loss");
     append_backward(g);
-    Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}});
+    Executor ex(g, {.seed = 0, .fetch = {y}, .run_elsewhere = {}, .offload = {}});
     ex.set_mesh_comms(&comms);
     std::memcpy(ex.storage(p).data<float>(), block.data<float>(), block.nbytes());
     MF_RETURN_IF_ERROR(ex.feed("c", cot[r]));

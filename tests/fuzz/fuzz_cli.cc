@@ -155,6 +155,8 @@ class Gen {
       p["strategies"] = st;
     }
     if (coin(0.3)) p["zero"] = coin(0.8) ? json(pick(4)) : junk();
+    if (coin(0.15))
+      p["zero_style"] = coin(0.8) ? json(one<std::string>({"shard", "group", "grup"})) : junk();
     if (coin(0.2)) p["search"] = coin(0.8) ? json(one<std::string>({"propagate", "full"})) : junk();
     if (coin(0.3)) {
       json pl = json::object();
@@ -215,6 +217,17 @@ class Gen {
     }
     j["optimizer"] = {{"type", "adamw"}, {"lr", 1e-3}};
     if (coin(0.7)) j["parallel"] = parallel();
+    if (coin(0.15)) {  // offload: to the system's temporary directory, or somewhere missing
+      json o = json::object();
+      if (coin(0.8)) o["optimizer"] = one<std::string>({"none", "disk", "cpu", "nvme"});
+      if (coin(0.4)) o["params"] = one<std::string>({"none", "disk"});
+      if (coin(0.8))
+        o["dir"] = coin(0.8) ? json(std::filesystem::temp_directory_path().string())
+                   : coin()  ? json("/nonexistent/offload")
+                             : junk();
+      if (coin(0.2)) o["prefetch"] = coin(0.7) ? json(pick(16)) : junk();
+      j["offload"] = coin(0.95) ? o : junk();
+    }
     const int mutations = pick(4);
     for (int i = 0; i < mutations; ++i) {
       static const std::vector<std::pair<std::string, std::string>> keys = {

@@ -24,6 +24,15 @@ class Tensor {
     return Tensor(std::move(shape), dtype);
   }
   static Tensor scalar(float v);
+  // A tensor over storage someone else owns (an offload file's mapping,
+  // runtime/offload.h); buf keeps it alive, or does nothing on release.
+  static Tensor external(Shape shape, DType dtype, std::shared_ptr<void> buf) {
+    Tensor t;
+    t.shape_ = std::move(shape);
+    t.dtype_ = dtype;
+    t.buf_ = std::move(buf);
+    return t;
+  }
 
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

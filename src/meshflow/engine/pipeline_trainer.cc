@@ -819,7 +819,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
     const std::vector<GradientSync> syncs = gradient_syncs(l.program->graph);
     for (const GradientSync& sync : syncs)  // run by the buckets
       eo.run_elsewhere.insert(eo.run_elsewhere.end(), sync.reduce.begin(), sync.reduce.end());
-    MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(l.program->graph));
+    eo.offload = rc.offload;
+    MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(l.program->graph, eo.offload));
+    MF_RETURN_IF_ERROR(check_offload(l.program->graph, eo.offload));
     l.ex = std::make_unique<Executor>(l.program->graph, eo);
     l.ex->set_mesh_comms(im.mesh_comms.get());
     std::vector<NodeId> order = l.program->forward;

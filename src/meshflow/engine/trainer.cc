@@ -163,7 +163,10 @@ Status Trainer::init_executor(const Graph& program, const MeshComms* comms) {
   const std::vector<GradientSync> syncs = gradient_syncs(program);
   for (const GradientSync& s : syncs)
     eo.run_elsewhere.insert(eo.run_elsewhere.end(), s.reduce.begin(), s.reduce.end());
-  MF_RETURN_IF_ERROR(Executor::check_fits_in_memory(program).with_context(rc_.model_source));
+  eo.offload = rc_.offload;
+  MF_RETURN_IF_ERROR(
+      Executor::check_fits_in_memory(program, eo.offload).with_context(rc_.model_source));
+  MF_RETURN_IF_ERROR(check_offload(program, eo.offload));
   executor_ = std::make_unique<Executor>(program, eo);
   executor_->set_mesh_comms(comms);
   if (tc.micro_batches > 1 || !eo.run_elsewhere.empty()) {
@@ -493,8 +496,11 @@ std::vector<StateBlock> Trainer::state_blocks() {
     }
     const ValueId gv = program_->global_of[v];
     MF_CHECK_GE(gv, 0) << "checkpoint: '" << pg.value(v).name << "' has no global value";
+    // Weights grouping: a grouped optimizer state is on its owner alone.
+    const WeightGroups& wg = annotation_.groups;
+    const int sole_axis = kind == "optimizer" && wg.owner_of(gv) >= 0 ? wg.axis : -1;
     out.push_back(state_block(model_.graph.value(gv).name, kind, model_.graph.shape(gv),
-                              program_->mesh, program_->layout[v], rank_, storage));
+                              program_->mesh, program_->layout[v], rank_, storage, sole_axis));
   }
   return out;
 }

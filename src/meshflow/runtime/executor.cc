@@ -71,7 +71,7 @@ void initialize(Tensor& t, const Init& init, const std::string& name, uint64_t s
   }
 }
 
-Status Executor::check_fits_in_memory(const Graph& g) {
+Status Executor::check_fits_in_memory(const Graph& g, const OffloadOptions& offload) {
   const double machine =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   double persistent = 0, largest = 0;
@@ -83,7 +83,9 @@ Status Executor::check_fits_in_memory(const Graph& g) {
     sizes.emplace_back(n, v);
     largest = std::max(largest, n);
     const OpKind k = g.producer(v).kind;
-    if (k == OpKind::kParameter || k == OpKind::kState || k == OpKind::kInput) persistent += n;
+    if ((k == OpKind::kParameter || k == OpKind::kState || k == OpKind::kInput) &&
+        !offload.offloads(g, v))
+      persistent += n;
   }
   if (persistent <= machine && largest <= machine) return Status::ok();
   std::sort(sizes.rbegin(), sizes.rend());
@@ -113,26 +115,49 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
     elsewhere[id] = 1;
     for (ValueId v : g.node(id).outputs) is_persistent[v] = 1;  // bound, not in the arena
   }
+  // Offloaded values: page-aligned ranges of one file, zero-filled by it.
+  std::vector<OffloadStreamer::Range> ranges;
+  if (options.offload.active()) {
+    ranges.resize(static_cast<size_t>(nv));
+    int64_t at = 0;
+    const int64_t page = sysconf(_SC_PAGE_SIZE);
+    for (ValueId v = 0; v < nv; ++v) {
+      if (!options.offload.offloads(g, v)) continue;
+      const int64_t bytes = g.shape(v).numel() * static_cast<int64_t>(dtype_size(g.value(v).dtype));
+      ranges[v] = {at, bytes};
+      at += (bytes + page - 1) / page * page;
+    }
+    offload_file_ = value_or_throw(OffloadFile::create(options.offload.dir, at));
+    stats_.offloaded = at;
+  }
+  // Storage of source v: its range of the offload file, or its own buffer.
+  auto storage_for = [&](ValueId v) {
+    if (ranges.empty() || ranges[v].offset < 0) return Tensor(g.shape(v), g.value(v).dtype);
+    return Tensor::external(
+        g.shape(v), g.value(v).dtype,
+        std::shared_ptr<void>(offload_file_->at(ranges[v].offset), [](void*) {}));
+  };
   for (const Node& n : g.nodes()) {
     if (elsewhere[&n - g.nodes().data()]) continue;
     switch (n.kind) {
       case OpKind::kParameter: {
         ValueId v = n.outputs[0];
-        persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
+        persistent_[v] = storage_for(v);
         initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed, n.attrs.global_dims,
                    n.attrs.global_offset);
-        stats_.params += persistent_[v].nbytes();
+        if (ranges.empty() || ranges[v].offset < 0) stats_.params += persistent_[v].nbytes();
         is_persistent[v] = 1;
         break;
       }
       case OpKind::kState:
       case OpKind::kInput: {
         ValueId v = n.outputs[0];
-        persistent_[v] = Tensor(g.shape(v), g.value(v).dtype);
+        persistent_[v] = storage_for(v);
         if (n.kind == OpKind::kState && n.attrs.init.kind != Init::Kind::kZeros)
           initialize(persistent_[v], n.attrs.init, g.value(v).name, options.seed,
                      n.attrs.global_dims, n.attrs.global_offset);
-        (n.kind == OpKind::kState ? stats_.optimizer : stats_.inputs) += persistent_[v].nbytes();
+        if (ranges.empty() || ranges[v].offset < 0)
+          (n.kind == OpKind::kState ? stats_.optimizer : stats_.inputs) += persistent_[v].nbytes();
         is_persistent[v] = 1;
         break;
       }
@@ -142,6 +167,13 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
     if (n.kind == OpKind::kParameter || n.kind == OpKind::kInput || n.kind == OpKind::kState)
       continue;
     (n.phase == Phase::kOptimizer ? opt_ : fwd_bwd_).push_back(&n - g.nodes().data());
+  }
+  // The offloaded values are initialized: out to the file before the arena
+  // is touched, so they never add to the peak.
+  if (offload_file_) {
+    streamer_ = std::make_unique<OffloadStreamer>(offload_file_.get(), std::move(ranges),
+                                                  options.offload.lookahead);
+    streamer_->release_all();
   }
   // fwd_bwd_ holds forward, backward and metric nodes in graph order; split out
   // metrics (eval only) and build the eval order (forward + metric).
@@ -169,6 +201,8 @@ Executor::Executor(const Graph& g, ExecutorOptions options) : g_(g) {
   stats_.arena = plan_.arena_bytes;
 }
 
+Executor::~Executor() = default;
+
 std::vector<NodeId> Executor::training_order() const {
   std::vector<NodeId> o = fwd_bwd_;
   o.insert(o.end(), opt_.begin(), opt_.end());
@@ -193,8 +227,11 @@ void Executor::unbind_all() {
 
 void Executor::run(const std::vector<NodeId>& nodes,
                    const std::function<void(NodeId)>& after_node) {
-  for (NodeId id : nodes) {
+  if (streamer_) streamer_->begin_run(g_, nodes);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeId id = nodes[i];
     const Node& n = g_.node(id);
+    if (streamer_) streamer_->before(i);
     KernelCall call{g_, n, {}, {}, comms_};
     call.in.reserve(n.inputs.size());
     call.out.reserve(n.outputs.size());
@@ -208,8 +245,10 @@ void Executor::run(const std::vector<NodeId>& nodes,
       seconds_by_kind_[static_cast<int>(n.kind)] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
+    if (streamer_) streamer_->after(i);
     if (after_node) after_node(id);
   }
+  if (streamer_) streamer_->end_run();
 }
 
 std::string Executor::profile_report() const {

@@ -24,6 +24,7 @@
 #include "meshflow/io/safetensors.h"
 #include "meshflow/ir/graph.h"
 #include "meshflow/runtime/memory_plan.h"
+#include "meshflow/runtime/offload.h"
 
 namespace meshflow {
 
@@ -37,6 +38,10 @@ struct ExecutorOptions {
   // GradientBuckets runs): left out of the orders, their outputs get no arena
   // bytes and must be bound (bind) before anything reads them.
   std::vector<NodeId> run_elsewhere;
+  // Optimizer state (and parameters) in a memory-mapped file on disk,
+  // streamed around each run (runtime/offload.h). The caller checks the
+  // directory first (check_offload); a failure here throws StatusError.
+  OffloadOptions offload;
 };
 
 struct MemoryStats {
@@ -44,18 +49,21 @@ struct MemoryStats {
   int64_t grads = 0;      // persistent gradient accumulators (micro-batching)
   int64_t optimizer = 0;  // optimizer state
   int64_t inputs = 0;
-  int64_t arena = 0;  // activations, gradients in flight, temporaries
+  int64_t arena = 0;      // activations, gradients in flight, temporaries
+  int64_t offloaded = 0;  // on disk (offload): not in params / optimizer, not in total()
   int64_t total() const { return params + grads + optimizer + inputs + arena; }
 };
 
 class Executor : public ParameterStore {
  public:
   explicit Executor(const Graph& g, ExecutorOptions options = {});
+  ~Executor() override;
   // Before building one: do the graph's parameters, optimizer state and inputs
   // (allocated whole by the constructor), and its largest single value, fit in
   // this machine's memory? The error names the biggest tensors (a user's
   // mistake: sizes no machine here can hold), instead of a failed allocation.
-  static Status check_fits_in_memory(const Graph& g);
+  // Values an offload puts on disk do not count (check_offload checks the disk).
+  static Status check_fits_in_memory(const Graph& g, const OffloadOptions& offload = {});
 
   const Graph& graph() const override { return g_; }
 
@@ -99,6 +107,7 @@ class Executor : public ParameterStore {
   void set_mesh_comms(const MeshComms* comms) { comms_ = comms; }
 
   const MemoryPlan& memory_plan() const { return plan_; }
+  const OffloadStreamer* offload_streamer() const { return streamer_.get(); }
   MemoryStats memory() const { return stats_; }
   void add_grad_accumulator_bytes(int64_t b) { stats_.grads += b; }
 
@@ -113,6 +122,8 @@ class Executor : public ParameterStore {
   bool profiling_ = false;
   const MeshComms* comms_ = nullptr;
   std::vector<double> seconds_by_kind_;
+  std::unique_ptr<OffloadFile> offload_file_;
+  std::unique_ptr<OffloadStreamer> streamer_;
 };
 
 // Fills a tensor from its Init, seeded by (name, seed). A shard of a larger

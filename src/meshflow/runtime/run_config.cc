@@ -25,6 +25,33 @@ std::string number_text(double x) {
   return os.str();
 }
 
+Status parse_offload(const json& j, OffloadOptions* o, const std::string& base_dir) {
+  JsonObjectReader r(j, "offload");
+  std::string optimizer = "none", params = "none";
+  r.choice("optimizer", &optimizer, {"none", "disk", "cpu"});
+  r.choice("params", &params, {"none", "disk", "cpu"});
+  r.string("dir", &o->dir);
+  r.integer("prefetch", &o->lookahead, 0, 4096);
+  MF_RETURN_IF_ERROR(r.finish());
+  for (const auto& [key, value] : {std::pair{"optimizer", optimizer}, std::pair{"params", params}})
+    if (value == "cpu")
+      return Status::invalid(std::string("offload.") + key +
+                             " \"cpu\": on this CPU backend it already lives in host memory; "
+                             "\"disk\" puts it in a memory-mapped file in offload.dir "
+                             "(ZeRO-Infinity's NVMe offload)");
+  o->optimizer = optimizer == "disk";
+  o->params = params == "disk";
+  if (o->active() && o->dir.empty())
+    return Status::invalid("offload." + std::string(o->optimizer ? "optimizer" : "params") +
+                           " \"disk\" needs offload.dir: an existing directory on the disk to use");
+  if (!o->active() && !o->dir.empty())
+    return Status::invalid(
+        "offload.dir is set but nothing is offloaded: set offload.optimizer and/or "
+        "offload.params to \"disk\"");
+  if (!o->dir.empty()) o->dir = resolve_path(o->dir, base_dir);
+  return Status::ok();
+}
+
 Status parse_data(const json& j, DataConfig* d, const std::string& base_dir) {
   JsonObjectReader r(j, "data");
   r.required("dataset");
@@ -183,10 +210,12 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   JsonObjectReader r(doc, "config");
   r.required("model");
   r.required("data");
-  json data = json::object(), train = json::object(), optim = json::object();
+  json data = json::object(), train = json::object(), optim = json::object(),
+       offload = json::object();
   r.object("data", &data);
   r.object("train", &train);
   r.object("optimizer", &optim);
+  r.object("offload", &offload);
   // "plan": the planner's metadata in a `meshflow plan --out` file (cluster, prediction).
   r.ignore({"model", "description", "parallel", "plan"});
   MF_RETURN_IF_ERROR(r.finish());
@@ -213,6 +242,7 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   MF_RETURN_IF_ERROR(parse_data(data, &rc.data, base_dir));
   MF_RETURN_IF_ERROR(parse_train(train, &rc.train));
   MF_RETURN_IF_ERROR(parse_optimizer(optim, &rc.optimizer, &rc.schedule, rc.train.steps));
+  MF_RETURN_IF_ERROR(parse_offload(offload, &rc.offload, base_dir));
   return rc;
 }
 

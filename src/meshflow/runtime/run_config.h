@@ -10,7 +10,8 @@
 //     "optimizer": {"type": "adamw", "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 100,
 //                   "schedule": "cosine", "weight_decay": 0.1, "betas": [0.9, 0.95],
 //                   "eps": 1e-8, "grad_clip": 1.0},
-//     "parallel": {"mode": "semi", "mesh": "dp=2,tp=2", "preset": "megatron", "zero": 1}
+//     "parallel": {"mode": "semi", "mesh": "dp=2,tp=2", "preset": "megatron", "zero": 1},
+//     "offload": {"optimizer": "disk", "params": "none", "dir": "/mnt/nvme", "prefetch": 8}
 //   }
 // Relative paths are resolved against the config file's directory, then the
 // current directory.
@@ -23,6 +24,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/strategy.h"
+#include "meshflow/runtime/offload.h"
 
 namespace meshflow {
 
@@ -82,6 +84,10 @@ struct RunConfig {
   // "semi" / "auto": the SPMD partitioner (parallel/partition.h).
   StrategyConfig parallel;
   bool has_parallel = false;
+  // "offload": the optimizer state ("optimizer": "disk") and the parameters
+  // ("params": "disk") in memory-mapped files in "dir", streamed around each
+  // node with "prefetch" nodes of lookahead (runtime/offload.h).
+  OffloadOptions offload;
 };
 
 // Parses a whole run config. base_dir resolves relative paths.
