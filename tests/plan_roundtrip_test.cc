@@ -63,6 +63,8 @@ TEST(PlanRoundTrip, EveryPlanKindRunsAsPriced) {
        "fwd       all_to_all      over cp", true},
       {"tp=1,pp=2,cp=1,zero=0", "data", "", "", false},
       {"tp=1,pp=1,cp=1,zero=1", "semi", "dp", "opt       all_gather      over dp", true},
+      {"tp=1,pp=1,cp=1,zero=1,zero_style=group", "semi", "dp", "opt       broadcast       over dp",
+       true},
       {"tp=1,pp=1,cp=1,zero=2", "semi", "dp", "bwd       reduce_scatter  over dp", false},
       {"tp=1,pp=1,cp=1,zero=3", "semi", "dp", "fwd       all_gather      over dp", true},
       {"tp=1,pp=1,cp=1,zero=0,recompute=full", "data", "", "", true},

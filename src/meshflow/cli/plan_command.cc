@@ -62,6 +62,7 @@ ojson plan_json(const StepCost& c) {
   j["schedule"] = std::string(schedule_name(p.schedule));
   j["recompute"] = recompute_name(p.recompute);
   j["zero"] = p.zero;
+  j["offload"] = offload_name(p.offload);
   j["step_time_s"] = c.step_time_s;
   j["tokens_per_s"] = c.tokens_per_s;
   j["tflops_per_gpu"] = c.tflops_per_gpu;
@@ -69,13 +70,15 @@ ojson plan_json(const StepCost& c) {
   j["memory_bytes_per_device"] = {
       {"params", c.memory.params},           {"grads", c.memory.grads},
       {"optimizer", c.memory.optimizer},     {"activations", c.memory.activations},
-      {"temporaries", c.memory.temporaries}, {"total", c.memory.total}};
+      {"temporaries", c.memory.temporaries}, {"total", c.memory.total},
+      {"offloaded", c.memory.offloaded}};
   j["usable_memory_bytes_per_device"] = c.usable_memory;
   j["comm_bytes_per_step"] = {{"tensor_parallel", c.comm.tensor_parallel},
                               {"context_parallel", c.comm.context_parallel},
                               {"pipeline", c.comm.pipeline},
                               {"data_parallel", c.comm.data_parallel},
-                              {"total", c.comm.total()}};
+                              {"total", c.comm.total()},
+                              {"offload_pcie_nvme", c.comm.offload}};
   j["step_breakdown_s"] = {{"compute", c.compute_s}, {"recompute", c.recompute_s},
                            {"tp_comm", c.tp_comm_s}, {"cp_comm", c.cp_comm_s},
                            {"pp_comm", c.pp_comm_s}, {"bubble", c.bubble_s},
@@ -93,6 +96,12 @@ void print_plan(const StepCost& c, bool lm) {
       secs(c.bubble_s).c_str(), secs(c.dp_comm_s).c_str(), secs(c.optimizer_s).c_str());
   std::printf("  throughput      %.0f %s/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
               lm ? "tokens" : "examples", c.tflops_per_gpu, 100 * c.mfu);
+  if (c.plan.offload != Offload::kNone)
+    std::printf(
+        "  offload         %s GiB of optimizer state per device on the %s; %s per step "
+        "over PCIe%s\n",
+        gib(m.offloaded).c_str(), c.plan.offload == Offload::kHost ? "host" : "NVMe",
+        gbytes(c.comm.offload).c_str(), c.plan.offload == Offload::kNvme ? " and to NVMe" : "");
   if (m.total >= 0.1 * (1 << 30)) {
     std::printf(
         "  memory/device   %s GiB of %s usable: params %s, grads %s, optimizer %s, "
@@ -337,7 +346,8 @@ void add_plan_commands(CLI::App& app) {
   p->add_flag("--json", po->json, "Print one JSON object (plans, search_time_s, ...)");
   p->add_option("--out", po->out, "Write the best plan as a run config fragment");
   p->add_option("--fix", po->fix,
-                "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero, ops "
+                "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero, "
+                "zero_style, ops, offload "
                 "(e.g. tp=8,pp=4,schedule=1f1b)")
       ->check([](const std::string& v) {
         return v.empty() ? std::string("empty; give key=value items, e.g. tp=8,pp=4")

@@ -166,6 +166,7 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   else if (spmd)
     par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";
   if (p.zero > 0) par["zero"] = p.zero;
+  if (p.group) par["zero_style"] = "group";
   if (p.pp > 1) {
     par["pipeline"] = {{"stages", p.pp},
                        {"schedule", std::string(schedule_name(p.schedule))},

@@ -262,7 +262,22 @@ Result<Cluster> parse_cluster(const json& j) {
   r.required("intra_node");
   r.object("intra_node", &intra);
   r.object("inter_node", &inter);
+  json host;
+  r.object("host", &host);
   MF_RETURN_IF_ERROR(r.finish());
+  if (j.contains("host")) {
+    JsonObjectReader h(host, "cluster.host");
+    const std::string w = "cluster.host";
+    read_number(h, host, w, "link_bandwidth_bytes_per_s", &c.host.link_bandwidth_bytes_per_s, true,
+                "bytes per second per device, device <-> host (PCIe), one direction");
+    read_number(h, host, w, "memory_bytes", &c.host.memory_bytes, true, "bytes per node");
+    read_number(h, host, w, "memory_bandwidth_bytes_per_s", &c.host.memory_bandwidth_bytes_per_s,
+                true, "bytes per second per node");
+    read_number(h, host, w, "nvme_bandwidth_bytes_per_s", &c.host.nvme_bandwidth_bytes_per_s, true,
+                "bytes per second per node");
+    read_number(h, host, w, "nvme_bytes", &c.host.nvme_bytes, true, "bytes per node");
+    MF_RETURN_IF_ERROR(h.finish());
+  }
   MF_RETURN_IF_ERROR(parse_device(device, "cluster.device", &c.device));
   MF_RETURN_IF_ERROR(parse_link(intra, "cluster.intra_node", &c.intra_node));
   if (j.contains("inter_node")) {
@@ -307,12 +322,20 @@ J cluster_json(const Cluster& c) {
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});
     dev["matmul_efficiency"] = curve;
   }
-  return J{{"name", c.name},
+  J out = {{"name", c.name},
            {"nodes", c.nodes},
            {"devices_per_node", c.devices_per_node},
            {"device", dev},
            {"intra_node", link(c.intra_node)},
            {"inter_node", link(c.inter_node)}};
+  const Host& h = c.host;
+  if (h.link_bandwidth_bytes_per_s > 0 || h.memory_bytes > 0 || h.nvme_bytes > 0)
+    out["host"] = J{{"link_bandwidth_bytes_per_s", h.link_bandwidth_bytes_per_s},
+                    {"memory_bytes", h.memory_bytes},
+                    {"memory_bandwidth_bytes_per_s", h.memory_bandwidth_bytes_per_s},
+                    {"nvme_bandwidth_bytes_per_s", h.nvme_bandwidth_bytes_per_s},
+                    {"nvme_bytes", h.nvme_bytes}};
+  return out;
 }
 
 }  // namespace

@@ -60,6 +60,16 @@ using meshflow::Collective;
 using meshflow::collective_name;
 using meshflow::Link;
 
+// The host side of a device, for offload (Plan::offload): absent fields are
+// 0, and a plan that needs one is invalid, naming it.
+struct Host {
+  double link_bandwidth_bytes_per_s = 0;    // device <-> host (PCIe), per device, one direction
+  double memory_bytes = 0;                  // host memory per node
+  double memory_bandwidth_bytes_per_s = 0;  // host memory per node (the CPU optimizer's bound)
+  double nvme_bandwidth_bytes_per_s = 0;    // the node's NVMe, read or write
+  double nvme_bytes = 0;                    // the node's NVMe capacity
+};
+
 struct Cluster {
   std::string name;
   int nodes = 1;
@@ -67,6 +77,7 @@ struct Cluster {
   Device device;
   Link intra_node;
   Link inter_node;
+  Host host;  // optional "host" section
 
   int64_t total_devices() const { return static_cast<int64_t>(nodes) * devices_per_node; }
 

@@ -764,6 +764,24 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     return "vp > 1 needs the interleaved schedule (or zb-v with 2), got " +
            std::string(schedule_name(p.schedule));
   }
+  if (p.group && (p.zero != 1 || p.dp < 2 || p.pp > 1 || p.cp > 1))
+    return "weights grouping (group) is ZeRO-1 over dp with whole parameters per rank: it needs "
+           "zero=1, dp >= 2, and no pp or cp (the runtime groups one program's parameters)";
+  if (p.offload != Offload::kNone) {
+    const std::string o = "offload=" + std::string(offload_name(p.offload));
+    if (p.zero < 1)
+      return o +
+             " moves each replica's ZeRO shard of the optimizer state off the device: it "
+             "needs zero >= 1";
+    const Host& h = cluster_.host;
+    if (!(h.link_bandwidth_bytes_per_s > 0 && h.memory_bytes > 0 &&
+          h.memory_bandwidth_bytes_per_s > 0))
+      return o +
+             " is priced from the cluster file's \"host\" section: it needs "
+             "link_bandwidth_bytes_per_s, memory_bytes and memory_bandwidth_bytes_per_s";
+    if (p.offload == Offload::kNvme && !(h.nvme_bandwidth_bytes_per_s > 0 && h.nvme_bytes > 0))
+      return o + " needs host.nvme_bandwidth_bytes_per_s and host.nvme_bytes in the cluster file";
+  }
   return "";
 }
 
@@ -1429,6 +1447,69 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   }
   r.usable_memory = k_.usable_memory_fraction * double(cl.device.memory_bytes);
   r.fits = r.memory.total <= r.usable_memory;
+  if (p.group) {
+    // Weights grouping: the largest group sets the optimizer state and the
+    // update (at least an even share, at least the largest tensor: the word
+    // embedding); gradients are all-reduced as without ZeRO; after the
+    // updates every parameter is broadcast from its owner (one collective per
+    // tensor, after the backward: not overlapped).
+    const double largest = std::max(p_stage / double(p.dp), double(lc.embed_params));
+    const double o_b = mixed ? 12.0 : 8.0;
+    const double adam_b = mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32;
+    r.memory.total += o_b * largest - r.memory.optimizer;
+    r.memory.optimizer = o_b * largest;
+    r.fits = r.memory.total <= r.usable_memory;
+    Plan ddp = p;
+    ddp.zero = 0, ddp.group = false;
+    double ddp_bytes = 0;
+    const double ddp_s = data_parallel_time(ddp, lc, r.stage, p_stage, &ddp_bytes);
+    const double act = double(dtype_size(dtype_));
+    const Link& dp_link = cl.link_for_axis(p.dp, p.tp);
+    const double tensors =
+        std::max(1.0, ls * double(lc.layer_param_tensors) + double(lc.embed_param_tensors) +
+                          double(lc.head_param_tensors));
+    const double bcast = tensors * cl.collective_time_s(Collective::kBroadcast, p.dp,
+                                                        p_stage * act / tensors, dp_link);
+    const double update = cl.memory_time_s(largest * adam_b) - cl.memory_time_s(p_update * adam_b);
+    r.step_time_s += ddp_s + bcast - r.dp_comm_s + update;
+    r.optimizer_s += update;
+    r.dp_comm_s = ddp_s + bcast;
+    r.comm.data_parallel = ddp_bytes + p_stage * act * double(p.dp - 1) / double(p.dp);
+    dp_bytes = r.comm.data_parallel;
+  }
+  if (p.offload != Offload::kNone) {
+    // ZeRO-Offload / ZeRO-Infinity: the state leaves the device; each step the
+    // gradients go down and the updated weights come up over the device's
+    // PCIe link, the update runs on the CPU bound by the node's memory
+    // bandwidth (shared by its devices), and with NVMe the state is read and
+    // written at the node's disk bandwidth (shared too). Not overlapped with
+    // the backward (DeepSpeed's default; its one-step delayed update would be).
+    const Host& h = cl.host;
+    const double share = double(cl.devices_per_node);
+    const double state = r.memory.optimizer;  // bytes per device of fp32 state
+    const double act = double(dtype_size(dtype_));
+    const double pcie = 2 * p_update * act / h.link_bandwidth_bytes_per_s;
+    const double cpu = p_update *
+                       (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32) /
+                       (h.memory_bandwidth_bytes_per_s / share);
+    const double nvme =
+        p.offload == Offload::kNvme ? 2 * state / (h.nvme_bandwidth_bytes_per_s / share) : 0.0;
+    const double on_device = cl.memory_time_s(
+        p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+    r.optimizer_s += pcie + cpu + nvme - on_device;
+    r.step_time_s += pcie + cpu + nvme - on_device;
+    r.comm.offload = 2 * p_update * act + (p.offload == Offload::kNvme ? 2 * state : 0.0);
+    r.memory.offloaded = state;
+    r.memory.total -= state;
+    r.memory.optimizer = 0;
+    r.fits = r.memory.total <= r.usable_memory;
+    // The node's host memory (host offload) or NVMe holds its devices' states.
+    const double node_state = share * state;
+    if (p.offload == Offload::kHost)
+      r.fits = r.fits && node_state <= k_.usable_memory_fraction * h.memory_bytes;
+    else
+      r.fits = r.fits && node_state <= h.nvme_bytes;
+  }
 
   // ---- communication bytes per device per step
   const double full = p.recompute == Recompute::kFull ? 1.0 : 0.0;

@@ -188,6 +188,9 @@ struct MemoryBreakdown {
   double activations = 0;
   double temporaries = 0;
   double total = 0;
+  // Plan::offload: the optimizer state per device kept on the host or NVMe
+  // instead (not in total; optimizer is then 0).
+  double offloaded = 0;
 };
 
 // Bytes one device sends per step (the full buffer of each collective it joins).
@@ -196,6 +199,7 @@ struct CommBreakdown {
   double context_parallel = 0;  // cp K/V all_gather + reduce_scatter
   double pipeline = 0;          // p2p activations and gradients
   double data_parallel = 0;     // gradient reduce, ZeRO gathers
+  double offload = 0;  // over PCIe (and to NVMe) for Plan::offload; not network, not in total()
   double total() const { return tensor_parallel + context_parallel + pipeline + data_parallel; }
 };
 

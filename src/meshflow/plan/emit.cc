@@ -58,6 +58,11 @@ Status check_megatron(const Plan& p) {
     return cannot(t, p,
                   "ZeRO-3 is Megatron-LM's --use-torch-fsdp2, which does not run with "
                   "pipeline parallelism; pin zero=1 or 2 (--use-distributed-optimizer)");
+  if (p.offload == Offload::kNvme || (p.offload == Offload::kHost && p.zero == 3))
+    return cannot(t, p,
+                  "Megatron-LM offloads the distributed optimizer's state to host memory "
+                  "(--optimizer-cpu-offload), not to NVMe or under FSDP; pin offload=host with "
+                  "zero=1 or 2, or offload=none");
   return Status::ok();
 }
 
@@ -98,6 +103,10 @@ Status check_torchtitan(const Plan& p, const TransformerDims& d) {
     return cannot(t, p,
                   "torch's zero-bubble schedules need two or more stages per rank "
                   "(InterleavedZeroBubble, ZBVZeroBubble); pin schedule=zb-v or 1f1b");
+  if (p.offload != Offload::kNone)
+    return cannot(t, p,
+                  "TorchTitan's CPU offload (FSDP2's CPUOffloadPolicy) moves the parameters and "
+                  "gradients with the optimizer state, which is not this plan; pin offload=none");
   return Status::ok();
 }
 
@@ -148,6 +157,7 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
   } else if (p.zero >= 1) {
     // Optimizer state sharded, gradients reduce-scattered to their owner.
     arg("--use-distributed-optimizer");
+    if (p.offload == Offload::kHost) arg("--optimizer-cpu-offload");
   }
   // The batch (training).
   arg("--micro-batch-size", str(p.micro_batch));
@@ -172,6 +182,11 @@ Result<std::string> deepspeed(const Plan& p, const TrainingJob& job, bool bf16) 
   j["train_micro_batch_size_per_gpu"] = p.micro_batch;
   j["gradient_accumulation_steps"] = p.num_micro_batches;
   j["zero_optimization"] = {{"stage", p.zero}};
+  if (p.offload == Offload::kHost)
+    j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (p.offload == Offload::kNvme)
+    j["zero_optimization"]["offload_optimizer"] = {
+        {"device", "nvme"}, {"nvme_path", "/local_nvme"}, {"pin_memory", true}};
   j["bf16"] = {{"enabled", bf16}};
   if (p.tp > 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
   if (p.recompute == Recompute::kFull)

@@ -20,6 +20,24 @@ Result<Recompute> parse_recompute(const std::string& s) {
   return Status::invalid("recompute must be one of none, selective, full, got '" + s + "'");
 }
 
+const char* offload_name(Offload o) {
+  switch (o) {
+    case Offload::kNone:
+      return "none";
+    case Offload::kHost:
+      return "host";
+    case Offload::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+Result<Offload> parse_offload(const std::string& s) {
+  for (Offload x : {Offload::kNone, Offload::kHost, Offload::kNvme})
+    if (s == offload_name(x)) return x;
+  return Status::invalid("offload must be one of none, host, nvme, got '" + s + "'");
+}
+
 std::string plan_label(const Plan& p) {
   std::string s = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp);
   if (p.sp) s += "+sp";
@@ -35,6 +53,8 @@ std::string plan_label(const Plan& p) {
   s += " mb=" + std::to_string(p.micro_batch) + "x" + std::to_string(p.num_micro_batches);
   s += " " + std::string(schedule_name(p.schedule)) + " " + recompute_name(p.recompute) + " zero" +
        std::to_string(p.zero);
+  if (p.group) s += " group";
+  if (p.offload != Offload::kNone) s += " offload=" + std::string(offload_name(p.offload));
   return s;
 }
 

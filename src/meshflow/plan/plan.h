@@ -33,6 +33,15 @@ enum class Recompute { kNone, kSelective, kFull };
 const char* recompute_name(Recompute r);
 Result<Recompute> parse_recompute(const std::string& s);
 
+// Where the optimizer state (fp32 master weights, moments) of a ZeRO plan
+// lives: on the device, in host memory (ZeRO-Offload: the update runs on the
+// CPU, gradients go down and weights come up over PCIe), or on the node's
+// NVMe (ZeRO-Infinity: host memory as a staging buffer, the state read and
+// written each step). Priced from the cluster file's "host" section.
+enum class Offload { kNone, kHost, kNvme };
+const char* offload_name(Offload o);  // "none", "host", "nvme"
+Result<Offload> parse_offload(const std::string& s);
+
 struct Plan {
   int64_t dp = 1;                 // data-parallel replicas
   int64_t tp = 1;                 // tensor-parallel (Megatron: heads and ffn split)
@@ -46,7 +55,12 @@ struct Plan {
   // (parse_schedule_kind), one generator of the per-rank orders.
   ScheduleKind schedule = ScheduleKind::k1F1B;
   Recompute recompute = Recompute::kNone;
-  int zero = 0;  // ZeRO stage 0..3, over the dp * cp replicas
+  int zero = 0;                      // ZeRO stage 0..3, over the dp * cp replicas
+  Offload offload = Offload::kNone;  // the optimizer state off the device (zero >= 1)
+  // ZeRO-1 as weights grouping (parallel.zero_style "group"): whole
+  // parameters owned by dp ranks (balanced by size), each owner updating
+  // its group and broadcasting it; zero == 1, dp >= 2, pp == 1.
+  bool group = false;
   // Per-operator strategies on the tp axis, chosen by the strategy search
   // (parallel/strategy_search.h) in place of the Megatron template; `searched`
   // holds them once CostModel::price has priced the plan (what

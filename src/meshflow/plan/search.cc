@@ -52,7 +52,8 @@ bool FixedChoices::matches(const Plan& p) const {
          (!cp || *cp == p.cp) && (!vp || *vp == p.vp) &&
          (!micro_batch || *micro_batch == p.micro_batch) && (!sp || *sp == p.sp) &&
          (!schedule || *schedule == p.schedule) && (!recompute || *recompute == p.recompute) &&
-         (!zero || *zero == p.zero) && (!ops || *ops == p.ops);
+         (!zero || *zero == p.zero) && (!ops || *ops == p.ops) &&
+         (!offload || *offload == p.offload) && (!group || *group == p.group);
 }
 
 std::string FixedChoices::to_string() const {
@@ -69,6 +70,8 @@ std::string FixedChoices::to_string() const {
   if (recompute) add(std::string("recompute=") + recompute_name(*recompute));
   if (zero) add("zero=" + str(*zero));
   if (ops) add(std::string("ops=") + (*ops ? "true" : "false"));
+  if (offload) add(std::string("offload=") + offload_name(*offload));
+  if (group) add(std::string("zero_style=") + (*group ? "group" : "shard"));
   return s;
 }
 
@@ -116,10 +119,18 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
       Result<Recompute> r = parse_recompute(v);
       if (!r.is_ok()) return r.status().with_context("--fix");
       f.recompute = *r;
+    } else if (key == "zero_style") {
+      if (v != "shard" && v != "group")
+        return Status::invalid("--fix zero_style must be shard or group, got '" + v + "'");
+      f.group = v == "group";
+    } else if (key == "offload") {
+      Result<Offload> o = parse_offload(v);
+      if (!o.is_ok()) return o.status().with_context("--fix");
+      f.offload = *o;
     } else {
       return Status::invalid("--fix: unknown key '" + key +
                              "'; valid: dp, tp, pp, cp, sp, vp, micro_batch, schedule, "
-                             "recompute, zero, ops");
+                             "recompute, zero, zero_style, ops, offload");
     }
   }
   return f;
@@ -145,7 +156,8 @@ std::vector<int64_t> micro_batch_sizes(int64_t replica_batch, const SearchOption
 // that `fixed` allows (not yet checked against the model: price() does that),
 // until visit returns false.
 template <typename Visit>
-void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Visit visit) {
+void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o,
+               const std::vector<Offload>& offloads, Visit visit) {
   const TransformerDims& d = cm.dims();
   const FixedChoices& fx = o.fixed;
   const int64_t gb = cm.job().global_batch, seq = cm.job().seq;
@@ -199,7 +211,17 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o, Vis
                 const int max_zero = dp * cp > 1 ? 3 : 0;
                 for (int z = 0; z <= max_zero; ++z) {
                   p.zero = z;
-                  if (fx.matches(p) && !visit(p)) return;
+                  for (Offload off : offloads) {
+                    if (off != Offload::kNone && z == 0) continue;
+                    p.offload = off;
+                    // ZeRO-1 as sharding, and as weights grouping where it runs.
+                    const bool groups = z == 1 && dp > 1 && pp == 1 && cp == 1;
+                    for (int g = 0; g <= (groups ? 1 : 0); ++g) {
+                      p.group = g == 1;
+                      if (fx.matches(p) && !visit(p)) return;
+                    }
+                  }
+                  p.group = false;
                 }
               }
             }
@@ -238,62 +260,72 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
   const size_t keep = shown + kLeaders;
   std::string first_invalid;
   std::optional<StepCost> least_memory;  // over valid plans that do not fit
-  enumerate(cm, devices, options, [&](const Plan& p) {
-    // The clock is read every 256 plans (a plan prices in about a microsecond).
-    if (r.evaluated % 256 == 255 && Clock::now() >= deadline) {
-      r.timed_out = true;
-      return false;
-    }
-    ++r.evaluated;
-    const std::string why = cm.invalid_reason(p);
-    if (!why.empty()) {
-      if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
-      return true;
-    }
-    auto consider = [&](const Plan& q) {
-      if (options.reject) {
-        const std::string no = options.reject(q);
-        if (!no.empty()) {
-          if (first_invalid.empty()) first_invalid = no;
+  // Offload only where nothing fits without it (or where pinned): a second
+  // sweep over the ZeRO plans with the state on the host, then on NVMe.
+  const FixedChoices& fx = options.fixed;
+  const Host& host = cm.cluster().host;
+  std::vector<std::vector<Offload>> sweeps = {{fx.offload.value_or(Offload::kNone)}};
+  if (!fx.offload && host.link_bandwidth_bytes_per_s > 0)
+    sweeps.push_back({Offload::kHost, Offload::kNvme});
+  for (const std::vector<Offload>& offloads : sweeps) {
+    if (r.fitting > 0 || r.timed_out) break;
+    enumerate(cm, devices, options, offloads, [&](const Plan& p) {
+      // The clock is read every 256 plans (a plan prices in about a microsecond).
+      if (r.evaluated % 256 == 255 && Clock::now() >= deadline) {
+        r.timed_out = true;
+        return false;
+      }
+      ++r.evaluated;
+      const std::string why = cm.invalid_reason(p);
+      if (!why.empty()) {
+        if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
+        return true;
+      }
+      auto consider = [&](const Plan& q) {
+        if (options.reject) {
+          const std::string no = options.reject(q);
+          if (!no.empty()) {
+            if (first_invalid.empty()) first_invalid = no;
+            return;
+          }
+        }
+        Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
+        if (!c.is_ok()) {
+          if (first_invalid.empty()) first_invalid = c.status().message();
           return;
         }
+        ++r.valid;
+        if (!c->fits) {
+          if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
+          return;
+        }
+        ++r.fitting;
+        if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
+        // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
+        for (const StepCost& k : r.plans)
+          if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
+        auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
+        r.plans.insert(at, *c);
+        if (r.plans.size() > keep) r.plans.pop_back();
+      };
+      consider(p);
+      // The same pipeline with its stages chosen by time and memory together
+      // (uneven: fewer blocks where the embedding, the head or the micro-batches
+      // in flight weigh), when that differs from the balanced split.
+      if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
+        Result<std::vector<int64_t>> split = cm.stage_split(p);
+        if (split.is_ok() && !split->empty() &&
+            *std::max_element(split->begin(), split->end()) !=
+                *std::min_element(split->begin(), split->end())) {
+          Plan q = p;
+          q.layers_per_stage = *split;
+          ++r.evaluated;
+          consider(q);
+        }
       }
-      Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
-      if (!c.is_ok()) {
-        if (first_invalid.empty()) first_invalid = c.status().message();
-        return;
-      }
-      ++r.valid;
-      if (!c->fits) {
-        if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
-        return;
-      }
-      ++r.fitting;
-      if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
-      // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
-      for (const StepCost& k : r.plans)
-        if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
-      auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
-      r.plans.insert(at, *c);
-      if (r.plans.size() > keep) r.plans.pop_back();
-    };
-    consider(p);
-    // The same pipeline with its stages chosen by time and memory together
-    // (uneven: fewer blocks where the embedding, the head or the micro-batches
-    // in flight weigh), when that differs from the balanced split.
-    if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
-      Result<std::vector<int64_t>> split = cm.stage_split(p);
-      if (split.is_ok() && !split->empty() &&
-          *std::max_element(split->begin(), split->end()) !=
-              *std::min_element(split->begin(), split->end())) {
-        Plan q = p;
-        q.layers_per_stage = *split;
-        ++r.evaluated;
-        consider(q);
-      }
-    }
-    return true;
-  });
+      return true;
+    });
+  }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
   // tp group of each leader shown without cp or interleaving: the same mesh, batch,
   // recompute and ZeRO with every operator's split chosen by the integer

@@ -38,13 +38,17 @@ struct FixedChoices {
   std::optional<Recompute> recompute;
   std::optional<int> zero;
   std::optional<bool> ops;  // the strategy search's per-operator layout (Plan::ops)
+  // Unpinned, offload (Plan::offload) is searched only when no plan fits
+  // without it: it trades step time for device memory.
+  std::optional<Offload> offload;
+  std::optional<bool> group;  // zero_style=group (Plan::group) or shard
   bool matches(const Plan& p) const;
   std::string to_string() const;  // "tp=8,pp=4" ("" when nothing is pinned)
 };
 
 // "tp=8,pp=4,schedule=1f1b,sp=true,recompute=full,zero=1". Keys: dp, tp, pp,
-// cp, sp, vp, micro_batch, schedule, recompute, zero, ops. Errors name the key and
-// what is valid.
+// cp, sp, vp, micro_batch, schedule, recompute, zero, ops, offload. Errors name
+// the key and what is valid.
 Result<FixedChoices> parse_fixed(const std::string& text);
 
 // The largest global batch (sequences per step) the search accepts: far

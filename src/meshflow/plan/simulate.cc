@@ -173,6 +173,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   MF_ASSIGN_OR_RETURN(p.recompute, parse_recompute(par.value("recompute", std::string("none"))));
   MF_ASSIGN_OR_RETURN(int64_t zero, get_int(par, "parallel", "zero", 0, false));
   p.zero = static_cast<int>(zero);
+  p.group = par.value("zero_style", std::string("shard")) == "group";
   p.sp = par.value("preset", std::string()) == "megatron-sp";
   // The strategy search's plan: split tuples for every operator and no
   // preset (priced again, the deterministic search gives the same tuples).

@@ -1,0 +1,178 @@
+// The planner's offload (Plan::offload): the optimizer state of a ZeRO plan
+// on the host (ZeRO-Offload) or on NVMe (ZeRO-Infinity), priced from the
+// cluster file's "host" section (PCIe per device, host memory and its
+// bandwidth, NVMe bandwidth and capacity per node), and searched only when no
+// plan fits without it.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli_run.h"
+#include "meshflow/config/json_reader.h"
+#include "meshflow/core/check.h"
+#include "meshflow/plan/emit.h"
+#include "meshflow/plan/search.h"
+
+namespace meshflow::plan {
+namespace {
+
+using meshflow::testing::source_dir;
+
+ModelConfig load_model(const std::string& name) {
+  Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
+  MF_CHECK(j.is_ok()) << j.status().message();
+  return value_or_throw(parse_model_config(*j));
+}
+
+Cluster cluster(const std::string& name, int64_t gpus) {
+  Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + name);
+  MF_CHECK(c.is_ok()) << c.status().message();
+  return value_or_throw(with_devices(*c, gpus));
+}
+
+// LLaMA-3 70B, batch 64 x 4096, on one DGX A100 (8 x 80 GB): no plan fits on
+// the devices (ZeRO-3's parameters and gradients alone are 33 GiB a device,
+// the optimizer state 99 GiB more), so the search offloads the state to the
+// host; on 64 GPUs plans fit without it and none is offloaded.
+TEST(PlanOffload, ChosenOnlyWhenNothingElseFits) {
+  const TrainingJob job{load_model("llama3_70b.json"), 64, 4096};
+  CostModel eight(job, cluster("dgx_a100_80gb.json", 8));
+  SearchOptions o;
+  o.top_k = 1;
+  const SearchResult r = value_or_throw(search_plans(eight, 8, o));
+  const StepCost& best = r.plans[0];
+  EXPECT_EQ(best.plan.offload, Offload::kHost) << plan_label(best.plan);
+  EXPECT_GE(best.plan.zero, 1);
+  EXPECT_TRUE(best.fits);
+  EXPECT_EQ(best.memory.optimizer, 0);
+  EXPECT_GT(best.memory.offloaded, 90.0 * (1 << 30));
+  EXPECT_LE(best.memory.total, best.usable_memory);
+  // Pinned off, nothing fits.
+  o.fixed = value_or_throw(parse_fixed("offload=none"));
+  Result<SearchResult> none = search_plans(eight, 8, o);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("does not fit on 8 devices"), std::string::npos)
+      << none.status().message();
+  // Where plans fit, none offloads.
+  CostModel many(job, cluster("dgx_a100_80gb.json", 64));
+  o.fixed = FixedChoices{};
+  const SearchResult big = value_or_throw(search_plans(many, 64, o));
+  for (const StepCost& c : big.plans) EXPECT_EQ(c.plan.offload, Offload::kNone);
+}
+
+// The price: the state leaves device memory; the step pays the PCIe traffic
+// (gradients down, weights up), the CPU update at the node's memory
+// bandwidth shared by its devices, and with NVMe the state's read and write.
+TEST(PlanOffload, PricedFromTheHostSection) {
+  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 64, 2048}, c);
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
+  p.recompute = Recompute::kFull;
+  const StepCost dev = value_or_throw(cm.price(p));
+  p.offload = Offload::kHost;
+  const StepCost host = value_or_throw(cm.price(p));
+  p.offload = Offload::kNvme;
+  const StepCost nvme = value_or_throw(cm.price(p));
+  EXPECT_GT(dev.memory.optimizer, 0);
+  EXPECT_DOUBLE_EQ(host.memory.offloaded, dev.memory.optimizer);
+  EXPECT_DOUBLE_EQ(host.memory.total, dev.memory.total - dev.memory.optimizer);
+  EXPECT_EQ(host.memory.optimizer, 0);
+  // The updates of 13B / 8 parameters a device: 2 bytes each way over 24 GB/s
+  // of PCIe, the CPU's 16 bytes a parameter (mixed AdamW) at 300 / 8 GB/s.
+  const double per_device = double(cm.num_parameters()) / 8;
+  const double pcie = 2 * per_device * 2 / c.host.link_bandwidth_bytes_per_s;
+  EXPECT_NEAR(host.comm.offload, 2 * per_device * 2, 1e-6 * host.comm.offload);
+  EXPECT_GT(host.step_time_s, dev.step_time_s + pcie);
+  // NVMe: the 12-byte state read and written at 12 / 8 GB/s on top.
+  EXPECT_NEAR(nvme.step_time_s - host.step_time_s,
+              2 * dev.memory.optimizer / (c.host.nvme_bandwidth_bytes_per_s / 8),
+              1e-6 * nvme.step_time_s);
+  std::printf(
+      "gpt3 13b dp=8 zero1: step %.2f s on the device, %.2f s offload=host, %.2f s "
+      "offload=nvme; %.1f GiB of optimizer state a device moved off\n",
+      dev.step_time_s, host.step_time_s, nvme.step_time_s, dev.memory.optimizer / (1 << 30));
+}
+
+TEST(PlanOffload, InvalidPlansSayWhy) {
+  CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
+               cluster("dgx_a100_80gb.json", 8));
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 8;
+  p.offload = Offload::kHost;
+  EXPECT_NE(cm.invalid_reason(p).find("needs zero >= 1"), std::string::npos)
+      << cm.invalid_reason(p);
+  // A cluster file without a host section.
+  CostModel bare(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048}, cluster("h100_96gb.json", 8));
+  p.zero = 1;
+  EXPECT_NE(bare.invalid_reason(p).find("cluster file's \"host\" section"), std::string::npos)
+      << bare.invalid_reason(p);
+  EXPECT_NE(parse_fixed("offload=ssd").status().message().find("none, host, nvme"),
+            std::string::npos);
+  EXPECT_EQ(value_or_throw(parse_fixed("offload=nvme,zero=1")).to_string(), "zero=1,offload=nvme");
+  Result<Cluster> bad = parse_cluster(json::parse(R"({"devices_per_node": 1,
+      "device": {"peak_flops": {"f32": 1e12}, "memory_bytes": 1000,
+                 "memory_bandwidth_bytes_per_s": 1e9},
+      "intra_node": {"bandwidth_bytes_per_s": 1e9},
+      "host": {"link_bandwidth_bytes_per_s": -1}})"));
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("cluster.host.link_bandwidth_bytes_per_s must be >= 0"),
+            std::string::npos)
+      << bad.status().message();
+}
+
+// What each stack runs: DeepSpeed's offload_optimizer, Megatron-LM's
+// --optimizer-cpu-offload (host only), TorchTitan none.
+TEST(PlanOffload, EmittedForTheStacksThatRunIt) {
+  const TrainingJob job{load_model("llama3_70b.json"), 64, 4096};
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 2;
+  p.offload = Offload::kNvme;
+  const std::string ds = value_or_throw(emit_plan(p, job, true, EmitTarget::kDeepSpeed));
+  EXPECT_NE(ds.find("\"offload_optimizer\""), std::string::npos) << ds;
+  EXPECT_NE(ds.find("\"nvme\""), std::string::npos) << ds;
+  EXPECT_FALSE(emit_plan(p, job, true, EmitTarget::kMegatron).is_ok());
+  p.offload = Offload::kHost;
+  const std::string mg = value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron));
+  EXPECT_NE(mg.find("--optimizer-cpu-offload"), std::string::npos) << mg;
+  p.zero = 3, p.sp = true;
+  const Status tt = emit_plan(p, job, true, EmitTarget::kTorchTitan).status();
+  EXPECT_NE(tt.message().find("pin offload=none"), std::string::npos) << tt.message();
+}
+
+// Weights grouping (Plan::group, ZeRO-1 with whole parameters per rank):
+// the largest group sets the optimizer state (at least the word embedding),
+// the gradients are all-reduced as without ZeRO and every parameter is
+// broadcast from its owner after the updates.
+TEST(PlanGroup, LargestGroupSetsTheStateAndBroadcastsAreAdded) {
+  CostModel cm(TrainingJob{load_model("llama3_8b.json"), 256, 2048},
+               cluster("dgx_a100_80gb.json", 32));
+  Plan p;
+  p.dp = 32, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
+  p.recompute = Recompute::kFull;
+  const StepCost shard = value_or_throw(cm.price(p));
+  p.group = true;
+  const StepCost group = value_or_throw(cm.price(p));
+  // 8B / 32 = 250M parameters an even share; the 128256 x 4096 word table is
+  // 525M: one rank's group holds it, so the state is twice sharding's.
+  const double table = 128256.0 * 4096.0;
+  EXPECT_NEAR(group.memory.optimizer, 12 * table, 0.02 * 12 * table);
+  EXPECT_GT(group.memory.optimizer, 2 * shard.memory.optimizer);
+  EXPECT_GT(group.comm.data_parallel, 1.4 * shard.comm.data_parallel);  // + the broadcasts
+  EXPECT_GT(group.step_time_s, shard.step_time_s);
+  EXPECT_NE(plan_label(group.plan).find("zero1 group"), std::string::npos);
+  // The search offers it (pinned here) and writes it for the runtime.
+  SearchOptions o;
+  o.top_k = 0;
+  o.fixed = value_or_throw(parse_fixed("dp=32,zero=1,zero_style=group"));
+  const SearchResult r = value_or_throw(search_plans(cm, 32, o));
+  EXPECT_TRUE(r.plans[0].plan.group);
+  p.zero = 2;
+  EXPECT_NE(cm.invalid_reason(p).find("weights grouping (group) is ZeRO-1"), std::string::npos)
+      << cm.invalid_reason(p);
+  EXPECT_NE(parse_fixed("zero_style=grp").status().message().find("shard or group"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshflow::plan
