@@ -182,6 +182,17 @@ TEST_F(CliHostile, CheckpointOfTheWrongKindFailsBeforeTraining) {
   EXPECT_EQ(r.output.find("step"), std::string::npos) << "trained first: " << r.output;
 }
 
+// Ring attention splits the sequence into cp blocks: a length that does not
+// divide is one line naming seq_len, cp and the valid lengths.
+TEST_F(CliHostile, RingWithASequenceNotDividingByCpIsOneLine) {
+  json j = gpt_run();
+  j["train"]["seq_len"] = 6;
+  j["parallel"] = {{"mode", "semi"}, {"mesh", "cp=4"}, {"preset", "ring"}};
+  expect_user_error(run("train " + write(j) + " --ranks 4"),
+                    "train.seq_len=6 does not split into cp=4 blocks; ring attention needs a "
+                    "multiple of 4 (4 or 8)");
+}
+
 TEST_F(CliHostile, CheckpointInConfigOfTheWrongKindFailsBeforeTraining) {
   json j = gpt_run();
   const std::string file = path("b_file");

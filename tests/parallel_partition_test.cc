@@ -156,7 +156,13 @@ INSTANTIATE_TEST_SUITE_P(
         // Recomputation inside partitioned programs (dropout masks too).
         PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp", 1, 2, "full"},
         PresetCase{"llama", "dp=2,tp=2", "megatron", 3, 1, "selective"},
-        PresetCase{"llama", "cp=2", "ulysses", 0, 1, "full"}),
+        PresetCase{"llama", "cp=2", "ulysses", 0, 1, "full"},
+        // Ring attention (k/v blocks round the cp ring), alone and with dp or tp.
+        PresetCase{"gpt", "cp=2", "ring"}, PresetCase{"llama", "cp=2", "ring"},
+        PresetCase{"gpt", "cp=4", "ring"}, PresetCase{"llama", "cp=4", "ring"},
+        PresetCase{"gpt", "dp=2,cp=2", "ring"}, PresetCase{"llama", "dp=2,cp=2", "ring"},
+        PresetCase{"gpt", "tp=2,cp=2", "ring"}, PresetCase{"llama", "tp=2,cp=2", "ring"},
+        PresetCase{"llama", "cp=2", "ring", 0, 1, "full"}),
     [](const auto& info) {
       const PresetCase& c = info.param;
       std::string mesh = c.mesh;
@@ -426,6 +432,39 @@ TEST(PartitionStructure, UlyssesUsesAllToAll) {
   LocalProgram p = lowered("llama", "cp=2", "ulysses");
   EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "cp"), 4 * 2);
   EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "cp"), 0);
+}
+
+// Ring attention: attention stays on sequence shards; no all_to_all, no
+// all_gather over cp in the forward; each attention records its ring's
+// k/v shifts (cp - 1 forward; cp - 1 k/v plus cp dk/dv backward) as inner
+// collectives, which `meshflow explain` lists.
+TEST(PartitionStructure, RingKeepsSequenceShardsAndRecordsItsShifts) {
+  for (const char* mesh : {"cp=2", "cp=4", "tp=2,cp=2"}) {
+    SCOPED_TRACE(mesh);
+    LocalProgram p = lowered("llama", mesh, "ring");
+    const int cp = std::string(mesh).find("cp=4") != std::string::npos ? 4 : 2;
+    EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "cp"), 0);
+    EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "cp", true), 0);
+    int rings = 0;
+    for (const Node& n : p.graph.nodes())
+      if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+        EXPECT_GE(n.attrs.mesh_axis, 0) << n.name;
+        EXPECT_EQ(n.attrs.group_size, cp) << n.name;
+        ++rings;
+      }
+    EXPECT_EQ(rings, 2 * 2);  // two layers, forward and backward
+    int fwd = 0, bwd = 0;
+    for (const CollectiveRecord& r : p.collectives)
+      if (r.kind == OpKind::kNeighborExchange && r.mesh_axis == "cp" &&
+          r.value.find("ring") != std::string::npos) {
+        (r.phase == Phase::kForward ? fwd : bwd) += 1;
+        // The k/v block of one rank: 2 x [batch 8, kv_heads 2 (/tp), seq 16/cp, head_dim 8] f32.
+        const int64_t tp = std::string(mesh).find("tp=2") != std::string::npos ? 2 : 1;
+        EXPECT_EQ(r.bytes_per_rank, 2 * 8 * (2 / tp) * (16 / cp) * 8 * 4) << r.value;
+      }
+    EXPECT_EQ(fwd, 2 * (cp - 1));
+    EXPECT_EQ(bwd, 2 * (2 * cp - 1));
+  }
 }
 
 // ---- sharding propagation (issue 6 §3) ----

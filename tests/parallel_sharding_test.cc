@@ -152,6 +152,7 @@ std::vector<Tensor> run_node(const Graph& g, NodeId id, const std::vector<Tensor
 
 int g_checked = 0;       // strategies checked numerically
 int g_halo_checked = 0;  // of those, with a height or width split (real ranks)
+int g_ring_checked = 0;  // of those, attention with its sequence split (a ring)
 
 // Runs `n` of `g` split by `st` on `mesh` and compares with `want`.
 void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingStrategy& st,
@@ -186,7 +187,7 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
         for (int ax : st.outputs[o].shard_axes(f.output_dim[o]))
           halo_axis[f.output_dim[o] - 2] = ax;
   }
-  const bool halo = halo_axis[0] >= 0 || halo_axis[1] >= 0;
+  bool halo = halo_axis[0] >= 0 || halo_axis[1] >= 0;
   std::vector<std::unique_ptr<Graph>> graphs;
   std::vector<std::vector<Tensor>> inputs;
   for (int rank = 0; rank < mesh.num_ranks(); ++rank) {
@@ -225,6 +226,13 @@ void check_strategy(const Graph& g, NodeId id, const Mesh& mesh, const ShardingS
       }
     }
     a.halo_axis = halo_axis;
+    if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+      // A split sequence runs the ring (kernels/cpu/ring_attention.h) on real ranks.
+      LocalAttrsCall lc{g, n, st.inputs, st.outputs, mesh, rank, a};
+      set_local_attrs(lc);
+      halo |= a.mesh_axis >= 0;
+      if (rank == 0 && a.mesh_axis >= 0) ++g_ring_checked;
+    }
     if (n.kind == OpKind::kBatchNorm || n.kind == OpKind::kBatchNormGrad) {
       // The batch or spatial dims split: the kernel all-reduces its sums over
       // real ranks (tests/ops_batch_norm_test.cc, SplitBatchEqualsOneDevice).
@@ -869,6 +877,41 @@ TEST(ParallelShardingNumeric, Attention) {
       check_op(c, c.op(OpKind::kAttention, a), 12);
       if (HasFatalFailure()) return;
     }
+}
+
+// Ring attention (kernels/cpu/ring_attention.h): the query and key sequence
+// split together over 2 and 4 ranks (and with batch or heads over a second
+// axis), causal and not, with GQA where kv_heads < cp and heads < cp; forward
+// and backward equal to the unsharded op.
+TEST(ParallelShardingNumeric, RingAttentionSequenceSplits) {
+  const int before = g_ring_checked;
+  for (bool causal : {true, false})
+    for (auto [h, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 1}, {2, 2}, {2, 1}}) {
+      SCOPED_TRACE("causal " + std::to_string(causal) + " heads " + std::to_string(h) + "/" +
+                   std::to_string(hkv));
+      const Shape q = S({{"b", 2}, {"h", h}, {"t", 8}, {"d", 4}});
+      const Shape kv = S({{"b", 2}, {"hkv", hkv}, {"t", 8}, {"d", 4}});
+      OpCase c;
+      const ValueId qi = c.in(q), ki = c.in(kv), vi = c.in(kv);
+      Attrs a;
+      a.causal = causal;
+      a.alpha = 0.f;
+      check_op(c, c.op(OpKind::kAttention, a), 64);
+      if (HasFatalFailure()) return;
+      (void)qi, (void)ki, (void)vi;
+      // The backward on the forward's real out and lse.
+      std::vector<Tensor> fw = run_node(c.g, c.g.num_nodes() - 1, c.vals);
+      OpCase d;
+      d.in(q), d.in(q), d.in(kv), d.in(kv), d.in(q);
+      d.in(S({{"b", 2}, {"h", h}, {"t", 8}}));
+      for (int i = 0; i < 3; ++i) d.vals[1 + i] = c.vals[i];
+      d.vals[4] = fw[0];
+      d.vals[5] = fw[1];
+      check_op(d, d.op(OpKind::kAttentionGrad, a), 64);
+      if (HasFatalFailure()) return;
+    }
+  // Every case has splits of t over x=2, x=4 and one axis of x=2,y=2.
+  EXPECT_GE(g_ring_checked - before, 16 * 4);
 }
 
 TEST(ParallelShardingNumeric, SumSquaresAndAdamW) {

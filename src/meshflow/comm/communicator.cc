@@ -399,6 +399,22 @@ Status Communicator::all_reduce(float* data, int64_t count, ReduceOp op) {
   });
 }
 
+Work Communicator::ring_shift_async(const void* send, void* recv, int64_t count, DType dt) {
+  const std::string what =
+      "ring_shift_async(" + std::to_string(count) + " " + std::string(dtype_name(dt)) + ")";
+  if (count < 0) return ready_work(Status::invalid(what + ": count must be >= 0" + where()));
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+  if (size() == 1) {
+    if (bytes > 0) std::memcpy(recv, send, bytes);
+    return ready_work(Status::ok());
+  }
+  return run_async(what, [this, send, recv, bytes](uint64_t tag) {
+    const int n = size();
+    return t_->send_recv(ranks_[(rank_ + 1) % n], send, bytes, ranks_[(rank_ + n - 1) % n], recv,
+                         bytes, tag);
+  });
+}
+
 Work Communicator::all_reduce_async(float* data, int64_t count, ReduceOp op) {
   const std::string what =
       "all_reduce_async(" + std::to_string(count) + " floats, " + op_name(op) + ")";

@@ -135,6 +135,12 @@ class Communicator {
   Status neighbor_exchange(const void* to_prev, int64_t n_prev, const void* to_next, int64_t n_next,
                            void* from_prev, void* from_next, DType dt);
 
+  // Ring shift (ring attention's k/v blocks): sends `count` elements of `dt`
+  // from `send` to rank + 1 and receives rank - 1's into `recv` (wrapping
+  // around; one rank: a copy). `send` and `recv` must not overlap and stay
+  // untouched until the Work is done; compute may read `send` meanwhile.
+  Work ring_shift_async(const void* send, void* recv, int64_t count, DType dt);
+
   Work all_reduce_async(float* data, int64_t count, ReduceOp op);
   Work all_gather_async(const float* in, int64_t count, float* out);
   Work reduce_scatter_async(const float* in, int64_t count_per_rank, float* out, ReduceOp op);

@@ -94,7 +94,7 @@ Status check_data_pipeline(const StrategyConfig& par, const PipelineConfig& pc, 
           "parallel.mesh axis " + a.name + "=" + str(a.size) +
           " with parallel.pipeline in mode \"data\": the stages run data parallel only; for "
           "tensor, context or sequence parallel inside each stage set \"mode\": \"semi\" with a "
-          "preset (megatron, megatron-sp, ulysses), rules or strategies");
+          "preset (megatron, megatron-sp, ulysses, ring), rules or strategies");
     }
   }
   const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
@@ -131,7 +131,7 @@ Result<Mesh> flat_mesh(const StrategyConfig& par, int world, bool partitioned) {
             "parallel.mesh axis " + a.name + "=" + str(a.size) +
             " in mode \"data\": data parallel splits the batch over dp only; for tensor, "
             "sequence or context parallel set \"mode\": \"semi\" with a preset (megatron, "
-            "megatron-sp, ulysses), rules or strategies");
+            "megatron-sp, ulysses, ring), rules or strategies");
   return mesh;
 }
 
@@ -318,6 +318,17 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
       rc.has_parallel = true;
       job.partitioned = true;
     }
+  }
+
+  // Ring attention splits the sequence into one contiguous block per cp rank.
+  if (job.partitioned && par.preset == "ring" && job.mesh.axis_index("cp") >= 0) {
+    const int64_t cp = job.mesh.size(job.mesh.axis_index("cp"));
+    if (rc.train.seq_len % cp != 0)
+      return Status::invalid("parallel.preset \"ring\": train.seq_len=" + str(rc.train.seq_len) +
+                             " does not split into cp=" + str(cp) +
+                             " blocks; ring attention needs a multiple of " + str(cp) + " (" +
+                             str(cp * std::max<int64_t>(1, rc.train.seq_len / cp)) + " or " +
+                             str(cp * (rc.train.seq_len / cp + 1)) + ")");
   }
 
   // Batch arithmetic, once, in the user's terms: data parallel (and data-mode

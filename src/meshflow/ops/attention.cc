@@ -201,12 +201,17 @@ OpCost cost_rope(const Graph& g, const Node& n) {
 // Sharding. attention: batch and heads pass through (with GQA the query
 // heads and the kv heads split together: a block of kv heads serves exactly
 // the block of query heads that reads it, so the factor's size is kv_heads);
-// the key/value seq and head_dim must be replicated. The query seq passes
-// through only when not causal: the causal mask aligns the last query with the
-// last key, which a shard of the queries would not know (replicated under
-// causal). attention_grad: the same factors over (dout, q, k, v, out, lse) ->
-// (dq, dk, dv); the query seq is a reduction there (a query shard gives dq's
-// rows but Partial dk, dv).
+// head_dim must be replicated. Self-attention (as many queries as keys):
+// the query and key sequence are one factor, kCollective with `ring`: split
+// over one mesh axis, each rank keeps its query block and the k/v blocks go
+// round the axis inside the kernel (ring attention,
+// kernels/cpu/ring_attention.h); every operand and output keeps its sequence
+// split. Otherwise (T != S) the key seq is replicated and the query seq
+// passes through only when not causal: the causal mask aligns the last query
+// with the last key, which a shard of the queries would not know.
+// attention_grad: the same factors over (dout, q, k, v, out, lse) ->
+// (dq, dk, dv); a separate query seq is a reduction there (a query shard
+// gives dq's rows but Partial dk, dv).
 // dropout: element-wise, linear in x; a shard draws the numbers of its global
 // element indices (attrs.global_dims/global_offset, set by the partitioner), so
 // the mask is the unsharded one.
@@ -226,12 +231,15 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
   const char* outs = grad ? "qkk" : "ql";
   const int fb = r.add(q.name(0), q.size(0));
   const int fh = r.add(q.name(1), k.size(1));
+  const bool ring = q.size(2) == k.size(2);
   // attention_grad: every query row adds to dk and dv, which a query shard leaves Partial.
   const int ft = r.add(q.name(2), q.size(2),
-                       n.attrs.causal ? F::kNeedReplicate
-                       : grad         ? F::kReduction
-                                      : F::kPassThrough);
-  const int fs = r.add(k.name(2), k.size(2), F::kNeedReplicate);
+                       ring             ? F::kCollective
+                       : n.attrs.causal ? F::kNeedReplicate
+                       : grad           ? F::kReduction
+                                        : F::kPassThrough);
+  r.factors[ft].ring = ring;
+  const int fs = ring ? ft : r.add(k.name(2), k.size(2), F::kNeedReplicate);
   const int fd = r.add(q.name(3), q.size(3), F::kNeedReplicate);
   auto map = [&](char role, auto&& set) {
     set(fb, 0);
@@ -242,6 +250,38 @@ ShardingRule sharding_attention(const Graph& g, const Node& n) {
   for (int i = 0; i < r.num_inputs; ++i) map(ins[i], [&](int f, int d) { r.in(f, i, d); });
   for (int o = 0; o < r.num_outputs; ++o) map(outs[o], [&](int f, int d) { r.out(f, o, d); });
   return r;
+}
+
+// On one rank: a sequence split over a mesh axis runs the ring over it.
+void attention_local(LocalAttrsCall& c) {
+  const int qi = c.n.kind == OpKind::kAttentionGrad ? 1 : 0;
+  const Shape& q = c.g.shape(c.n.inputs[qi]);
+  if (q.size(2) != c.g.shape(c.n.inputs[qi + 1]).size(2)) return;
+  for (int ax : c.inputs[qi].shard_axes(2)) {
+    if (c.mesh.size(ax) == 1) continue;
+    c.attrs.mesh_axis = ax;
+    c.attrs.group_size = static_cast<int>(c.mesh.size(ax));
+    c.set_offsets(q, c.inputs[qi]);
+  }
+}
+
+// Ring attention's traffic per rank (ops/op_def.h): the forward passes its
+// k/v block on n - 1 times; the backward passes k/v on n - 1 times and the
+// dk/dv accumulator n times (the last brings it home). Each shift overlaps
+// the step's compute (kernels/cpu/ring_attention.h).
+std::vector<InnerCollective> attention_collectives(const Graph& g, const Node& n) {
+  std::vector<InnerCollective> out;
+  if (n.attrs.mesh_axis < 0) return out;
+  const bool grad = n.kind == OpKind::kAttentionGrad;
+  const int64_t kv = 2 * g.shape(n.inputs[grad ? 2 : 1]).numel();
+  for (int s = 1; s < n.attrs.group_size; ++s)
+    out.push_back({OpKind::kNeighborExchange, n.attrs.mesh_axis, kv,
+                   "ring k/v block, step " + std::to_string(s), 2});
+  if (grad)
+    for (int s = 1; s <= n.attrs.group_size; ++s)
+      out.push_back({OpKind::kNeighborExchange, n.attrs.mesh_axis, kv,
+                     "ring dk/dv accumulator, step " + std::to_string(s), 2});
+  return out;
 }
 ShardingRule sharding_dropout(const Graph& g, const Node& n) {
   ShardingRule r = broadcast_rule(g, n, g.shape(n.outputs[0]));
@@ -266,6 +306,10 @@ void register_attention_ops(OpTable& t) {
   add_op(t, OpKind::kRope, 1, infer_rope, grad_rope, cost_rope);
   set_sharding(t, OpKind::kAttention, sharding_attention);
   set_sharding(t, OpKind::kAttentionGrad, sharding_attention);
+  for (OpKind k : {OpKind::kAttention, OpKind::kAttentionGrad}) {
+    set_local_attrs(t, k, attention_local);
+    set_inner_collectives(t, k, attention_collectives);
+  }
   // A shard's masks and rotations are those of its block of the global
   // value: the kernels index by global position.
   for (OpKind k : {OpKind::kDropout, OpKind::kDropoutGrad, OpKind::kRope})

@@ -75,8 +75,6 @@ ShardingRule sharding_rule(const Graph& g, const Node& n) {
   return r;
 }
 
-namespace {
-
 // "1, 2, 4, 8": the split counts the mesh can make (products of axis subsets)
 // that divide `size`.
 std::string mesh_splits(int64_t size, const Mesh& mesh) {
@@ -93,7 +91,7 @@ std::string mesh_splits(int64_t size, const Mesh& mesh) {
   return s;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n, const Mesh& mesh,
                                                   const std::vector<Layout>& inputs) {
@@ -159,6 +157,10 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
     if (fa.size % count0 != 0)
       return Status::invalid(label + ": dim " + fa.name + "=" + std::to_string(fa.size) +
                              " cannot be split " + std::to_string(count0) + " ways" + valid);
+    if (fa.ring && axes_of[f].size() > 1)
+      return Status::invalid(label + ": " + fa.name + " is split over several mesh axes; its " +
+                             "ring (k/v blocks passed between neighbours) runs on one, so " +
+                             "split it over one");
     if (fa.kind == Factor::kHalo && count0 > 1) {
       if (axes_of[f].size() > 1)
         return Status::invalid(label + ": spatial dim " + fa.name +

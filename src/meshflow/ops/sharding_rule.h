@@ -46,8 +46,11 @@ struct ShardingRule {
     std::string name;
     int64_t size = 1;
     int64_t halo = 0, halo_unit = 1;  // kHalo (above)
-    std::vector<int> input_dim;       // per input: the dim this factor is, -1 if absent
-    std::vector<int> output_dim;      // per output
+    // kCollective run as a ring on one mesh axis (ring attention's sequence):
+    // split over several axes is an error.
+    bool ring = false;
+    std::vector<int> input_dim;   // per input: the dim this factor is, -1 if absent
+    std::vector<int> output_dim;  // per output
     Kind kind = kPassThrough;
   };
   std::vector<Factor> factors;
@@ -102,6 +105,10 @@ void set_input_factor_kind(ShardingRule& r, int input, int dim, ShardingRule::Fa
 // the outermost dims share a factor (of size gcd of the two), the rest are
 // need-replicate.
 ShardingRule reshape_rule(const Shape& in, const Shape& out);
+
+// "1, 2, 4, 8": the split counts `mesh` can make (products of axis subsets)
+// that divide `size`; error messages list them as the valid splits.
+std::string mesh_splits(int64_t size, const Mesh& mesh);
 
 // attrs.global_dims / global_offset: where `rank`'s block of a value of
 // `global` shape in layout `l` starts (left as they are when l splits nothing).

@@ -56,21 +56,6 @@ std::string dims_text(const Shape& s, int b, int e) {
   return t;
 }
 
-// "1, 2, 4": the split counts the mesh can make (products of axis subsets) that divide `size`.
-std::string mesh_splits(int64_t size, const Mesh& mesh) {
-  std::vector<int64_t> counts = {1};
-  for (int a = 0; a < mesh.num_axes(); ++a) {
-    const size_t k = counts.size();
-    for (size_t i = 0; i < k; ++i) counts.push_back(counts[i] * mesh.size(a));
-  }
-  std::sort(counts.begin(), counts.end());
-  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-  std::string s;
-  for (int64_t c : counts)
-    if (size % c == 0) s += (s.empty() ? "" : ", ") + std::to_string(c);
-  return s;
-}
-
 ReshardPlan make_plan(const Layout& src, const Layout& dst, std::vector<ReshardStep> steps) {
   ReshardPlan p{src, dst, std::move(steps), 0, 0};
   for (const ReshardStep& st : p.steps) {

@@ -341,6 +341,11 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
     all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"},
            {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "tp"}};
   if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
+  // Ring attention: the sequence stays split over cp through attention too
+  // (k/v blocks go round the cp ring in the kernel); Megatron's tp beside it.
+  if (preset == "ring")
+    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"},
+           {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "cp"}};
   // Megatron with context parallel (Megatron-LM's --context-parallel-size):
   // the sequence is split over cp as well (under sp over cp, then tp).
   if (mesh.axis_index("cp") >= 0 && (preset == "megatron" || preset == "megatron-sp")) {
@@ -478,7 +483,7 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   StrategyConfig c;
   JsonObjectReader r(j, where);
   r.choice("mode", &c.mode, {"data", "semi", "hybrid", "auto"});
-  r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses"});
+  r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses", "ring"});
   r.choice("search", &c.search, {"propagate", "full"});
   r.integer("zero", &c.zero, 0, 3);
   r.choice("zero_style", &c.zero_style, {"shard", "group"});

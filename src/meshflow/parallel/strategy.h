@@ -106,7 +106,9 @@ Result<RulesReport> apply_rules(const Graph& g, const Mesh& mesh, const DimRules
 // vocab-parallel embedding, LM head and cross-entropy);
 // "megatron-sp" the same + {seq: tp} (norms, dropout and residuals on sequence
 // shards: all_gather / reduce_scatter in place of all_reduce); "ulysses"
-// {batch: dp, seq: cp} (attention gets its heads split by all_to_all).
+// {batch: dp, seq: cp} (attention gets its heads split by all_to_all);
+// "ring" {batch: dp, heads: tp, kv_heads: tp, ffn: tp, vocab: tp, seq: cp}
+// (attention stays on sequence shards: ring attention over cp, Megatron over tp).
 DimRules preset_rules(const std::string& preset, const Mesh& mesh);
 // On a mesh with a cp axis the Megatron presets also split seq over cp
 // ("megatron-sp": over cp*tp), with the attention core on heads over tp*cp
@@ -118,7 +120,7 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
 
 struct StrategyConfig {
   std::string mode = "data";         // "data" | "semi" | "hybrid" | "auto"
-  std::string preset;                // "" | "dp" | "megatron" | "megatron-sp" | "ulysses"
+  std::string preset;                // "" | "dp" | "megatron" | "megatron-sp" | "ulysses" | "ring"
   std::string search = "propagate";  // auto mode: "propagate" | "full"
   int zero = 0;                      // ZeRO stage over the dp axis
   // How stage 1 splits the optimizer over dp: "shard" (every parameter's state

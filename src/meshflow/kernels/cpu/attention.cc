@@ -24,6 +24,7 @@
 
 #include "meshflow/kernels/cpu/attention_dropout.h"
 #include "meshflow/kernels/cpu/parallel.h"
+#include "meshflow/kernels/cpu/ring_attention.h"
 #include "meshflow/kernels/kernel.h"
 
 namespace meshflow {
@@ -134,6 +135,7 @@ void softmax_rows(const AttnDims& d, int64_t i0, int64_t rows, int64_t ncols, fl
 
 // attention(q, k, v) -> out, lse.
 void attention_kernel(const KernelCall& c) {
+  if (c.attrs().mesh_axis >= 0) return cpu::ring_attention(c);  // sequence split over a ring
   const AttnDims d = attn_dims(c.in_shape(0), c.in_shape(1), c.attrs());
   const float* q = c.in_f(0);
   const float* k = c.in_f(1);
@@ -183,6 +185,7 @@ void attention_kernel(const KernelCall& c) {
 //   Di = rowsum(dO * O);  P = exp(scale * Q K^T - lse) (masked);  dV += P^T dO;
 //   dP = dO V^T;  dS = P * (dP - Di);  dQ = scale * dS K;  dK += scale * dS^T Q.
 void attention_grad_kernel(const KernelCall& c) {
+  if (c.attrs().mesh_axis >= 0) return cpu::ring_attention_grad(c);
   const AttnDims d = attn_dims(c.in_shape(1), c.in_shape(2), c.attrs());
   const float* dout = c.in_f(0);
   const float* q = c.in_f(1);
