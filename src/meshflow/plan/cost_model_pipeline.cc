@@ -39,7 +39,12 @@ Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& 
     so.virtual_stages = static_cast<int>(p.vp);
     so.zb_v_costs = costs;
     so.zb_v_order = zb_v_order;
-    MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
+    Result<meshflow::Schedule> made = make_schedule(so);
+    if (!made.is_ok() && so.zb_v_order >= 0) {  // that order stalls at this length: the best
+      so.zb_v_order = -1;
+      made = make_schedule(so);
+    }
+    MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, std::move(made));
     MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, costs));
     zb_v_order = sched.options.zb_v_order;  // the longer run extends this order
     return sim.makespan;
