@@ -174,5 +174,35 @@ TEST(PlanGroup, LargestGroupSetsTheStateAndBroadcastsAreAdded) {
             std::string::npos);
 }
 
+// Ring attention (Plan::ring, preset "ring"): cp over the keys, k/v blocks
+// passed around the cp ranks. Ulysses needs the kv heads to split over cp;
+// the ring does not, so where kv_heads < cp only the ring runs, and the
+// search finds it.
+TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
+  CostModel cm(TrainingJob{load_model("llama3_8b.json"), 16, 8192},
+               cluster("dgx_a100_80gb.json", 16));
+  Plan p;
+  p.dp = 1, p.cp = 16, p.micro_batch = 1, p.num_micro_batches = 16, p.zero = 1;
+  p.recompute = Recompute::kFull;
+  Result<StepCost> ulysses = cm.price(p);  // 8 kv heads over cp=16
+  EXPECT_FALSE(ulysses.is_ok() && cm.invalid_reason(p).empty());
+  p.ring = true;
+  ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
+  const StepCost ring = value_or_throw(cm.price(p));
+  EXPECT_GT(ring.cp_comm_s, 0);
+  EXPECT_GT(ring.comm.context_parallel, 0);
+  EXPECT_NE(plan_label(ring.plan).find("cp=16ring"), std::string::npos);
+  // Pinned (the search tries the ring only when asked), it is the plan.
+  SearchOptions o;
+  o.top_k = 0;
+  o.fixed = value_or_throw(parse_fixed("cp=16,ring=true"));
+  const SearchResult r = value_or_throw(search_plans(cm, 16, o));
+  EXPECT_TRUE(r.plans[0].plan.ring) << plan_label(r.plans[0].plan);
+  p.cp = 1, p.dp = 16, p.num_micro_batches = 1;
+  EXPECT_NE(cm.invalid_reason(p).find("ring attention"), std::string::npos) << cm.invalid_reason(p);
+  std::printf("llama3 8b seq 8192 on 16 A100s, cp=16: ring %s, %.2f s a step, cp comm %.2f s\n",
+              plan_label(r.plans[0].plan).c_str(), r.plans[0].step_time_s, r.plans[0].cp_comm_s);
+}
+
 }  // namespace
 }  // namespace meshflow::plan

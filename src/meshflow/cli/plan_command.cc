@@ -347,7 +347,7 @@ void add_plan_commands(CLI::App& app) {
   p->add_option("--out", po->out, "Write the best plan as a run config fragment");
   p->add_option("--fix", po->fix,
                 "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero, "
-                "zero_style, ops, offload "
+                "zero_style, ops, ring, offload "
                 "(e.g. tp=8,pp=4,schedule=1f1b)")
       ->check([](const std::string& v) {
         return v.empty() ? std::string("empty; give key=value items, e.g. tp=8,pp=4")

@@ -117,11 +117,22 @@ double attended_pairs(const Shape& q, const Shape& k, bool causal) {
   return pairs;
 }
 
+// The (query, key) pairs a rank computes. A ring (attrs.mesh_axis set: q and
+// k/v split over the axis, ring_attention.h) visits every rank's k/v block:
+// the slowest rank's work, the last under causal masking with contiguous
+// blocks (cp-1 whole blocks and its diagonal one), all cp blocks without.
+double rank_pairs(const Node& n, const Shape& q, const Shape& k) {
+  const double local = attended_pairs(q, k, n.attrs.causal);
+  if (n.attrs.mesh_axis < 0 || n.attrs.group_size <= 1) return local;
+  const double whole = double(q.size(2)) * double(k.size(2));
+  return double(n.attrs.group_size - 1) * whole + (n.attrs.causal ? local : whole);
+}
+
 OpCost cost_attention(const Graph& g, const Node& n) {
   const Shape& q = g.shape(n.inputs[0]);
   const Shape& k = g.shape(n.inputs[1]);
   const double rows = double(q.size(0)) * double(q.size(1));
-  const double pairs = rows * attended_pairs(q, k, n.attrs.causal);
+  const double pairs = rows * rank_pairs(n, q, k);
   OpCost c;
   c.flops = 4.0 * pairs * double(q.size(3)) + 5.0 * pairs;  // Q K^T, P V, softmax
   c.bytes = 4.0 * (2.0 * q.numel() + 2.0 * k.numel() + rows * q.size(2));
@@ -132,7 +143,7 @@ OpCost cost_attention_grad(const Graph& g, const Node& n) {
   const Shape& q = g.shape(n.inputs[1]);
   const Shape& k = g.shape(n.inputs[2]);
   const double rows = double(q.size(0)) * double(q.size(1));
-  const double pairs = rows * attended_pairs(q, k, n.attrs.causal);
+  const double pairs = rows * rank_pairs(n, q, k);
   OpCost c;
   // Recomputed Q K^T, then dV, dP, dQ, dK: five GEMMs of 2*pairs*D each.
   c.flops = 10.0 * pairs * double(q.size(3)) + 8.0 * pairs;

@@ -164,7 +164,10 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   else if (spmd && mlp && p.tp > 1)
     par["rules"] = mlp_tensor_rules(*mlp);
   else if (spmd)
-    par["preset"] = p.tp > 1 ? (p.sp ? "megatron-sp" : "megatron") : p.cp > 1 ? "ulysses" : "dp";
+    par["preset"] = p.cp > 1 && p.ring ? "ring"
+                    : p.tp > 1         ? (p.sp ? "megatron-sp" : "megatron")
+                    : p.cp > 1         ? "ulysses"
+                                       : "dp";
   if (p.zero > 0) par["zero"] = p.zero;
   if (p.group) par["zero_style"] = "group";
   if (p.pp > 1) {

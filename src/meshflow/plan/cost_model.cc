@@ -177,9 +177,10 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
-  const auto key = std::make_tuple(s.tp, s.cp, s.sp,
-                                   int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0),
-                                   s.blocks, s.ops.get());
+  const auto key = std::make_tuple(
+      s.tp, s.cp, s.sp,
+      int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0),
+      s.blocks, s.ops.get());
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,8 +198,8 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
 
 Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key =
-      std::make_tuple(p.tp, p.cp, p.micro_batch, int(p.sp) + (p.ops ? 2 : 0), int(p.recompute));
+  const auto key = std::make_tuple(
+      p.tp, p.cp, p.micro_batch, int(p.sp) + (p.ops ? 2 : 0) + (p.ring ? 4 : 0), int(p.recompute));
   std::pair<double, double> a;
   bool cached = false;
   {
@@ -212,6 +213,7 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
     const int64_t programs = has_blocks() ? 2 : 1;
     for (int64_t n = 1; n <= programs; ++n) {
       RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, p.recompute, n};
+      shape.ring = p.ring;
       if (p.ops) {
         MF_ASSIGN_OR_RETURN(shape.ops, op_search(p.tp, p.micro_batch));
       }
@@ -332,15 +334,15 @@ double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const
 }
 
 Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
-                                        bool ops) const {
+                                        bool ops, bool ring) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(tp, cp, micro_batch, int(sp) + (ops ? 2 : 0));
+  const auto key = std::make_tuple(tp, cp, micro_batch, int(sp) + (ops ? 2 : 0) + (ring ? 4 : 0));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
   }
-  Result<LayerCost> r = price_program(tp, cp, micro_batch, sp, ops);
+  Result<LayerCost> r = price_program(tp, cp, micro_batch, sp, ops, ring);
   auto shared = std::make_shared<const Result<LayerCost>>(r);
   std::lock_guard<std::mutex> lock(mu_);
   cache_.emplace(key, shared);
@@ -504,9 +506,9 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
 }
 
 Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
-                                           bool ops) const {
+                                           bool ops, bool ring) const {
   Plan p;
-  p.tp = tp, p.cp = cp;
+  p.tp = tp, p.cp = cp, p.ring = ring;
   std::shared_ptr<const StrategySearch> searched;
   if (ops) {
     MF_ASSIGN_OR_RETURN(searched, op_search(tp, micro_batch));
@@ -524,6 +526,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
                     bool optimizer = false) -> Result<Totals> {
     RankShape shape{micro_batch, job_.seq, tp, cp, sp, rc, blocks, optimizer};
     shape.ops = searched;
+    shape.ring = ring;
     MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
     Totals all{};
     price_all(lp, &all, embed);
@@ -599,11 +602,13 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   return lc;
 }
 
-Result<std::vector<ChunkCost>> CostModel::chunk_costs(
-    int64_t tp, int64_t cp, int64_t micro_batch, int64_t chunks, bool sp, Recompute recompute,
-    const std::vector<int64_t>& layers, std::shared_ptr<const StrategySearch> ops) const {
+Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
+                                                      int64_t chunks, bool sp, Recompute recompute,
+                                                      const std::vector<int64_t>& layers,
+                                                      std::shared_ptr<const StrategySearch> ops,
+                                                      bool ring) const {
   MF_RETURN_IF_ERROR(status_);
-  const int variant = int(sp) + 2 * int(recompute);
+  const int variant = int(sp) + 2 * int(recompute) + (ring ? 8 : 0);
   const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant, layers, ops.get());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -627,6 +632,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(
       shape.optimizer = true;
       shape.pipeline = true;
       shape.ops = ops;
+      shape.ring = ring;
       MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
       program = std::make_shared<const LocalProgram>(std::move(built));
       std::lock_guard<std::mutex> lock(mu_);
@@ -764,6 +770,8 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     return "vp > 1 needs the interleaved schedule (or zb-v with 2), got " +
            std::string(schedule_name(p.schedule));
   }
+  if (p.ring && (p.cp < 2 || p.sp || p.ops))
+    return "ring attention (cp over the keys, preset \"ring\") needs cp >= 2, and no sp or ops";
   if (p.group && (p.zero != 1 || p.dp < 2 || p.pp > 1 || p.cp > 1))
     return "weights grouping (group) is ZeRO-1 over dp with whole parameters per rank: it needs "
            "zero=1, dp >= 2, and no pp or cp (the runtime groups one program's parameters)";
@@ -1216,7 +1224,8 @@ Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
     return std::vector<int64_t>{};
   Plan q = p;  // (REQUIRES: p valid; the search asks only for valid plans)
   q.layers_per_stage.clear();
-  MF_ASSIGN_OR_RETURN(const LayerCost lc, layer_cost(q.tp, q.cp, q.micro_batch, q.sp, q.ops));
+  MF_ASSIGN_OR_RETURN(const LayerCost lc,
+                      layer_cost(q.tp, q.cp, q.micro_batch, q.sp, q.ops, q.ring));
   const int64_t layers = dims_.layers, pp = p.pp;
   const double usable = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
   auto work = [&](int64_t s, double n) {
@@ -1303,9 +1312,9 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   }
   if (by_chunk) {
     MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp,
-                                            p.recompute, p.layers_per_stage, searched));
+                                            p.recompute, p.layers_per_stage, searched, p.ring));
   } else {
-    MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops));
+    MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
   }
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;

@@ -327,7 +327,7 @@ class CostModel {
   // One block's cost at these local shapes (the rank program built and priced
   // once per (tp, cp, micro_batch, sp), then cached, errors included).
   Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false,
-                               bool ops = false) const;
+                               bool ops = false, bool ring = false) const;
   // The per-operator strategy search (parallel/strategy_search.h) of this
   // job's program at micro-batch `micro_batch` on the tp axis of a dp x tp
   // mesh: compute priced by this model's roofline, reshards on the cluster's
@@ -353,7 +353,8 @@ class CostModel {
                                              int64_t chunks, bool sp = false,
                                              Recompute recompute = Recompute::kNone,
                                              const std::vector<int64_t>& layers = {},
-                                             std::shared_ptr<const StrategySearch> ops = {}) const;
+                                             std::shared_ptr<const StrategySearch> ops = {},
+                                             bool ring = false) const;
   // Blocks per stage for p's pipeline chosen by time and memory together:
   // the split that minimizes the slowest stage's work per micro-batch with
   // every stage's predicted peak within the device's usable memory (a 1F1B
@@ -437,8 +438,8 @@ class CostModel {
   Result<MemoryBreakdown> memory_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
                                              const StageTimes& st) const;
   // layer_cost without the cache.
-  Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp,
-                                  bool ops) const;
+  Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp, bool ops,
+                                  bool ring) const;
 
   TrainingJob job_;
   Cluster cluster_;

@@ -142,7 +142,8 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
   arg("--pipeline-model-parallel-size", str(p.pp));
   if (p.cp > 1) {
     arg("--context-parallel-size", str(p.cp));
-    arg("--cp-comm-type", "a2a");  // meshflow's cp: all_to_all to head shards (Ulysses)
+    // meshflow's cp: all_to_all to head shards (Ulysses), or the ring (p2p).
+    arg("--cp-comm-type", p.ring ? "p2p" : "a2a");
   }
   if (p.pp > 1) {
     if (p.schedule == ScheduleKind::kInterleaved)

@@ -43,7 +43,7 @@ std::string plan_label(const Plan& p) {
   if (p.sp) s += "+sp";
   if (p.ops) s += "+ops";
   s += " pp=" + std::to_string(p.pp);
-  if (p.cp > 1) s += " cp=" + std::to_string(p.cp);
+  if (p.cp > 1) s += " cp=" + std::to_string(p.cp) + (p.ring ? "ring" : "");
   if (p.vp > 1) s += " vp=" + std::to_string(p.vp);
   if (!p.layers_per_stage.empty()) {
     s += " stages=";

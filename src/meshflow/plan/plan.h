@@ -61,6 +61,10 @@ struct Plan {
   // parameters owned by dp ranks (balanced by size), each owner updating
   // its group and broadcasting it; zero == 1, dp >= 2, pp == 1.
   bool group = false;
+  // Context parallel over the keys (ring attention, preset "ring": k/v blocks
+  // circulate around the cp ranks) instead of Ulysses' all_to_all to head
+  // shards; cp >= 2, no sp or ops.
+  bool ring = false;
   // Per-operator strategies on the tp axis, chosen by the strategy search
   // (parallel/strategy_search.h) in place of the Megatron template; `searched`
   // holds them once CostModel::price has priced the plan (what

@@ -52,7 +52,7 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   }
   if (s.optimizer) append_optimizer(g, RunConfig{}.optimizer);
   Plan p;
-  p.tp = s.tp, p.cp = s.cp, p.sp = s.sp;
+  p.tp = s.tp, p.cp = s.cp, p.sp = s.sp, p.ring = s.ring;
   p.ops = s.ops != nullptr, p.searched = s.ops;
   MF_ASSIGN_OR_RETURN(nlohmann::json section, parallel_section(p, model));
   if (section.contains("strategies")) {

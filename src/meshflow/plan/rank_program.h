@@ -51,6 +51,7 @@ struct RankShape {
   // Per-operator strategies (a plan's Plan::searched) in place of the
   // Megatron template on tp; null: the template.
   std::shared_ptr<const StrategySearch> ops = nullptr;
+  bool ring = false;  // cp as ring attention (Plan::ring)
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA

@@ -53,7 +53,8 @@ bool FixedChoices::matches(const Plan& p) const {
          (!micro_batch || *micro_batch == p.micro_batch) && (!sp || *sp == p.sp) &&
          (!schedule || *schedule == p.schedule) && (!recompute || *recompute == p.recompute) &&
          (!zero || *zero == p.zero) && (!ops || *ops == p.ops) &&
-         (!offload || *offload == p.offload) && (!group || *group == p.group);
+         (!offload || *offload == p.offload) && (!group || *group == p.group) &&
+         (!ring || *ring == p.ring);
 }
 
 std::string FixedChoices::to_string() const {
@@ -72,6 +73,7 @@ std::string FixedChoices::to_string() const {
   if (ops) add(std::string("ops=") + (*ops ? "true" : "false"));
   if (offload) add(std::string("offload=") + offload_name(*offload));
   if (group) add(std::string("zero_style=") + (*group ? "group" : "shard"));
+  if (ring) add(std::string("ring=") + (*ring ? "true" : "false"));
   return s;
 }
 
@@ -107,10 +109,10 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
       MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 0));
       if (x > 3) return Status::invalid("--fix zero must be 0, 1, 2 or 3, got " + v);
       f.zero = static_cast<int>(x);
-    } else if (key == "sp" || key == "ops") {
+    } else if (key == "sp" || key == "ops" || key == "ring") {
       if (v != "true" && v != "false" && v != "1" && v != "0")
         return Status::invalid("--fix " + key + " must be true or false, got '" + v + "'");
-      (key == "sp" ? f.sp : f.ops) = v == "true" || v == "1";
+      (key == "sp" ? f.sp : key == "ops" ? f.ops : f.ring) = v == "true" || v == "1";
     } else if (key == "schedule") {
       Result<ScheduleKind> s = parse_schedule_kind(v);
       if (!s.is_ok()) return s.status().with_context("--fix");
@@ -130,7 +132,7 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
     } else {
       return Status::invalid("--fix: unknown key '" + key +
                              "'; valid: dp, tp, pp, cp, sp, vp, micro_batch, schedule, "
-                             "recompute, zero, zero_style, ops, offload");
+                             "recompute, zero, zero_style, ops, ring, offload");
     }
   }
   return f;
@@ -203,9 +205,15 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o,
             // per-operator plan when pinned (ops=true; otherwise it is tried
             // on the leaders only, search_until).
             const int layouts = tp == 1 ? 0 : fx.ops && *fx.ops ? 2 : 1;
-            for (int layout = 0; layout <= layouts; ++layout) {
-              p.sp = layout == 1;
-              p.ops = layout == 2;
+            // cp over the keys (ring attention), with the Megatron layout: only
+            // when pinned (--fix ring=true). Unpinned, where Ulysses cannot run,
+            // it picked LLaMA-3 405B on 16384 H100s as pp=64 x cp=8 ring over
+            // the tp=8+sp plan: not validated yet (docs/planner.md).
+            const int rings = cp > 1 && cm.has_blocks() && fx.ring && *fx.ring ? 1 : 0;
+            for (int layout = 0; layout <= layouts + rings; ++layout) {
+              p.ring = layout > layouts;
+              p.sp = !p.ring && layout == 1;
+              p.ops = !p.ring && layout == 2;
               for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
                 p.recompute = rc;
                 const int max_zero = dp * cp > 1 ? 3 : 0;

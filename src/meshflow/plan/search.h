@@ -42,6 +42,7 @@ struct FixedChoices {
   // without it: it trades step time for device memory.
   std::optional<Offload> offload;
   std::optional<bool> group;  // zero_style=group (Plan::group) or shard
+  std::optional<bool> ring;   // cp as ring attention (Plan::ring) or Ulysses
   bool matches(const Plan& p) const;
   std::string to_string() const;  // "tp=8,pp=4" ("" when nothing is pinned)
 };

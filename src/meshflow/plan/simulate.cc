@@ -175,6 +175,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   p.zero = static_cast<int>(zero);
   p.group = par.value("zero_style", std::string("shard")) == "group";
   p.sp = par.value("preset", std::string()) == "megatron-sp";
+  p.ring = par.value("preset", std::string()) == "ring";
   // The strategy search's plan: split tuples for every operator and no
   // preset (priced again, the deterministic search gives the same tuples).
   p.ops = par.contains("strategies") && !par.contains("preset") && p.tp > 1 && p.cp == 1;
