@@ -323,22 +323,14 @@ void set_input_factor_kind(ShardingRule& r, int input, int dim, Factor::Kind kin
   if (f >= 0) r.factors[f].kind = kind;
 }
 
-ShardingRule reshape_rule(const Shape& in, const Shape& out) {
-  ShardingRule r(1, 1);
+std::vector<ReshapeGroup> reshape_groups(const Shape& in, const Shape& out) {
+  MF_CHECK_EQ(in.numel(), out.numel()) << "reshape " << in.to_string() << " -> " << out.to_string();
+  std::vector<ReshapeGroup> gs;
   int i = 0, o = 0;
-  while (i < in.rank() || o < out.rank()) {
-    // Size-1 dims form no factor.
-    if (i < in.rank() && in.size(i) == 1) {
-      ++i;
-      continue;
-    }
-    if (o < out.rank() && out.size(o) == 1) {
-      ++o;
-      continue;
-    }
-    MF_CHECK(i < in.rank() && o < out.rank())
-        << "reshape " << in.to_string() << " -> " << out.to_string();
-    // The smallest group [i, i1) x [o, o1) with equal products.
+  while (true) {
+    while (i < in.rank() && in.size(i) == 1) ++i;
+    while (o < out.rank() && out.size(o) == 1) ++o;
+    if (i == in.rank() || o == out.rank()) break;
     int i1 = i + 1, o1 = o + 1;
     int64_t pi = in.size(i), po = out.size(o);
     while (pi != po) {
@@ -347,6 +339,16 @@ ShardingRule reshape_rule(const Shape& in, const Shape& out) {
       else
         po *= out.size(o1++);
     }
+    gs.push_back({i, i1, o, o1});
+    i = i1;
+    o = o1;
+  }
+  return gs;
+}
+
+ShardingRule reshape_rule(const Shape& in, const Shape& out) {
+  ShardingRule r(1, 1);
+  for (const auto& [i, i1, o, o1] : reshape_groups(in, out)) {
     if (i1 == i + 1 && o1 == o + 1) {
       int f = r.add(out.name(o), out.size(o));
       r.in(f, 0, i).out(f, 0, o);
@@ -359,8 +361,6 @@ ShardingRule reshape_rule(const Shape& in, const Shape& out) {
       for (int k = o + 1; k < o1; ++k)
         if (out.size(k) > 1) r.out(r.add(out.name(k), out.size(k), Factor::kNeedReplicate), 0, k);
     }
-    i = i1;
-    o = o1;
   }
   return r;
 }

@@ -101,6 +101,12 @@ std::vector<ShardingStrategy> enumerate_strategies(const Graph& g, const Node& n
 ShardingRule broadcast_rule(const Graph& g, const Node& n, const Shape& ref);
 // Sets every factor that maps to input `input`'s dim `dim` to `kind`.
 void set_input_factor_kind(ShardingRule& r, int input, int dim, ShardingRule::Factor::Kind kind);
+// A reshape's groups, in order: dims [i0, i1) of `in` and [o0, o1) of `out`,
+// the smallest runs with equal products (size-1 dims belong to none).
+struct ReshapeGroup {
+  int i0, i1, o0, o1;
+};
+std::vector<ReshapeGroup> reshape_groups(const Shape& in, const Shape& out);
 // reshape: dims matched 1:1 where the sizes agree; in a split/merge group only
 // the outermost dims share a factor (of size gcd of the two), the rest are
 // need-replicate.

@@ -12,34 +12,7 @@ namespace meshflow {
 
 namespace {
 
-// Dims [i0, i1) of x and [o0, o1) of y with equal products: what one reshape
-// group merges or splits (size-1 dims belong to none).
-struct Group {
-  int i0, i1, o0, o1;
-};
-
-std::vector<Group> groups(const Shape& in, const Shape& out) {
-  MF_CHECK_EQ(in.numel(), out.numel()) << "reshape " << in.to_string() << " -> " << out.to_string();
-  std::vector<Group> gs;
-  int i = 0, o = 0;
-  while (true) {
-    while (i < in.rank() && in.size(i) == 1) ++i;
-    while (o < out.rank() && out.size(o) == 1) ++o;
-    if (i == in.rank() || o == out.rank()) break;
-    int i1 = i + 1, o1 = o + 1;
-    int64_t pi = in.size(i), po = out.size(o);
-    while (pi != po) {
-      if (pi < po)
-        pi *= in.size(i1++);
-      else
-        po *= out.size(o1++);
-    }
-    gs.push_back({i, i1, o, o1});
-    i = i1;
-    o = o1;
-  }
-  return gs;
-}
+using Group = ReshapeGroup;
 
 // One digit of a group read major to minor: a mesh axis's split, or a run of
 // local extent (axis -1).
@@ -81,7 +54,7 @@ std::optional<Layout> reshape_block_layout(const Shape& in, const Shape& out, co
   std::vector<Placement> p(mesh.num_axes(), Placement::Replicate());
   for (int a = 0; a < mesh.num_axes(); ++a)
     if (c.at(a).is_partial()) p[a] = Placement::Partial();
-  for (const Group& gr : groups(in, out)) {
+  for (const Group& gr : reshape_groups(in, out)) {
     std::vector<Digit> digits;
     for (int d = gr.i0; d < gr.i1; ++d) {
       for (int a : c.shard_axes(d)) digits.push_back({a, mesh.size(a)});
@@ -199,7 +172,7 @@ Status validate_reshape_strategy(const Graph& g, const Node& n, const Mesh& mesh
                            std::to_string(st.outputs.size()));
   const Shape& in = g.shape(n.inputs[0]);
   const Shape& out = g.shape(n.outputs[0]);
-  const std::vector<Group> gs = groups(in, out);
+  const std::vector<Group> gs = reshape_groups(in, out);
   // What the reshape does to dim d of the input (side 0) or output (side 1).
   auto role = [&](int side, int d) -> std::string {
     for (const Group& gr : gs) {
