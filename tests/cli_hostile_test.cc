@@ -186,11 +186,20 @@ TEST_F(CliHostile, CheckpointOfTheWrongKindFailsBeforeTraining) {
 // divide is one line naming seq_len, cp and the valid lengths.
 TEST_F(CliHostile, RingWithASequenceNotDividingByCpIsOneLine) {
   json j = gpt_run();
-  j["train"]["seq_len"] = 6;
+  j["train"]["seq_len"] = 12;
   j["parallel"] = {{"mode", "semi"}, {"mesh", "cp=4"}, {"preset", "ring"}};
+  // The zigzag order (the default) cuts the sequence into 2 x cp chunks.
+  expect_user_error(run("train " + write(j) + " --ranks 4"),
+                    "train.seq_len=12 does not split into 2 x cp = 8 chunks (ring_order "
+                    "\"zigzag\"); ring attention needs a multiple of 8 (8 or 16), or "
+                    "\"ring_order\": \"contiguous\" (a multiple of 4)");
+  j["train"]["seq_len"] = 6;
+  j["parallel"]["ring_order"] = "contiguous";
   expect_user_error(run("train " + write(j) + " --ranks 4"),
                     "train.seq_len=6 does not split into cp=4 blocks; ring attention needs a "
                     "multiple of 4 (4 or 8)");
+  j["parallel"]["ring_order"] = "mirrored";
+  expect_user_error(run("train " + write(j) + " --ranks 4"), "parallel.ring_order");
 }
 
 TEST_F(CliHostile, CheckpointInConfigOfTheWrongKindFailsBeforeTraining) {

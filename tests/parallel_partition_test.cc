@@ -19,6 +19,7 @@
 #include "grad_check.h"
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
@@ -128,6 +129,7 @@ struct PresetCase {
   std::string model, mesh, preset;
   int zero = 0, micro_batches = 1;
   std::string recompute = "none";
+  std::string ring_order;  // preset "ring": "" (the default, zigzag) or "contiguous"
 };
 
 class PartitionPreset : public ::testing::TestWithParam<PresetCase> {};
@@ -137,6 +139,7 @@ TEST_P(PartitionPreset, SameLossesAndWeightsAsOneDevice) {
   // One device without recomputation is the reference.
   const Trace single = train(run(c.model, c.micro_batches, nullptr), nullptr);
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
+  if (!c.ring_order.empty()) par["ring_order"] = c.ring_order;
   RunConfig rc = run(c.model, c.micro_batches, par);
   if (c.recompute == "full") rc.train.recompute.mode = RecomputePolicy::kFull;
   if (c.recompute == "selective") rc.train.recompute.mode = RecomputePolicy::kSelective;
@@ -157,12 +160,18 @@ INSTANTIATE_TEST_SUITE_P(
         PresetCase{"gpt_dropout", "dp=2,tp=2", "megatron-sp", 1, 2, "full"},
         PresetCase{"llama", "dp=2,tp=2", "megatron", 3, 1, "selective"},
         PresetCase{"llama", "cp=2", "ulysses", 0, 1, "full"},
-        // Ring attention (k/v blocks round the cp ring), alone and with dp or tp.
+        // Ring attention (k/v blocks round the cp ring), alone and with dp or tp:
+        // the sequence in zigzag order (the default; dropout masks, rope angles
+        // and GPT's position table at true positions), and in contiguous blocks.
         PresetCase{"gpt", "cp=2", "ring"}, PresetCase{"llama", "cp=2", "ring"},
         PresetCase{"gpt", "cp=4", "ring"}, PresetCase{"llama", "cp=4", "ring"},
         PresetCase{"gpt", "dp=2,cp=2", "ring"}, PresetCase{"llama", "dp=2,cp=2", "ring"},
         PresetCase{"gpt", "tp=2,cp=2", "ring"}, PresetCase{"llama", "tp=2,cp=2", "ring"},
-        PresetCase{"llama", "cp=2", "ring", 0, 1, "full"}),
+        PresetCase{"llama", "cp=2", "ring", 0, 1, "full"},
+        PresetCase{"gpt_dropout", "cp=4", "ring", 0, 2},
+        PresetCase{"gpt_dropout", "cp=2", "ring", 0, 1, "selective"},
+        PresetCase{"gpt", "cp=4", "ring", 0, 1, "none", "contiguous"},
+        PresetCase{"llama", "dp=2,cp=2", "ring", 0, 1, "none", "contiguous"}),
     [](const auto& info) {
       const PresetCase& c = info.param;
       std::string mesh = c.mesh;
@@ -172,8 +181,40 @@ INSTANTIATE_TEST_SUITE_P(
       for (char& ch : preset)
         if (ch == '-') ch = '_';
       return c.model + "_" + mesh + "_" + preset + "_zero" + std::to_string(c.zero) + "_m" +
-             std::to_string(c.micro_batches) + "_" + c.recompute;
+             std::to_string(c.micro_batches) + "_" + c.recompute +
+             (c.ring_order.empty() ? "" : "_" + c.ring_order);
     });
+
+// What the preset "ring" resolves to is what runs: the zigzag order over cp
+// by default (the program's attention in it, GPT's position table reordered),
+// contiguous blocks when asked, and nothing reordered without a cp ring.
+TEST(PartitionRing, ZigzagOrderIsWhatRuns) {
+  struct Want {
+    std::string mesh, order;
+    int64_t zigzag;
+  };
+  for (const Want& w : {Want{"dp=2,cp=4", "", 4}, Want{"cp=2", "zigzag", 2},
+                        Want{"cp=4", "contiguous", 0}, Want{"dp=2", "", 0}}) {
+    json par = {{"mode", "semi"}, {"mesh", w.mesh}, {"preset", "ring"}};
+    if (!w.order.empty()) par["ring_order"] = w.order;
+    const RunConfig rc = run("gpt", 1, par);
+    const Job job = value_or_throw(resolve_job(rc, rc.parallel.mesh.num_ranks()));
+    EXPECT_EQ(job.seq_zigzag, w.zigzag) << w.mesh << " " << w.order;
+    const ModelGraph m =
+        value_or_throw(build_training_graph(rc, job.micro_batch_rows, job.seq_zigzag));
+    int zigzag_ops = 0, attention = 0;
+    for (const Node& n : m.graph.nodes()) {
+      zigzag_ops += n.kind == OpKind::kZigzag;
+      if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+        EXPECT_EQ(n.attrs.seq_zigzag, w.zigzag) << n.name;
+        ++attention;
+      }
+    }
+    EXPECT_EQ(attention, 4);  // 2 blocks, forward and backward
+    EXPECT_EQ(zigzag_ops, w.zigzag ? 2 : 0) << "wpe's slice and its gradient";
+    EXPECT_EQ(m.zigzag_inputs.size(), w.zigzag ? 2u : 0u);
+  }
+}
 
 // ---- random strategies: any valid assignment trains like one device ----
 

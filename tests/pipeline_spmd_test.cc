@@ -178,7 +178,10 @@ INSTANTIATE_TEST_SUITE_P(
         SpmdCase{"llama", "tp=2", "megatron", K::kZbH1, 2},
         SpmdCase{"llama", "tp=2", "megatron", K::kZbV, 4, 0, 4, 2},
         SpmdCase{"gpt_tied", "dp=2", "dp", K::kZbV, 2, 0, 4, 2},
-        SpmdCase{"gpt", "tp=2", "megatron", K::kInterleaved, 2, 0, 4, 2}),
+        SpmdCase{"gpt", "tp=2", "megatron", K::kInterleaved, 2, 0, 4, 2},
+        // Ring attention inside the stages, the sequence in zigzag order
+        SpmdCase{"gpt", "cp=2", "ring", K::k1F1B, 2},
+        SpmdCase{"llama", "cp=2", "ring", K::kZbV, 4, 0, 4, 2}),
     [](const auto& info) { return case_name(info.param); });
 
 // The stage sub-mesh: the mesh without pp; rank-count errors say what to run with.

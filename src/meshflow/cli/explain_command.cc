@@ -187,7 +187,7 @@ int run_explain(const ExplainOptions& o) {
     return fail(Status::invalid("--rank " + std::to_string(o.rank) + " is not on the mesh " +
                                 mesh.to_string() + " (0.." + std::to_string(mesh.num_ranks() - 1) +
                                 ")"));
-  Result<ModelGraph> model = build_training_graph(job->rc, job->micro_batch_rows);
+  Result<ModelGraph> model = build_training_graph(job->rc, job->micro_batch_rows, job->seq_zigzag);
   if (!model.is_ok()) return fail(model.status());
   StrategyConfig pc = job->rc.parallel;
   if (!job->partitioned) {

@@ -320,15 +320,21 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     }
   }
 
-  // Ring attention splits the sequence into one contiguous block per cp rank.
+  // Ring attention splits the sequence into one block per cp rank: in
+  // zigzag order two chunks of 2 x cp, else one contiguous block.
   if (job.partitioned && par.preset == "ring" && job.mesh.axis_index("cp") >= 0) {
     const int64_t cp = job.mesh.size(job.mesh.axis_index("cp"));
-    if (rc.train.seq_len % cp != 0)
-      return Status::invalid("parallel.preset \"ring\": train.seq_len=" + str(rc.train.seq_len) +
-                             " does not split into cp=" + str(cp) +
-                             " blocks; ring attention needs a multiple of " + str(cp) + " (" +
-                             str(cp * std::max<int64_t>(1, rc.train.seq_len / cp)) + " or " +
-                             str(cp * (rc.train.seq_len / cp + 1)) + ")");
+    const bool zigzag = par.ring_order == "zigzag" && cp > 1;
+    const int64_t n = zigzag ? 2 * cp : cp, T = rc.train.seq_len;
+    if (T % n != 0)
+      return Status::invalid(
+          "parallel.preset \"ring\": train.seq_len=" + str(T) + " does not split into " +
+          (zigzag ? "2 x cp = " + str(n) + " chunks (ring_order \"zigzag\")"
+                  : "cp=" + str(n) + " blocks") +
+          "; ring attention needs a multiple of " + str(n) + " (" +
+          str(n * std::max<int64_t>(1, T / n)) + " or " + str(n * (T / n + 1)) + ")" +
+          (zigzag ? ", or \"ring_order\": \"contiguous\" (a multiple of " + str(cp) + ")" : ""));
+    if (zigzag) job.seq_zigzag = cp;
   }
 
   // Batch arithmetic, once, in the user's terms: data parallel (and data-mode

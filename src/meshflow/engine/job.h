@@ -78,6 +78,9 @@ struct Job {
   // ranks as the planner shares it), the same collective cost the planner
   // prices the program with; the defaults when there is no such file.
   ReshardCostModel reshard_cost;
+  // Preset "ring" with ring_order "zigzag" on cp > 1: the cp ranks the
+  // sequence's zigzag order is over (parallel/seq_balance.h); 0: natural order.
+  int64_t seq_zigzag = 0;
 
   // "partitioned, mesh {dp: 2, tp: 2}", "data parallel", "pipeline 2 stages x ...".
   std::string describe() const;

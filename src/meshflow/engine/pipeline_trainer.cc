@@ -196,7 +196,7 @@ struct PipelineTrainer::Impl {
       if (g.find(name) == kNoValue) continue;
       // The micro-batch is whole; this rank feeds its block.
       const Layout& layout = annotation.produced(model.graph, model.graph.find(name));
-      throw_if_error(l.ex->feed(name, local_block(t, submesh, layout, sub_rank)));
+      throw_if_error(l.ex->feed(name, feed_block(model, name, t, submesh, layout, sub_rank)));
     }
     if (g.find("loss_count") != kNoValue) {
       // A loss whose rows are sharded divides by the whole micro-batch's valid targets.
@@ -727,7 +727,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
 
   // The training graph Trainer builds, partitioned for this rank's
   // coordinate in the stage sub-mesh, then its split into chunks.
-  Result<ModelGraph> m = build_training_graph(rc, im.micro_rows);
+  Result<ModelGraph> m = build_training_graph(rc, im.micro_rows, job.seq_zigzag);
   if (!m.is_ok()) return m.status();
   im.model = std::move(m).value();
   Graph& g = im.model.graph;

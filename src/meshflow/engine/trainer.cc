@@ -20,6 +20,7 @@
 #include "meshflow/ops/verify.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
+#include "meshflow/parallel/seq_balance.h"
 
 namespace meshflow {
 
@@ -123,6 +124,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Job& job, std::shared_ptr
   MF_CHECK(!job.pipeline) << "Trainer::create: a pipelined job (make_engine builds its engine)";
   std::unique_ptr<Trainer> t(new Trainer());
   t->rc_ = job.rc;
+  t->seq_zigzag_ = job.seq_zigzag;
   t->describe_ = job.describe();
   t->comm_ = comm;
   t->rank_ = comm ? comm->rank() : 0;
@@ -180,10 +182,17 @@ Status Trainer::init_executor(const Graph& program, const MeshComms* comms) {
   return Status::ok();
 }
 
-Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch) {
+Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch,
+                                        int64_t seq_zigzag) {
   Result<ModelGraph> m = build_model_from_json(rc.model, micro_batch, rc.train.seq_len);
   if (!m.is_ok()) return m.status().with_context(rc.model_source);
   ModelGraph model = std::move(m).value();
+  if (seq_zigzag > 1) {
+    Result<SeqBalance> sb = balance_sequence(model.graph, seq_zigzag);
+    if (!sb.is_ok()) return sb.status().with_context("parallel.ring_order \"zigzag\"");
+    model.seq_zigzag = sb->ranks;
+    model.zigzag_inputs = sb->inputs;
+  }
   append_backward(model.graph);
   MF_RETURN_IF_ERROR(
       apply_recompute(model.graph, rc.train.recompute).with_context("train.recompute"));
@@ -192,11 +201,18 @@ Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch
   return model;
 }
 
+Tensor feed_block(const ModelGraph& m, const std::string& name, const Tensor& whole,
+                  const Mesh& mesh, const Layout& layout, int rank) {
+  const auto it = m.zigzag_inputs.find(name);
+  if (it == m.zigzag_inputs.end()) return local_block(whole, mesh, layout, rank);
+  return local_block(zigzag_tensor(whole, it->second, m.seq_zigzag), mesh, layout, rank);
+}
+
 // The SPMD path: the whole graph, annotated and lowered for this rank.
 Status Trainer::init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
                                  const PartitionOptions* given) {
   const StrategyConfig& pc = rc_.parallel;
-  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_));
+  MF_ASSIGN_OR_RETURN(model_, build_training_graph(rc_, micro_batch_, seq_zigzag_));
   Graph& g = model_.graph;
 
   PartitionOptions o = given ? *given : partition_options(pc, mesh);
@@ -259,7 +275,8 @@ void Trainer::feed_batch(const Batch& b) {
     const ValueId gv = model_.graph.find(name);
     MF_CHECK_NE(gv, kNoValue) << name;
     const Layout& l = annotation_.produced(model_.graph, gv);
-    throw_if_error(executor_->feed(name, local_block(tensor, program_->mesh, l, rank_)));
+    throw_if_error(
+        executor_->feed(name, feed_block(model_, name, tensor, program_->mesh, l, rank_)));
     if (name == count_targets_) {
       const int32_t* t = tensor.data<int32_t>();
       int64_t valid = 0;

@@ -117,6 +117,7 @@ class Trainer : public Engine {
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<GradientBuckets> buckets_;  // null: no accumulation and no reduction
   int rank_ = 0, world_ = 1;
+  int64_t seq_zigzag_ = 0;  // Job::seq_zigzag
   bool language_model_ = true;
   int64_t num_params_ = 0;
   int micro_batch_ = 0;  // rows per micro-batch over all ranks (the global graph's)
@@ -139,8 +140,16 @@ class Trainer : public Engine {
 Result<ModelGraph> build_model_from_json(const json& model, int64_t batch, int64_t seq);
 
 // The whole training graph of a run config (model + backward + optimizer) for
-// micro-batches of `micro_batch` rows.
-Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch);
+// micro-batches of `micro_batch` rows; seq_zigzag > 1: with its sequence in
+// zigzag order over that many ranks (Job::seq_zigzag, parallel/seq_balance.h).
+Result<ModelGraph> build_training_graph(const RunConfig& rc, int64_t micro_batch,
+                                        int64_t seq_zigzag = 0);
+
+// What a rank of a partitioned program feeds for the data input `name`: the
+// whole tensor in the model's sequence order (ModelGraph::zigzag_inputs
+// reordered), then its block of `layout`.
+Tensor feed_block(const ModelGraph& m, const std::string& name, const Tensor& whole,
+                  const Mesh& mesh, const Layout& layout, int rank);
 
 // A weights file (--init) for rc's model: meshflow's names as they are, or a
 // Hugging Face transformers state dict (GPT-2, LLaMA: models/hf_weights.h)

@@ -92,6 +92,13 @@ struct Attrs {
   // sizes of the node's sharded tensor and this rank's block start per dim.
   // Empty: the tensor is the whole tensor.
   std::vector<int64_t> global_dims, global_offset;
+  // Set by the sequence balance pass (parallel/seq_balance.h): the sequence
+  // runs in zigzag order over seq_zigzag ranks (ops/zigzag.h), and dim
+  // seq_dim of the node's tensor is that sequence (attention: dim 2 of q and
+  // k; rope: 1; dropout: its "seq" dim; zigzag: the dim it reorders). 0: the
+  // natural order.
+  int64_t seq_zigzag = 0;
+  int seq_dim = -1;
 };
 
 struct Value {

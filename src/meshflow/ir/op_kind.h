@@ -75,6 +75,7 @@
   X(Dropout, "dropout")                             \
   X(DropoutGrad, "dropout_grad")                    \
   X(Rope, "rope")                                   \
+  X(Zigzag, "zigzag")                               \
   /* optimizer */                                   \
   X(SumSquares, "sum_squares")                      \
   X(ClipCoef, "clip_coef")                          \

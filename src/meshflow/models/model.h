@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,11 @@ struct ModelGraph {
   // language models, {"x", "labels"} for the MLP. (Dropout adds the scalar
   // "rng_offset" and autodiff "loss_scale"; those are not data.)
   std::vector<std::string> inputs;
+  // Set when the sequence runs in zigzag order over seq_zigzag ranks (causal
+  // ring attention's load balance, parallel/seq_balance.h): the sequence
+  // inputs the trainers feed reordered, each with its seq dim.
+  int64_t seq_zigzag = 0;
+  std::map<std::string, int> zigzag_inputs;
 };
 
 // The end of every language model: logits [batch, seq, vocab] = x @ tied^T

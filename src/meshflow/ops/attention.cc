@@ -119,13 +119,19 @@ double attended_pairs(const Shape& q, const Shape& k, bool causal) {
 
 // The (query, key) pairs a rank computes. A ring (attrs.mesh_axis set: q and
 // k/v split over the axis, ring_attention.h) visits every rank's k/v block:
-// the slowest rank's work, the last under causal masking with contiguous
-// blocks (cp-1 whole blocks and its diagonal one), all cp blocks without.
+// the slowest rank's work. Under causal masking with contiguous blocks that
+// is the last rank (cp-1 whole blocks and its diagonal one); in zigzag order
+// (ops/zigzag.h) every rank computes half of each other block and its own
+// two chunks' triangles and square: n*T*S/2 + T/2. All cp blocks without
+// the mask.
 double rank_pairs(const Node& n, const Shape& q, const Shape& k) {
   const double local = attended_pairs(q, k, n.attrs.causal);
-  if (n.attrs.mesh_axis < 0 || n.attrs.group_size <= 1) return local;
+  const int64_t ranks = n.attrs.group_size;
+  if (n.attrs.mesh_axis < 0 || ranks <= 1) return local;
   const double whole = double(q.size(2)) * double(k.size(2));
-  return double(n.attrs.group_size - 1) * whole + (n.attrs.causal ? local : whole);
+  if (!n.attrs.causal) return double(ranks) * whole;
+  if (n.attrs.seq_zigzag == ranks) return double(ranks) * whole / 2 + double(q.size(2)) / 2;
+  return double(ranks - 1) * whole + local;
 }
 
 OpCost cost_attention(const Graph& g, const Node& n) {

@@ -7,8 +7,12 @@
 //   slice_grad dy -> zeros of attrs.shape with dy placed at that range (axes, ints as the slice)
 //   concat     (x0, x1, ..) -> joined along dim axes[0]; other dims must match; the joined dim
 //              keeps x0's name
+//   zigzag     x -> dim attrs.seq_dim in the zigzag order over attrs.seq_zigzag ranks
+//              (ops/zigzag.h: out[p] = x[true(p)]); attrs.inverse: back to the natural
+//              order. The sequence balance pass (parallel/seq_balance.h) reorders a
+//              position table with it.
 // Gradients: transpose by the inverse permutation, reshape back, slice <-> slice_grad,
-// one slice per concat input.
+// one slice per concat input, zigzag by the inverse zigzag.
 #include "meshflow/ops/grad_context.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/sharding_rule.h"
@@ -203,6 +207,31 @@ void grad_concat(GradContext& c, const Node& n) {
   }
 }
 
+// ---- zigzag ----
+
+Status infer_zigzag(const Graph& g, const Node& n, std::vector<Value>* outs) {
+  MF_RETURN_IF_ERROR(expect_inputs(g, n, 1));
+  const Shape& x = g.shape(n.inputs[0]);
+  const int d = n.attrs.seq_dim;
+  if (d < 0 || d >= x.rank())
+    return Status::invalid(node_label(n) + ": seq_dim " + std::to_string(d) + " is not a dim of x" +
+                           x.to_string() + " (valid: 0.." + std::to_string(x.rank() - 1) + ")");
+  const int64_t n2 = 2 * n.attrs.seq_zigzag;
+  if (n.attrs.seq_zigzag < 1 || x.size(d) % n2 != 0)
+    return Status::invalid(node_label(n) + ": dim " + std::to_string(d) + " of x" + x.to_string() +
+                           " does not cut into 2 x " + std::to_string(n.attrs.seq_zigzag) +
+                           " chunks (seq_zigzag must be >= 1 and 2*seq_zigzag divide the dim)");
+  outs->push_back(out_value(x, g.value(n.inputs[0]).dtype));
+  return Status::ok();
+}
+
+void grad_zigzag(GradContext& c, const Node& n) {
+  if (!c.needs(0)) return;
+  Attrs at = n.attrs;
+  at.inverse = !at.inverse;
+  c.accumulate(0, c.b().op1(OpKind::kZigzag, {c.dout(0)}, at, "zigzag_grad"));
+}
+
 // ---- costs: pure data movement, read the input once and write the output once ----
 
 OpCost cost_move(const Graph& g, const Node& n) {
@@ -242,6 +271,19 @@ ShardingRule sharding_reshape(const Graph& g, const Node& n) {
   r.partial_inputs = {{0}};
   return r;
 }
+// zigzag: the reordered dim is replicated, the others pass through.
+ShardingRule sharding_zigzag(const Graph& g, const Node& n) {
+  const Shape& x = g.shape(n.inputs[0]);
+  ShardingRule r(1, 1);
+  for (int d = 0; d < x.rank(); ++d) {
+    const int f = r.add(x.name(d), x.size(d),
+                        d == n.attrs.seq_dim ? ShardingRule::Factor::kNeedReplicate
+                                             : ShardingRule::Factor::kPassThrough);
+    r.in(f, 0, d).out(f, 0, d);
+  }
+  r.partial_inputs = {{0}};
+  return r;
+}
 ShardingRule sharding_slice_concat(const Graph& g, const Node& n) {
   const Shape& y = g.shape(n.outputs[0]);
   const int axis = value_or_throw(single_axis(n, y.rank()));
@@ -270,6 +312,8 @@ void register_shape_ops(OpTable& t) {
   add_op(t, OpKind::kConcat, -1, infer_concat, grad_concat, cost_move);
   set_sharding(t, OpKind::kTranspose, sharding_transpose);
   set_sharding(t, OpKind::kReshape, sharding_reshape);
+  add_op(t, OpKind::kZigzag, 1, infer_zigzag, grad_zigzag, cost_move);
+  set_sharding(t, OpKind::kZigzag, sharding_zigzag);
   for (OpKind k : {OpKind::kSlice, OpKind::kSliceGrad, OpKind::kConcat})
     set_sharding(t, k, sharding_slice_concat);
 }

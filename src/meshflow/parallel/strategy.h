@@ -130,6 +130,11 @@ struct StrategyConfig {
   // updated weight: MindSpore's weights grouping, PyTorch's
   // ZeroRedundancyOptimizer, Lightning's "ddp_sharded"). "group" needs zero 1.
   std::string zero_style = "shard";
+  // Preset "ring" under causal masking: "zigzag" (rank r holds chunks r and
+  // 2n-1-r of the sequence cut in 2n, every rank does the same work;
+  // parallel/seq_balance.h) or "contiguous" (one block per rank; the last
+  // rank does the most). Read only with the preset "ring".
+  std::string ring_order = "zigzag";
   // "pipeline": {...} (engine/pipeline_trainer.h parse_pipeline_config), kept raw here.
   nlohmann::json pipeline;
   // "recompute": "none" | "full" | "selective" as a plan writes it (the same

@@ -22,10 +22,13 @@
 #include <limits>
 #include <vector>
 
+#include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/attention_dropout.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/cpu/ring_attention.h"
 #include "meshflow/kernels/kernel.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/ops/zigzag.h"
 
 namespace meshflow {
 
@@ -135,7 +138,8 @@ void softmax_rows(const AttnDims& d, int64_t i0, int64_t rows, int64_t ncols, fl
 
 // attention(q, k, v) -> out, lse.
 void attention_kernel(const KernelCall& c) {
-  if (c.attrs().mesh_axis >= 0) return cpu::ring_attention(c);  // sequence split over a ring
+  // A sequence split over a ring, or one in zigzag order (its causal mask reads true positions).
+  if (c.attrs().mesh_axis >= 0 || c.attrs().seq_zigzag > 1) return cpu::ring_attention(c);
   const AttnDims d = attn_dims(c.in_shape(0), c.in_shape(1), c.attrs());
   const float* q = c.in_f(0);
   const float* k = c.in_f(1);
@@ -185,7 +189,7 @@ void attention_kernel(const KernelCall& c) {
 //   Di = rowsum(dO * O);  P = exp(scale * Q K^T - lse) (masked);  dV += P^T dO;
 //   dP = dO V^T;  dS = P * (dP - Di);  dQ = scale * dS K;  dK += scale * dS^T Q.
 void attention_grad_kernel(const KernelCall& c) {
-  if (c.attrs().mesh_axis >= 0) return cpu::ring_attention_grad(c);
+  if (c.attrs().mesh_axis >= 0 || c.attrs().seq_zigzag > 1) return cpu::ring_attention_grad(c);
   const AttnDims d = attn_dims(c.in_shape(1), c.in_shape(2), c.attrs());
   const float* dout = c.in_f(0);
   const float* q = c.in_f(1);
@@ -275,19 +279,28 @@ void dropout_kernel(const KernelCall& c) {
   }
   const uint64_t stream = dropout_stream(c.attrs().seed, offset);
   const float scale = 1.f / (1.f - p);
-  if (!c.attrs().global_dims.empty()) {
+  const int64_t zn = c.attrs().seq_zigzag;
+  if (!c.attrs().global_dims.empty() || zn > 1) {
     // A shard (parallel/partition.h): each element draws its global index's
-    // number, so the mask is the single-device one.
+    // number, so the mask is the single-device one. In zigzag order
+    // (ops/zigzag.h) the index is the one of the row's true position.
     const Shape& s = c.out_shape(0);
-    const auto& gd = c.attrs().global_dims;
-    const auto& off = c.attrs().global_offset;
     const int r = s.rank();
+    std::vector<int64_t> gd = c.attrs().global_dims, off = c.attrs().global_offset;
+    if (gd.empty()) {
+      gd = s.sizes();
+      off.assign(r, 0);
+    }
+    const int sd = zn > 1 ? c.attrs().seq_dim : -1;
+    MF_CHECK(sd < r - 1) << node_label(c.n) << ": the zigzag sequence dim " << sd
+                         << " must not be the last";
     const int64_t row = s.size(r - 1), rows = n / row;
     cpu::parallel_for(rows, row * 4, [=, &s, &gd, &off](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         int64_t rem = i, gbase = 0, stride = gd[r - 1];
         for (int d = r - 2; d >= 0; --d) {
-          gbase += (rem % s.size(d) + off[d]) * stride;
+          const int64_t at = rem % s.size(d) + off[d];
+          gbase += (d == sd ? zigzag_position(at, gd[d], zn) : at) * stride;
           rem /= s.size(d);
           stride *= gd[d];
         }
@@ -315,13 +328,16 @@ void rope_kernel(const KernelCall& c) {
   float* y = c.out_f(0);
   const float theta = c.attrs().theta;
   const float sign = c.attrs().inverse ? -1.f : 1.f;
-  // A sequence shard (parallel/partition.h) starts at its global position.
+  // A sequence shard (parallel/partition.h) starts at its global position; in
+  // zigzag order (ops/zigzag.h) a row's angle is that of its true position.
   const int64_t t0 = c.attrs().global_offset.empty() ? 0 : c.attrs().global_offset[1];
+  const int64_t Tg = c.attrs().global_dims.empty() ? T : c.attrs().global_dims[1];
   std::vector<float> cos_t(T * half), sin_t(T * half);  // [T, D/2]
   for (int64_t i = 0; i < half; ++i) {
     const float inv_freq = 1.f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
     for (int64_t t = 0; t < T; ++t) {
-      const float a = static_cast<float>(t + t0) * inv_freq;
+      const float a =
+          static_cast<float>(zigzag_position(t + t0, Tg, c.attrs().seq_zigzag)) * inv_freq;
       cos_t[t * half + i] = std::cos(a);
       sin_t[t * half + i] = sign * std::sin(a);
     }

@@ -1,4 +1,4 @@
-// Data-movement kernels: transpose, reshape, slice, slice_grad, concat.
+// Data-movement kernels: transpose, reshape, slice, slice_grad, concat, zigzag.
 //
 // They copy 4-byte elements (f32 or i32 alike) and never do arithmetic, so the
 // output is bit-exact. Work is split over output elements (not rows), so one
@@ -12,6 +12,7 @@
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/kernel.h"
+#include "meshflow/ops/zigzag.h"
 
 namespace meshflow {
 
@@ -262,6 +263,14 @@ void concat_kernel(const KernelCall& c) {
   });
 }
 
+// zigzag: dim seq_dim reordered (ops/zigzag.h); rows of `inner` elements move whole.
+void zigzag_kernel(const KernelCall& c) {
+  check_elem_size(c);
+  const AxisView v = axis_view(c.in_shape(0), c.attrs().seq_dim);
+  zigzag_reorder(in_e(c, 0), out_e(c, 0), v.outer, v.size, v.inner, sizeof(Elem),
+                 c.attrs().seq_zigzag, c.attrs().inverse);
+}
+
 }  // namespace
 
 void register_shape_kernels(KernelTable& t) {
@@ -270,6 +279,7 @@ void register_shape_kernels(KernelTable& t) {
   t[static_cast<int>(OpKind::kSlice)] = slice_kernel;
   t[static_cast<int>(OpKind::kSliceGrad)] = slice_grad_kernel;
   t[static_cast<int>(OpKind::kConcat)] = concat_kernel;
+  t[static_cast<int>(OpKind::kZigzag)] = zigzag_kernel;
 }
 
 }  // namespace meshflow
