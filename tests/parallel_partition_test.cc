@@ -129,7 +129,7 @@ struct PresetCase {
   std::string model, mesh, preset;
   int zero = 0, micro_batches = 1;
   std::string recompute = "none";
-  std::string ring_order;  // preset "ring": "" (the default, zigzag) or "contiguous"
+  std::string ring_order = "";  // preset "ring": "" (the default, zigzag) or "contiguous"
 };
 
 class PartitionPreset : public ::testing::TestWithParam<PresetCase> {};

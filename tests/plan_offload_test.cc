@@ -204,5 +204,36 @@ TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
               plan_label(r.plans[0].plan).c_str(), r.plans[0].step_time_s, r.plans[0].cp_comm_s);
 }
 
+// The ring's shifts run while its blocks compute: priced as what the compute
+// does not hide. Its bytes grow with the sequence, its compute with the
+// square: at 8k the shifts (over the nodes' links) are mostly exposed, at
+// 128k mostly hidden, though they carry 16x the bytes.
+TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
+  ModelConfig model = load_model("llama3_8b.json");
+  std::get<LlamaConfig>(model).max_position_embeddings = 131072;
+  Plan p;
+  p.dp = 1, p.cp = 16, p.micro_batch = 1, p.num_micro_batches = 16, p.zero = 1, p.ring = true;
+  p.recompute = Recompute::kFull;
+  StepCost at[2];
+  const int64_t seqs[2] = {8192, 131072};
+  for (int i = 0; i < 2; ++i) {
+    CostModel cm(TrainingJob{model, 16, seqs[i]}, cluster("dgx_a100_80gb.json", 16));
+    ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
+    at[i] = value_or_throw(cm.price(p));
+  }
+  EXPECT_NEAR(at[1].comm.context_parallel / at[0].comm.context_parallel, 16.0, 0.1);
+  EXPECT_GT(at[0].cp_comm_s, at[0].compute_s) << "8k: the shifts outlast the blocks";
+  EXPECT_LT(at[1].cp_comm_s, 0.25 * 16 * at[0].cp_comm_s) << "128k: most of them hidden";
+  EXPECT_LT(at[1].cp_comm_s, 0.2 * at[1].compute_s);
+  // The zigzag order cuts the sequence into 2*cp chunks: 4104 = 8 x 513 is
+  // split by cp=8, but not into 16 chunks.
+  CostModel odd(TrainingJob{model, 16, 4104}, cluster("dgx_a100_80gb.json", 16));
+  p.cp = 8, p.dp = 2, p.num_micro_batches = 8;
+  EXPECT_NE(odd.invalid_reason(p).find("2*cp = 16 chunks"), std::string::npos)
+      << odd.invalid_reason(p);
+  std::printf("ring cp=16 exposed shifts: %.2f s at 8k (compute %.2f s), %.2f s at 128k (%.2f s)\n",
+              at[0].cp_comm_s, at[0].compute_s, at[1].cp_comm_s, at[1].compute_s);
+}
+
 }  // namespace
 }  // namespace meshflow::plan

@@ -672,9 +672,12 @@ TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
   Result<json> f = read_json_file(out);
   ASSERT_TRUE(f.is_ok());
   const json& par = (*f)["parallel"];
-  // The plan written is the plan priced: sequence parallelism is kept (megatron-sp).
+  // The plan written is the plan priced: sequence parallelism is kept
+  // (megatron-sp), and so is ring attention over cp (ring).
   const std::string best = (*f)["description"];
-  EXPECT_EQ(par["preset"], best.find("+sp") != std::string::npos ? "megatron-sp" : "megatron")
+  EXPECT_EQ(par["preset"], best.find("ring") != std::string::npos  ? "ring"
+                           : best.find("+sp") != std::string::npos ? "megatron-sp"
+                                                                   : "megatron")
       << best;
   EXPECT_EQ(par["pipeline"]["stages"], 8);
   EXPECT_EQ(par["pipeline"]["schedule"], "1f1b");

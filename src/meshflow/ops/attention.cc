@@ -285,19 +285,21 @@ void attention_local(LocalAttrsCall& c) {
 // Ring attention's traffic per rank (ops/op_def.h): the forward passes its
 // k/v block on n - 1 times; the backward passes k/v on n - 1 times and the
 // dk/dv accumulator n times (the last brings it home). Each shift overlaps
-// the step's compute (kernels/cpu/ring_attention.h).
+// a step's compute (kernels/cpu/ring_attention.h) but the accumulator's
+// last, which the kernel waits for after its last step.
 std::vector<InnerCollective> attention_collectives(const Graph& g, const Node& n) {
   std::vector<InnerCollective> out;
   if (n.attrs.mesh_axis < 0) return out;
   const bool grad = n.kind == OpKind::kAttentionGrad;
   const int64_t kv = 2 * g.shape(n.inputs[grad ? 2 : 1]).numel();
-  for (int s = 1; s < n.attrs.group_size; ++s)
+  const int steps = n.attrs.group_size;
+  for (int s = 1; s < steps; ++s)
     out.push_back({OpKind::kNeighborExchange, n.attrs.mesh_axis, kv,
-                   "ring k/v block, step " + std::to_string(s), 2});
+                   "ring k/v block, step " + std::to_string(s), 2, true});
   if (grad)
-    for (int s = 1; s <= n.attrs.group_size; ++s)
+    for (int s = 1; s <= steps; ++s)
       out.push_back({OpKind::kNeighborExchange, n.attrs.mesh_axis, kv,
-                     "ring dk/dv accumulator, step " + std::to_string(s), 2});
+                     "ring dk/dv accumulator, step " + std::to_string(s), 2, s < steps});
   return out;
 }
 ShardingRule sharding_dropout(const Graph& g, const Node& n) {

@@ -48,6 +48,9 @@ struct InnerCollective {
   int64_t elements = 0;  // f32 elements of the buffer
   std::string what;      // "row maxima", ...
   int dim = -1;          // neighbour exchanges: the split dim whose halo moves (-1: a reduction)
+  // In flight while the kernel computes (ring attention's shifts): the cost
+  // model charges only what the kernel's compute does not hide.
+  bool overlapped = false;
 };
 using InnerCollectivesFn = std::vector<InnerCollective> (*)(const Graph& g, const Node& n);
 // Sets the attrs a node needs on one rank once the partitioner has split it

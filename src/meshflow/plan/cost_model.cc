@@ -390,10 +390,14 @@ namespace {
 using Totals = NodeTotals;
 
 // A forward or backward collective's seconds and bytes, on cp or (any other axis) tp.
+int comm_seconds_slot(const std::string& axis, bool fwd) {
+  return axis == "cp" ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd);
+}
+
 void add_comm(Totals& t, const std::string& axis, bool fwd, double seconds, double bytes) {
   t[kCollectives] += 1;
   const bool cp = axis == "cp";
-  t[cp ? (fwd ? kCpFwd : kCpBwd) : (fwd ? kTpFwd : kTpBwd)] += seconds;
+  t[comm_seconds_slot(axis, fwd)] += seconds;
   t[cp ? (fwd ? kCpFwdBytes : kCpBwdBytes) : (fwd ? kTpFwdBytes : kTpBwdBytes)] += bytes;
 }
 
@@ -491,14 +495,29 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
       t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
       if (n.kind == OpKind::kAttention) t[kAttention] += time;
       // The collectives its kernel runs inside itself (the vocab-parallel
-      // cross-entropy's f32 all_reduces; ops/op_def.h).
+      // cross-entropy's f32 all_reduces, ring attention's shifts; ops/op_def.h).
+      // Those in flight while it computes cost only what its compute does not
+      // hide: max(0, their time - the node's), as if the steps were even (the
+      // ring's zigzag order makes them so).
+      double hidden = 0, hide_under = time;
+      std::string hidden_axis;
       for (const InnerCollective& ic : inner_collectives(g, n)) {
         double bytes = 0;
         const std::string& axis = mesh.axis_name(ic.mesh_axis);
         const double ct = collective_time_on(ic.kind, mesh.size(ic.mesh_axis),
                                              double(ic.elements) * 4.0, axis, p, &bytes);
+        if (ic.overlapped) {
+          hidden += ct, hidden_axis = axis;
+          add_comm(t, axis, fwd, 0, bytes);
+          continue;
+        }
         add_comm(t, axis, fwd, ct, bytes);
         time += ct;
+      }
+      if (hidden > 0) {
+        const double exposed = std::max(0.0, hidden - hide_under);
+        t[comm_seconds_slot(hidden_axis, fwd)] += exposed;
+        time += exposed;
       }
     }
     if (is_recompute(g, n)) t[kRecompute] += time;
@@ -772,6 +791,9 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   }
   if (p.ring && (p.cp < 2 || p.sp || p.ops))
     return "ring attention (cp over the keys, preset \"ring\") needs cp >= 2, and no sp or ops";
+  if (p.ring && job_.seq % (2 * p.cp) != 0)
+    return "ring attention's zigzag order (its causal load balance) cuts seq=" + str(job_.seq) +
+           " into 2*cp = " + str(2 * p.cp) + " chunks, which must divide it";
   if (p.group && (p.zero != 1 || p.dp < 2 || p.pp > 1 || p.cp > 1))
     return "weights grouping (group) is ZeRO-1 over dp with whole parameters per rank: it needs "
            "zero=1, dp >= 2, and no pp or cp (the runtime groups one program's parameters)";

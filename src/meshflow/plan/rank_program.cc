@@ -8,6 +8,7 @@
 #include "meshflow/core/glob.h"
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/configured.h"
+#include "meshflow/parallel/seq_balance.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/runtime/run_config.h"
 
@@ -39,6 +40,12 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   const ModelConfig cut = num_blocks(model) > 0 ? with_blocks(model, s.blocks) : model;
   MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(cut, s.micro_batch, s.seq));
   Graph& g = m.graph;
+  // Ring attention runs its sequence in zigzag order (the preset's default,
+  // parallel/seq_balance.h): every rank does the same causal work.
+  if (s.ring && s.cp > 1) {
+    Result<SeqBalance> sb = balance_sequence(g, s.cp);
+    if (!sb.is_ok()) return sb.status().with_context("the planner's ring program");
+  }
   try {
     append_backward(g);
   } catch (const StatusError& e) {

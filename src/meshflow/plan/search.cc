@@ -205,11 +205,17 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o,
             // per-operator plan when pinned (ops=true; otherwise it is tried
             // on the leaders only, search_until).
             const int layouts = tp == 1 ? 0 : fx.ops && *fx.ops ? 2 : 1;
-            // cp over the keys (ring attention), with the Megatron layout: only
-            // when pinned (--fix ring=true). Unpinned, where Ulysses cannot run,
-            // it picked LLaMA-3 405B on 16384 H100s as pp=64 x cp=8 ring over
-            // the tp=8+sp plan: not validated yet (docs/planner.md).
-            const int rings = cp > 1 && cm.has_blocks() && fx.ring && *fx.ring ? 1 : 0;
+            // cp over the keys (ring attention, zigzag order), with the Megatron
+            // layout: where it can beat Ulysses, with fewer kv heads than
+            // heads (its k/v shifts move less than Ulysses' all_to_alls of q,
+            // k, v and out, and hide under the blocks' compute) or where
+            // Ulysses cannot split the heads. With as many kv heads the two
+            // move the same bytes; pinned (--fix ring=true), it is tried
+            // anyway, and ring=false leaves it out.
+            const TransformerDims& md = cm.dims();
+            const bool ring_may_win = md.kv_heads < md.heads || (md.heads / tp) % cp != 0;
+            const int rings =
+                cp > 1 && cm.has_blocks() && (fx.ring ? *fx.ring : ring_may_win) ? 1 : 0;
             for (int layout = 0; layout <= layouts + rings; ++layout) {
               p.ring = layout > layouts;
               p.sp = !p.ring && layout == 1;
