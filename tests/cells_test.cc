@@ -283,6 +283,11 @@ TEST_F(CellsCli, BadNamesAreOneLineErrors) {
   r = run_cli("train " + config(json::object(), p) + " --ranks 2");
   EXPECT_TRUE(one_line(r)) << r.output;
   EXPECT_NE(r.output.find("stage_of with virtual_stages=2"), std::string::npos) << r.output;
+  p = pipeline("zb-v");  // two chunks per stage by definition
+  r = run_cli("train " + config(json::object(), p) + " --ranks 2");
+  EXPECT_TRUE(one_line(r)) << r.output;
+  EXPECT_NE(r.output.find("stage_of with schedule \"zb-v\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("take layers_per_stage"), std::string::npos) << r.output;
   p = pipeline("gpipe");
   p["pipeline"]["stage_of"] = {"embedder", 0};
   r = run_cli("train " + config(json::object(), p) + " --ranks 2");

@@ -188,6 +188,29 @@ TEST(Offload, BadDirectoriesAreOneLine) {
   o.dir = file;
   m = check_offload(g, o).message();
   EXPECT_NE(m.find("is not a directory"), std::string::npos) << m;
+  // Not writable: a mode-0500 directory, or, as root (whom modes do not
+  // stop), a read-only mount when this machine has one.
+  std::string locked;
+  if (::geteuid() != 0) {
+    locked = temp_dir("locked");
+    fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+  } else {
+    std::ifstream mounts("/proc/self/mounts");
+    for (std::string dev, at, type, opts; locked.empty() && mounts >> dev >> at >> type >> opts;) {
+      std::getline(mounts, dev);
+      if (("," + opts + ",").find(",ro,") != std::string::npos && fs::is_directory(at)) locked = at;
+    }
+  }
+  if (!locked.empty()) {
+    o.dir = locked;
+    m = check_offload(g, o).message();
+    EXPECT_NE(m.find("cannot be written"), std::string::npos) << locked << ": " << m;
+    EXPECT_NE(m.find("name a directory this user can write"), std::string::npos) << m;
+  }
+  if (::geteuid() != 0) {
+    fs::permissions(locked, fs::perms::owner_all);
+    fs::remove_all(locked);
+  }
   // Full: a state larger than the disk's free space.
   o.dir = fs::temp_directory_path().string();
   Graph big;
