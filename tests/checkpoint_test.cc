@@ -271,6 +271,20 @@ class CheckpointFaults : public ::testing::Test {
   RunConfig rc_;
 };
 
+// The manifest records the run: its whole config (as parsed, the model
+// inlined), the plan, the step and the data cursor.
+TEST_F(CheckpointFaults, ManifestRecordsTheRunsConfig) {
+  const json m = json::parse(std::ifstream((fs::path(step_) / "manifest.json").string()));
+  const json& info = m.at("info");
+  EXPECT_EQ(info.at("config").at("train").at("batch_size"), 8);
+  EXPECT_EQ(info.at("config").at("optimizer").at("type"), "adamw");
+  EXPECT_EQ(info.at("config").at("parallel").at("mode"), "data");
+  EXPECT_EQ(info.at("config").at("model"), small_gpt());
+  EXPECT_EQ(info.at("schedule").at("step"), 1);
+  EXPECT_EQ(info.at("data").at("examples_seen"), 8);
+  EXPECT_FALSE(info.at("plan").get<std::string>().empty());
+}
+
 TEST_F(CheckpointFaults, CorruptShardIsRefusedNamingFileAndTensor) {
   {
     std::fstream f(shard_, std::ios::in | std::ios::out | std::ios::binary);

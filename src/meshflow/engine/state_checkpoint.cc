@@ -27,6 +27,7 @@ nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::s
   const TrainConfig& tc = rc.train;
   return {{"model", rc.model},
           {"model_source", rc.model_source},
+          {"config", rc.document},
           {"plan", plan},
           {"world", world},
           {"data",

@@ -243,6 +243,8 @@ Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir)
   MF_RETURN_IF_ERROR(parse_train(train, &rc.train));
   MF_RETURN_IF_ERROR(parse_optimizer(optim, &rc.optimizer, &rc.schedule, rc.train.steps));
   MF_RETURN_IF_ERROR(parse_offload(offload, &rc.offload, base_dir));
+  rc.document = doc;
+  rc.document["model"] = rc.model;
   return rc;
 }
 

@@ -75,6 +75,9 @@ struct TrainConfig {
 struct RunConfig {
   json model;                // the model object (HF-style keys)
   std::string model_source;  // where it came from, for messages
+  // The config as parsed (--set overrides applied, "model" the object): what
+  // a checkpoint's manifest records as the run's config.
+  json document;
   DataConfig data;
   TrainConfig train;
   OptimizerConfig optimizer;
