@@ -23,6 +23,7 @@
 #include "meshflow/comm/local_world.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/engine/job.h"
+#include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
@@ -707,6 +708,47 @@ TEST(NonFinite, PipelineStagesAllSkipTogether) {
   EXPECT_EQ(skipped[0], 1);
   EXPECT_EQ(skipped[1], 1);
   EXPECT_TRUE(std::isfinite(after[0]));
+}
+
+// A pipeline that stops names the earliest non-finite node over its stages
+// (a replay of the step watching every node), the same on every rank.
+TEST(NonFinite, PipelineStopNamesTheFirstNodeOverTheStages) {
+  const json par = {{"pipeline", {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}}}};
+  const Job job = value_or_throw(resolve_job(run_config(small_gpt(), par, 4), 2));
+  // poison: "" (a NaN loss scale on stage 1: the backward's seed) or a NaN
+  // weight of block 0, on stage 0 (its forward).
+  auto stop = [&](const std::string& weight) {
+    std::vector<std::string> messages(2);
+    Status s = run_local_ranks(2, [&](const std::shared_ptr<Transport>& tr) -> Status {
+      MF_ASSIGN_OR_RETURN(auto t, PipelineTrainer::create(job, Communicator::world(tr)));
+      if (!weight.empty() && tr->rank() == 0) {
+        const Graph& g = t->chunk_program(0).graph;
+        t->executor(0).storage(g.find(weight)).data<float>()[0] = std::nanf("");
+      }
+      try {
+        t->step();
+      } catch (const StatusError& e) {
+        messages[static_cast<size_t>(tr->rank())] = e.status().message();
+      }
+      return Status::ok();
+    });
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(messages[0], messages[1]);
+    return messages[0];
+  };
+  {
+    const InjectFault nan("1:0:nan");
+    const std::string m = stop("");
+    EXPECT_NE(m.find("step 1: the gradient of '"), std::string::npos) << m;
+    EXPECT_NE(m.find(", backward) of micro-batch 0 in pipeline chunk 1 on rank 1"),
+              std::string::npos)
+        << m;
+  }
+  const std::string m = stop("h.0.mlp.c_fc.weight");
+  EXPECT_NE(m.find("step 1: the loss is nan"), std::string::npos) << m;
+  EXPECT_NE(m.find("the first non-finite value: node 'h.0."), std::string::npos) << m;
+  EXPECT_NE(m.find(", forward) of micro-batch 0 in pipeline chunk 0 on rank 0"), std::string::npos)
+      << m;
 }
 
 TEST(NonFinite, CommandLineStopsOrSkips) {

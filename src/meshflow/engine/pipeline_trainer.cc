@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -166,6 +167,59 @@ struct PipelineTrainer::Impl {
   int64_t stash_bytes = 0;
   int stash_entries = 0;
   double loss_sum = 0;
+  // Set while a non-finite step is replayed to find where it began: this
+  // rank's earliest non-finite node output, by (micro-batch, forward before
+  // backward, chunk in dataflow order), and what it was.
+  bool watch = false;
+  float found_key = std::numeric_limits<float>::infinity();
+  std::string found;
+
+  // The replay's finding agreed over every rank: the smallest key's (ties:
+  // the lowest rank's), sent from its rank as characters.
+  std::string earliest_found() {
+    if (!world || world->size() == 1) return found;
+    float best[1] = {-found_key};
+    throw_if_error(world->all_reduce(best, 1, ReduceOp::kMax));
+    if (!std::isfinite(best[0])) return "";
+    float owner[1] = {found_key == -best[0] ? -static_cast<float>(world->rank())
+                                            : -std::numeric_limits<float>::infinity()};
+    throw_if_error(world->all_reduce(owner, 1, ReduceOp::kMax));
+    const int root = static_cast<int>(-owner[0]);
+    std::vector<float> text(256, 0.f);
+    if (world->rank() == root)
+      for (size_t i = 0; i < found.size() && i + 1 < text.size(); ++i)
+        text[i] = static_cast<float>(static_cast<unsigned char>(found[i]));
+    throw_if_error(world->broadcast(text.data(), static_cast<int64_t>(text.size()), root));
+    std::string s;
+    for (float ch : text) {
+      if (ch == 0.f) break;
+      s += static_cast<char>(static_cast<int>(ch));
+    }
+    return s;
+  }
+
+  // The replay's check of node `id` of chunk c (micro-batch mb, backward or not).
+  void check_finite(Local& l, NodeId id, int c, int mb, bool backward, int C) {
+    const float key =
+        static_cast<float>((mb * 2 + (backward ? 1 : 0)) * C + (backward ? C - 1 - c : c));
+    if (key >= found_key) return;
+    const Graph& g = l.program->graph;
+    const Node& n = g.node(id);
+    for (ValueId v : n.outputs) {
+      if (g.value(v).dtype != DType::F32) continue;
+      const float* p = l.ex->data_f(v);
+      const int64_t count = g.shape(v).numel();
+      for (int64_t i = 0; i < count; ++i)
+        if (!std::isfinite(p[i])) {
+          found_key = key;
+          found = "node '" + n.name + "' (" + std::string(op_name(n.kind)) + ", " +
+                  (backward ? "backward" : "forward") + ") of micro-batch " + std::to_string(mb) +
+                  " in pipeline chunk " + std::to_string(c) + " on rank " +
+                  std::to_string(world ? world->rank() : 0);
+          return;
+        }
+    }
+  }
 
   Local& local(int chunk) {
     MF_CHECK_GE(local_of[chunk], 0) << "chunk " << chunk << " is not on this rank";
@@ -310,7 +364,11 @@ struct PipelineTrainer::Impl {
         }
       }
       one[0] = id;
-      ex.run(one, [&](NodeId n) { l.buckets->on_node(ex, n, micro, m); });
+      ex.run(one, [&](NodeId n) {
+        l.buckets->on_node(ex, n, micro, m);
+        if (watch)
+          check_finite(l, n, l.program->chunk, micro, true, static_cast<int>(split.chunks.size()));
+      });
     }
   }
 
@@ -383,7 +441,10 @@ struct PipelineTrainer::Impl {
         const double t0 = now_us();
         if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c)) take_handoff(l, c, mb, 0);
         feed_inputs(l, mb);
-        l.ex->run(l.program->forward);
+        if (watch)
+          l.ex->run(l.program->forward, [&](NodeId n) { check_finite(l, n, c, mb, false, C); });
+        else
+          l.ex->run(l.program->forward);
         if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
         save(l, l.stash, l.program->stash, nullptr, mb);
         ++l.live_micro;
@@ -867,26 +928,29 @@ StepResult PipelineTrainer::step() {
                       nan_injected(me, im.step) ? std::nanf("") : 1.f / static_cast<float>(im.m));
 
   // The schedule. Sends go to the outgoing channel (peer + kOutgoing).
-  for (const Action& a : schedule_.ranks[stage_]) {
-    if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
-      Action out = a;
-      out.peer += kOutgoing;
-      im.run_action(out, schedule_);
-    } else {
-      im.run_action(a, schedule_);
+  auto run_schedule = [&] {
+    for (const Action& a : schedule_.ranks[stage_]) {
+      if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+        Action out = a;
+        out.peer += kOutgoing;
+        im.run_action(out, schedule_);
+      } else {
+        im.run_action(a, schedule_);
+      }
     }
-  }
-  for (auto& [key, ch] : im.channels) {
-    throw_if_error(ch->flush());
-    if (im.trace && key.first >= kOutgoing)
-      for (const auto& sent : ch->take_sent())
-        im.trace->span(im.track_send,
-                       std::string(key.second == 0 ? "send_act" : "send_grad") +
-                           " mb=" + std::to_string(sent.micro),
-                       "send", sent.start_us, sent.end_us - sent.start_us,
-                       {{"micro_batch", std::to_string(sent.micro)},
-                        {"to_stage", std::to_string(key.first - kOutgoing)}});
-  }
+    for (auto& [key, ch] : im.channels) {
+      throw_if_error(ch->flush());
+      if (im.trace && key.first >= kOutgoing)
+        for (const auto& sent : ch->take_sent())
+          im.trace->span(im.track_send,
+                         std::string(key.second == 0 ? "send_act" : "send_grad") +
+                             " mb=" + std::to_string(sent.micro),
+                         "send", sent.start_us, sent.end_us - sent.start_us,
+                         {{"micro_batch", std::to_string(sent.micro)},
+                          {"to_stage", std::to_string(key.first - kOutgoing)}});
+    }
+  };
+  run_schedule();
 
   // Gradients: data-parallel all-reduce per chunk, then the global norm.
   double tc0 = now_us();
@@ -925,8 +989,21 @@ StepResult PipelineTrainer::step() {
     r.grad_norm = static_cast<float>(std::sqrt(sumsq));
     r.nonfinite = nonfinite_message(im.step + 1, r.loss, r.grad_norm, first);
     if (!im.rc.train.skip_nonfinite) {
+      // The run ends: replay the step (every rank does, as every rank saw
+      // the non-finite norm) watching each node's outputs, and name the
+      // earliest non-finite one over the ranks.
+      TraceWriter* trace = im.trace;
+      im.trace = nullptr;
+      im.watch = true;
+      run_schedule();
+      for (auto& l : im.locals) throw_if_error(l.buckets->finish(*l.ex));
+      im.watch = false;
+      im.trace = trace;
+      const std::string node = im.earliest_found();
       for (auto& l : im.locals) l.ex->unbind_all();
-      throw StatusError(Status::failed_precondition(r.nonfinite + nonfinite_advice()));
+      throw StatusError(Status::failed_precondition(
+          r.nonfinite + (node.empty() ? "" : "; the first non-finite value: " + node) +
+          nonfinite_advice()));
     }
     r.skipped = true;
   }
