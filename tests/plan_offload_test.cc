@@ -204,6 +204,28 @@ TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
               plan_label(r.plans[0].plan).c_str(), r.plans[0].step_time_s, r.plans[0].cp_comm_s);
 }
 
+// With few kv heads (LLaMA-3 70B: 8 of 64) the ring's k/v shifts move less
+// than Ulysses' all_to_alls of q, k, v and out, and hide under the blocks'
+// compute: where both run, the ring is the cheaper cp.
+TEST(PlanRing, BeatsUlyssesWithFewKvHeads) {
+  CostModel cm(TrainingJob{load_model("llama3_70b.json"), 64, 8192},
+               cluster("dgx_a100_80gb.json", 64));
+  Plan p;
+  p.dp = 8, p.tp = 4, p.cp = 2, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
+  p.recompute = Recompute::kFull;
+  ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
+  const StepCost ulysses = value_or_throw(cm.price(p));
+  p.ring = true;
+  const StepCost ring = value_or_throw(cm.price(p));
+  EXPECT_LT(ring.comm.context_parallel, ulysses.comm.context_parallel);
+  EXPECT_LT(ring.cp_comm_s, ulysses.cp_comm_s);
+  EXPECT_LT(ring.step_time_s, ulysses.step_time_s);
+  std::printf(
+      "llama3 70b cp=2 tp=4: ulysses %.2f s (cp %.3f s, %.1f GB), ring %.2f s (%.3f s, %.1f GB)\n",
+      ulysses.step_time_s, ulysses.cp_comm_s, ulysses.comm.context_parallel / 1e9, ring.step_time_s,
+      ring.cp_comm_s, ring.comm.context_parallel / 1e9);
+}
+
 // The ring's shifts run while its blocks compute: priced as what the compute
 // does not hide. Its bytes grow with the sequence, its compute with the
 // square: at 8k the shifts (over the nodes' links) are mostly exposed, at
