@@ -460,6 +460,45 @@ std::map<int, std::string> metric_losses(const std::string& path) {
   return out;
 }
 
+// train.async_save: the save_every checkpoints are written in the background
+// and committed at a later step boundary; they resume bit-identically, and a
+// rank killed while writing one leaves the previous one the latest.
+TEST(CheckpointCli, AsyncSaveResumesBitIdenticallyAndKillKeepsThePrevious) {
+  const std::string dir = temp_dir("async");
+  fs::create_directories(dir);
+  const std::string cfg = testing::source_dir() + "/configs/fashion_mlp.json";
+  const std::string common = "train " + cfg + " --ranks 2 --set train.log_every=1 ";
+  ASSERT_EQ(testing::run_cli(common + "--steps 6 --quiet --metrics " + dir + "/ref.jsonl").code, 0);
+  const std::map<int, std::string> ref = metric_losses(dir + "/ref.jsonl");
+  const std::string saving = common +
+                             "--set train.save_every=1 --set train.async_save=true "
+                             "--checkpoint " +
+                             dir + "/ck ";
+  testing::CliRun a = testing::run_cli(saving + "--steps 4");
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_NE(a.output.find("wrote checkpoint " + dir + "/ck/step-00000001 (in the background)"),
+            std::string::npos)
+      << a.output;
+  EXPECT_NE(a.output.find("wrote checkpoint " + dir + "/ck/step-00000004"), std::string::npos);
+  for (int s = 1; s <= 4; ++s) EXPECT_TRUE(open_checkpoint(checkpoint_dir(dir + "/ck", s)).is_ok());
+  // From step 2 (written in the background): the uninterrupted run's losses.
+  testing::CliRun r = testing::run_cli(saving + "--steps 6 --quiet --metrics " + dir +
+                                       "/r.jsonl --resume " + checkpoint_dir(dir + "/ck", 2));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::map<int, std::string> resumed = metric_losses(dir + "/r.jsonl");
+  for (int s = 3; s <= 6; ++s) EXPECT_EQ(resumed.at(s), ref.at(s)) << "step " << s;
+  // Killed while writing step 2 in the background: step 1 stays the latest.
+  fs::remove_all(dir + "/ck");
+  ::setenv("MESHFLOW_INJECT_FAULT", "1:2:save", 1);
+  testing::CliRun k = testing::run_cli(saving + "--steps 4");
+  ::unsetenv("MESHFLOW_INJECT_FAULT");
+  EXPECT_EQ(k.code, 128 + 9) << k.output;  // SIGKILL
+  Result<CheckpointManifest> m = open_checkpoint(dir + "/ck");
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ(m->step, 1);
+  fs::remove_all(dir);
+}
+
 // A rank that fails mid-run (rank 1 throws before the 4th step): with
 // --max-restarts the job restarts from its step-2 checkpoint and ends with
 // the uninterrupted run's losses; --elastic restarts it on fewer ranks.

@@ -24,6 +24,7 @@
 #include "meshflow/engine/faults.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/engine/state_checkpoint.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/io/checkpoint.h"
 #include "meshflow/optim/optimizer.h"
@@ -135,6 +136,19 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
     if (is_weights_file(tc.checkpoint)) return trainer->save_checkpoint(tc.checkpoint);
     return trainer->save_state(tc.checkpoint, tc.keep_checkpoints);
   };
+  // train.async_save: the save_every checkpoint being written in the
+  // background, polled by every rank after every step (collectively), and
+  // waited for before the next save and at the end.
+  std::unique_ptr<BackgroundSave> pending;
+  auto settle = [&](bool wait) -> Status {
+    if (!pending) return Status::ok();
+    MF_ASSIGN_OR_RETURN(const bool committed, pending->poll(wait));
+    if (!committed) return Status::ok();
+    progress.message("meshflow: wrote checkpoint " +
+                     checkpoint_dir(tc.checkpoint, pending->step()) + " (in the background)");
+    pending.reset();
+    return Status::ok();
+  };
   const std::optional<PipelineConfig>& pc = job.pipeline;
   const int micro_batches = job.micro_batches;
   const double flops_scale = trainer->flops_scale();  // StepResult::flops -> the whole job's
@@ -166,6 +180,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
     if (fault.step == s) fault.trigger();
     StepResult r = trainer->step();
     steps_done = r.step;
+    MF_RETURN_IF_ERROR(settle(false));
     if (check) {
       if (s == first_step) {
         kernels_after_first = trainer->seconds_by_kind();
@@ -204,9 +219,16 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
       EvalResult e = trainer->evaluate();
       MF_RETURN_IF_ERROR(progress.eval({r.step, e.loss, e.accuracy}));
     }
-    if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last)
-      MF_RETURN_IF_ERROR(save());
+    if (tc.save_every > 0 && !tc.checkpoint.empty() && r.step % tc.save_every == 0 && !last) {
+      if (tc.async_save && !is_weights_file(tc.checkpoint)) {
+        MF_RETURN_IF_ERROR(settle(true));
+        MF_ASSIGN_OR_RETURN(pending, trainer->start_save_state(tc.checkpoint, tc.keep_checkpoints));
+      } else {
+        MF_RETURN_IF_ERROR(save());
+      }
+    }
   }
+  MF_RETURN_IF_ERROR(settle(true));
   if (check) {
     const RunMeasurement m = measure_run(kernels_after_first, trainer->seconds_by_kind(),
                                          static_cast<int>(later_steps.size()), later_steps,

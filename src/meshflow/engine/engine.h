@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,8 @@ struct EvalResult {
   int64_t items = 0;
 };
 
+class BackgroundSave;  // engine/state_checkpoint.h
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -65,6 +68,11 @@ class Engine {
   // rank writing the blocks of parameters, buffers and optimizer state it
   // holds, no rank gathering the model); keep: how many stay (0: all).
   virtual Status save_state(const std::string& root, int keep) = 0;
+  // The same written in the background (train.async_save): the blocks are
+  // copied now, written on a thread; the caller polls the returned save at
+  // step boundaries, every rank at the same ones (BackgroundSave::poll).
+  virtual Result<std::unique_ptr<BackgroundSave>> start_save_state(const std::string& root,
+                                                                   int keep) = 0;
   // Collective: continues from a full-state checkpoint written under any
   // plan and number of ranks (`path`: a step directory, or a root: its
   // latest): every rank reads the blocks its plan needs, and the step count

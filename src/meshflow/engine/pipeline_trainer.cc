@@ -714,6 +714,14 @@ Status PipelineTrainer::save_state(const std::string& root, int keep) {
                               state_info(im.rc, im.step, world, describe_), keep);
 }
 
+Result<std::unique_ptr<BackgroundSave>> PipelineTrainer::start_save_state(const std::string& root,
+                                                                          int keep) {
+  Impl& im = *impl_;
+  const int world = im.world ? im.world->size() : 1;
+  return BackgroundSave::start(im.world.get(), root, im.step, state_blocks(),
+                               state_info(im.rc, im.step, world, describe_), keep);
+}
+
 Status PipelineTrainer::load_state(const std::string& path) {
   Impl& im = *impl_;
   MF_ASSIGN_OR_RETURN(

@@ -100,6 +100,8 @@ class PipelineTrainer : public Engine {
   // Each rank loads its own parameters from the file (names and shapes checked).
   Status load_checkpoint(const std::string& path) override;
   Status save_state(const std::string& root, int keep) override;
+  Result<std::unique_ptr<BackgroundSave>> start_save_state(const std::string& root,
+                                                           int keep) override;
   Status load_state(const std::string& path) override;
   int steps_done() const override;
   int64_t num_parameters() const override;  // of the whole model

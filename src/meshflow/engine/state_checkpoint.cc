@@ -21,6 +21,14 @@ bool all_ok(Communicator* comm, bool ok) {
   return failed == 0.f;
 }
 
+// all_ok, with a failed reduction an error rather than a "no".
+Result<bool> all_true(Communicator* comm, bool ok) {
+  if (!comm || comm->size() == 1) return ok;
+  float not_ok = ok ? 0.f : 1.f;
+  MF_RETURN_IF_ERROR(comm->all_reduce(&not_ok, 1, ReduceOp::kMax));
+  return not_ok == 0.f;
+}
+
 }  // namespace
 
 nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::string& plan) {
@@ -94,6 +102,65 @@ Status save_state(Communicator* comm, const std::string& root, int64_t step,
   if (!all_ok(comm, s.is_ok()))
     return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
   return Status::ok();
+}
+
+Result<std::unique_ptr<BackgroundSave>> BackgroundSave::start(Communicator* comm,
+                                                              const std::string& root, int64_t step,
+                                                              const std::vector<StateBlock>& blocks,
+                                                              nlohmann::json info, int keep) {
+  const int rank = comm ? comm->rank() : 0;
+  const std::string what = "checkpoint of step " + std::to_string(step) + " in '" + root + "'";
+  Status s = rank == 0 ? prepare_checkpoint(root, step) : Status::ok();
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not prepare it") : s;
+  std::unique_ptr<BackgroundSave> b(new BackgroundSave());
+  b->comm_ = comm;
+  b->root_ = root;
+  b->step_ = step;
+  b->info_ = std::move(info);
+  b->keep_ = keep;
+  for (const StateBlock& sb : blocks)
+    if (sb.write) b->copies_.push_back(sb.storage->clone());
+  size_t i = 0;
+  for (const StateBlock& sb : blocks) {
+    if (!sb.write) continue;
+    CheckpointBlock cb = sb.block;
+    cb.data = &b->copies_[i++];
+    b->bytes_ += static_cast<int64_t>(cb.data->nbytes());
+    b->blocks_.push_back(std::move(cb));
+  }
+  BackgroundSave* self = b.get();
+  b->writer_ = std::thread([self, rank] {
+    self->status_ = write_checkpoint_shard(self->root_, self->step_, rank, self->blocks_);
+    kill_if_injected(rank, self->step_);
+    self->written_.store(true, std::memory_order_release);
+  });
+  return b;
+}
+
+BackgroundSave::~BackgroundSave() {
+  if (writer_.joinable()) writer_.join();
+}
+
+Result<bool> BackgroundSave::poll(bool wait) {
+  if (wait && writer_.joinable()) writer_.join();
+  MF_ASSIGN_OR_RETURN(const bool all_written,
+                      all_true(comm_, written_.load(std::memory_order_acquire)));
+  if (!all_written) return false;  // some rank is still writing
+  if (writer_.joinable()) writer_.join();
+  const int rank = comm_ ? comm_->rank() : 0, world = comm_ ? comm_->size() : 1;
+  const std::string what = "checkpoint of step " + std::to_string(step_) + " in '" + root_ + "'";
+  Status s = status_;
+  if (!all_ok(comm_, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what +
+                                           " failed on another rank; the previous "
+                                           "checkpoints are intact")
+                     : s.with_context(what + " (the previous checkpoints are intact)");
+  s = rank == 0 ? commit_checkpoint(root_, step_, world, info_, keep_) : Status::ok();
+  if (!all_ok(comm_, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
+  copies_.clear();
+  return true;
 }
 
 Result<CheckpointManifest> load_state(Communicator* comm, const std::string& path,

@@ -12,9 +12,12 @@
 //   MF_ASSIGN_OR_RETURN(CheckpointManifest m, load_state(comm, path, blocks, model_names));
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshflow/comm/communicator.h"
@@ -65,6 +68,44 @@ nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::s
 // it wrote its shard of step STEP, before the commit.
 Status save_state(Communicator* comm, const std::string& root, int64_t step,
                   const std::vector<StateBlock>& blocks, const nlohmann::json& info, int keep);
+
+// save_state in the background (train.async_save; PyTorch DCP's async_save,
+// Orbax's async checkpointing): start() prepares the step's directory
+// (agreed, as save_state does), copies this rank's blocks (the only stall:
+// a memcpy of the bytes it writes) and writes the copies on a thread while
+// training goes on. poll() is collective, called by every rank at the same
+// step boundary: it agrees whether every rank has written, and if so
+// commits (rank 0) and agrees on the outcome, as save_state does; until
+// then the previous checkpoints are the latest. A job that ends or dies
+// before the commit leaves an uncommitted directory, which is no checkpoint.
+class BackgroundSave {
+ public:
+  static Result<std::unique_ptr<BackgroundSave>> start(Communicator* comm, const std::string& root,
+                                                       int64_t step,
+                                                       const std::vector<StateBlock>& blocks,
+                                                       nlohmann::json info, int keep);
+  ~BackgroundSave();
+  // True once committed (then the save is over); false: some rank is still
+  // writing (wait: block until this rank has written, then agree). Errors as
+  // save_state's, the same on every rank.
+  Result<bool> poll(bool wait);
+  int64_t step() const { return step_; }
+  // Bytes this rank copied and writes.
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  BackgroundSave() = default;
+  Communicator* comm_ = nullptr;
+  std::string root_;
+  int64_t step_ = 0, bytes_ = 0;
+  nlohmann::json info_;
+  int keep_ = 0;
+  std::vector<Tensor> copies_;
+  std::vector<CheckpointBlock> blocks_;
+  std::thread writer_;
+  std::atomic<bool> written_{false};
+  Status status_;  // the writer's, read after written_
+};
 
 // Collective: opens the checkpoint at `path` (a step directory, or a root's
 // latest), checks it holds every tensor of `blocks` at its global shape and

@@ -528,6 +528,13 @@ Status Trainer::save_state(const std::string& root, int keep) {
                               state_info(rc_, step_, world_, describe_), keep);
 }
 
+Result<std::unique_ptr<BackgroundSave>> Trainer::start_save_state(const std::string& root,
+                                                                  int keep) {
+  Communicator* world = comm_ ? comm_.get() : nullptr;
+  return BackgroundSave::start(world, root, step_, state_blocks(),
+                               state_info(rc_, step_, world_, describe_), keep);
+}
+
 Status Trainer::load_state(const std::string& path) {
   Communicator* world = comm_ ? comm_.get() : nullptr;
   MF_ASSIGN_OR_RETURN(CheckpointManifest m,

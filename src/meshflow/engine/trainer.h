@@ -63,6 +63,8 @@ class Trainer : public Engine {
   Status save_checkpoint(const std::string& path) override;
   Status load_checkpoint(const std::string& path) override;
   Status save_state(const std::string& root, int keep) override;
+  Result<std::unique_ptr<BackgroundSave>> start_save_state(const std::string& root,
+                                                           int keep) override;
   Status load_state(const std::string& path) override;
 
   const RunConfig& config() const { return rc_; }

@@ -90,6 +90,7 @@ Status parse_train(const json& j, TrainConfig* t) {
   r.string("checkpoint", &t->checkpoint);
   r.integer("save_every", &t->save_every, 0);
   r.integer("keep_checkpoints", &t->keep_checkpoints, 0);
+  r.boolean("async_save", &t->async_save);
   std::string nonfinite = "stop";
   r.choice("on_nonfinite", &nonfinite, {"stop", "skip"});
   t->skip_nonfinite = nonfinite == "skip";

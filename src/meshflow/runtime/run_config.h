@@ -56,6 +56,11 @@ struct TrainConfig {
   std::string checkpoint;
   int save_every = 0;
   int keep_checkpoints = 0;  // full-state checkpoints kept (the newest); 0: all
+  // The save_every checkpoints of a directory written in the background
+  // (engine/state_checkpoint.h BackgroundSave): the step waits only for a
+  // copy of this rank's blocks; the commit follows at the first step
+  // boundary after every rank has written. The final checkpoint is waited for.
+  bool async_save = false;
   // A step whose loss or gradients are not finite: "stop" the run with an
   // error naming the step and the first parameter whose gradient is not
   // finite, or "skip" its update (the weights and optimizer state stay) and go on.
