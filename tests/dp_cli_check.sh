@@ -6,6 +6,8 @@
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-throw    a rank that throws ends the job non-zero, names it
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-resume   checkpoints of mpirun's processes resume exactly
 #                                                    (mpirun and in-process); a kill mid-save keeps the last
+#   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-launch   `meshflow launch` restarts a failed mpirun job from
+#                                                    its latest checkpoint; user errors are not restarted
 set -uo pipefail
 BIN=$1 MPIRUN=$2 MODE=$3
 MPI="$MPIRUN --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
@@ -51,6 +53,34 @@ case $MODE in
     [ $el -lt 30 ] || fail "took ${el}s"
     grep -qiE "rank 1|rank: 1" <<<"$out" || fail "output does not name rank 1"
     [ "$kind" = kill ] || grep -q "injected fault" <<<"$out" || fail "output does not say what failed" ;;
+  mpi-launch)
+    # Rank 1 throws before step 3: launch reruns mpirun, whose ranks resume
+    # from the step-2 checkpoint; the metrics (appended) are the
+    # uninterrupted run's losses.
+    "$BIN" train "$dir/run.json" --ranks 2 --quiet --metrics "$dir/ref.jsonl" || fail "reference run failed"
+    margs="--allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
+    out=$(MESHFLOW_INJECT_FAULT=1:2:throw timeout 120 "$BIN" launch --np 2 --max-restarts 1 \
+      --mpirun "$MPIRUN" --mpirun-args "$margs" train "$dir/run.json" --quiet \
+      --set train.save_every=2 --checkpoint "$dir/ck" --metrics "$dir/launch.jsonl" 2>&1); rc=$?
+    echo "$out" | grep -E "restart|error" | head -5
+    [ $rc -eq 0 ] || fail "launch with one restart: exit code $rc"
+    grep -q "meshflow launch: mpirun exited with 1; restart 1 of 1" <<<"$out" || fail "no restart message"
+    grep -q "restart 1 continues from its latest checkpoint" <<<"$out" || fail "did not resume"
+    losses "$dir/ref.jsonl" > "$dir/r.txt"; losses "$dir/launch.jsonl" > "$dir/l.txt"
+    diff "$dir/r.txt" "$dir/l.txt" || fail "launch: losses differ from the uninterrupted run"
+    # No restarts left: the failure's exit code. A user error: never restarted.
+    out=$(MESHFLOW_INJECT_FAULT=1:1:throw timeout 120 "$BIN" launch --np 2 --mpirun "$MPIRUN" \
+      --mpirun-args "$margs" train "$dir/run.json" --quiet 2>&1); rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "failed job without restarts: exit code $rc"
+    out=$(timeout 60 "$BIN" launch --np 2 --max-restarts 3 --mpirun "$MPIRUN" --mpirun-args "$margs" \
+      train "$dir/missing.json" 2>&1); rc=$?
+    [ $rc -eq 2 ] || fail "a missing config under launch: exit code $rc"
+    grep -q "restart" <<<"$out" && fail "a user error was restarted"
+    out=$("$BIN" launch --np 2 graph "$dir/run.json" 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -q "give \`train CONFIG ...\`" <<<"$out" || fail "launch without train: $rc $out"
+    out=$("$BIN" launch --np 2 --mpirun /nonexistent/mpirun train "$dir/run.json" 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -q "cannot run '/nonexistent/mpirun'" <<<"$out" || fail "missing mpirun: $rc $out"
+    echo "launch restarted the job; losses equal the uninterrupted run's: $(tr '\n' ' ' < "$dir/l.txt")" ;;
   mpi-resume)
     # Full-state checkpoints written by mpirun's processes: resumed under mpirun
     # and in-process, the losses are the uninterrupted run's; a process killed

@@ -299,6 +299,19 @@ int exit_code(const Status& s) {
   return report(s);
 }
 
+// A restarted run continues from train.checkpoint's latest full-state
+// checkpoint if it has one (and takes no --init), else from where the first
+// run started (its --resume, or the start). Returns where, for messages.
+std::string restart_from(const RunConfig& rc, const TrainOptions& first, TrainOptions* run) {
+  const std::string& root = rc.train.checkpoint;
+  const bool resumable = !root.empty() && !is_weights_file(root) && !list_checkpoints(root).empty();
+  run->resume = resumable ? root : first.resume;
+  if (resumable) run->init.clear();
+  return resumable              ? "its latest checkpoint (" + list_checkpoints(root).back() + ")"
+         : first.resume.empty() ? "the start"
+                                : first.resume;
+}
+
 int train_impl(const TrainOptions& o) {
   std::vector<std::string> overrides = o.overrides;
   if (o.steps > 0) overrides.push_back("train.steps=" + std::to_string(o.steps));
@@ -341,9 +354,15 @@ int train_impl(const TrainOptions& o) {
     if (o.max_restarts > 0)
       return user_error(Status::invalid(
           "--max-restarts with mpirun: a process cannot restart the job it belongs to; "
-          "rerun mpirun with --resume latest (or use in-process ranks, --ranks N)"));
+          "run it under `meshflow launch --np N --max-restarts K train ...` (or use in-process "
+          "ranks, --ranks N)"));
+    // A restart by `meshflow launch` (--restart-attempt K).
+    TrainOptions run = o;
+    const std::string where = o.attempt > 0 ? restart_from(*rc, o, &run) : "";
     Result<std::shared_ptr<Transport>> t = make_mpi_transport();
     if (!t.is_ok()) return exit_code(t.status());
+    if (o.attempt > 0 && (*t)->rank() == 0)
+      std::fprintf(stderr, "meshflow: restart %d continues from %s\n", o.attempt, where.c_str());
     // Resolved before any rank starts (every process resolves the same).
     Result<Job> job = resolve_job(*rc, (*t)->size());
     if (!job.is_ok()) return user_error(job.status());
@@ -352,7 +371,7 @@ int train_impl(const TrainOptions& o) {
     try {
       std::shared_ptr<Communicator> world = Communicator::world(*t);
       TraceWriter trace;
-      s = train_rank(o, *job, world, o.trace.empty() ? nullptr : &trace);
+      s = train_rank(run, *job, world, o.trace.empty() ? nullptr : &trace);
       if (s.is_ok() && !o.trace.empty()) s = write_trace_mpi(*world, trace, o.trace);
     } catch (const StatusError& e) {
       s = e.status();
@@ -387,14 +406,7 @@ int train_impl(const TrainOptions& o) {
     if (s.is_ok() || run.attempt >= o.max_restarts || exit_code_of(s) != 1 ||
         s.code() == StatusCode::kFailedPrecondition)
       break;
-    const std::string& root = rc->train.checkpoint;
-    const bool resumable =
-        !root.empty() && !is_weights_file(root) && !list_checkpoints(root).empty();
-    run.resume = resumable ? root : o.resume;
-    if (resumable) run.init.clear();
-    std::string where = resumable ? "its latest checkpoint (" + list_checkpoints(root).back() + ")"
-                        : o.resume.empty() ? "the start"
-                                           : o.resume;
+    const std::string where = restart_from(*rc, o, &run);
     if (o.elastic) {
       for (int w = run.ranks - 1; w >= 1; --w)
         if (resolve_job(*rc, w).is_ok()) {

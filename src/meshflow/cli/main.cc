@@ -21,6 +21,7 @@
 #include "meshflow/cli/commands.h"
 #include "meshflow/cli/errors.h"
 #include "meshflow/cli/explain_command.h"
+#include "meshflow/cli/launch_command.h"
 #include "meshflow/cli/plan_command.h"
 
 int main(int argc, char** argv) {
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
                 "In-process ranks: restart a failed job up to N times from the latest checkpoint "
                 "of train.checkpoint (a directory), or from the start")
       ->check(CLI::Range(0, 1000));
+  t->add_option("--restart-attempt", train.attempt,
+                "Set by `meshflow launch` on a restart: continue from train.checkpoint's latest")
+      ->group("")
+      ->check(CLI::Range(0, 1000));
   t->add_flag("--elastic", train.elastic,
               "With --max-restarts: restart on fewer ranks (the most the job fits below the "
               "failed one's)");
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
 
   meshflow::cli::add_plan_commands(app);
   meshflow::cli::add_checkpoint_commands(app);
+  meshflow::cli::add_launch_command(app);
 
   meshflow::cli::ExplainOptions explain;
   CLI::App* ecmd = app.add_subcommand(
