@@ -29,6 +29,34 @@ Result<bool> all_true(Communicator* comm, bool ok) {
   return not_ok == 0.f;
 }
 
+// Rank 0 prepares the step's directory; every rank agrees on it.
+Status prepare_agreed(Communicator* comm, const std::string& root, int64_t step) {
+  const int rank = comm ? comm->rank() : 0;
+  Status s = rank == 0 ? prepare_checkpoint(root, step) : Status::ok();
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable("checkpoint of step " + std::to_string(step) + " in '" +
+                                           root + "': rank 0 could not prepare it")
+                     : s;
+  return Status::ok();
+}
+
+// After every rank wrote its shard (`written`: this rank's outcome): agrees
+// on the writes, then rank 0 commits, and agrees on that.
+Status commit_written(Communicator* comm, const std::string& root, int64_t step,
+                      const nlohmann::json& info, int keep, const Status& written) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  const std::string what = "checkpoint of step " + std::to_string(step) + " in '" + root + "'";
+  if (!all_ok(comm, written.is_ok()))
+    return written.is_ok() ? Status::unavailable(what +
+                                                 " failed on another rank; the previous "
+                                                 "checkpoints are intact")
+                           : written.with_context(what + " (the previous checkpoints are intact)");
+  Status s = rank == 0 ? commit_checkpoint(root, step, world, info, keep) : Status::ok();
+  if (!all_ok(comm, s.is_ok()))
+    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
+  return Status::ok();
+}
+
 }  // namespace
 
 nlohmann::json state_info(const RunConfig& rc, int step, int world, const std::string& plan) {
@@ -83,25 +111,14 @@ StateBlock state_block(const std::string& name, const std::string& kind, const S
 
 Status save_state(Communicator* comm, const std::string& root, int64_t step,
                   const std::vector<StateBlock>& blocks, const nlohmann::json& info, int keep) {
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  const std::string what = "checkpoint of step " + std::to_string(step) + " in '" + root + "'";
-  Status s = rank == 0 ? prepare_checkpoint(root, step) : Status::ok();
-  if (!all_ok(comm, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not prepare it") : s;
+  const int rank = comm ? comm->rank() : 0;
+  MF_RETURN_IF_ERROR(prepare_agreed(comm, root, step));
   std::vector<CheckpointBlock> mine;
   for (const StateBlock& b : blocks)
     if (b.write) mine.push_back(b.block);
-  s = write_checkpoint_shard(root, step, rank, mine);
+  const Status s = write_checkpoint_shard(root, step, rank, mine);
   kill_if_injected(rank, step);
-  if (!all_ok(comm, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what +
-                                           " failed on another rank; the previous "
-                                           "checkpoints are intact")
-                     : s.with_context(what + " (the previous checkpoints are intact)");
-  s = rank == 0 ? commit_checkpoint(root, step, world, info, keep) : Status::ok();
-  if (!all_ok(comm, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
-  return Status::ok();
+  return commit_written(comm, root, step, info, keep, s);
 }
 
 Result<std::unique_ptr<BackgroundSave>> BackgroundSave::start(Communicator* comm,
@@ -109,10 +126,7 @@ Result<std::unique_ptr<BackgroundSave>> BackgroundSave::start(Communicator* comm
                                                               const std::vector<StateBlock>& blocks,
                                                               nlohmann::json info, int keep) {
   const int rank = comm ? comm->rank() : 0;
-  const std::string what = "checkpoint of step " + std::to_string(step) + " in '" + root + "'";
-  Status s = rank == 0 ? prepare_checkpoint(root, step) : Status::ok();
-  if (!all_ok(comm, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not prepare it") : s;
+  MF_RETURN_IF_ERROR(prepare_agreed(comm, root, step));
   std::unique_ptr<BackgroundSave> b(new BackgroundSave());
   b->comm_ = comm;
   b->root_ = root;
@@ -148,17 +162,7 @@ Result<bool> BackgroundSave::poll(bool wait) {
                       all_true(comm_, written_.load(std::memory_order_acquire)));
   if (!all_written) return false;  // some rank is still writing
   if (writer_.joinable()) writer_.join();
-  const int rank = comm_ ? comm_->rank() : 0, world = comm_ ? comm_->size() : 1;
-  const std::string what = "checkpoint of step " + std::to_string(step_) + " in '" + root_ + "'";
-  Status s = status_;
-  if (!all_ok(comm_, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what +
-                                           " failed on another rank; the previous "
-                                           "checkpoints are intact")
-                     : s.with_context(what + " (the previous checkpoints are intact)");
-  s = rank == 0 ? commit_checkpoint(root_, step_, world, info_, keep_) : Status::ok();
-  if (!all_ok(comm_, s.is_ok()))
-    return s.is_ok() ? Status::unavailable(what + ": rank 0 could not commit it") : s;
+  MF_RETURN_IF_ERROR(commit_written(comm_, root_, step_, info_, keep_, status_));
   copies_.clear();
   return true;
 }
