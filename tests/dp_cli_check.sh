@@ -7,7 +7,8 @@
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-resume   checkpoints of mpirun's processes resume exactly
 #                                                    (mpirun and in-process); a kill mid-save keeps the last
 #   dp_cli_check.sh MESHFLOW_BIN MPIRUN mpi-launch   `meshflow launch` restarts a failed mpirun job from
-#                                                    its latest checkpoint; user errors are not restarted
+#                                                    its latest checkpoint (--elastic: on fewer
+#                                                    processes); user errors are not restarted
 set -uo pipefail
 BIN=$1 MPIRUN=$2 MODE=$3
 MPI="$MPIRUN --allow-run-as-root --oversubscribe --mca btl self,vader --mca mpi_yield_when_idle 1"
@@ -68,6 +69,15 @@ case $MODE in
     grep -q "restart 1 continues from its latest checkpoint" <<<"$out" || fail "did not resume"
     losses "$dir/ref.jsonl" > "$dir/r.txt"; losses "$dir/launch.jsonl" > "$dir/l.txt"
     diff "$dir/r.txt" "$dir/l.txt" || fail "launch: losses differ from the uninterrupted run"
+    # --elastic: the restart runs on the most processes the config fits (data
+    # parallel: one), from the same checkpoint.
+    rm -rf "$dir/ck"
+    out=$(MESHFLOW_INJECT_FAULT=1:2:throw timeout 120 "$BIN" launch --np 2 --max-restarts 1 --elastic \
+      --mpirun "$MPIRUN" --mpirun-args "$margs" train "$dir/run.json" --quiet \
+      --set train.save_every=2 --checkpoint "$dir/ck" 2>&1); rc=$?
+    [ $rc -eq 0 ] || fail "elastic launch: exit code $rc"
+    grep -q "restart 1 of 1 from .* on 1 processes" <<<"$out" || fail "elastic launch did not shrink: $out"
+    [ -f "$dir/ck/step-00000004/manifest.json" ] || fail "the elastic restart did not finish"
     # No restarts left: the failure's exit code. A user error: never restarted.
     out=$(MESHFLOW_INJECT_FAULT=1:1:throw timeout 120 "$BIN" launch --np 2 --mpirun "$MPIRUN" \
       --mpirun-args "$margs" train "$dir/run.json" --quiet 2>&1); rc=$?
@@ -110,7 +120,7 @@ case $MODE in
     "$BIN" checkpoint inspect "$dir/ck" --verify > "$dir/insp.txt" 2>&1; grep -q ": step 4$" "$dir/insp.txt" || fail "latest is not step 4: $(cat "$dir/insp.txt")"
     out=$(timeout 60 $MPI -np 2 "$BIN" train "$dir/run.json" --quiet --max-restarts 1 2>&1); rc=$?
     [ $rc -eq 2 ] || fail "--max-restarts under mpirun: exit code $rc"
-    grep -q "rerun mpirun with --resume latest" <<<"$out" || fail "--max-restarts under mpirun: $out"
+    grep -qF 'run it under `meshflow launch --np N --max-restarts K train ...`' <<<"$out" || fail "--max-restarts under mpirun: $out"
     echo "resumed equal: $(tr '\n' ' ' < "$dir/r.txt")" ;;
   *) fail "unknown mode $MODE" ;;
 esac

@@ -13,6 +13,8 @@
 
 #include "meshflow/cli/errors.h"
 #include "meshflow/core/status.h"
+#include "meshflow/engine/job.h"
+#include "meshflow/runtime/run_config.h"
 
 namespace meshflow::cli {
 
@@ -63,6 +65,25 @@ int run_and_wait(const std::vector<std::string>& argv, std::string* error) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// The most ranks below `np` that the train command's config resolves for
+// (its --set and --steps applied); np when none does.
+int fewer_ranks(const std::vector<std::string>& args, int np) {
+  if (args.size() < 2) return np;
+  std::vector<std::string> overrides;
+  for (size_t i = 2; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool next = i + 1 < args.size();
+    if (a == "--set" && next) overrides.push_back(args[++i]);
+    if (a.rfind("--set=", 0) == 0) overrides.push_back(a.substr(6));
+    if (a == "--steps" && next) overrides.push_back("train.steps=" + args[++i]);
+  }
+  Result<RunConfig> rc = load_run_config(args[1], overrides);
+  if (!rc.is_ok()) return np;
+  for (int w = np - 1; w >= 1; --w)
+    if (resolve_job(*rc, w).is_ok()) return w;
+  return np;
+}
+
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
@@ -79,10 +100,11 @@ int run_launch(const LaunchOptions& o) {
   std::vector<std::string> base = {o.mpirun};
   std::istringstream extra(o.mpirun_args);
   for (std::string a; extra >> a;) base.push_back(a);
-  base.insert(base.end(), {"-np", std::to_string(o.np), self_path()});
-  base.insert(base.end(), o.args.begin(), o.args.end());
+  int np = o.np;
   for (int attempt = 0;; ++attempt) {
     std::vector<std::string> argv = base;
+    argv.insert(argv.end(), {"-np", std::to_string(np), self_path()});
+    argv.insert(argv.end(), o.args.begin(), o.args.end());
     if (attempt > 0) argv.insert(argv.end(), {"--restart-attempt", std::to_string(attempt)});
     std::string error;
     const int code = run_and_wait(argv, &error);
@@ -90,10 +112,11 @@ int run_launch(const LaunchOptions& o) {
       return report(Status::invalid("launch: cannot run '" + o.mpirun + "' (" + error +
                                     "); give --mpirun PATH of Open MPI's mpirun"));
     if (code == 0 || code == 2 || attempt >= o.max_restarts) return code;
+    if (o.elastic) np = fewer_ranks(o.args, np);
     std::fprintf(stderr,
                  "meshflow launch: mpirun exited with %d; restart %d of %d from train.checkpoint's "
                  "latest checkpoint (or the start) on %d processes\n",
-                 code, attempt + 1, o.max_restarts, o.np);
+                 code, attempt + 1, o.max_restarts, np);
   }
 }
 
@@ -106,6 +129,8 @@ void add_launch_command(CLI::App& app) {
                 "Rerun a failed job up to N times, from train.checkpoint's latest checkpoint")
       ->check(CLI::Range(0, 1000));
   l->add_option("--mpirun", o->mpirun, "The mpirun to run (default: mpirun on PATH)");
+  l->add_flag("--elastic", o->elastic,
+              "Restart on the most processes below the failed run's that the config fits");
   l->add_option(
       "--mpirun-args", o->mpirun_args,
       "Arguments for mpirun before -np, one string (\"--hostfile hosts --bind-to none\")");

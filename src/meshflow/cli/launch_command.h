@@ -10,7 +10,9 @@
 // --max-restarts times, with `--restart-attempt K`: the ranks then resume
 // from train.checkpoint's latest full-state checkpoint if it has one (else
 // from where the first run started), append to --metrics, and skip injected
-// test faults, exactly as in-process restarts do.
+// test faults, exactly as in-process restarts do. --elastic: each restart
+// runs on the most processes below the last run's that the config (with the
+// train command's --set and --steps) resolves for, as `train --elastic`.
 //
 //   meshflow launch --np 4 --max-restarts 2 --mpirun-args "--hostfile hosts"
 //                   train run.json --set train.save_every=100 --checkpoint ck/
@@ -30,6 +32,7 @@ struct LaunchOptions {
   int max_restarts = 0;
   std::string mpirun = "mpirun";
   std::string mpirun_args;        // split on spaces, before -np
+  bool elastic = false;           // restart on the most processes below np the job resolves for
   std::vector<std::string> args;  // the meshflow command: "train" CONFIG [options]
 };
 int run_launch(const LaunchOptions& o);
