@@ -55,6 +55,21 @@ TEST(PlanCluster, ShippedFilesParse) {
   Result<Cluster> back = parse_cluster(cluster_to_json(*a100));
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   EXPECT_EQ(cluster_to_json(*back), cluster_to_json(*a100));
+  // H100: FlashAttention-2 at 35% of peak (the FlashAttention-3 paper), kept by the round trip.
+  Result<Cluster> h100 = load_cluster(source_dir() + "/configs/clusters/h100_sxm.json");
+  ASSERT_TRUE(h100.is_ok());
+  EXPECT_DOUBLE_EQ(h100->device.attention_forward_efficiency, 0.35);
+  EXPECT_DOUBLE_EQ(h100->device.attention_backward_efficiency, 0.35);
+  back = parse_cluster(cluster_to_json(*h100));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->device.attention_backward_efficiency, 0.35);
+  nlohmann::json bad = cluster_to_json(*h100);
+  bad["device"]["attention_forward_efficiency"] = 1.5;
+  Result<Cluster> refused = parse_cluster(bad);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("attention_forward_efficiency must be in (0, 1]"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(PlanCluster, ErrorsNameTheKey) {

@@ -204,6 +204,33 @@ TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
               plan_label(r.plans[0].plan).c_str(), r.plans[0].step_time_s, r.plans[0].cp_comm_s);
 }
 
+// The fused attention at its kernel's own efficiency (the cluster file's
+// FlashAttention-2 figure on H100, 35% of peak) rather than the GEMM curve
+// (~74%): the attention's share of compute, and so the difference, grows
+// with the sequence.
+TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
+  ModelConfig model = load_model("llama3_8b.json");
+  std::get<LlamaConfig>(model).max_position_embeddings = 65536;
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
+  p.recompute = Recompute::kFull;
+  double ratio[2];
+  const int64_t seqs[2] = {2048, 65536};
+  for (int i = 0; i < 2; ++i) {
+    Cluster fa2 = cluster("h100_sxm.json", 8), gemm = fa2;
+    ASSERT_GT(fa2.device.attention_forward_efficiency, 0);
+    gemm.device.attention_forward_efficiency = gemm.device.attention_backward_efficiency = 0;
+    const StepCost slow = value_or_throw(CostModel(TrainingJob{model, 8, seqs[i]}, fa2).price(p));
+    const StepCost fast = value_or_throw(CostModel(TrainingJob{model, 8, seqs[i]}, gemm).price(p));
+    ratio[i] = slow.compute_s / fast.compute_s;
+  }
+  EXPECT_GT(ratio[0], 1.02);
+  EXPECT_GT(ratio[1], ratio[0] + 0.3);
+  EXPECT_LT(ratio[1], 0.74 / 0.35);
+  std::printf("llama3 8b on 8 H100s, FA2 at 35%% vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
+              ratio[0], ratio[1]);
+}
+
 // With few kv heads (LLaMA-3 70B: 8 of 64) the ring's k/v shifts move less
 // than Ulysses' all_to_alls of q, k, v and out, and hide under the blocks'
 // compute: where both run, the ring is the cheaper cp.

@@ -234,6 +234,8 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
               "bytes per second");
   read_curve(r, j, where, &d->matmul_efficiency);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
+  read_efficiency(r, j, where, "attention_forward_efficiency", &d->attention_forward_efficiency);
+  read_efficiency(r, j, where, "attention_backward_efficiency", &d->attention_backward_efficiency);
   MF_RETURN_IF_ERROR(r.finish());
 
   const std::string pw = where + ".peak_flops";
@@ -317,6 +319,10 @@ J cluster_json(const Cluster& c) {
            {"memory_bytes", d.memory_bytes},
            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
            {"memory_efficiency", d.memory_efficiency}};
+  if (d.attention_forward_efficiency > 0)
+    dev["attention_forward_efficiency"] = d.attention_forward_efficiency;
+  if (d.attention_backward_efficiency > 0)
+    dev["attention_backward_efficiency"] = d.attention_backward_efficiency;
   if (!d.matmul_efficiency.empty()) {
     J curve = J::array();
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});

@@ -52,6 +52,12 @@ struct Device {
   double memory_bandwidth_bytes_per_s = 0;
   std::vector<EfficiencyPoint> matmul_efficiency;  // empty: 1 at every size
   double memory_efficiency = 1;
+  // The fraction of the 16-bit peak the fused attention kernel of the stack
+  // (FlashAttention-2) sustains at training sizes, forward and backward: a
+  // published kernel figure, not the GEMM curve (on H100 FlashAttention-2
+  // reaches 35% of peak while cuBLAS GEMMs reach ~75%). 0: priced on the
+  // matmul curve like any GEMM.
+  double attention_forward_efficiency = 0, attention_backward_efficiency = 0;
 };
 
 // Links and collectives are priced by parallel/collective_cost.h, the one

@@ -306,7 +306,13 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       }
       t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
     } else {
-      t = roofline_time_s(c.flops, c.bytes * byte_scale);
+      // Fused (FlashAttention): at the kernel's own efficiency where the
+      // cluster file gives it, else on the GEMM curve.
+      const Device& dev = cluster_.device;
+      const double eff = fwd ? dev.attention_forward_efficiency : dev.attention_backward_efficiency;
+      t = eff > 0 ? std::max(c.flops / (cluster_.peak_flops(dtype_, false) * eff),
+                             cluster_.memory_time_s(c.bytes * byte_scale))
+                  : roofline_time_s(c.flops, c.bytes * byte_scale);
     }
   } else {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);
