@@ -68,7 +68,9 @@ struct RingPlace {
   int64_t Tg;
 };
 
-RingPlace ring_place(const KernelCall& c, int64_t T) {
+RingPlace ring_place(const KernelCall& c, int64_t T, int64_t S) {
+  MF_CHECK_EQ(T, S) << node_label(c.n)
+                    << ": ring attention and the zigzag order need as many keys as queries";
   if (c.attrs().mesh_axis < 0) return {nullptr, 1, 0, T};
   if (c.comms == nullptr)
     throw StatusError(Status::failed_precondition(
@@ -179,7 +181,7 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
 
 void ring_attention(const KernelCall& c) {
   const RingDims d = ring_dims(c.in_shape(0), c.in_shape(1), c.attrs());
-  const RingPlace rp = ring_place(c, d.T);
+  const RingPlace rp = ring_place(c, d.T, d.S);
   const int64_t nkv = d.kv_elems(), rows = d.B * d.H * d.T;
   std::vector<float> m(rows, kNegInf), l(rows, 0.f);
   float* out = c.out_f(0);
@@ -210,7 +212,7 @@ void ring_attention(const KernelCall& c) {
 
 void ring_attention_grad(const KernelCall& c) {
   const RingDims d = ring_dims(c.in_shape(1), c.in_shape(2), c.attrs());
-  const RingPlace rp = ring_place(c, d.T);
+  const RingPlace rp = ring_place(c, d.T, d.S);
   const int64_t nkv = d.kv_elems(), rows = d.B * d.H * d.T;
   const float* dout = c.in_f(0);
   const float* q = c.in_f(1);
