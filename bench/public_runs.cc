@@ -517,6 +517,12 @@ Mapped map_run(const json& runs, const json& run) {
     m.k = CostConstants{};
     m.stack = "default";
   }
+  // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP.
+  if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
+      has(get_str(par, "techniques"), "asynctp")) {
+    m.k.tp_comm_overlap = true;
+    m.stack += "+tp-overlap";
+  }
   return m;
 }
 

@@ -227,8 +227,39 @@ TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   EXPECT_GT(ratio[0], 1.02);
   EXPECT_GT(ratio[1], ratio[0] + 0.3);
   EXPECT_LT(ratio[1], 0.74 / 0.35);
-  std::printf("llama3 8b on 8 H100s, FA2 at 35%% vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
-              ratio[0], ratio[1]);
+  std::printf(
+      "llama3 8b on 8 H100s, FA2 at 35%% vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
+      ratio[0], ratio[1]);
+}
+
+// A stack that overlaps tp communication with its GEMMs (Megatron-LM's
+// --tp-comm-overlap) pays a block's first chunk of it (1/tp) when the GEMMs
+// cover the rest, and what they do not cover when they cannot.
+TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
+  const TrainingJob job{load_model("gpt3_175b.json"), 64, 2048};
+  Plan p;
+  p.dp = 1, p.tp = 8, p.pp = 8, p.sp = true, p.micro_batch = 1, p.num_micro_batches = 64;
+  p.zero = 1;
+  CostConstants overlap;
+  overlap.tp_comm_overlap = true;
+  const StepCost plain = value_or_throw(CostModel(job, cluster("h100_sxm.json", 64)).price(p));
+  const StepCost hidden =
+      value_or_throw(CostModel(job, cluster("h100_sxm.json", 64), overlap).price(p));
+  ASSERT_GT(plain.tp_comm_s, 0);
+  EXPECT_LT(hidden.tp_comm_s, 0.2 * plain.tp_comm_s);  // ~1/8, plus the embedding's and head's
+  EXPECT_GT(hidden.tp_comm_s, 0.1 * plain.tp_comm_s);
+  // The step saves the hidden communication, and the bubble it made longer.
+  const double saved = plain.step_time_s - hidden.step_time_s;
+  EXPECT_GE(saved, 0.99 * (plain.tp_comm_s - hidden.tp_comm_s));
+  EXPECT_LT(saved, 1.25 * (plain.tp_comm_s - hidden.tp_comm_s));
+  // Over the nodes' links (tp=16 on 8-GPU nodes) the GEMMs cannot cover it.
+  p.tp = 16, p.pp = 4;
+  const StepCost wide = value_or_throw(CostModel(job, cluster("h100_sxm.json", 64)).price(p));
+  const StepCost wide_overlap =
+      value_or_throw(CostModel(job, cluster("h100_sxm.json", 64), overlap).price(p));
+  EXPECT_GT(wide_overlap.tp_comm_s, 0.3 * wide.tp_comm_s);
+  std::printf("gpt3 175b tp comm: tp=8 %.2f s -> %.2f s overlapped; tp=16 %.2f s -> %.2f s\n",
+              plain.tp_comm_s, hidden.tp_comm_s, wide.tp_comm_s, wide_overlap.tp_comm_s);
 }
 
 // With few kv heads (LLaMA-3 70B: 8 of 64) the ring's k/v shifts move less

@@ -912,7 +912,14 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   const double ls = blocks;
   // ---- one block, one micro-batch: compute + the collectives the partitioner put in it
   const double f_layer = lc.forward_s, b_layer = lc.backward_s, w_layer = lc.weight_grad_s;
-  const double tp_fwd = lc.tp_fwd_s, tp_bwd = lc.tp_bwd_s;
+  // tp communication a stack overlaps with the GEMMs (CostConstants::tp_comm_overlap).
+  auto exposed_tp = [&](double comm, double compute) {
+    if (!k_.tp_comm_overlap || p.tp <= 1) return comm;
+    const double first = comm / double(p.tp);
+    return first + std::max(0.0, comm - first - compute);
+  };
+  const double tp_fwd = exposed_tp(lc.tp_fwd_s, f_layer);
+  const double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);
   const double cp_fwd = lc.cp_fwd_s, cp_bwd = lc.cp_bwd_s;
 
   // ---- stages: blocks per stage, first (embedding) and last (head) stage

@@ -164,6 +164,13 @@ struct CostConstants {
   // layout ops), node by node; false: Megatron-LM's, the whole layer forward
   // (full) or the attention core (selective).
   bool recompute_from_pass = false;
+  // The stack overlaps tensor-parallel communication with the GEMMs it feeds
+  // (Megatron-LM's --tp-comm-overlap with Transformer Engine's userbuffers,
+  // TorchTitan's AsyncTP): each collective runs in tp chunks, chunk i's
+  // transfer under chunk i-1's GEMM, so a block's tp communication costs its
+  // first chunk plus whatever the block's compute does not cover. meshflow's
+  // runtime does not (false).
+  bool tp_comm_overlap = false;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
