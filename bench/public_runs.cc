@@ -31,10 +31,12 @@
 #include <vector>
 
 #include "meshflow/config/json_reader.h"
+#include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/plan/plan.h"
+#include "meshflow/plan/prediction_band.h"
 
 using namespace meshflow;
 using namespace meshflow::plan;
@@ -575,7 +577,7 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 int main(int argc, char** argv) {
   std::string file = "../shared/reference/public_runs.json";  // from the repository root
   std::string clusters = "configs/clusters";
-  std::string only;
+  std::string only, write_bands;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -594,11 +596,13 @@ int main(int argc, char** argv) {
       only = next();
     } else if (a == "--verbose" || a == "-v") {
       verbose = true;
+    } else if (a == "--write-bands") {
+      write_bands = next();
     } else {
       std::fprintf(
           stderr,
           "usage: public_runs [--file RUNS.json] [--clusters DIR] [--only GROUP_SUBSTRING] "
-          "[--verbose]\n");
+          "[--verbose] [--write-bands FILE]\n");
       return 2;
     }
   }
@@ -766,5 +770,30 @@ int main(int argc, char** argv) {
   }
   std::printf("\nwithin +-10%%: %d/%d (%.0f%%); MAE %.1f%%; signed median %+.1f%%\n", all.within10,
               all.n, 100.0 * all.within10 / all.n, 100 * all.mae, 100 * all.med);
+  if (!write_bands.empty()) {
+    // Each cluster file's spread of published / predicted, by GPU-count range
+    // (plan/prediction_band.h), for `meshflow plan` to print with a prediction.
+    std::map<std::string, std::vector<std::pair<int64_t, double>>> samples;
+    for (const Priced& r : priced) {
+      std::string name = r.m.cluster_file;
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0)
+        name.resize(name.size() - 5);
+      samples[name].push_back({r.m.gpus, r.m.published_s / r.predicted_s});
+    }
+    PredictionBands bands;
+    bands.source = "bench/public_runs --write-bands: " + std::to_string(priced.size()) +
+                   " priced runs of " + file;
+    for (const auto& [name, s] : samples) {
+      std::vector<BandEntry> b = make_bands(s);
+      if (!b.empty()) bands.by_cluster[name] = b;
+    }
+    Status s = write_file_atomic(write_bands, prediction_bands_to_json(bands).dump(2) + "\n",
+                                 "--write-bands");
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "%s\n", s.message().c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", write_bands.c_str());
+  }
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include "meshflow/plan/calibrate.h"
 #include "meshflow/plan/cluster.h"
+#include "meshflow/plan/prediction_band.h"
 
 namespace meshflow::plan {
 namespace {
@@ -70,6 +71,33 @@ TEST(PlanCluster, ShippedFilesParse) {
   EXPECT_NE(refused.status().message().find("attention_forward_efficiency must be in (0, 1]"),
             std::string::npos)
       << refused.status().message();
+}
+
+// Bands: p10..p90 of published / predicted per GPU-count range, none with
+// fewer than 5 runs; a round trip; the range lookup.
+TEST(PlanBand, QuantilesRangesAndRoundTrip) {
+  std::vector<std::pair<int64_t, double>> s;
+  for (int i = 0; i <= 10; ++i) s.push_back({8, 1.0 + 0.1 * i});  // 1.0 .. 2.0
+  s.push_back({512, 1.1});                                        // one run: no band
+  const std::vector<BandEntry> b = make_bands(s);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].min_gpus, 1);
+  EXPECT_EQ(b[0].max_gpus, 64);
+  EXPECT_EQ(b[0].runs, 11);
+  EXPECT_NEAR(b[0].lo, 1.1, 1e-12);
+  EXPECT_NEAR(b[0].hi, 1.9, 1e-12);
+  PredictionBands pb;
+  pb.source = "test";
+  pb.by_cluster["c"] = b;
+  const PredictionBands back =
+      value_or_throw(parse_prediction_bands(prediction_bands_to_json(pb), "bands"));
+  ASSERT_NE(find_band(back, "c", 64), nullptr);
+  EXPECT_NEAR(find_band(back, "c", 64)->hi, 1.9, 1e-3);
+  EXPECT_EQ(find_band(back, "c", 65), nullptr);
+  EXPECT_EQ(find_band(back, "d", 8), nullptr);
+  Result<PredictionBands> bad = parse_prediction_bands(json{{"clusters", {{"c", 3}}}}, "bands");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("bands.clusters.c must be a list"), std::string::npos);
 }
 
 TEST(PlanCluster, ErrorsNameTheKey) {

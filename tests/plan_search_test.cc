@@ -17,6 +17,7 @@
 #include "meshflow/core/check.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/prediction_band.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
 
@@ -656,6 +657,44 @@ TEST_F(PlanCli, JsonKeysOtherToolsRead) {
               1024);
   }
   EXPECT_TRUE(j["plans"][1].contains("why_slower"));
+}
+
+// A prediction comes with its band: where published runs on the cluster
+// file at that scale fell against their predictions (prediction_bands.json
+// beside the cluster file); none, saying why, where there were none.
+TEST_F(PlanCli, PredictionBandFromThePublishedRunsSpread) {
+  const PredictionBands shipped = value_or_throw(
+      load_prediction_bands(source_dir() + "/configs/clusters/prediction_bands.json"));
+  const BandEntry* e = find_band(shipped, "dgx_a100_80gb", 1024);
+  ASSERT_NE(e, nullptr);
+  CliRun r = run("plan " + model("gpt3_175b.json") + " --cluster " + dgx() +
+                 " --gpus 1024 --top 0 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json j = json::parse(r.output);
+  const double step = j["plans"][0]["step_time_s"];
+  EXPECT_DOUBLE_EQ(j["plans"][0]["band_s"]["low"].get<double>(), e->lo * step);
+  EXPECT_DOUBLE_EQ(j["plans"][0]["band_s"]["high"].get<double>(), e->hi * step);
+  EXPECT_EQ(j["plans"][0]["band_s"]["runs"], e->runs);
+  r = run("plan " + model("gpt3_175b.json") + " --cluster " + dgx() + " --gpus 1024 --top 0");
+  EXPECT_NE(r.output.find("  band            "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("of " + std::to_string(e->runs) + " runs on dgx_a100_80gb at 257-1024"),
+            std::string::npos)
+      << r.output;
+  // A cluster file with no band file beside it, and a broken band file.
+  const std::string dir = (dir_ / "clusters").string();
+  fs::create_directories(dir);
+  fs::copy_file(dgx(), dir + "/dgx_a100_80gb.json");
+  r = run("plan " + model("gpt3_175b.json") + " --cluster " + dir +
+          "/dgx_a100_80gb.json --gpus 1024 --top 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("band            none: no " + dir + "/prediction_bands.json"),
+            std::string::npos)
+      << r.output;
+  std::ofstream(dir + "/prediction_bands.json") << R"({"clusters": {"x": [{"lo": 2, "hi": 1}]}})";
+  r = run("plan " + model("gpt3_175b.json") + " --cluster " + dir +
+          "/dgx_a100_80gb.json --gpus 1024 --top 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("prediction_bands.json.clusters.x[]"), std::string::npos) << r.output;
 }
 
 TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/emit.h"
+#include "meshflow/plan/prediction_band.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
 
@@ -86,7 +88,20 @@ ojson plan_json(const StepCost& c) {
   return j;
 }
 
-void print_plan(const StepCost& c, bool lm) {
+// The prediction's band (plan/prediction_band.h): where published runs on
+// this cluster file at this scale fell relative to their predictions.
+struct Band {
+  const BandEntry* entry = nullptr;
+  std::string cluster, why_none;
+};
+
+std::string band_range(const BandEntry& e) {
+  return e.max_gpus >= (int64_t{1} << 40)
+             ? std::to_string(e.min_gpus) + "+"
+             : std::to_string(e.min_gpus) + "-" + std::to_string(e.max_gpus);
+}
+
+void print_plan(const StepCost& c, bool lm, const Band& band) {
   const MemoryBreakdown& m = c.memory;
   std::printf(
       "  step time       %s  (compute %s, recompute %s, tp comm %s, cp comm %s, "
@@ -94,6 +109,15 @@ void print_plan(const StepCost& c, bool lm) {
       secs(c.step_time_s).c_str(), secs(c.compute_s).c_str(), secs(c.recompute_s).c_str(),
       secs(c.tp_comm_s).c_str(), secs(c.cp_comm_s).c_str(), secs(c.pp_comm_s).c_str(),
       secs(c.bubble_s).c_str(), secs(c.dp_comm_s).c_str(), secs(c.optimizer_s).c_str());
+  if (band.entry)
+    std::printf(
+        "  band            %s..%s (published runs took %.2fx..%.2fx their prediction: p10..p90 "
+        "of %d runs on %s at %s GPUs)\n",
+        secs(band.entry->lo * c.step_time_s).c_str(), secs(band.entry->hi * c.step_time_s).c_str(),
+        band.entry->lo, band.entry->hi, band.entry->runs, band.cluster.c_str(),
+        band_range(*band.entry).c_str());
+  else if (!band.why_none.empty())
+    std::printf("  band            none: %s\n", band.why_none.c_str());
   std::printf("  throughput      %.0f %s/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
               lm ? "tokens" : "examples", c.tflops_per_gpu, 100 * c.mfu);
   if (c.plan.offload != Offload::kNone)
@@ -222,6 +246,25 @@ int run_plan(const PlanOptions& o) {
 
   const ModelSummary sum = summarize(*model, job.seq);
   const StepCost& best = r->plans[0];
+  // The calibration's spread, from prediction_bands.json beside the cluster file.
+  PredictionBands bands;
+  Band band;
+  band.cluster = base->name;
+  {
+    const std::string path =
+        (std::filesystem::path(o.cluster).parent_path() / "prediction_bands.json").string();
+    if (!std::filesystem::exists(path)) {
+      band.why_none = "no " + path + " (bench/public_runs --write-bands writes one)";
+    } else {
+      Result<PredictionBands> b = load_prediction_bands(path);
+      if (!b.is_ok()) return user_error(b.status().message());
+      bands = std::move(*b);
+      band.entry = find_band(bands, base->name, o.gpus);
+      if (!band.entry)
+        band.why_none = "no published runs on " + base->name + " at " + std::to_string(o.gpus) +
+                        " GPUs in " + path;
+    }
+  }
   if (emit) {
     Result<std::string> text = emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit);
     if (!text.is_ok()) return user_error(text.status().message());
@@ -243,6 +286,11 @@ int run_plan(const PlanOptions& o) {
     ojson plans = ojson::array();
     for (size_t i = 0; i < r->plans.size(); ++i) {
       ojson pj = plan_json(r->plans[i]);
+      if (band.entry)
+        pj["band_s"] = {{"low", band.entry->lo * r->plans[i].step_time_s},
+                        {"high", band.entry->hi * r->plans[i].step_time_s},
+                        {"runs", band.entry->runs},
+                        {"gpus", band_range(*band.entry)}};
       if (i > 0) pj["why_slower"] = explain_loss(best, r->plans[i]);
       plans.push_back(pj);
     }
@@ -272,12 +320,12 @@ int run_plan(const PlanOptions& o) {
           o.time_limit_s);
     std::printf("\n");
     std::printf("best plan: %s\n", plan_label(best.plan).c_str());
-    print_plan(best, lm);
+    print_plan(best, lm, band);
     for (size_t i = 1; i < r->plans.size(); ++i) {
       std::printf("\nrunner-up %zu of %zu (rank #%zu): %s\n", i, r->plans.size() - 1, i + 1,
                   plan_label(r->plans[i].plan).c_str());
       std::printf("  loses by        %s\n", explain_loss(best, r->plans[i]).c_str());
-      print_plan(r->plans[i], lm);
+      print_plan(r->plans[i], lm, band);
     }
   }
   if (!o.out.empty()) {
