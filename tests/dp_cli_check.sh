@@ -88,6 +88,8 @@ case $MODE in
     grep -q "restart" <<<"$out" && fail "a user error was restarted"
     out=$("$BIN" launch --np 2 graph "$dir/run.json" 2>&1); rc=$?
     [ $rc -eq 2 ] && grep -q "give \`train CONFIG ...\`" <<<"$out" || fail "launch without train: $rc $out"
+    out=$("$BIN" launch --np 2 train "$dir/run.json" --ranks 2 2>&1); rc=$?
+    [ $rc -eq 2 ] && grep -q "drop --ranks" <<<"$out" || fail "train --ranks under launch: $rc $out"
     out=$("$BIN" launch --np 2 --mpirun /nonexistent/mpirun train "$dir/run.json" 2>&1); rc=$?
     [ $rc -eq 2 ] && grep -q "cannot run '/nonexistent/mpirun'" <<<"$out" || fail "missing mpirun: $rc $out"
     echo "launch restarted the job; losses equal the uninterrupted run's: $(tr '\n' ' ' < "$dir/l.txt")" ;;
