@@ -106,6 +106,19 @@ struct PlanCase {
   json train = json::object();
 };
 
+// Each plan loads the checkpoint of step 2 in `dir` and trains steps 3 and 4:
+// the losses of `whole`, the source plan's uninterrupted 4 steps.
+void expect_continues(const json& gpt, const std::vector<PlanCase>& targets, const std::string& dir,
+                      const TrainRun& whole) {
+  for (const PlanCase& c : targets) {
+    SCOPED_TRACE(c.name);
+    Result<TrainRun> r = train(run_config(gpt, c.parallel, 4), c.ranks, 2, dir, "");
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_NEAR(r->losses[0], whole.losses[2], 2e-5 * std::abs(whole.losses[2]));
+    EXPECT_NEAR(r->losses[1], whole.losses[3], 2e-5 * std::abs(whole.losses[3]));
+  }
+}
+
 // Every plan: 2 steps, a checkpoint, a new engine resuming it for 2 more:
 // the losses (dropout on) and the held-out loss equal the 4 uninterrupted
 // steps' exactly.
@@ -196,13 +209,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlanAndTrainsOn) {
       {"pp2", {{"pipeline", {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 2}}}}, 2},
       {"one rank", nullptr, 1},
   };
-  for (const PlanCase& c : targets) {
-    SCOPED_TRACE(c.name);
-    Result<TrainRun> r = train(run_config(gpt, c.parallel, 4), c.ranks, 2, dir, "");
-    ASSERT_TRUE(r.is_ok()) << r.status().message();
-    EXPECT_NEAR(r->losses[0], whole->losses[2], 2e-5 * std::abs(whole->losses[2]));
-    EXPECT_NEAR(r->losses[1], whole->losses[3], 2e-5 * std::abs(whole->losses[3]));
-  }
+  expect_continues(gpt, targets, dir, *whole);
   // And back: a pipeline's checkpoint into one rank.
   const RunConfig pp = run_config(gpt, targets[2].parallel, 4);
   const std::string dir2 = temp_dir("reshard_pp");
@@ -240,13 +247,7 @@ TEST(Checkpoint, WeightGroupsCheckpointLoadsIntoOtherPlans) {
       {"dp2 group", {{"mode", "data"}, {"zero", 1}, {"zero_style", "group"}}, 2},
       {"one rank", nullptr, 1},
   };
-  for (const PlanCase& c : targets) {
-    SCOPED_TRACE(c.name);
-    Result<TrainRun> r = train(run_config(gpt, c.parallel, 4), c.ranks, 2, dir, "");
-    ASSERT_TRUE(r.is_ok()) << r.status().message();
-    EXPECT_NEAR(r->losses[0], whole->losses[2], 2e-5 * std::abs(whole->losses[2]));
-    EXPECT_NEAR(r->losses[1], whole->losses[3], 2e-5 * std::abs(whole->losses[3]));
-  }
+  expect_continues(gpt, targets, dir, *whole);
   fs::remove_all(dir);
 }
 

@@ -26,6 +26,7 @@
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/parallel/strategy_search.h"
+#include "one_device_trace.h"
 
 namespace meshflow {
 namespace {
@@ -74,56 +75,10 @@ RunConfig run(const std::string& model, int micro_batches, const json& parallel)
   return value_or_throw(parse_run_config(doc, ""));
 }
 
-struct Trace {
-  std::vector<float> losses;
-  std::map<std::string, Tensor> weights;
-  float eval_loss = 0;
-  MemoryStats memory;
-};
-
-Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm,
-            const PartitionOptions* given = nullptr) {
-  Trace t;
-  auto trainer = value_or_throw(Trainer::create(rc, comm, given));
-  for (int s = 0; s < rc.train.steps; ++s) t.losses.push_back(trainer->step().loss);
-  t.eval_loss = trainer->evaluate().loss;
-  t.weights = value_or_throw(trainer->gather_parameters());
-  t.memory = trainer->executor().memory();
-  return t;
-}
-
-// Tolerance: the same sums in another order (shard sums, then ring
-// reductions) differ at f32 rounding level; Adam amplifies that a little in
-// parameters whose gradient is ~0. 5e-5 relative on losses, 1e-4 on weights
-// (max over elements, relative to the tensor's largest magnitude).
-void expect_same(const Trace& single, const std::vector<Trace>& ranks, const std::string& what) {
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const Trace& t = ranks[r];
-    ASSERT_EQ(t.losses.size(), single.losses.size());
-    for (size_t i = 0; i < t.losses.size(); ++i)
-      EXPECT_NEAR(t.losses[i], single.losses[i], 5e-5 * std::fabs(single.losses[i]))
-          << what << " rank " << r << " step " << i;
-    EXPECT_NEAR(t.eval_loss, single.eval_loss, 5e-5 * single.eval_loss) << what << " rank " << r;
-    for (const auto& [name, w] : single.weights) {
-      ASSERT_TRUE(t.weights.count(name)) << name;
-      const Tensor& got = t.weights.at(name);
-      ASSERT_EQ(got.numel(), w.numel()) << name;
-      EXPECT_LT(testing::max_rel_diff(got.data<float>(), w.data<float>(), w.numel()), 1e-4)
-          << what << ": " << name << " rank " << r;
-    }
-  }
-}
-
-std::vector<Trace> train_ranks(const RunConfig& rc, int ranks,
-                               const PartitionOptions* given = nullptr) {
-  std::vector<Trace> per_rank(ranks);
-  Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
-    per_rank[t->rank()] = train(rc, Communicator::world(t), given);
-    return Status::ok();
-  });
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  return per_rank;
-}
+using testing::expect_same;
+using testing::Trace;
+using testing::train;
+using testing::train_ranks;
 
 struct PresetCase {
   std::string model, mesh, preset;

@@ -32,6 +32,7 @@
 #include "meshflow/parallel/configured.h"
 #include "meshflow/parallel/partition.h"
 #include "meshflow/runtime/executor.h"
+#include "one_device_trace.h"
 
 namespace meshflow {
 namespace {
@@ -182,55 +183,10 @@ json grouped(const std::string& mesh, const std::string& preset = "dp") {
       {"mode", "semi"}, {"mesh", mesh}, {"preset", preset}, {"zero", 1}, {"zero_style", "group"}};
 }
 
-struct Trace {
-  std::vector<float> losses;
-  std::map<std::string, Tensor> weights;
-  float eval_loss = 0;
-  MemoryStats memory;
-  std::vector<int64_t> group_bytes;  // the annotation's, when grouped
-};
-
-Trace train(const RunConfig& rc, std::shared_ptr<Communicator> comm) {
-  Trace t;
-  auto trainer = value_or_throw(Trainer::create(rc, comm));
-  for (int s = 0; s < rc.train.steps; ++s) t.losses.push_back(trainer->step().loss);
-  t.eval_loss = trainer->evaluate().loss;
-  t.weights = value_or_throw(trainer->gather_parameters());
-  t.memory = trainer->executor().memory();
-  if (trainer->annotation()) t.group_bytes = trainer->annotation()->groups.group_bytes;
-  return t;
-}
-
-std::vector<Trace> train_ranks(const RunConfig& rc, int ranks) {
-  std::vector<Trace> per_rank(ranks);
-  Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
-    per_rank[t->rank()] = train(rc, Communicator::world(t));
-    return Status::ok();
-  });
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  return per_rank;
-}
-
-// As parallel_partition_test.cc: 5e-5 relative on losses, 1e-4 on weights
-// (max over elements, relative to the tensor's largest magnitude): the same
-// sums in another order (ring reductions) differ at f32 rounding level.
-void expect_close(const Trace& single, const std::vector<Trace>& ranks, const std::string& what) {
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const Trace& t = ranks[r];
-    ASSERT_EQ(t.losses.size(), single.losses.size());
-    for (size_t i = 0; i < t.losses.size(); ++i)
-      EXPECT_NEAR(t.losses[i], single.losses[i], 5e-5 * std::fabs(single.losses[i]))
-          << what << " rank " << r << " step " << i;
-    EXPECT_NEAR(t.eval_loss, single.eval_loss, 5e-5 * single.eval_loss) << what << " rank " << r;
-    for (const auto& [name, w] : single.weights) {
-      ASSERT_TRUE(t.weights.count(name)) << name;
-      const Tensor& got = t.weights.at(name);
-      ASSERT_EQ(got.numel(), w.numel()) << name;
-      EXPECT_LT(testing::max_rel_diff(got.data<float>(), w.data<float>(), w.numel()), 1e-4)
-          << what << ": " << name << " rank " << r;
-    }
-  }
-}
+using testing::expect_same;
+using testing::Trace;
+using testing::train;
+using testing::train_ranks;
 
 // Grouping moves plain data parallel's updates (same reduced gradients, same
 // norm, same kernel) onto one rank each: the numbers are identical.
@@ -271,7 +227,7 @@ TEST_P(PartitionWeightGroupsRuns, SameLossesAndWeightsAsOneDevice) {
   }
   const std::vector<Trace> g = train_ranks(run(c.model, c.micro_batches, par), ranks);
   const std::string what = c.model + " " + c.mode + " " + c.mesh + " group";
-  expect_close(single, g, what);
+  expect_same(single, g, what);
   expect_identical(train_ranks(run(c.model, c.micro_batches, ddp), ranks), g, what);
   ASSERT_EQ(g[0].group_bytes.size(), size_t(g.size() / (c.preset == "megatron" ? 2 : 1)))
       << what << ": not grouped";

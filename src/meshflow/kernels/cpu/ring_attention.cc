@@ -14,8 +14,6 @@
 // same half of each block's work.
 #include "meshflow/kernels/cpu/ring_attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,6 +22,7 @@
 
 #include "meshflow/comm/mesh_comms.h"
 #include "meshflow/core/check.h"
+#include "meshflow/kernels/cpu/gemm.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/zigzag.h"
@@ -47,13 +46,6 @@ RingDims ring_dims(const Shape& q, const Shape& k, const Attrs& at) {
   d.rep = d.H / d.Hkv;
   d.scale = at.alpha == 0.f ? 1.f / std::sqrt(static_cast<float>(d.D)) : at.alpha;
   return d;
-}
-
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* Bm, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), Bm, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
 
 void check(const Status& s, const Node& n) {
@@ -115,7 +107,7 @@ void forward_block(const RingDims& d, const float* q, const float* k, const floa
       const float* kp = k + (bg * d.S + kr.row0) * d.D;
       const float* vp = v + (bg * d.S + kr.row0) * d.D;
       float* ap = acc + (bh * d.T + qr.row0) * d.D;
-      gemm(false, true, nq, nk, d.D, d.scale, qp, d.D, kp, d.D, 0.f, s.data(), nk);
+      sgemm(false, true, nq, nk, d.D, d.scale, qp, d.D, kp, d.D, 0.f, s.data(), nk);
       for (int64_t i = 0; i < nq; ++i) {
         float* row = s.data() + i * nk;
         const int64_t seen = keys_seen(d, qr, kr, i);
@@ -132,7 +124,7 @@ void forward_block(const RingDims& d, const float* q, const float* k, const floa
         m[t] = mn;
         for (int64_t j = 0; j < d.D; ++j) ap[i * d.D + j] *= corr;
       }
-      gemm(false, false, nq, d.D, nk, 1.f, s.data(), nk, vp, d.D, 1.f, ap, d.D);
+      sgemm(false, false, nq, d.D, nk, 1.f, s.data(), nk, vp, d.D, 1.f, ap, d.D);
     }
   });
 }
@@ -156,8 +148,8 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
       for (int64_t hh = 0; hh < d.rep; ++hh) {
         const int64_t bh = (bg / d.Hkv) * d.H + (bg % d.Hkv) * d.rep + hh;
         const int64_t t0 = bh * d.T + qr.row0, off = t0 * d.D;
-        gemm(false, true, nq, nk, d.D, d.scale, q + off, d.D, kp, d.D, 0.f, p.data(), nk);
-        gemm(false, true, nq, nk, d.D, 1.f, dout + off, d.D, vp, d.D, 0.f, ds.data(), nk);
+        sgemm(false, true, nq, nk, d.D, d.scale, q + off, d.D, kp, d.D, 0.f, p.data(), nk);
+        sgemm(false, true, nq, nk, d.D, 1.f, dout + off, d.D, vp, d.D, 0.f, ds.data(), nk);
         for (int64_t i = 0; i < nq; ++i) {
           float* pr = p.data() + i * nk;
           float* sr = ds.data() + i * nk;
@@ -169,9 +161,9 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
             sr[j] = d.scale * pj * (sr[j] - dr);
           }
         }
-        gemm(true, false, nk, d.D, nq, 1.f, p.data(), nk, dout + off, d.D, 1.f, dvp, d.D);
-        gemm(false, false, nq, d.D, nk, 1.f, ds.data(), nk, kp, d.D, 1.f, dq + off, d.D);
-        gemm(true, false, nk, d.D, nq, 1.f, ds.data(), nk, q + off, d.D, 1.f, dkp, d.D);
+        sgemm(true, false, nk, d.D, nq, 1.f, p.data(), nk, dout + off, d.D, 1.f, dvp, d.D);
+        sgemm(false, false, nq, d.D, nk, 1.f, ds.data(), nk, kp, d.D, 1.f, dq + off, d.D);
+        sgemm(true, false, nk, d.D, nq, 1.f, ds.data(), nk, q + off, d.D, 1.f, dkp, d.D);
       }
     }
   });
