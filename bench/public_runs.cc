@@ -519,6 +519,15 @@ Mapped map_run(const json& runs, const json& run) {
     m.k = CostConstants{};
     m.stack = "default";
   }
+  // llm-foundry's benchmark tables ran submit_benchmarks.py's default
+  // --attn_impl triton (flash_attn_triton: FlashAttention-1's algorithm in the
+  // Triton of 2022) until the Jan 2024 large-scale sweep (sweep.py at
+  // 5e85bd62d) passed --attn_impl flash (the flash-attn package, v2).
+  if (m.group == "llm_foundry_mpt" && !has(get_str(run, "source"), "large scale")) {
+    m.k.fused_attention = "flash1";
+    m.stack += "+flash1";
+    m.inferred.push_back("attn=triton(flash1)");
+  }
   // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP.
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
       has(get_str(par, "techniques"), "asynctp")) {

@@ -56,21 +56,48 @@ TEST(PlanCluster, ShippedFilesParse) {
   Result<Cluster> back = parse_cluster(cluster_to_json(*a100));
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   EXPECT_EQ(cluster_to_json(*back), cluster_to_json(*a100));
-  // H100: FlashAttention-2 at 35% of peak (the FlashAttention-3 paper), kept by the round trip.
+  // Attention kernels by name: on H100 FlashAttention-2 at 35% of peak (the
+  // FlashAttention-3 paper) and FlashAttention-1 at half of it; on A100
+  // FlashAttention-1 at 40% / 30% (the FlashAttention-2 paper), FlashAttention-2
+  // left to the GEMM curve. Kept by the round trip.
   Result<Cluster> h100 = load_cluster(source_dir() + "/configs/clusters/h100_sxm.json");
   ASSERT_TRUE(h100.is_ok());
-  EXPECT_DOUBLE_EQ(h100->device.attention_forward_efficiency, 0.35);
-  EXPECT_DOUBLE_EQ(h100->device.attention_backward_efficiency, 0.35);
+  const auto& h = h100->device.attention_efficiency;
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_DOUBLE_EQ(h.at("flash2").forward, 0.35);
+  EXPECT_DOUBLE_EQ(h.at("flash2").backward, 0.35);
+  EXPECT_DOUBLE_EQ(h.at("flash1").backward, 0.175);
+  const auto& a = a100->device.attention_efficiency;
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_DOUBLE_EQ(a.at("flash1").forward, 0.40);
+  EXPECT_DOUBLE_EQ(a.at("flash1").backward, 0.30);
   back = parse_cluster(cluster_to_json(*h100));
   ASSERT_TRUE(back.is_ok()) << back.status().message();
-  EXPECT_DOUBLE_EQ(back->device.attention_backward_efficiency, 0.35);
-  nlohmann::json bad = cluster_to_json(*h100);
-  bad["device"]["attention_forward_efficiency"] = 1.5;
-  Result<Cluster> refused = parse_cluster(bad);
-  ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.status().message().find("attention_forward_efficiency must be in (0, 1]"),
-            std::string::npos)
-      << refused.status().message();
+  EXPECT_DOUBLE_EQ(back->device.attention_efficiency.at("flash1").forward, 0.175);
+  EXPECT_EQ(cluster_to_json(*back), cluster_to_json(*h100));
+  // Each wrong entry is refused, naming its key and what is valid.
+  const nlohmann::json good = cluster_to_json(*h100);
+  auto refused_with = [&](const char* path, const nlohmann::json& v, const std::string& want) {
+    nlohmann::json bad = good;
+    bad["device"]["attention_efficiency"][path] = v;
+    Result<Cluster> r = parse_cluster(bad);
+    ASSERT_FALSE(r.is_ok()) << path;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  };
+  refused_with("flash2", {{"forward", 1.5}, {"backward", 0.3}},
+               "cluster.device.attention_efficiency.flash2.forward must be in (0, 1], got 1.5");
+  refused_with("flash1", {{"forward", 0.3}}, "attention_efficiency.flash1.backward is required");
+  refused_with("cudnn", 0.5, "attention_efficiency.cudnn must be an object");
+  refused_with("flash3", {{"forward", 0.7}, {"backward", 0.6}, {"fwd", 0.7}},
+               "attention_efficiency.flash3");
+  nlohmann::json old_key = good;
+  old_key["device"]["attention_forward_efficiency"] = 0.35;
+  Result<Cluster> r = parse_cluster(old_key);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("attention_forward_efficiency"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("attention_efficiency"), std::string::npos)
+      << r.status().message();
 }
 
 // Bands: p10..p90 of published / predicted per GPU-count range, none with

@@ -218,8 +218,8 @@ TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   const int64_t seqs[2] = {2048, 65536};
   for (int i = 0; i < 2; ++i) {
     Cluster fa2 = cluster("h100_sxm.json", 8), gemm = fa2;
-    ASSERT_GT(fa2.device.attention_forward_efficiency, 0);
-    gemm.device.attention_forward_efficiency = gemm.device.attention_backward_efficiency = 0;
+    ASSERT_EQ(fa2.device.attention_efficiency.count("flash2"), 1u);
+    gemm.device.attention_efficiency.clear();
     const StepCost slow = value_or_throw(CostModel(TrainingJob{model, 8, seqs[i]}, fa2).price(p));
     const StepCost fast = value_or_throw(CostModel(TrainingJob{model, 8, seqs[i]}, gemm).price(p));
     ratio[i] = slow.compute_s / fast.compute_s;
@@ -230,6 +230,37 @@ TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   std::printf(
       "llama3 8b on 8 H100s, FA2 at 35%% vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
       ratio[0], ratio[1]);
+}
+
+// The stack's fused kernel decides the attention's price: on A100 the
+// FlashAttention-1 era kernel (40% / 30% of peak) against FlashAttention-2 on
+// the GEMM curve (~74%). The attention's FLOPs are the same, so the compute
+// difference is the attention's time alone and grows with the sequence; a
+// kernel the cluster file does not list is priced on the curve.
+TEST(PlanAttention, TheStacksKernelByName) {
+  ModelConfig model = load_model("llama3_8b.json");
+  std::get<LlamaConfig>(model).max_position_embeddings = 32768;
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
+  const Cluster a100 = cluster("dgx_a100_80gb.json", 8);
+  CostConstants flash1, unlisted;
+  flash1.fused_attention = "flash1";
+  unlisted.fused_attention = "cudnn";
+  double ratio[2];
+  const int64_t seqs[2] = {2048, 32768};
+  for (int i = 0; i < 2; ++i) {
+    const TrainingJob job{model, 8, seqs[i]};
+    const StepCost fa2 = value_or_throw(CostModel(job, a100).price(p));
+    const StepCost fa1 = value_or_throw(CostModel(job, a100, flash1).price(p));
+    const StepCost curve = value_or_throw(CostModel(job, a100, unlisted).price(p));
+    EXPECT_DOUBLE_EQ(curve.compute_s, fa2.compute_s);
+    ratio[i] = fa1.compute_s / fa2.compute_s;
+  }
+  EXPECT_GT(ratio[0], 1.03);
+  EXPECT_GT(ratio[1], ratio[0] + 0.4);
+  EXPECT_LT(ratio[1], 0.74 / 0.30);
+  std::printf("llama3 8b on 8 A100s, FA1 vs FA2: compute x%.2f at 2k, x%.2f at 32k\n", ratio[0],
+              ratio[1]);
 }
 
 // A stack that overlaps tp communication with its GEMMs (Megatron-LM's

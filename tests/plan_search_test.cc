@@ -697,6 +697,28 @@ TEST_F(PlanCli, PredictionBandFromThePublishedRunsSpread) {
   EXPECT_NE(r.output.find("prediction_bands.json.clusters.x[]"), std::string::npos) << r.output;
 }
 
+// --attention names the stack's kernel: flash1 (listed by the cluster file)
+// plans slower than fused (FlashAttention-2) at a long sequence; a kernel the
+// file does not list is refused with the valid names.
+TEST_F(PlanCli, AttentionKernelOfTheStack) {
+  const std::string base = "plan " + model("llama3_8b.json") + " --cluster " + dgx() +
+                           " --gpus 8 --seq 8192 --global-batch 16 --top 0 --fix tp=1,pp=1,cp=1"
+                           " --json --attention ";
+  CliRun fa2 = run(base + "fused"), fa1 = run(base + "flash1");
+  ASSERT_EQ(fa2.code, 0) << fa2.output;
+  ASSERT_EQ(fa1.code, 0) << fa1.output;
+  const double t2 = json::parse(fa2.output)["plans"][0]["step_time_s"];
+  const double t1 = json::parse(fa1.output)["plans"][0]["step_time_s"];
+  EXPECT_GT(t1, 1.1 * t2) << t1 << " vs " << t2;
+  CliRun bad = run(base + "flash9");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--attention must be materialized or a fused kernel (fused, flash2, "
+                            "flash1: the cluster file's device.attention_efficiency), got "
+                            "'flash9'"),
+            std::string::npos)
+      << bad.output;
+}
+
 TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
   const std::string out = (dir_ / "plan.json").string(), trace = (dir_ / "trace.json").string();
   CliRun r = run("plan " + model("llama2_70b.json") + " --cluster " + dgx() +

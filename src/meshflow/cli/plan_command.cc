@@ -174,10 +174,24 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   return f;
 }
 
-Result<AttentionKernel> parse_attention(const std::string& s) {
-  if (s == "fused") return AttentionKernel::kFused;
-  if (s == "materialized") return AttentionKernel::kMaterialized;
-  return Status::invalid("--attention must be fused or materialized, got '" + s + "'");
+// --attention: materialized, fused (FlashAttention-2) or a fused kernel the
+// cluster file prices (device.attention_efficiency).
+Status parse_attention(const std::string& s, const Cluster& cluster, CostConstants* k) {
+  if (s == "materialized") {
+    k->attention = AttentionKernel::kMaterialized;
+    return Status::ok();
+  }
+  k->attention = AttentionKernel::kFused;
+  const auto& listed = cluster.device.attention_efficiency;
+  if (s == "fused" || s == "flash2" || listed.count(s)) {
+    k->fused_attention = s == "fused" ? "flash2" : s;
+    return Status::ok();
+  }
+  std::string valid = "fused, flash2";
+  for (const auto& [name, e] : listed)
+    if (name != "flash2") valid += ", " + name;
+  return Status::invalid("--attention must be materialized or a fused kernel (" + valid +
+                         ": the cluster file's device.attention_efficiency), got '" + s + "'");
 }
 
 }  // namespace
@@ -204,8 +218,9 @@ int run_plan(const PlanOptions& o) {
   if (o.gpus < 1) return user_error("--gpus must be >= 1, got " + std::to_string(o.gpus));
   Result<Cluster> cluster = with_devices(*base, o.gpus);
   if (!cluster.is_ok()) return user_error(cluster.status().message());
-  Result<AttentionKernel> attention = parse_attention(o.attention);
-  if (!attention.is_ok()) return user_error(attention.status().message());
+  CostConstants k;
+  if (Status a = parse_attention(o.attention, *cluster, &k); !a.is_ok())
+    return user_error(a.message());
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;
@@ -226,8 +241,6 @@ int run_plan(const PlanOptions& o) {
     job.seq = o.seq > 0 ? o.seq : dims->max_seq;
   }
   job.global_batch = o.global_batch > 0 ? o.global_batch : std::max<int64_t>(512, o.gpus);
-  CostConstants k;
-  k.attention = *attention;
   CostModel cm(job, *cluster, k);
   if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
   if (emit) {  // only the plans the target runs as planned
@@ -405,7 +418,9 @@ void add_plan_commands(CLI::App& app) {
                 "Print the best plan as another stack's launch config: megatron (Megatron-LM "
                 "arguments), deepspeed (config JSON) or torchtitan (job TOML tables)");
   p->add_option("--attention", po->attention,
-                "Attention kernel: fused (FlashAttention) or materialized (Megatron-LM 2021)");
+                "Attention kernel: fused (FlashAttention-2), another fused kernel the cluster "
+                "file prices (flash1: FlashAttention-1 and its Triton port) or materialized "
+                "(Megatron-LM 2021)");
   p->callback([po]() { std::exit(guard([&] { return run_plan(*po); })); });
 
   auto so = std::make_shared<SimulateOptions>();

@@ -34,7 +34,7 @@ struct PlanOptions {
   bool json = false;
   std::string out;
   std::string fix;                  // "tp=8,pp=4"
-  std::string attention = "fused";  // fused | materialized (Megatron-LM 2021 kernels)
+  std::string attention = "fused";  // fused | flash1 | ... | materialized (Megatron-LM 2021)
   double time_limit_s = 60;         // the search stops here with the best plan so far
   // megatron | deepspeed | torchtitan: print the best plan in that stack's
   // spelling (plan/emit.h) as the only output on stdout.

@@ -234,9 +234,26 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
               "bytes per second");
   read_curve(r, j, where, &d->matmul_efficiency);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
-  read_efficiency(r, j, where, "attention_forward_efficiency", &d->attention_forward_efficiency);
-  read_efficiency(r, j, where, "attention_backward_efficiency", &d->attention_backward_efficiency);
+  json attention;
+  r.object("attention_efficiency", &attention);
   MF_RETURN_IF_ERROR(r.finish());
+  // "attention_efficiency": {"flash2": {"forward": 0.35, "backward": 0.35}, ...}
+  if (!attention.is_null()) {
+    for (const auto& [kernel, e] : attention.items()) {
+      const std::string at = where + ".attention_efficiency." + kernel;
+      if (!e.is_object())
+        return Status::invalid(at + " must be an object {\"forward\": f, \"backward\": b}, got " +
+                               json_type_name(e));
+      JsonObjectReader kr(e, at);
+      kr.required("forward");
+      kr.required("backward");
+      AttentionEfficiency ae;
+      read_efficiency(kr, e, at, "forward", &ae.forward);
+      read_efficiency(kr, e, at, "backward", &ae.backward);
+      MF_RETURN_IF_ERROR(kr.finish());
+      d->attention_efficiency[kernel] = ae;
+    }
+  }
 
   const std::string pw = where + ".peak_flops";
   JsonObjectReader pr(peak, pw);
@@ -319,10 +336,12 @@ J cluster_json(const Cluster& c) {
            {"memory_bytes", d.memory_bytes},
            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
            {"memory_efficiency", d.memory_efficiency}};
-  if (d.attention_forward_efficiency > 0)
-    dev["attention_forward_efficiency"] = d.attention_forward_efficiency;
-  if (d.attention_backward_efficiency > 0)
-    dev["attention_backward_efficiency"] = d.attention_backward_efficiency;
+  if (!d.attention_efficiency.empty()) {
+    J kernels = J::object();
+    for (const auto& [kernel, e] : d.attention_efficiency)
+      kernels[kernel] = {{"forward", e.forward}, {"backward", e.backward}};
+    dev["attention_efficiency"] = kernels;
+  }
   if (!d.matmul_efficiency.empty()) {
     J curve = J::array();
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct PeakFlops {
   double f16 = 0;
 };
 
+struct AttentionEfficiency {
+  double forward = 0, backward = 0;
+};
+
 struct Device {
   std::string name;
   PeakFlops peak_flops;
@@ -52,12 +57,12 @@ struct Device {
   double memory_bandwidth_bytes_per_s = 0;
   std::vector<EfficiencyPoint> matmul_efficiency;  // empty: 1 at every size
   double memory_efficiency = 1;
-  // The fraction of the 16-bit peak the fused attention kernel of the stack
-  // (FlashAttention-2) sustains at training sizes, forward and backward: a
-  // published kernel figure, not the GEMM curve (on H100 FlashAttention-2
-  // reaches 35% of peak while cuBLAS GEMMs reach ~75%). 0: priced on the
-  // matmul curve like any GEMM.
-  double attention_forward_efficiency = 0, attention_backward_efficiency = 0;
+  // The fraction of the 16-bit peak each fused attention kernel sustains at
+  // training sizes, forward and backward, by kernel name ("flash1",
+  // "flash2", ...): published kernel figures, not the GEMM curve (on H100
+  // FlashAttention-2 reaches 35% of peak while cuBLAS GEMMs reach ~75%). A
+  // kernel without an entry is priced on the matmul curve like any GEMM.
+  std::map<std::string, AttentionEfficiency> attention_efficiency;
 };
 
 // Links and collectives are priced by parallel/collective_cost.h, the one

@@ -308,8 +308,9 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
     } else {
       // Fused (FlashAttention): at the kernel's own efficiency where the
       // cluster file gives it, else on the GEMM curve.
-      const Device& dev = cluster_.device;
-      const double eff = fwd ? dev.attention_forward_efficiency : dev.attention_backward_efficiency;
+      const auto& kernels = cluster_.device.attention_efficiency;
+      const auto it = kernels.find(k_.fused_attention);
+      const double eff = it == kernels.end() ? 0 : (fwd ? it->second.forward : it->second.backward);
       t = eff > 0 ? std::max(c.flops / (cluster_.peak_flops(dtype_, false) * eff),
                              cluster_.memory_time_s(c.bytes * byte_scale))
                   : roofline_time_s(c.flops, c.bytes * byte_scale);

@@ -112,6 +112,12 @@ struct CostConstants {
   // quantization, kernel launch gaps.
   double matmul_efficiency_scale = 0.78;
   AttentionKernel attention = AttentionKernel::kFused;
+  // kFused: which fused kernel the stack runs, a key of the cluster file's
+  // device.attention_efficiency ("flash2": FlashAttention-2, PyTorch SDPA;
+  // "flash1": FlashAttention-1 and its 2022 Triton port, llm-foundry's
+  // attn_impl triton). A kernel the file does not list is priced on the
+  // matmul curve.
+  std::string fused_attention = "flash2";
   // kMaterialized: bytes moved per element of the [heads, seq, seq] score
   // matrix, 16-bit. Forward: QK^T writes it (2), the fused scale-mask-softmax
   // reads and writes (4), dropout reads, writes and stores its mask (5), the
