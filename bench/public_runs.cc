@@ -26,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -124,6 +125,7 @@ struct Mapped {
   std::string model_key;  // the shape, for Kendall groups
   std::string cluster_file;
   int64_t gpus_per_node = 8;
+  std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
   Plan plan;
   CostConstants k;
   std::string stack;  // "default" | "megatron2021"
@@ -166,6 +168,28 @@ void map_gpu(const json& hw, Mapped* m) {
     return;
   }
   m->skip.push_back("no cluster file for GPU '" + g + "'");
+}
+
+// The inter-node bandwidth per GPU, one direction, where the source states
+// the fabric (hardware.interconnect): "<rate> ... per GPU", "<rate> inter-node"
+// or "node-to-node" (per node, shared by its GPUs), "<n> OPA links/node"
+// (Omni-Path 100 Gb/s each) or "<n>x ConnectX-6" (HDR InfiniBand, 200 Gb/s
+// each). Unstated: the cluster file's figure.
+std::optional<double> stated_inter_node(const json& hw, int64_t gpus_per_node) {
+  const std::string s = lower(get_str(hw, "interconnect"));
+  if (s.empty()) return std::nullopt;
+  const double per_node = 1.0 / static_cast<double>(gpus_per_node);
+  std::smatch m;
+  if (std::regex_search(s, m, std::regex(R"((\d+)\s*opa links?/node)")))
+    return std::stod(m[1]) * 100e9 / 8 * per_node;
+  if (std::regex_search(s, m, std::regex(R"((\d+)x connectx-6)")))
+    return std::stod(m[1]) * 200e9 / 8 * per_node;
+  if (!std::regex_search(s, m, std::regex(R"(([\d.]+)\s*(gbps|gb/s|tbps|tb/s))")))
+    return std::nullopt;
+  const double bytes = std::stod(m[1]) * (m[2].str()[0] == 't' ? 1e12 : 1e9) / 8;
+  if (has(s, "per gpu")) return bytes;
+  if (has(s, "inter-node") || has(s, "node-to-node") || has(s, "roce")) return bytes * per_node;
+  return std::nullopt;
 }
 
 // FP8 (Transformer Engine, torchao Float8 linears, llm-foundry amp_fp8): the
@@ -485,6 +509,7 @@ Mapped map_run(const json& runs, const json& run) {
     m.gpus_per_node = 8;
     m.inferred.push_back("gpn=8");
   }
+  m.inter_node_bytes_per_s = stated_inter_node(hw, m.gpus_per_node);
   if (auto gb = get_int(par, "global_batch")) {
     m.global_batch = *gb;
   } else {
@@ -527,6 +552,14 @@ Mapped map_run(const json& runs, const json& run) {
     m.k.fused_attention = "flash1";
     m.stack += "+flash1";
     m.inferred.push_back("attn=triton(flash1)");
+  }
+  // Gradients reduced in f32, as the run states: Composer's FSDP mixed
+  // precision "DEFAULT" (reduce_dtype float32, "PURE" reduces in bf16),
+  // TorchTitan's "fp32 reduce default".
+  const std::string precision = get_str(par, "precision");
+  if (has(precision, "mode default") || has(precision, "fp32 reduce")) {
+    m.k.grad_reduce_bytes = 4;
+    m.stack += "+f32-reduce";
   }
   // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP.
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
@@ -654,6 +687,7 @@ int main(int argc, char** argv) {
     Cluster node = it->second;
     node.nodes = 1;
     node.devices_per_node = static_cast<int>(m.gpus_per_node);
+    if (m.inter_node_bytes_per_s) node.inter_node.bandwidth_bytes_per_s = *m.inter_node_bytes_per_s;
     Result<Cluster> cluster = with_devices(node, m.gpus);
     if (!cluster.is_ok()) {
       invalid.emplace_back(m, "cluster: " + cluster.status().message());

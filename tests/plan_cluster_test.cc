@@ -234,6 +234,10 @@ TEST(PlanCluster, ErrorsNameTheKey) {
       << m;
 }
 
+// Inside a node: the intra-node link. Across nodes: one device's port for
+// point-to-point and all_to_all; for a ring collective as many ports as the
+// group has members on one node (NCCL's channels spread over the node's
+// NICs), at most the intra-node link's effective bandwidth.
 TEST(PlanCluster, LinkSelection) {
   Result<Cluster> c = parse_cluster(valid_cluster());  // 2 nodes x 4 devices
   ASSERT_TRUE(c.is_ok());
@@ -248,6 +252,26 @@ TEST(PlanCluster, LinkSelection) {
   EXPECT_EQ(&c->link_for_axis(8, 1), &c->inter_node);
   EXPECT_EQ(&c->link_for_axis(2, 4), &c->inter_node);  // dp over nodes: {0, 4}
   EXPECT_EQ(&c->link_for_axis(1, 4), &c->intra_node);
+  auto same = [](const Link& a, const Link& b) {
+    return a.bandwidth_bytes_per_s == b.bandwidth_bytes_per_s && a.latency_s == b.latency_s &&
+           a.efficiency == b.efficiency;
+  };
+  auto ports = [&](int64_t k) {
+    Link l = c->inter_node;
+    l.bandwidth_bytes_per_s *= static_cast<double>(k);
+    return l;
+  };
+  EXPECT_TRUE(same(c->ring_link_for_axis(4, 1), c->intra_node));
+  EXPECT_TRUE(same(c->ring_link_for_axis(8, 1), ports(4)));       // all 8: 4 ports per node
+  EXPECT_TRUE(same(c->ring_link_for_axis(4, 2), ports(2)));       // {0, 2, 4, 6}
+  EXPECT_TRUE(same(c->ring_link_for_axis(2, 4), c->inter_node));  // one member per node
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).effective_bandwidth(), 40e9);
+  // Four ports of 20 GB/s would pass NVLink's 100 GB/s x 0.5: capped there.
+  c->inter_node.bandwidth_bytes_per_s = 20e9;
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).effective_bandwidth(),
+                   c->intra_node.effective_bandwidth());
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).latency_s, c->inter_node.latency_s);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(4, 2).effective_bandwidth(), 40e9);
 }
 
 TEST(PlanCluster, WithDevices) {

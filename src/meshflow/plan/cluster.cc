@@ -26,6 +26,21 @@ const Link& Cluster::link_for_axis(int64_t size, int64_t stride) const {
   return (size - 1) * stride + 1 <= devices_per_node ? intra_node : inter_node;
 }
 
+Link Cluster::ring_link_for_axis(int64_t size, int64_t stride) const {
+  MF_CHECK(size >= 1 && stride >= 1);
+  if ((size - 1) * stride + 1 <= devices_per_node) return intra_node;
+  return striped_inter_node(std::clamp<int64_t>(devices_per_node / stride, 1, size));
+}
+
+Link Cluster::striped_inter_node(int64_t k) const {
+  MF_CHECK(k >= 1);
+  Link l = inter_node;
+  l.bandwidth_bytes_per_s *= static_cast<double>(k);
+  const double cap = intra_node.effective_bandwidth();
+  if (k > 1 && l.effective_bandwidth() > cap) l.bandwidth_bytes_per_s = cap / l.efficiency;
+  return l;
+}
+
 double Cluster::peak_flops(DType dtype, bool allow_tf32) const {
   const PeakFlops& p = device.peak_flops;
   double v = p.f32;

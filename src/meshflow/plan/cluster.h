@@ -99,7 +99,20 @@ struct Cluster {
   // The same for a mesh axis of `size` ranks `stride` devices apart (groups
   // aligned to multiples of size * stride, as mesh axes are): intra_node when
   // (size - 1) * stride + 1 <= devices_per_node, i.e. the group fits in a node.
+  // One device's port across nodes: what a point-to-point transfer or an
+  // all_to_all (every member of a node sending at once) gets.
   const Link& link_for_axis(int64_t size, int64_t stride) const;
+  // The link a ring collective (all_reduce, all_gather, reduce_scatter) of
+  // that axis runs at. Across nodes NCCL runs a ring per channel and spreads
+  // the channels over the node's network ports, so a group with k members on
+  // each node crosses each node boundary on k ports at once:
+  // striped_inter_node(min(size, devices_per_node / stride)).
+  Link ring_link_for_axis(int64_t size, int64_t stride) const;
+  // inter_node at k times the per-device bandwidth (latency and efficiency
+  // unchanged), at most the intra-node link's effective bandwidth (the
+  // ring's hops inside the node ride it). inter_node.bandwidth_bytes_per_s is
+  // the node's network bandwidth divided by its devices.
+  Link striped_inter_node(int64_t k) const;
 
   // Peak FLOP/s of a matmul in `dtype` (F32 uses tf32 when allow_tf32).
   double peak_flops(DType dtype, bool allow_tf32 = false) const;

@@ -121,6 +121,7 @@ CostConstants megatron2021_constants() {
   CostConstants k;
   k.attention = AttentionKernel::kMaterialized;
   k.overlap_grad_reduce = false;
+  k.striped_rings = false;
   return k;
 }
 
@@ -140,6 +141,9 @@ CostConstants meshflow_cpu_constants() {
   k.attention = AttentionKernel::kBlockedCpu;
   k.recompute_from_pass = true;
   k.memory_model = MemoryModel::kStaticArena;
+  // The in-process transport's overlap (ring attention's shifts) is not
+  // measured against the CPU kernels; the GPU figure is not carried over.
+  k.overlap_compute_slowdown = 0;
   return k;
 }
 
@@ -325,8 +329,16 @@ double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_b
                                      const std::string& axis, const Plan& p, double* bytes) const {
   const Collective c = collective_of(kind);
   *bytes = collective_bytes_per_rank(c, group, buffer_bytes);
+  const int64_t stride = axis_stride(p, axis);
+  const bool ring = c == Collective::kAllReduce || c == Collective::kAllGather ||
+                    c == Collective::kReduceScatter || c == Collective::kBroadcast;
   return collective_time_s(c, group, buffer_bytes,
-                           cluster_.link_for_axis(group, axis_stride(p, axis)));
+                           ring ? ring_link(group, stride) : cluster_.link_for_axis(group, stride));
+}
+
+Link CostModel::ring_link(int64_t size, int64_t stride) const {
+  return k_.striped_rings ? cluster_.ring_link_for_axis(size, stride)
+                          : cluster_.link_for_axis(size, stride);
 }
 
 double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const Node& n,
@@ -522,7 +534,7 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
         time += ct;
       }
       if (hidden > 0) {
-        const double exposed = std::max(0.0, hidden - hide_under);
+        const double exposed = overlap_exposed_s(hidden, hide_under);
         t[comm_seconds_slot(hidden_axis, fwd)] += exposed;
         time += exposed;
       }
@@ -869,7 +881,7 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
   const Cluster& cl = cluster_;
   const double act = double(dtype_size(dtype_));
   const double s_local = double(job_.seq) / double(p.cp);
-  const Link& tp_link = cl.link_for_axis(p.tp, 1);
+  const Link tp_link = ring_link(p.tp, 1);
   const double act_buf = double(p.micro_batch) * s_local * double(d.hidden) * act;
   // The stage with the most work per micro-batch (the first on ties).
   auto total = [](const StageTimes& st) { return st.forward_s + st.backward_s + st.weight_grad_s; };
@@ -917,7 +929,7 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   auto exposed_tp = [&](double comm, double compute) {
     if (!k_.tp_comm_overlap || p.tp <= 1) return comm;
     const double first = comm / double(p.tp);
-    return first + std::max(0.0, comm - first - compute);
+    return first + overlap_exposed_s(comm - first, compute);
   };
   const double tp_fwd = exposed_tp(lc.tp_fwd_s, f_layer);
   const double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);
@@ -977,6 +989,13 @@ double CostModel::most_stage_params(const Plan& p, const LayerCost& lc) const {
   return most;
 }
 
+double CostModel::overlap_exposed_s(double comm, double compute) const {
+  const double s = k_.overlap_compute_slowdown;
+  if (comm <= 0) return 0;
+  if (comm >= compute * (1 + s)) return comm - compute;
+  return comm * s / (1 + s);
+}
+
 // The exposed time of the gradients' reduction (and ZeRO's gathers) over the
 // dp * cp replicas; *bytes: what a device sends for it per step.
 double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
@@ -987,8 +1006,10 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s;
   // ---- data parallel over the dp * cp replicas of each weight
   const int64_t replicas = p.dp * p.cp;
-  const Link& dp_link = cl.link_for_axis(replicas, p.tp);
-  const double grad_bytes = p_stage * act;  // gradients reduce in the compute dtype
+  const Link dp_link = ring_link(replicas, p.tp);
+  // Gradients reduce in the compute dtype, or in the stack's reduce dtype
+  // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
+  const double grad_bytes = p_stage * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
   const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
   const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
   double dp_exposed = 0, dp_bytes = 0;
@@ -1013,19 +1034,19 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
     };
     const double tp_bytes = ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes;
     const double t = bucketed(replicas, grad_bytes, dp_link) +
-                     bucketed(p.tp, tp_bytes, cl.link_for_axis(p.tp, axis_stride(p, "tp")));
-    dp_exposed = std::max(0.0, t - window);
+                     bucketed(p.tp, tp_bytes, ring_link(p.tp, axis_stride(p, "tp")));
+    dp_exposed = overlap_exposed_s(t, window);
     dp_bytes = 2 * ring_dp * grad_bytes;
   } else if (p.zero == 0) {
     const double t = dp_collective(Collective::kAllReduce, grad_bytes);
-    dp_exposed = std::max(0.0, t - window);
+    dp_exposed = overlap_exposed_s(t, window);
     dp_bytes = 2 * ring_dp * grad_bytes;
   } else if (p.zero <= 2) {
     const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
     double ag = dp_collective(Collective::kAllGather, p_stage * act);
     // The gradient norm over sharded gradients: a scalar all_reduce per tensor.
     if (k_.collective_per_tensor) ag += dp_collective(Collective::kAllReduce, 4.0 * tensors);
-    dp_exposed = std::max(0.0, rs - window) + ag;
+    dp_exposed = overlap_exposed_s(rs, window) + ag;
     dp_bytes = ring_dp * (grad_bytes + p_stage * act);
   } else {
     // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
@@ -1051,8 +1072,8 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
     const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
     double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
     if (k_.zero3_prefetch) {
-      fwd = calls * std::max(0.0, ag - F / calls) + ag;
-      bwd = calls * std::max(0.0, bwd_gathers * ag + rs - (B + W) / calls) + ag + rs;
+      fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
+      bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) + ag + rs;
     }
     dp_exposed = m * (fwd + bwd);
     dp_bytes = m * ring_dp * ((1 + bwd_gathers) * p_stage * act + grad_bytes);
@@ -1409,7 +1430,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     double ddp_bytes = 0;
     const double ddp_s = data_parallel_time(ddp, lc, r.stage, p_stage, &ddp_bytes);
     const double act = double(dtype_size(dtype_));
-    const Link& dp_link = cl.link_for_axis(p.dp, p.tp);
+    const Link dp_link = ring_link(p.dp, p.tp);
     const double tensors =
         std::max(1.0, ls * double(lc.layer_param_tensors) + double(lc.embed_param_tensors) +
                           double(lc.head_param_tensors));

@@ -129,6 +129,27 @@ struct CostConstants {
   // Gradients reduce in buckets while the last micro-batch's backward runs
   // (PyTorch DDP, Megatron overlap_grad_reduce). false: after it.
   bool overlap_grad_reduce = true;
+  // Ring collectives across nodes run striped over the node's ports
+  // (Cluster::ring_link_for_axis), as NCCL's channels do. false: at one
+  // device's port (Cluster::link_for_axis), which is what the 2021-22
+  // Megatron-DeepSpeed runs got: Megatron-LM 2021 Table 2's ZeRO-3 rows at
+  // 768 and 1536 GPUs are within 3% at one port and 2-4x too fast striped.
+  // Why that stack got less is not modelled (docs/planner.md).
+  bool striped_rings = true;
+  // How much slower compute runs while communication overlaps it (NCCL's
+  // kernels hold SMs and memory bandwidth the GEMMs would use): 0.189, the
+  // average compute slowdown Lee et al. 2025 measured for overlapped
+  // collectives in GPT and LLaMA training on A100 and H100 ("Characterizing
+  // Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+  // Learning", arXiv 2507.03114: 18.9% on average, 40% at most). Applies to
+  // every overlap the model prices: the gradients' reduction under the last
+  // backward, ZeRO's prefetched gathers, tp overlap, ring attention's shifts.
+  double overlap_compute_slowdown = 0.189;
+  // Bytes per gradient element in the data-parallel reduction; 0: the compute
+  // dtype's. 4 for a stack that reduces in f32 (PyTorch FSDP MixedPrecision
+  // with reduce_dtype=float32: Composer's "DEFAULT" mode, TorchTitan's
+  // default).
+  double grad_reduce_bytes = 0;
   // ZeRO-3 prefetches the next layer's weight gather (and runs the previous
   // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
   // stage 3 does; false: the collectives run between the layers' compute.
@@ -431,6 +452,15 @@ class CostModel {
   double most_stage_params(const Plan& p, const LayerCost& lc) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;
+  // What `comm` seconds of communication overlapped with `compute` seconds of
+  // compute add to the compute: the compute runs
+  // CostConstants::overlap_compute_slowdown slower while the communication
+  // runs, so comm - compute once the communication outlasts the slowed
+  // compute, else comm * s / (1 + s).
+  double overlap_exposed_s(double comm, double compute) const;
+  // The link a ring collective over `size` ranks `stride` apart runs at
+  // (striped across nodes when CostConstants::striped_rings).
+  Link ring_link(int64_t size, int64_t stride) const;
   // Activation bytes one block keeps per micro-batch (MemoryModel::kMegatron):
   // Korthikanti's count for the template layouts; for a per-operator plan
   // that count at the Megatron layout scaled by the ratio of the two rank
