@@ -182,6 +182,9 @@ std::optional<double> stated_inter_node(const json& hw, int64_t gpus_per_node) {
   std::smatch m;
   if (std::regex_search(s, m, std::regex(R"((\d+)\s*opa links?/node)")))
     return std::stod(m[1]) * 100e9 / 8 * per_node;
+  // Jean Zay's A100 nodes, named without the count by BLOOM's prequel runs:
+  // 4 Omni-Path links, as BLOOM's main-run README states for the same nodes.
+  if (has(s, "omni-path") && has(s, "jean zay")) return 4 * 100e9 / 8 * per_node;
   if (std::regex_search(s, m, std::regex(R"((\d+)x connectx-6)")))
     return std::stod(m[1]) * 200e9 / 8 * per_node;
   if (!std::regex_search(s, m, std::regex(R"(([\d.]+)\s*(gbps|gb/s|tbps|tb/s))")))
@@ -510,6 +513,11 @@ Mapped map_run(const json& runs, const json& run) {
     m.inferred.push_back("gpn=8");
   }
   m.inter_node_bytes_per_s = stated_inter_node(hw, m.gpus_per_node);
+  if (m.inter_node_bytes_per_s) {
+    char note[64];
+    std::snprintf(note, sizeof note, "net=%.3gGB/s/gpu", *m.inter_node_bytes_per_s / 1e9);
+    m.inferred.push_back(note);
+  }
   if (auto gb = get_int(par, "global_batch")) {
     m.global_batch = *gb;
   } else {
