@@ -115,12 +115,20 @@ TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
     EXPECT_EQ(p.dp * p.tp, ranks);
     EXPECT_EQ(p.pp, 1);
     EXPECT_TRUE(a->best.fits);
-    // Every dp x tp split (and sp, ZeRO, recompute) was priced; the best is the fastest.
+    // Every dp x tp split (and sp, ZeRO, recompute) was priced; the chosen
+    // plan is within the local spread of the fastest, and no plan within it
+    // has a smaller tp (or the same tp without ZeRO when it uses ZeRO).
     std::set<int64_t> tps;
+    const double within = a->fastest.step_time_s * (1 + kLocalPlanSpread);
+    EXPECT_LE(a->best.step_time_s, within);
     for (const StepCost& c : a->candidates) {
       tps.insert(c.plan.tp);
-      if (c.fits) {
-        EXPECT_LE(a->best.step_time_s, c.step_time_s) << plan_label(c.plan);
+      if (!c.fits) continue;
+      EXPECT_LE(a->fastest.step_time_s, c.step_time_s) << plan_label(c.plan);
+      if (c.step_time_s > within) continue;
+      EXPECT_GE(c.plan.tp, p.tp) << plan_label(c.plan);
+      if (c.plan.tp == p.tp && p.zero > 0) {
+        EXPECT_GT(c.plan.zero, 0) << plan_label(c.plan);
       }
     }
     EXPECT_EQ(static_cast<int>(tps.size()), ranks == 1 ? 1 : (ranks == 2 ? 2 : 3));

@@ -220,6 +220,13 @@ int run_explain(const ExplainOptions& o) {
     const plan::StepCost& best = job->auto_plan->best;
     std::printf("planned by search: %s, predicted %.1f ms per step\n",
                 plan::plan_label(best.plan).c_str(), 1e3 * best.step_time_s);
+    const plan::StepCost& fastest = job->auto_plan->fastest;
+    if (!(fastest.plan == best.plan))
+      std::printf(
+          "  over %s, predicted %.1f%% faster: within the local model's %.0f%% spread, the "
+          "plan with fewer synchronizing collectives (smaller tp, then no ZeRO)\n",
+          plan::plan_label(fastest.plan).c_str(),
+          100 * (best.step_time_s / fastest.step_time_s - 1), 100 * plan::kLocalPlanSpread);
     if (best.plan.searched) std::fputs(search_text(*best.plan.searched).c_str(), stdout);
   }
   std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 #include "meshflow/models/from_config.h"
 #include "meshflow/parallel/strategy_search.h"
@@ -98,7 +99,18 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
                            " local ranks fits memory; the smallest (" +
                            plan_label(least_memory->plan) + ") needs " + buf);
   }
+  // Plans predicted within the local model's spread of the fastest are not
+  // told apart: among them, the one that synchronizes least (the smallest tp,
+  // then no ZeRO), whose cost the model is surest of.
+  const StepCost* fastest = best;
+  for (const StepCost& c : out.candidates) {
+    if (!c.fits || c.step_time_s > fastest->step_time_s * (1 + kLocalPlanSpread)) continue;
+    if (std::make_tuple(c.plan.tp, c.plan.zero > 0, c.step_time_s) <
+        std::make_tuple(best->plan.tp, best->plan.zero > 0, best->step_time_s))
+      best = &c;
+  }
   out.best = *best;
+  out.fastest = *fastest;
   MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan, model));
   return out;
 }

@@ -35,14 +35,25 @@ namespace meshflow::plan {
 struct LocalAutoPlan {
   nlohmann::json parallel;           // the semi-mode "parallel" object of the best plan
   StepCost best;                     // its prediction
+  StepCost fastest;                  // the fastest predicted (best, or within the spread of it)
   std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
 };
 
-// The fastest fitting plan for `rc`'s model, train.batch_size, train.seq_len
-// and train.micro_batches on `ranks` local ranks of the one-device cluster
-// `local` (ties: less memory). Any model the engine builds (the MLP's plans
-// are dp x tp with ZeRO). Errors: no dp x tp split valid for the batch and
-// the model's widths, nothing fits.
+// How far apart two local plans' predicted step times must be for the model
+// to tell them apart: the spread of its relative errors across plan kinds on
+// this machine (bench/plan_accuracy --only dp2,tp2-ops,dp4,dp2-tp2,
+// dp2-tp2-ops,tp4-ops --repeat 3, 2026-11-26: errors -15.3% to -20.8%, the
+// tensor-parallel plans the most negative: the in-process transport's
+// synchronizations cost more than its latency when ranks time-share cores).
+inline constexpr double kLocalPlanSpread = 0.03;
+
+// The plan for `rc`'s model, train.batch_size, train.seq_len and
+// train.micro_batches on `ranks` local ranks of the one-device cluster
+// `local`: of the fitting plans predicted within kLocalPlanSpread of the
+// fastest, the one with the smallest tp, then without ZeRO, then the fastest
+// (ties: less memory). Any model the engine builds (the MLP's plans are dp x
+// tp with ZeRO). Errors: no dp x tp split valid for the batch and the
+// model's widths, nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
 // The run config's "parallel" object that runs plan `p` exactly (one function
