@@ -16,11 +16,13 @@
 //
 //   plan_accuracy [--cluster configs/clusters/local_cpu.json] [--steps 6] [--warmup 2]
 //                 [--only NAME,...] [--model M.json] [--batch 16] [--seq 128] [--breakdown]
-//                 [--repeat R] [--profile]
+//                 [--repeat R] [--profile] [--auto 2,4 [--auto-within 0.05]]
 // --repeat R: each plan's measured time is the least of R runs (the least
 // disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and
 // memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
-// roofline of the same nodes.
+// roofline of the same nodes; --auto N,...: auto mode's choice on N ranks
+// against every plan it priced that fits and is predicted within
+// --auto-within (5%) of the fastest, each run and measured.
 //
 // bench/plan_accuracy.sh builds it and runs it with the defaults.
 #include <algorithm>
@@ -290,11 +292,24 @@ double mib(double b) {
   return b / (1024.0 * 1024.0);
 }
 
+std::vector<int> split_ints(const std::string& s) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    out.push_back(std::atoi(s.substr(at, comma - at).c_str()));
+    at = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string cluster_path = "configs/clusters/local_cpu.json", model_path, only;
   int steps = 6, warmup = 2, batch = 16, seq = 128, repeat = 1;
+  std::vector<int> auto_ranks;
+  double auto_within = 0.05;
   bool breakdown = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -325,6 +340,10 @@ int main(int argc, char** argv) {
       breakdown = true;
     else if (k == "--profile")
       g_profile = true;
+    else if (k == "--auto")
+      auto_ranks = split_ints(next());
+    else if (k == "--auto-within")
+      auto_within = std::atof(next().c_str());
     else {
       std::fprintf(stderr, "plan_accuracy: unknown option %s\n", k.c_str());
       return 2;
@@ -409,8 +428,8 @@ int main(int argc, char** argv) {
   std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
               "meas ms", "err", "noise", "clean", "pred MiB", "meas MiB", "err");
   std::vector<double> time_err, mem_err;
-  for (const Case& c : cases) {
-    if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
+  // Prices and runs one case, prints its row; its measured seconds (0: failed).
+  auto run_case = [&](const Case& c) -> double {
     plan::TrainingJob job{mc, batch, lm ? seq : 1};
     const plan::Cluster cl = value_or_throw(plan::share_machine(machine, c.ranks));
     plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
@@ -419,7 +438,7 @@ int main(int argc, char** argv) {
     Result<plan::StepCost> pc = cm.price(planned);
     if (!pc.is_ok()) {
       std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
-      continue;
+      return 0;
     }
     const json parallel = parallel_of(mc, c, pc->plan);  // (an ops plan: the strategies priced)
     // The least disturbed of `repeat` runs (the machine may be shared).
@@ -432,7 +451,7 @@ int main(int argc, char** argv) {
     }
     if (!me.is_ok()) {
       std::printf("%-16s run failed: %s\n", c.name.c_str(), me.status().message().c_str());
-      continue;
+      return 0;
     }
     const double te = pc->step_time_s / me->step_s - 1;
     const double mem_meas = me->peak;
@@ -445,7 +464,7 @@ int main(int argc, char** argv) {
                 100 * memerr);
     if (breakdown) {
       const plan::MemoryBreakdown& m = pc->memory;
-      const MemoryStats& s = me->memory;
+      const MemoryStats& ms = me->memory;
       std::printf(
           "    predicted: compute %.1f recompute %.1f tp %.1f dp %.1f opt %.1f ms | params %.2f "
           "grads %.2f opt %.2f act %.2f tmp %.2f MiB\n",
@@ -453,10 +472,53 @@ int main(int argc, char** argv) {
           pc->optimizer_s * 1e3, mib(m.params), mib(m.grads), mib(m.optimizer), mib(m.activations),
           mib(m.temporaries));
       std::printf("    measured:  params %.2f grads %.2f opt %.2f inputs %.2f arena %.2f MiB\n",
-                  mib(s.params), mib(s.grads), mib(s.optimizer), mib(s.inputs), mib(s.arena));
+                  mib(ms.params), mib(ms.grads), mib(ms.optimizer), mib(ms.inputs), mib(ms.arena));
       if (!me->collectives.empty()) std::printf("    program:   %s\n", me->collectives.c_str());
     }
     std::fflush(stdout);
+    return me->step_s;
+  };
+  if (!auto_ranks.empty()) {
+    // Auto mode's choice against the plans it priced: every fitting candidate
+    // predicted within --auto-within of the fastest, run and measured.
+    for (int ranks : auto_ranks) {
+      json train = {{"steps", 1}, {"batch_size", batch}, {"micro_batches", 1}};
+      if (lm) train["seq_len"] = seq;
+      json doc = {{"model", model},
+                  {"data", {{"dataset", lm ? "fortunes" : "fashion_mnist"}}},
+                  {"train", train},
+                  {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+                  {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+      const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+      const plan::LocalAutoPlan a = value_or_throw(plan::plan_local_run(rc, ranks, machine));
+      std::printf("auto mode on %d ranks chose %s (the fastest predicted: %s)\n", ranks,
+                  plan::plan_label(a.best.plan).c_str(), plan::plan_label(a.fastest.plan).c_str());
+      std::string fastest_name, chosen_name = plan::plan_label(a.best.plan);
+      double fastest_s = 0, chosen_s = 0;
+      for (const plan::StepCost& sc : a.candidates) {
+        if (!sc.fits || sc.step_time_s > a.fastest.step_time_s * (1 + auto_within)) continue;
+        const plan::Plan& p = sc.plan;
+        Case c;
+        c.name = plan::plan_label(p);
+        c.ranks = ranks;
+        c.mesh = "dp=" + std::to_string(p.dp) + (p.tp > 1 ? ",tp=" + std::to_string(p.tp) : "");
+        c.preset = p.ops ? "ops" : p.sp ? "megatron-sp" : p.tp > 1 ? "megatron" : "dp";
+        c.zero = p.zero;
+        c.recompute = plan::recompute_name(p.recompute);
+        const double t = run_case(c);
+        if (t > 0 && (fastest_s == 0 || t < fastest_s)) fastest_s = t, fastest_name = c.name;
+        if (c.name == chosen_name) chosen_s = t;
+      }
+      if (chosen_s > 0 && fastest_s > 0)
+        std::printf(
+            "auto on %d ranks: chose %s, measured %+.1f%% against the measured fastest (%s)\n",
+            ranks, chosen_name.c_str(), 100 * (chosen_s / fastest_s - 1), fastest_name.c_str());
+    }
+    return 0;
+  }
+  for (const Case& c : cases) {
+    if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
+    run_case(c);
   }
   if (!time_err.empty())
     std::printf(
