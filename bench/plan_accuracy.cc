@@ -505,6 +505,9 @@ int main(int argc, char** argv) {
         c.preset = p.ops ? "ops" : p.sp ? "megatron-sp" : p.tp > 1 ? "megatron" : "dp";
         c.zero = p.zero;
         c.recompute = plan::recompute_name(p.recompute);
+        c.micro_batches = static_cast<int>(p.num_micro_batches);
+        c.pp = static_cast<int>(p.pp);
+        c.schedule = std::string(schedule_name(p.schedule));
         const double t = run_case(c);
         if (t > 0 && (fastest_s == 0 || t < fastest_s)) fastest_s = t, fastest_name = c.name;
         if (c.name == chosen_name) chosen_s = t;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -124,6 +126,66 @@ TEST_F(Job, AutoFullSearchExplainShowsEachOperatorsSplit) {
                           "h.*.residual_mlp x4            ((dp, tp, 1), (dp, tp, 1))"})
     EXPECT_NE(e.output.find(row), std::string::npos) << row << "\n" << e.output;
   EXPECT_NE(e.output.find("reduce_scatter  over tp  h.0.mlp.c_proj"), std::string::npos);
+}
+
+// Auto mode's full search prices pipelines too (the language models): on a
+// machine whose share per rank holds only the smallest plan, two pipeline
+// stages with full recompute, it picks that pipeline, explain says so and
+// the pipeline trainer runs it with one device's loss.
+TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
+  // Two blocks of width 64: two stages hold less than ZeRO-3 over two ranks.
+  auto with_small_model = [&](const std::string& path) {
+    json doc = value_or_throw(read_json_file(path));
+    doc["model"] = {{"model_type", "gpt2"},
+                    {"n_layer", 2},
+                    {"n_embd", 64},
+                    {"n_head", 4},
+                    {"n_positions", 64},
+                    {"vocab_size", 256},
+                    {"tie_word_embeddings", true},
+                    {"resid_pdrop", 0.0},
+                    {"embd_pdrop", 0.0},
+                    {"attn_pdrop", 0.0}};
+    std::ofstream(path) << doc.dump(2);
+    return path;
+  };
+  const std::string cfg = with_small_model(config(json{{"mode", "auto"}, {"search", "full"}}));
+  const RunConfig rc = value_or_throw(parse_run_config(value_or_throw(read_json_file(cfg)), ""));
+  const plan::Cluster machine = value_or_throw(plan::load_local_cluster());
+  const plan::LocalAutoPlan all = value_or_throw(plan::plan_local_run(rc, 2, machine));
+  std::vector<plan::StepCost> by_memory = all.candidates;
+  std::sort(by_memory.begin(), by_memory.end(),
+            [](const auto& a, const auto& b) { return a.memory.total < b.memory.total; });
+  ASSERT_GE(by_memory.size(), 2u);
+  const plan::StepCost& least = by_memory[0];
+  ASSERT_EQ(least.plan.pp, 2) << plan::plan_label(least.plan);
+  ASSERT_LT(least.memory.total, 0.95 * by_memory[1].memory.total);
+  // The machine's memory scaled so a rank's usable share falls between them.
+  plan::Cluster small = machine;
+  const double usable = 0.5 * (least.memory.total + by_memory[1].memory.total);
+  small.device.memory_bytes =
+      static_cast<int64_t>(double(machine.device.memory_bytes) * usable / least.usable_memory);
+  const std::string path = (dir_ / "small_cpu.json").string();
+  std::ofstream(path) << plan::cluster_to_json(small).dump(2);
+  const plan::LocalAutoPlan chosen = value_or_throw(plan::plan_local_run(rc, 2, small));
+  EXPECT_EQ(chosen.best.plan, least.plan) << plan::plan_label(chosen.best.plan);
+
+  ::setenv("MESHFLOW_LOCAL_CLUSTER", path.c_str(), 1);
+  CliRun e = run_cli("explain " + cfg + " --ranks 2 --no-nodes");
+  const double two = eval_loss(cfg, "--ranks 2");
+  ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("planned by search: " + plan::plan_label(least.plan)), std::string::npos)
+      << e.output;
+  EXPECT_NE(e.output.find("each of the 2 pipeline stages"), std::string::npos) << e.output;
+  // One device accumulating the plan's micro-batches (evaluation batches
+  // are micro-batch sized, so they match the pipeline's).
+  const std::string single = with_small_model(config(json()));
+  json doc = value_or_throw(read_json_file(single));
+  doc["train"]["micro_batches"] = least.plan.num_micro_batches;
+  std::ofstream(single) << doc.dump(2);
+  const double one = eval_loss(single, "");
+  EXPECT_NEAR(two, one, 1e-5 * std::abs(one));
 }
 
 // The planner checks itself: a run auto mode planned prints its measured

@@ -174,7 +174,9 @@ TEST(PlanAuto, SearchedPlansArePricedAndRunAsPriced) {
     if (!c.plan.ops) continue;
     ops_tps.insert(c.plan.tp);
     ASSERT_NE(c.plan.searched, nullptr);
-    if (c.plan.zero == 0 && c.plan.recompute == Recompute::kNone && c.plan.tp == 2) ops = &c;
+    if (c.plan.zero == 0 && c.plan.recompute == Recompute::kNone && c.plan.tp == 2 &&
+        c.plan.pp == 1)
+      ops = &c;
   }
   EXPECT_EQ(ops_tps, (std::set<int64_t>{2, 4}));
   ASSERT_NE(ops, nullptr);

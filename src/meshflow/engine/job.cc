@@ -214,6 +214,27 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
         "(Builder::all_reduce ... on a per-rank graph, see docs/config.md); a config file has no "
         "way to write a per-rank graph: use \"semi\" (a preset, rules or strategies) or \"auto\"");
 
+  // Auto mode, full search: the planner's best plan for these ranks becomes
+  // the section this job runs, resolved below like one the user wrote (a
+  // pipeline included; every rank resolves the same).
+  if (job.mode == ParallelMode::kAuto && par.search == "full") {
+    if (pipeline || !par.pipeline.is_null())
+      return Status::invalid(
+          "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
+          "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
+    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
+    Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, local);
+    if (!chosen.is_ok()) return chosen.status().with_context("parallel.search \"full\"");
+    job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
+    const json* section = &job.auto_plan->parallel;
+    MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
+    MF_RETURN_IF_ERROR(fold_recompute(&rc));
+    job.planned = section->dump();
+    // The plan's mode: "semi" (a preset, rules, ZeRO) or "data" (then the
+    // flat path below makes it the plan "batch on dp").
+    job.mode = par.mode == "data" ? ParallelMode::kData : ParallelMode::kSemi;
+  }
+
   // ZeRO is a layout of the optimizer state, gradients and parameters over dp:
   // it runs on the partitioner. In mode "data" the plan is "batch on dp".
   if (job.mode == ParallelMode::kData && par.zero > 0) {
@@ -262,10 +283,6 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
         job.notes.push_back("parallel.pipeline with 1 stage: its " + str(pc.micro_batches) +
                             " micro-batches accumulate gradients");
     } else {
-      if (job.mode == ParallelMode::kAuto && par.search == "full")
-        return Status::invalid(
-            "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
-            "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
       if (rc.train.micro_batches != 1 && rc.train.micro_batches != pc.micro_batches)
         return Status::invalid("train.micro_batches=" + str(rc.train.micro_batches) +
                                " differs from pipeline.micro_batches=" + str(pc.micro_batches) +
@@ -288,23 +305,6 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
       job.pipeline = pc;
       job.micro_batches = pc.micro_batches;
     }
-  }
-
-  // Auto mode, full search: the planner's best plan for these ranks becomes
-  // the semi-auto section this job runs (every rank resolves the same).
-  if (job.mode == ParallelMode::kAuto && par.search == "full") {
-    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
-    Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, local);
-    if (!chosen.is_ok()) return chosen.status().with_context("parallel.search \"full\"");
-    job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
-    const json* section = &job.auto_plan->parallel;
-    MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
-    MF_RETURN_IF_ERROR(fold_recompute(&rc));
-    job.planned = section->dump();
-    // The plan's mode: "semi" (a preset, rules, ZeRO) or "data" (then the
-    // flat path below makes it the plan "batch on dp").
-    job.mode = par.mode == "data" ? ParallelMode::kData : ParallelMode::kSemi;
-    job.partitioned = job.mode != ParallelMode::kData;
   }
 
   if (!job.pipeline) {

@@ -41,43 +41,64 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
 
   LocalAutoPlan out;
   std::string first_invalid;
-  for (int64_t tp = 1; tp <= ranks; ++tp) {
-    if (ranks % tp != 0) continue;
-    const int64_t dp = ranks / tp;
-    if (d.kv_heads % tp != 0) {  // the partitioner splits kv heads with the query heads
-      if (first_invalid.empty())
-        first_invalid = "tp=" + str(tp) + " does not divide kv_heads=" + str(d.kv_heads);
-      continue;
+  auto consider = [&](const Plan& p) {
+    const std::string why = cm.invalid_reason(p);
+    if (!why.empty()) {
+      if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
+      return;
     }
-    if (tc.batch_size % (dp * m) != 0) {
-      if (first_invalid.empty())
-        first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +
-                        " does not split into " + str(m) + " micro-batches x " + str(dp) +
-                        " replicas";
-      continue;
+    Result<StepCost> c = cm.price(p);
+    if (!c.is_ok()) {
+      if (first_invalid.empty()) first_invalid = c.status().message();
+      return;
     }
-    // Layouts on tp: Megatron, Megatron-SP, the per-operator search's.
-    for (int layout = 0; layout <= (tp > 1 ? 2 : 0); ++layout) {
-      for (Recompute rcp : policies) {
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
-          Plan p;
-          p.dp = dp, p.tp = tp, p.sp = layout == 1, p.ops = layout == 2;
-          p.micro_batch = tc.batch_size / (dp * m);
-          p.num_micro_batches = m;
-          p.recompute = rcp;
-          p.zero = zero;
-          const std::string why = cm.invalid_reason(p);
-          if (!why.empty()) {
-            if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
-            continue;
-          }
-          Result<StepCost> c = cm.price(p);
-          if (!c.is_ok()) {
-            if (first_invalid.empty()) first_invalid = c.status().message();
-            continue;
-          }
-          out.candidates.push_back(*c);
+    out.candidates.push_back(*c);
+  };
+  // Pipelines for the language models (the pipeline trainer's schedules, the
+  // runtime's balanced split of the blocks, no ZeRO on the stages).
+  const int64_t max_pp =
+      is_language_model(model) ? std::min<int64_t>(ranks, cm.pipeline_layers()) : 1;
+  for (int64_t pp = 1; pp <= max_pp; ++pp) {
+    if (ranks % pp != 0) continue;
+    for (int64_t tp = 1; tp <= ranks / pp; ++tp) {
+      if ((ranks / pp) % tp != 0) continue;
+      const int64_t dp = ranks / (pp * tp);
+      if (d.kv_heads % tp != 0) {  // the partitioner splits kv heads with the query heads
+        if (first_invalid.empty())
+          first_invalid = "tp=" + str(tp) + " does not divide kv_heads=" + str(d.kv_heads);
+        continue;
+      }
+      // Micro-batches: the config's; a pipeline's at least pp of them
+      // (pp, 2pp, 4pp when the config leaves them at 1).
+      std::vector<int64_t> counts = {m};
+      if (pp > 1)
+        counts = m > 1 ? std::vector<int64_t>{m} : std::vector<int64_t>{pp, 2 * pp, 4 * pp};
+      for (int64_t mb : counts) {
+        if (mb < pp) continue;
+        if (tc.batch_size % (dp * mb) != 0) {
+          if (first_invalid.empty())
+            first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +
+                            " does not split into " + str(mb) + " micro-batches x " + str(dp) +
+                            " replicas";
+          continue;
         }
+        const std::vector<ScheduleKind> schedules =
+            pp > 1 ? std::vector<ScheduleKind>{ScheduleKind::k1F1B, ScheduleKind::kZbH1}
+                   : std::vector<ScheduleKind>{ScheduleKind::k1F1B};
+        // Layouts on tp: Megatron, Megatron-SP, the per-operator search's.
+        for (int layout = 0; layout <= (tp > 1 ? 2 : 0); ++layout)
+          for (ScheduleKind schedule : schedules)
+            for (Recompute rcp : policies)
+              for (int zero = 0; zero <= (dp > 1 && pp == 1 ? 3 : 0); ++zero) {
+                Plan p;
+                p.dp = dp, p.tp = tp, p.pp = pp, p.sp = layout == 1, p.ops = layout == 2;
+                p.schedule = schedule;
+                p.micro_batch = tc.batch_size / (dp * mb);
+                p.num_micro_batches = mb;
+                p.recompute = rcp;
+                p.zero = zero;
+                consider(p);
+              }
       }
     }
   }
@@ -100,13 +121,14 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
                            plan_label(least_memory->plan) + ") needs " + buf);
   }
   // Plans predicted within the local model's spread of the fastest are not
-  // told apart: among them, the one that synchronizes least (the smallest tp,
-  // then no ZeRO), whose cost the model is surest of.
+  // told apart: among them, the one that synchronizes least (the smallest
+  // tp, then the fewest stages, then no ZeRO), whose cost the model is
+  // surest of.
   const StepCost* fastest = best;
   for (const StepCost& c : out.candidates) {
     if (!c.fits || c.step_time_s > fastest->step_time_s * (1 + kLocalPlanSpread)) continue;
-    if (std::make_tuple(c.plan.tp, c.plan.zero > 0, c.step_time_s) <
-        std::make_tuple(best->plan.tp, best->plan.zero > 0, best->step_time_s))
+    if (std::make_tuple(c.plan.tp, c.plan.pp, c.plan.zero > 0, c.step_time_s) <
+        std::make_tuple(best->plan.tp, best->plan.pp, best->plan.zero > 0, best->step_time_s))
       best = &c;
   }
   out.best = *best;

@@ -1,13 +1,14 @@
 // Auto mode for local runs: `"parallel": {"mode": "auto", "search": "full"}`
 // with `meshflow train CONFIG --ranks N`. The planner prices every
-// data/tensor-parallel split of the N in-process ranks (mesh dp x tp, the
-// Megatron preset with or without sequence parallelism, and the strategy
-// search's per-operator layout, Plan::ops), each ZeRO stage and
-// recompute policy, for this model and batch on this machine's calibrated
-// cluster shared among the ranks (share_machine, meshflow_cpu_constants), and
-// returns the fastest plan that fits as the "parallel" object of the semi mode
-// the Trainer runs. No pipeline or context parallelism (the semi-auto trainer
-// runs neither).
+// data/tensor/pipeline split of the N in-process ranks (mesh dp x tp x pp,
+// the Megatron preset with or without sequence parallelism, and the strategy
+// search's per-operator layout, Plan::ops; for a language model pipelines
+// of 1F1B or ZB-H1 with pp, 2pp or 4pp micro-batches), each ZeRO stage
+// (without pipelines) and recompute policy, for this model and batch on this
+// machine's calibrated cluster shared among the ranks (share_machine,
+// meshflow_cpu_constants), and returns the plan that fits (the rule below)
+// as the "parallel" object resolve_job runs like one the user wrote. No
+// context parallelism.
 //
 //   MF_ASSIGN_OR_RETURN(Cluster local, load_local_cluster());        //
 //   configs/clusters/local_cpu.json MF_ASSIGN_OR_RETURN(json par, auto_parallel_section(rc, 4,
@@ -50,10 +51,10 @@ inline constexpr double kLocalPlanSpread = 0.03;
 // The plan for `rc`'s model, train.batch_size, train.seq_len and
 // train.micro_batches on `ranks` local ranks of the one-device cluster
 // `local`: of the fitting plans predicted within kLocalPlanSpread of the
-// fastest, the one with the smallest tp, then without ZeRO, then the fastest
-// (ties: less memory). Any model the engine builds (the MLP's plans are dp x
-// tp with ZeRO). Errors: no dp x tp split valid for the batch and the
-// model's widths, nothing fits.
+// fastest, the one with the smallest tp, then the fewest stages, then
+// without ZeRO, then the fastest (ties: less memory). Any model the engine builds (the MLP's plans
+// are dp x tp with ZeRO). Errors: no dp x tp split valid for the batch and the model's widths,
+// nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
 // The run config's "parallel" object that runs plan `p` exactly (one function
