@@ -173,7 +173,21 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   ::setenv("MESHFLOW_LOCAL_CLUSTER", path.c_str(), 1);
   CliRun e = run_cli("explain " + cfg + " --ranks 2 --no-nodes");
   const double two = eval_loss(cfg, "--ranks 2");
+  // The plan check of a pipeline run: rank 0's kernels, its step's rest
+  // beside the predicted bubble; no refit from one stage's measurement.
+  CliRun checked = run_cli("train " + cfg + " --ranks 2 --steps 3");
+  CliRun refit =
+      run_cli("train " + cfg + " --ranks 2 --calibrate-from-run " + (dir_ / "refit.json").string());
   ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
+  ASSERT_EQ(checked.code, 0) << checked.output;
+  for (const char* row :
+       {"  compute      predicted", "  bubble, p2p  predicted",
+        "no corrections from a pipeline run", "corrections: compute x1.00, collectives x1.00"})
+    EXPECT_NE(checked.output.find(row), std::string::npos) << row << "\n" << checked.output;
+  EXPECT_TRUE(one_line_error(refit)) << refit.output;
+  EXPECT_NE(refit.output.find("auto mode chose 2 pipeline stages"), std::string::npos)
+      << refit.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "refit.json"));
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_NE(e.output.find("planned by search: " + plan::plan_label(least.plan)), std::string::npos)
       << e.output;

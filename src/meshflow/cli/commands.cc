@@ -95,6 +95,12 @@ Status check_calibrate_option(const TrainOptions& o, const Job& job) {
     return Status::invalid(
         "--calibrate-from-run compares a run with the plan auto mode chose for it; this run "
         "has no such plan (set \"parallel\": {\"mode\": \"auto\", \"search\": \"full\"})");
+  if (job.auto_plan->best.plan.pp > 1)
+    return Status::invalid(
+        "--calibrate-from-run refits from a run of one program per rank; auto mode chose " +
+        std::to_string(job.auto_plan->best.plan.pp) +
+        " pipeline stages for this one (rank 0 measures only its stage), so there is "
+        "nothing to refit from");
   if (job.rc.train.steps < 2)
     return Status::invalid(
         "--calibrate-from-run needs at least two steps (the first one warms "

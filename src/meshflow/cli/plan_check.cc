@@ -40,6 +40,7 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
   RunMeasurement m;
   m.steps = steps;
   m.peak_bytes = peak_bytes;
+  m.by_kind = !at_end.empty();
   if (steps < 1) return m;
   for (size_t k = 0; k < at_end.size(); ++k) {
     const double s = at_end[k] - (k < after_first.size() ? after_first[k] : 0.0);
@@ -60,15 +61,29 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
 PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   PlanCheck c;
   const plan::StepCost& p = a.best;
-  const double p_compute = p.compute_s + p.recompute_s + p.bubble_s;
-  const double p_comm = p.tp_comm_s + p.cp_comm_s + p.pp_comm_s + p.dp_comm_s;
+  // A pipeline's bubble and stage-to-stage transfers are no kernels: they
+  // are the step's rest (wall time less kernels), beside the prediction's.
+  const bool pipeline = p.plan.pp > 1;
+  const double p_compute = p.compute_s + p.recompute_s + (pipeline ? 0 : p.bubble_s);
+  const double p_comm = p.tp_comm_s + p.cp_comm_s + p.dp_comm_s + (pipeline ? 0 : p.pp_comm_s);
   std::string r = "plan check (" + plan::plan_label(p.plan) + ", rank 0, " +
                   std::to_string(m.steps) +
                   " steps after the first; collectives include waiting for the other ranks):\n";
   r += line("step", p.step_time_s, m.step_s);
-  r += line("compute", p_compute, m.compute_s);
-  r += line("collectives", p_comm, m.collectives_s);  // (with the waits for other ranks)
-  r += line("optimizer", p.optimizer_s, m.optimizer_s);
+  if (!m.by_kind) {
+    r += "  (this engine timed no kernels: step and memory only)\n";
+  } else {
+    r += line("compute", p_compute, m.compute_s);
+    r += line("collectives", p_comm, m.collectives_s);  // (with the waits for other ranks)
+    r += line("optimizer", p.optimizer_s, m.optimizer_s);
+    if (pipeline) {
+      r += line("bubble, p2p", p.bubble_s + p.pp_comm_s,
+                std::max(0.0, m.step_s - m.compute_s - m.collectives_s - m.optimizer_s));
+      r += "  (rank 0 runs stage 0, the prediction's parts are the slowest stage's: no "
+           "corrections from a pipeline run)\n";
+    }
+  }
+  const bool correctable = m.by_kind && !pipeline;
   char buf[200];
   std::snprintf(buf, sizeof buf, "  %-12s predicted %9.2f MiB measured %9.2f MiB %+6.1f%%\n",
                 "memory", p.memory.total / (1 << 20), double(m.peak_bytes) / (1 << 20),
@@ -76,9 +91,9 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   r += buf;
   // The corrections this run gives: the optimizer is memory-bound work like
   // the compute's small kernels, so it moves with compute.
-  if (p_compute + p.optimizer_s > 0 && m.compute_s + m.optimizer_s > 0)
+  if (correctable && p_compute + p.optimizer_s > 0 && m.compute_s + m.optimizer_s > 0)
     c.compute_ratio = (m.compute_s + m.optimizer_s) / (p_compute + p.optimizer_s);
-  if (p_comm > 0 && m.collectives_s > 0) c.comm_ratio = m.collectives_s / p_comm;
+  if (correctable && p_comm > 0 && m.collectives_s > 0) c.comm_ratio = m.collectives_s / p_comm;
   auto corrected = [&](const plan::StepCost& s) {
     const double compute = s.compute_s + s.recompute_s + s.bubble_s + s.optimizer_s;
     const double comm = s.tp_comm_s + s.cp_comm_s + s.pp_comm_s + s.dp_comm_s;

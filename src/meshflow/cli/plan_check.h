@@ -30,6 +30,7 @@ struct RunMeasurement {
   double compute_s = 0;      // kernels that are neither collectives nor the optimizer
   double collectives_s = 0;  // collective kernels + the time a step waited on bucketed reductions
   double optimizer_s = 0;    // norm, clipping and update kernels
+  bool by_kind = false;      // the engine timed its kernels (else only step and memory)
   int64_t peak_bytes = 0;
 };
 

@@ -371,6 +371,7 @@ Result<std::unique_ptr<Engine>> make_engine(const Job& job, std::shared_ptr<Comm
   if (job.pipeline) {
     MF_ASSIGN_OR_RETURN(std::unique_ptr<PipelineTrainer> p,
                         PipelineTrainer::create(job, std::move(comm), trace));
+    p->set_profiling(profile);
     return std::unique_ptr<Engine>(std::move(p));
   }
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::create(job, std::move(comm)));

@@ -735,6 +735,20 @@ int PipelineTrainer::steps_done() const {
   return impl_->step;
 }
 
+std::vector<double> PipelineTrainer::seconds_by_kind() const {
+  std::vector<double> sum;
+  for (const auto& l : impl_->locals) {
+    const std::vector<double>& s = l.ex->seconds_by_kind();
+    if (sum.size() < s.size()) sum.resize(s.size(), 0.0);
+    for (size_t k = 0; k < s.size(); ++k) sum[k] += s[k];
+  }
+  return sum;
+}
+
+void PipelineTrainer::set_profiling(bool on) {
+  for (auto& l : impl_->locals) l.ex->set_profiling(on);
+}
+
 MemoryStats PipelineTrainer::memory() const {
   MemoryStats m;
   for (const auto& l : impl_->locals) {

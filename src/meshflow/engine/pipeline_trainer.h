@@ -125,6 +125,10 @@ class PipelineTrainer : public Engine {
   const StashStats& stash_stats() const { return stash_stats_; }
   // Sum over this rank's chunk executors (parameters, grads, optimizer state, arena).
   MemoryStats memory() const;
+  // Kernel seconds by op kind over this rank's chunk executors, while
+  // profiling (set_profiling: every chunk's executor).
+  std::vector<double> seconds_by_kind() const override;
+  void set_profiling(bool on);
   void set_trace(TraceWriter* trace);
 
  private:
