@@ -1,0 +1,106 @@
+// The data-parallel part of a step's price: the gradients' reduction (and
+// ZeRO's gathers) over the dp * cp replicas, and what communication
+// overlapped with compute adds to it (CostConstants::overlap_compute_slowdown).
+// Members of CostModel (plan/cost_model.h), apart from cost_model.cc for size.
+#include <algorithm>
+#include <cmath>
+
+#include "meshflow/plan/cost_model.h"
+#include "meshflow/plan/rank_program.h"
+
+namespace meshflow::plan {
+
+double CostModel::overlap_exposed_s(double comm, double compute) const {
+  const double s = k_.overlap_compute_slowdown;
+  if (comm <= 0) return 0;
+  if (comm >= compute * (1 + s)) return comm - compute;
+  return comm * s / (1 + s);
+}
+
+// The exposed time of the gradients' reduction (and ZeRO's gathers) over the
+// dp * cp replicas; *bytes: what a device sends for it per step.
+double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
+                                     double p_stage, double* bytes) const {
+  const Cluster& cl = cluster_;
+  const double act = double(dtype_size(dtype_));
+  const double m = double(p.num_micro_batches), ls = double(blocks_per_stage(p));
+  const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s;
+  // ---- data parallel over the dp * cp replicas of each weight
+  const int64_t replicas = p.dp * p.cp;
+  const Link dp_link = ring_link(replicas, p.tp);
+  // Gradients reduce in the compute dtype, or in the stack's reduce dtype
+  // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
+  const double grad_bytes = p_stage * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
+  const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
+  const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
+  double dp_exposed = 0, dp_bytes = 0;
+  // Collectives per step for the stage's gradients: one (bucketed), or one per
+  // parameter tensor (collective_per_tensor), each paying the ring latency.
+  const double tensors =
+      k_.collective_per_tensor
+          ? ls * lc.layer_param_tensors +
+                std::max(p.pp == 1 ? lc.embed_param_tensors + lc.head_param_tensors : 0,
+                         std::max(lc.embed_param_tensors, lc.head_param_tensors))
+          : 1.0;
+  auto dp_collective = [&](Collective c, double bytes) {
+    return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
+  };
+  if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
+    // The runtime's buckets: over the replicas, and over tp for the weights
+    // replicated across it, all started during the last backward.
+    auto bucketed = [&](int64_t group, double bytes, const Link& link) {
+      if (group <= 1 || bytes <= 0) return 0.0;
+      const double n = std::max(1.0, std::ceil(bytes / k_.grad_bucket_bytes));
+      return n * cl.collective_time_s(Collective::kAllReduce, group, bytes / n, link);
+    };
+    const double tp_bytes = ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes;
+    const double t = bucketed(replicas, grad_bytes, dp_link) +
+                     bucketed(p.tp, tp_bytes, ring_link(p.tp, axis_stride(p, "tp")));
+    dp_exposed = overlap_exposed_s(t, window);
+    dp_bytes = 2 * ring_dp * grad_bytes;
+  } else if (p.zero == 0) {
+    const double t = dp_collective(Collective::kAllReduce, grad_bytes);
+    dp_exposed = overlap_exposed_s(t, window);
+    dp_bytes = 2 * ring_dp * grad_bytes;
+  } else if (p.zero <= 2) {
+    const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
+    double ag = dp_collective(Collective::kAllGather, p_stage * act);
+    // The gradient norm over sharded gradients: a scalar all_reduce per tensor.
+    if (k_.collective_per_tensor) ag += dp_collective(Collective::kAllReduce, 4.0 * tensors);
+    dp_exposed = overlap_exposed_s(rs, window) + ag;
+    dp_bytes = ring_dp * (grad_bytes + p_stage * act);
+  } else {
+    // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
+    // before it runs and freed after it, its gradients reduce-scattered after
+    // its backward, every micro-batch: one gather per layer in the forward,
+    // one before the recomputed forward (full recompute), one before the
+    // backward, and one reduce_scatter (the embedding/head count as one more
+    // layer). The collectives share one communication stream, so a layer's
+    // run one after another; with the next layer's collectives prefetched
+    // while this one computes (depth 1), each layer of a pass takes
+    // max(compute, collectives), and the first gather of each pass and the
+    // last reduce_scatter have nothing to hide behind. Without overlap
+    // (zero3_prefetch false: meshflow's program runs them as nodes) all of it
+    // is exposed.
+    // calls: the layers + the embedding/head; a layer's collectives are one
+    // per tensor of it with collective_per_tensor.
+    const double calls = ls + 1;
+    const double per_call = std::max(1.0, tensors / calls);
+    const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
+                                                      p_stage * act / calls / per_call, dp_link);
+    const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                                      grad_bytes / calls / per_call, dp_link);
+    const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
+    double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
+    if (k_.zero3_prefetch) {
+      fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
+      bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) + ag + rs;
+    }
+    dp_exposed = m * (fwd + bwd);
+    dp_bytes = m * ring_dp * ((1 + bwd_gathers) * p_stage * act + grad_bytes);
+  }
+  *bytes = dp_bytes;
+  return dp_exposed;
+}
+
+}  // namespace meshflow::plan
