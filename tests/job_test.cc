@@ -202,6 +202,19 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   EXPECT_NEAR(two, one, 1e-5 * std::abs(one));
 }
 
+// A pipeline section beside the full search is refused before planning: the
+// search chooses stages itself (plan a fixed pipeline with meshflow plan).
+TEST_F(Job, AutoFullSearchRefusesAGivenPipeline) {
+  const std::string cfg = config(json{
+      {"mode", "auto"}, {"search", "full"}, {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}});
+  CliRun r = run_cli("train " + cfg + " --ranks 2");
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("parallel.search \"full\" with parallel.pipeline plans with `meshflow "
+                          "plan MODEL --cluster ... --out PLAN.json`"),
+            std::string::npos)
+      << r.output;
+}
+
 // The planner checks itself: a run auto mode planned prints its measured
 // step, compute, collectives, optimizer and memory beside the prediction,
 // the corrections they imply and whether another priced plan would now be
