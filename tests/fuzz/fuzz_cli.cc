@@ -306,6 +306,9 @@ class Gen {
     if (coin(0.3)) a += " --top " + one<std::string>({"0", "1", "5", "-1", "1000"});
     if (coin(0.3))
       a += " --emit " + one<std::string>({"megatron", "deepspeed", "torchtitan", "slurm", ""});
+    if (coin(0.2))
+      a += " --attention " +
+           one<std::string>({"fused", "flash1", "flash2", "materialized", "cudnn", "", "FLASH1"});
     return a;
   }
 
