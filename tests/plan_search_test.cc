@@ -715,6 +715,21 @@ TEST_F(PlanCli, AttentionKernelOfTheStack) {
   const double t2 = json::parse(fa2.output)["plans"][0]["step_time_s"];
   const double t1 = json::parse(fa1.output)["plans"][0]["step_time_s"];
   EXPECT_GT(t1, 1.1 * t2) << t1 << " vs " << t2;
+  // The kernel travels with a plan file: simulate prices it the same way.
+  const std::string out = (dir_ / "fa1.json").string();
+  CliRun written = run(base + "flash1 --out " + out);
+  ASSERT_EQ(written.code, 0) << written.output;
+  json f = value_or_throw(read_json_file(out));
+  EXPECT_EQ(f["plan"]["attention"], "flash1");
+  CliRun sim = run("simulate " + out);
+  EXPECT_EQ(sim.code, 0) << sim.output;
+  for (const json& wrong : {json("flash9"), json(5)}) {
+    f["plan"]["attention"] = wrong;
+    std::ofstream(out) << f.dump(2);
+    CliRun r = run("simulate " + out);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("plan.attention must be"), std::string::npos) << r.output;
+  }
   CliRun bad = run(base + "flash9");
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--attention must be materialized or a fused kernel (fused, flash2, "

@@ -174,26 +174,6 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   return f;
 }
 
-// --attention: materialized, fused (FlashAttention-2) or a fused kernel the
-// cluster file prices (device.attention_efficiency).
-Status parse_attention(const std::string& s, const Cluster& cluster, CostConstants* k) {
-  if (s == "materialized") {
-    k->attention = AttentionKernel::kMaterialized;
-    return Status::ok();
-  }
-  k->attention = AttentionKernel::kFused;
-  const auto& listed = cluster.device.attention_efficiency;
-  if (s == "fused" || s == "flash2" || listed.count(s)) {
-    k->fused_attention = s == "fused" ? "flash2" : s;
-    return Status::ok();
-  }
-  std::string valid = "fused, flash2";
-  for (const auto& [name, e] : listed)
-    if (name != "flash2") valid += ", " + name;
-  return Status::invalid("--attention must be materialized or a fused kernel (" + valid +
-                         ": the cluster file's device.attention_efficiency), got '" + s + "'");
-}
-
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
@@ -219,7 +199,7 @@ int run_plan(const PlanOptions& o) {
   Result<Cluster> cluster = with_devices(*base, o.gpus);
   if (!cluster.is_ok()) return user_error(cluster.status().message());
   CostConstants k;
-  if (Status a = parse_attention(o.attention, *cluster, &k); !a.is_ok())
+  if (Status a = set_attention_kernel(o.attention, *cluster, "--attention", &k); !a.is_ok())
     return user_error(a.message());
   SearchOptions so;
   so.top_k = o.top;

@@ -147,6 +147,25 @@ CostConstants meshflow_cpu_constants() {
   return k;
 }
 
+Status set_attention_kernel(const std::string& name, const Cluster& cluster,
+                            const std::string& what, CostConstants* k) {
+  if (name == "materialized") {
+    k->attention = AttentionKernel::kMaterialized;
+    return Status::ok();
+  }
+  const auto& listed = cluster.device.attention_efficiency;
+  if (name == "fused" || name == "flash2" || listed.count(name)) {
+    k->attention = AttentionKernel::kFused;
+    k->fused_attention = name == "fused" ? "flash2" : name;
+    return Status::ok();
+  }
+  std::string valid = "fused, flash2";
+  for (const auto& [kernel, e] : listed)
+    if (kernel != "flash2") valid += ", " + kernel;
+  return Status::invalid(what + " must be materialized or a fused kernel (" + valid +
+                         ": the cluster file's device.attention_efficiency), got '" + name + "'");
+}
+
 namespace {
 
 // The executor's arena for a local program (runtime/executor.cc): sources have
@@ -988,7 +1007,6 @@ double CostModel::most_stage_params(const Plan& p, const LayerCost& lc) const {
   if (p.pp > 2) most = std::max(most, stage_params(p, lc, 1, double(middle)));
   return most;
 }
-
 
 namespace {
 

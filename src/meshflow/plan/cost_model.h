@@ -214,6 +214,14 @@ CostConstants megatron2021_constants();
 // backward (no overlap, no prefetch); f32 AdamW (28 B/param).
 CostConstants meshflow_cpu_constants();
 
+// The stack's attention kernel by name, as `meshflow plan --attention` and a
+// plan file's "plan.attention" give it: "materialized", "fused" (=
+// "flash2", FlashAttention-2) or a fused kernel `cluster` lists in
+// device.attention_efficiency. Sets k->attention and k->fused_attention; an
+// unknown name is an error listing the valid ones (`what` names the input).
+Status set_attention_kernel(const std::string& name, const Cluster& cluster,
+                            const std::string& what, CostConstants* k);
+
 // Bytes per device, for the worst pipeline stage.
 struct MemoryBreakdown {
   double params = 0;

@@ -137,10 +137,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   if (!planner.is_object() || !planner.contains("cluster"))
     return Status::invalid("plan.cluster is required (the cluster the plan was made for)");
   MF_ASSIGN_OR_RETURN(r.cluster, parse_cluster(planner.at("cluster")));
-  const std::string attention = planner.value("attention", std::string("fused"));
-  if (attention != "fused" && attention != "materialized")
-    return Status::invalid("plan.attention must be fused or materialized, got " + attention);
-  if (attention == "materialized") r.constants.attention = AttentionKernel::kMaterialized;
+  const json attention = planner.value("attention", json("fused"));
+  if (!attention.is_string())
+    return Status::invalid(
+        "plan.attention must be a string (fused, materialized or a kernel "
+        "the cluster lists), got " +
+        attention.dump());
+  MF_RETURN_IF_ERROR(set_attention_kernel(attention.get<std::string>(), r.cluster, "plan.attention",
+                                          &r.constants));
 
   const json& par = f.at("parallel");
   Plan& p = r.plan;
