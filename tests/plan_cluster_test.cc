@@ -266,6 +266,11 @@ TEST(PlanCluster, LinkSelection) {
   EXPECT_TRUE(same(c->ring_link_for_axis(4, 2), ports(2)));       // {0, 2, 4, 6}
   EXPECT_TRUE(same(c->ring_link_for_axis(2, 4), c->inter_node));  // one member per node
   EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).effective_bandwidth(), 40e9);
+  // The reshard planner ranks redistributions on the same links: an
+  // all_gather over the 8 ranks on four ports, an all_to_all on one.
+  const ReshardCostModel rc = reshard_costs(*c, value_or_throw(Mesh::parse("dp=8")));
+  EXPECT_DOUBLE_EQ(rc.link(0, Collective::kAllGather).effective_bandwidth(), 40e9);
+  EXPECT_DOUBLE_EQ(rc.link(0, Collective::kAllToAll).effective_bandwidth(), 10e9);
   // Four ports of 20 GB/s would pass NVLink's 100 GB/s x 0.5: capped there.
   c->inter_node.bandwidth_bytes_per_s = 20e9;
   EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).effective_bandwidth(),

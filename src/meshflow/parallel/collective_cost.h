@@ -28,6 +28,13 @@ const char* collective_name(Collective c);  // "all_reduce", ...
 // The collective a graph op runs (all_gather, reduce_scatter, all_to_all,
 // broadcast; all_reduce for the rest).
 Collective collective_of(OpKind kind);
+// NCCL runs these as rings over its channels, which it spreads over a node's
+// network ports (plan::Cluster::ring_link_for_axis); all_to_all and send/recv
+// are point to point, one port per device.
+inline bool is_ring_collective(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kAllGather ||
+         c == Collective::kReduceScatter || c == Collective::kBroadcast;
+}
 
 // Ring alpha-beta time of one collective over `n` ranks on `link`; `bytes` is
 // the full buffer (all_reduce: the buffer; all_gather: the gathered output;

@@ -81,7 +81,7 @@ void price_step(const Shape& shape, const Mesh& mesh, const ReshardCostModel& mo
       return;
   }
   step->bytes_per_rank = static_cast<int64_t>(collective_bytes_per_rank(c, n, double(big)) + 0.5);
-  step->cost_s = collective_time_s(c, n, double(big), model.link(step->mesh_axis));
+  step->cost_s = collective_time_s(c, n, double(big), model.link(step->mesh_axis, c));
 }
 
 namespace {

@@ -36,12 +36,21 @@ namespace meshflow {
 // collective_time_s (parallel/collective_cost.h), the one collective cost the
 // planner uses too; plan::reshard_costs (plan/cluster.h) fills the links from a
 // cluster file, so the cheapest redistribution is chosen on the real links.
+//
+// `ring_axes[a]` (when filled) is the link mesh axis a's ring collectives run
+// at (is_ring_collective: striped over a node's ports across nodes); the
+// point-to-point ones (all_to_all) run at `axes[a]`.
 struct ReshardCostModel {
   std::vector<Link> axes;
+  std::vector<Link> ring_axes;
   Link default_link;
   int64_t bytes_per_element = 4;
   const Link& link(int axis) const {
     return axis < static_cast<int>(axes.size()) ? axes[axis] : default_link;
+  }
+  const Link& link(int axis, Collective c) const {
+    return is_ring_collective(c) && axis < static_cast<int>(ring_axes.size()) ? ring_axes[axis]
+                                                                              : link(axis);
   }
 };
 

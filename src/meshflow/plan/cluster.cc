@@ -97,8 +97,11 @@ ReshardCostModel reshard_costs(const Cluster& c, const Mesh& mesh, std::vector<i
   MF_CHECK(static_cast<int>(strides.size()) == mesh.num_axes());
   ReshardCostModel m;
   m.bytes_per_element = bytes_per_element;
-  for (int a = 0; a < mesh.num_axes(); ++a)
-    m.axes.push_back(c.link_for_axis(mesh.size(a), strides[static_cast<size_t>(a)]));
+  for (int a = 0; a < mesh.num_axes(); ++a) {
+    const int64_t size = mesh.size(a), stride = strides[static_cast<size_t>(a)];
+    m.axes.push_back(c.link_for_axis(size, stride));
+    m.ring_axes.push_back(c.ring_link_for_axis(size, stride));
+  }
   return m;
 }
 

@@ -156,9 +156,9 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
 
 // The reshard planner's links on this cluster for `mesh`: axis a's groups of
 // mesh.size(a) ranks, strides[a] devices apart, on the link they map to
-// (link_for_axis). Without strides, the mesh's own row-major order (the last
-// axis innermost, as the runtime numbers ranks). REQUIRES: strides empty or
-// one per mesh axis.
+// (link_for_axis; ring collectives on ring_link_for_axis). Without strides, the mesh's own
+// row-major order (the last axis innermost, as the runtime numbers ranks). REQUIRES: strides empty
+// or one per mesh axis.
 ReshardCostModel reshard_costs(const Cluster& c, const Mesh& mesh,
                                std::vector<int64_t> strides = {}, int64_t bytes_per_element = 4);
 

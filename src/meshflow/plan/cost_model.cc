@@ -349,10 +349,9 @@ double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_b
   const Collective c = collective_of(kind);
   *bytes = collective_bytes_per_rank(c, group, buffer_bytes);
   const int64_t stride = axis_stride(p, axis);
-  const bool ring = c == Collective::kAllReduce || c == Collective::kAllGather ||
-                    c == Collective::kReduceScatter || c == Collective::kBroadcast;
-  return collective_time_s(c, group, buffer_bytes,
-                           ring ? ring_link(group, stride) : cluster_.link_for_axis(group, stride));
+  return collective_time_s(
+      c, group, buffer_bytes,
+      is_ring_collective(c) ? ring_link(group, stride) : cluster_.link_for_axis(group, stride));
 }
 
 Link CostModel::ring_link(int64_t size, int64_t stride) const {
