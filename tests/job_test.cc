@@ -159,7 +159,7 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   ASSERT_GE(by_memory.size(), 2u);
   const plan::StepCost& least = by_memory[0];
   ASSERT_EQ(least.plan.pp, 2) << plan::plan_label(least.plan);
-  ASSERT_LT(least.memory.total, 0.95 * by_memory[1].memory.total);
+  ASSERT_LT(least.memory.total, 0.97 * by_memory[1].memory.total);
   // The machine's memory scaled so a rank's usable share falls between them.
   plan::Cluster small = machine;
   const double usable = 0.5 * (least.memory.total + by_memory[1].memory.total);

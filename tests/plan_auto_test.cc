@@ -12,6 +12,7 @@
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/job.h"
+#include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
 
@@ -351,6 +352,167 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
   const StepCost c = value_or_throw(cm.price(p));
   EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
       << "predicted " << c.memory.total << " measured " << measured;
+}
+
+// Stages chosen under memory on meshflow's executor (CostModel::stage_split
+// priced by chunk): a 6-block GPT with a 4096-word vocabulary on two 1F1B
+// stages. The runtime's own split (balanced by FLOPs and bytes, 5/1 here)
+// weighs the head more than the planner prices it; with memory to spare
+// the split is the fastest of all five, on a device where only the most
+// even one fits it is that one, on a smaller one none. The pipeline trainer
+// runs the split it returns with one device's losses and holds the
+// predicted memory (within 5%).
+TEST(PlanAuto, StagesChosenUnderMemoryOnTheExecutor) {
+  json model = small_gpt();
+  model["n_layer"] = 6;
+  model["vocab_size"] = 4096;
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  const Cluster two = value_or_throw(share_machine(local(), 2));
+  Plan p;
+  p.pp = 2, p.micro_batch = 4, p.num_micro_batches = 4;
+  std::vector<StepCost> all;  // every split k / 6 - k, priced whole
+  const CostModel cm(TrainingJob{mc, 16, 32}, two, meshflow_cpu_constants());
+  for (int64_t k = 1; k < 6; ++k) {
+    Plan q = p;
+    q.layers_per_stage = {k, 6 - k};
+    all.push_back(value_or_throw(cm.price(q)));
+  }
+  auto by = [&](auto key) {
+    return *std::min_element(all.begin(), all.end(),
+                             [&](const StepCost& a, const StepCost& b) { return key(a) < key(b); });
+  };
+  const StepCost fastest = by([](const StepCost& c) { return c.step_time_s; });
+  const StepCost least = by([](const StepCost& c) { return c.memory.total; });
+  EXPECT_EQ(value_or_throw(cm.stage_split(p)), fastest.plan.layers_per_stage);
+  const StepCost runtime = value_or_throw(cm.price(p));  // the runtime's split
+  EXPECT_LT(fastest.step_time_s, 0.9 * runtime.step_time_s);
+
+  // A device whose usable memory lies between the least a split needs and
+  // the next least.
+  std::vector<double> need;
+  for (const StepCost& c : all) need.push_back(c.memory.total);
+  std::sort(need.begin(), need.end());
+  ASSERT_LT(need[0], 0.97 * need[1]);
+  auto with_usable = [&](double bytes) {
+    Cluster c = two;
+    c.device.memory_bytes =
+        static_cast<int64_t>(bytes / least.usable_memory * double(two.device.memory_bytes));
+    return CostModel(TrainingJob{mc, 16, 32}, c, meshflow_cpu_constants());
+  };
+  const CostModel tight = with_usable(0.5 * (need[0] + need[1]));
+  const std::vector<int64_t> split = value_or_throw(tight.stage_split(p));
+  EXPECT_EQ(split, least.plan.layers_per_stage);
+  EXPECT_FALSE(value_or_throw(tight.price(p)).fits);  // the runtime's split does not fit
+  EXPECT_TRUE(value_or_throw(with_usable(0.98 * need[0]).stage_split(p)).empty());
+
+  // The split runs as priced.
+  const json train = {{"steps", 2}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}};
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train", train},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};
+  std::vector<float> one, staged;
+  doc["train"]["micro_batches"] = 4;
+  held_peak(doc, 1, 2, &one);
+  doc["train"].erase("micro_batches");
+  Plan q = p;
+  q.layers_per_stage = split;
+  doc["parallel"] = value_or_throw(parallel_section(q, mc));
+  ASSERT_EQ(doc["parallel"]["pipeline"]["layers_per_stage"], json(split));
+  const double measured = held_peak(doc, 2, 2, &staged);
+  ASSERT_EQ(staged.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(staged[i], one[i], 5e-5 * one[i]) << i;
+  EXPECT_NEAR(least.memory.total / measured, 1.0, 0.05)
+      << "predicted " << least.memory.total << " measured " << measured;
+}
+
+// The split against every split, priced whole, on every device size between
+// their needs: two 1F1B stages and three ZB-H1 stages of a 6-block GPT. Where
+// none fits it says so (empty); else its split fits and is as fast as the
+// fastest that fits, within 3% (it minimizes the slowest stage's work, the
+// price is the whole schedule's).
+TEST(PlanAuto, StageSplitAgainstEverySplit) {
+  json model = small_gpt();
+  model["n_layer"] = 6;
+  model["vocab_size"] = 4096;
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  for (const int64_t pp : {2, 3}) {
+    SCOPED_TRACE("pp=" + std::to_string(pp));
+    const Cluster machine = value_or_throw(share_machine(local(), int(pp)));
+    const CostModel cm(TrainingJob{mc, 16, 32}, machine, meshflow_cpu_constants());
+    Plan p;
+    p.pp = pp, p.micro_batch = 4, p.num_micro_batches = 4;
+    p.schedule = pp == 2 ? ScheduleKind::k1F1B : ScheduleKind::kZbH1;
+    std::vector<StepCost> all;
+    for (int64_t a = 1; a < 6; ++a)
+      for (int64_t b = 1; a + b < 6; ++b) {
+        Plan q = p;
+        q.layers_per_stage =
+            pp == 2 ? std::vector<int64_t>{a, 6 - a} : std::vector<int64_t>{a, b, 6 - a - b};
+        if (pp == 2 && b > 1) break;
+        all.push_back(value_or_throw(cm.price(q)));
+      }
+    std::vector<double> need;
+    for (const StepCost& c : all) need.push_back(c.memory.total);
+    std::sort(need.begin(), need.end());
+    need.erase(std::unique(need.begin(), need.end()), need.end());
+    need.push_back(2 * need.back());
+    for (size_t i = 0; i < need.size(); ++i) {
+      const double usable = i == 0 ? 0.99 * need[0] : 0.5 * (need[i - 1] + need[i]);
+      Cluster c = machine;
+      c.device.memory_bytes =
+          static_cast<int64_t>(usable / all[0].usable_memory * double(machine.device.memory_bytes));
+      const CostModel sized(TrainingJob{mc, 16, 32}, c, meshflow_cpu_constants());
+      const StepCost* best = nullptr;
+      for (const StepCost& k : all)
+        if (k.memory.total <= usable && (!best || k.step_time_s < best->step_time_s)) best = &k;
+      const std::vector<int64_t> split = value_or_throw(sized.stage_split(p));
+      SCOPED_TRACE("usable " + std::to_string(usable));
+      if (!best) {
+        EXPECT_TRUE(split.empty());
+        continue;
+      }
+      ASSERT_FALSE(split.empty()) << "fits: " << plan_label(best->plan);
+      Plan q = p;
+      q.layers_per_stage = split;
+      const StepCost got = value_or_throw(sized.price(q));
+      EXPECT_TRUE(got.fits) << plan_label(q);
+      EXPECT_LE(got.step_time_s, 1.03 * best->step_time_s)
+          << plan_label(q) << " against " << plan_label(best->plan);
+    }
+  }
+}
+
+// Auto mode prices each pipeline also with its stages chosen under memory:
+// on a machine where only such a split fits (a 6-block GPT with 2048 words:
+// 3/3 where the runtime's own split is uneven), it picks that plan and writes
+// the split into the section it runs.
+TEST(PlanAuto, AutoModePicksAStageSplitWhenOnlyItFits) {
+  json model = small_gpt();
+  model["n_layer"] = 6;
+  model["vocab_size"] = 2048;
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fortunes"}}},
+              {"train", {{"steps", 1}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+              {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const Cluster machine = local();
+  const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
+  std::vector<StepCost> c = all.candidates;
+  std::sort(c.begin(), c.end(),
+            [](const auto& a, const auto& b) { return a.memory.total < b.memory.total; });
+  ASSERT_GE(c.size(), 2u);
+  ASSERT_FALSE(c[0].plan.layers_per_stage.empty()) << plan_label(c[0].plan);
+  ASSERT_LT(c[0].memory.total, 0.97 * c[1].memory.total);
+  Cluster small = machine;
+  small.device.memory_bytes =
+      static_cast<int64_t>(double(machine.device.memory_bytes) * 0.5 *
+                           (c[0].memory.total + c[1].memory.total) / c[0].usable_memory);
+  const LocalAutoPlan chosen = value_or_throw(plan_local_run(rc, 2, small));
+  EXPECT_EQ(chosen.best.plan, c[0].plan) << plan_label(chosen.best.plan);
+  EXPECT_EQ(chosen.parallel["pipeline"]["layers_per_stage"], json(c[0].plan.layers_per_stage))
+      << chosen.parallel.dump();
 }
 
 }  // namespace

@@ -53,6 +53,19 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
       return;
     }
     out.candidates.push_back(*c);
+    // A pipeline also with its stages chosen by time and memory together
+    // (CostModel::stage_split) where that differs from the runtime's split:
+    // fewer blocks where the embedding, the head or the micro-batches in
+    // flight weigh, a plan where the balanced split does not fit.
+    if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
+      Result<std::vector<int64_t>> split = cm.stage_split(p);
+      if (!split.is_ok() || split->empty()) return;
+      Plan q = p;
+      q.layers_per_stage = *split;
+      Result<StepCost> u = cm.price(q);
+      if (u.is_ok() && (u->step_time_s != c->step_time_s || u->memory.total != c->memory.total))
+        out.candidates.push_back(*u);
+    }
   };
   // Pipelines for the language models (the pipeline trainer's schedules, the
   // runtime's balanced split of the blocks, no ZeRO on the stages).

@@ -725,11 +725,25 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
       cc.opt_comm_s = t[kOptComm], cc.opt_comm_bytes = t[kOptCommBytes];
       cc.opt_bucketed_tp_bytes = t[kOptBucketedTp];
       cc.arena_bytes = static_arena_bytes(g, c.keep_alive());
+      auto bytes = [&g](const std::vector<ValueId>& values) {
+        double b = 0;
+        for (ValueId v : values)
+          b += double(g.shape(v).numel()) * double(dtype_size(g.value(v).dtype));
+        return b;
+      };
+      cc.kept_bytes = bytes(c.keep_alive());
+      cc.act_out_bytes = bytes(c.act_out), cc.grad_out_bytes = bytes(c.grad_out);
       cc.stash_bytes = double(c.stash_bytes());
       cc.weight_hold_bytes = double(c.weight_hold_bytes());
       cc.input_bytes = t[kInputBytes];
       out.push_back(cc);
     }
+    for (const PipelineSplit::Tied& t : split.tied)
+      for (int c : t.copies) {
+        const Graph& g = split.chunks[static_cast<size_t>(c)].graph;
+        const ValueId v = g.find(t.name);
+        if (v != kNoValue) out[static_cast<size_t>(c)].copied_params += g.shape(v).numel();
+      }
     return out;
   };
   Result<std::vector<ChunkCost>> r = compute();
@@ -1130,7 +1144,7 @@ void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& 
       s.weight_grad_s += k.times.weight_grad_s;
       s.tp_comm_s += k.times.tp_comm_s;
       s.cp_comm_s += k.times.cp_comm_s;
-      l.head_params += k.params;
+      l.head_params += k.params - k.copied_params;  // (a tied copy is not updated)
       l.head_param_tensors += k.param_tensors;
       l.head_comm_bytes += k.tp_bytes;
       l.outside_cp_bytes += k.cp_bytes;
@@ -1153,9 +1167,28 @@ void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& 
   }
 }
 
-Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
-                                                      const std::vector<ChunkCost>& chunks,
-                                                      const StageTimes& st) const {
+MemoryBreakdown CostModel::chunk_rank_memory(const Plan& p, double params, double copied,
+                                             double arena, double inputs, double bucketed_tp,
+                                             double stash) const {
+  const bool mixed = dtype_ != DType::F32;
+  const double act = double(dtype_size(dtype_));
+  MemoryBreakdown mb;
+  model_states(params - copied, p, mixed, act, &mb);
+  mb.params += copied * act;  // a tied copy: its weights alone
+  // Gradient buckets exist with micro-batching or bucketed all_reduces
+  // (as memory_per_device's static arena).
+  const bool buckets =
+      p.num_micro_batches > 1 || (p.zero == 0 && (p.dp * p.cp > 1 || bucketed_tp > 0));
+  if (!buckets) mb.grads = 0;
+  mb.activations = arena + stash;
+  mb.temporaries = inputs;
+  mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
+  return mb;
+}
+
+Result<std::vector<MemoryBreakdown>> CostModel::memory_by_rank(const Plan& p,
+                                                               const std::vector<ChunkCost>& chunks,
+                                                               const StageTimes& st) const {
   // The stashes each rank holds at its peak (F done, its B or W not yet):
   // the runtime's schedule simulated with each chunk's stash bytes (a rank's
   // chunks hold different stashes: zb-v's rank 0 the embedding's and the
@@ -1174,36 +1207,37 @@ Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
     stashes.weight_hold_bytes.push_back(k.weight_hold_bytes);
   }
   MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, stashes));
-  const bool mixed = dtype_ != DType::F32;
-  const double act = double(dtype_size(dtype_));
-  MemoryBreakdown worst;
+  std::vector<MemoryBreakdown> out;
   for (int64_t r = 0; r < pp; ++r) {
-    double params = 0, arena = 0, inputs = 0, bucketed_tp = 0;
+    double params = 0, copied = 0, arena = 0, inputs = 0, bucketed_tp = 0;
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (chunk_rank(so, static_cast<int>(c)) != r) continue;
       const ChunkCost& k = chunks[c];
       params += double(k.params);
+      copied += double(k.copied_params);
       arena += k.arena_bytes;
       inputs += k.input_bytes;
       bucketed_tp += k.opt_bucketed_tp_bytes;
     }
-    MemoryBreakdown mb;
-    model_states(params, p, mixed, act, &mb);
-    // Gradient buckets exist with micro-batching or bucketed all_reduces
-    // (as memory_per_device's static arena).
-    const bool buckets = m > 1 || (p.zero == 0 && (p.dp * p.cp > 1 || bucketed_tp > 0));
-    if (!buckets) mb.grads = 0;
-    mb.activations = arena + sim.peak_stash_bytes[static_cast<size_t>(r)];
-    mb.temporaries = inputs;
-    mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
-    if (mb.total > worst.total) worst = mb;
+    out.push_back(chunk_rank_memory(p, params, copied, arena, inputs, bucketed_tp,
+                                    sim.peak_stash_bytes[static_cast<size_t>(r)]));
   }
+  return out;
+}
+
+Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
+                                                      const std::vector<ChunkCost>& chunks,
+                                                      const StageTimes& st) const {
+  MF_ASSIGN_OR_RETURN(const std::vector<MemoryBreakdown> ranks, memory_by_rank(p, chunks, st));
+  MemoryBreakdown worst;
+  for (const MemoryBreakdown& mb : ranks)
+    if (mb.total > worst.total) worst = mb;
   return worst;
 }
 
 Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
-  if (p.pp <= 1 || p.vp > 1 || !has_blocks() || k_.memory_model == MemoryModel::kStaticArena)
-    return std::vector<int64_t>{};
+  if (p.pp <= 1 || p.vp > 1) return std::vector<int64_t>{};
+  if (prices_by_chunk(p)) return chunk_stage_split(p);
   Plan q = p;  // (REQUIRES: p valid; the search asks only for valid plans)
   q.layers_per_stage.clear();
   MF_ASSIGN_OR_RETURN(const LayerCost lc,
@@ -1285,7 +1319,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   // model here, a ResNet anywhere): the runtime's own split of the whole
   // program, its chunks priced one by one (their arenas and stashes are the
   // memory the pipeline trainer holds).
-  const bool by_chunk = p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
+  const bool by_chunk = prices_by_chunk(p);
   std::vector<ChunkCost> chunks;
   LayerCost lc;
   std::shared_ptr<const StrategySearch> searched;

@@ -329,10 +329,17 @@ struct ChunkCost {
   double tp_bytes = 0, cp_bytes = 0;  // collectives' bytes sent per micro-batch
   double act_bytes = 0;               // the activations sent to the next chunk (compute dtype)
   int64_t params = 0;                 // per rank
+  // Of those, tied copies (the head's copy of a tied embedding): weights
+  // only, the owner chunk keeps their gradient and optimizer state.
+  int64_t copied_params = 0;
   int param_tensors = 0;
   // The optimizer phase's collectives over tp (LayerCost::opt_*), once per step.
   double opt_comm_s = 0, opt_comm_bytes = 0, opt_bucketed_tp_bytes = 0;
-  double arena_bytes = 0;        // the chunk executor's arena (static memory planner)
+  double arena_bytes = 0;  // the chunk executor's arena (static memory planner)
+  // Of the arena, the values kept readable to the end of a run
+  // (ChunkProgram::keep_alive): the messages out (activations, gradients)
+  // and the stashes.
+  double kept_bytes = 0, act_out_bytes = 0, grad_out_bytes = 0;
   double stash_bytes = 0;        // per micro-batch from F to B (Bi when split)
   double weight_hold_bytes = 0;  // split backward: from Bi to W
   double input_bytes = 0;        // fed per micro-batch: data, received activations and gradients
@@ -404,9 +411,22 @@ class CostModel {
   // stage the embedding, the last the head and its logits). For a chain of
   // identical blocks the stage's time and memory are linear in its blocks,
   // so a bisection on the slowest stage's time with each stage taking what
-  // fits is exact. Empty when no split fits. Pipelines priced by chunk (on
-  // meshflow's executor) keep the runtime's own cost-balanced split (empty).
+  // fits is exact. A pipeline priced by chunk (meshflow's executor, any
+  // model; vp = 1) is split from its blocks priced one by one: a dynamic
+  // program over contiguous splits minimizes the slowest stage's time, then
+  // the largest share of the memory budget a stage uses, with each stage's
+  // memory taken as its blocks' model states and stashes (times the
+  // micro-batches its schedule keeps in flight) and its largest block's
+  // arena; the split is then priced whole, and a stage the estimate let past
+  // its device gets a budget lowered by the excess (a few rounds). Empty when
+  // no split fits.
   Result<std::vector<int64_t>> stage_split(const Plan& p) const;
+  // Whether price() times p's pipeline by the runtime's split of the whole
+  // program, chunk by chunk (meshflow's executor: the static-arena memory
+  // model, or a model without uniform blocks), rather than by identical blocks.
+  bool prices_by_chunk(const Plan& p) const {
+    return p.pp > 1 && (!has_blocks() || k_.memory_model == MemoryModel::kStaticArena);
+  }
   // The blocks a pipeline splits: a language model's transformer blocks, a
   // ResNet's residual layers; 0 for a model that cannot be pipelined (the MLP).
   int64_t pipeline_layers() const { return pipeline_layers_; }
@@ -488,6 +508,15 @@ class CostModel {
   // chunk's stash; the order zb-v makes for the chunk times st).
   Result<MemoryBreakdown> memory_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
                                              const StageTimes& st) const;
+  // memory_from_chunks for every rank, and one rank's memory from its
+  // chunks' totals and the most stash bytes it holds at once.
+  Result<std::vector<MemoryBreakdown>> memory_by_rank(const Plan& p,
+                                                      const std::vector<ChunkCost>& chunks,
+                                                      const StageTimes& st) const;
+  MemoryBreakdown chunk_rank_memory(const Plan& p, double params, double copied, double arena,
+                                    double inputs, double bucketed_tp, double stash) const;
+  // stage_split for a pipeline priced by chunk (cost_model_pipeline.cc).
+  Result<std::vector<int64_t>> chunk_stage_split(const Plan& p) const;
   // layer_cost without the cache.
   Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp, bool ops,
                                   bool ring) const;

@@ -2,6 +2,7 @@
 // with the plan's per-chunk costs, or the schedules' closed forms (the
 // search's sweep).
 #include <algorithm>
+#include <limits>
 
 #include "meshflow/plan/cost_model.h"
 
@@ -108,6 +109,209 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
   r.compute_s = m * T - r.recompute_s - r.tp_comm_s - r.cp_comm_s;
 
   return pipeline;
+}
+
+Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
+  const int64_t L = pipeline_layers_, pp = p.pp;
+  if (L < pp) return std::vector<int64_t>{};
+  Plan q = p;
+  q.layers_per_stage.clear();
+  std::shared_ptr<const StrategySearch> searched;
+  if (q.ops) {
+    MF_ASSIGN_OR_RETURN(searched, op_search(q.tp, q.micro_batch));
+  }
+  // Every block its own chunk (the first with the embedding, the last with
+  // the head and the loss), as the runtime's split would cut them.
+  MF_ASSIGN_OR_RETURN(
+      const std::vector<ChunkCost> blocks,
+      chunk_costs(q.tp, q.cp, q.micro_batch, L, q.sp, q.recompute,
+                  std::vector<int64_t>(static_cast<size_t>(L), 1), searched, q.ring));
+  // The stashes a rank holds: after each of its F, B, Bi and W (in its own
+  // order, whatever the timing), n micro-batches from F to B (or Bi) and h
+  // from Bi to W; its peak for a stage's stash S and hold H is the most
+  // n S + h H over those states.
+  const int64_t m = q.num_micro_batches;
+  ScheduleOptions so;
+  so.kind = q.schedule;
+  so.stages = static_cast<int>(pp);
+  so.micro_batches = static_cast<int>(m <= 5 * pp ? m : 4 * pp + m % pp);
+  MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
+  std::vector<std::vector<std::pair<int, int>>> states(static_cast<size_t>(pp));
+  for (int64_t r = 0; r < pp; ++r) {
+    int live = 0, held = 0;
+    for (const Action& act : sched.ranks[size_t(r)]) {
+      switch (act.kind) {
+        case ActionKind::kForward:
+          ++live;
+          break;
+        case ActionKind::kBackward:
+          --live;
+          break;
+        case ActionKind::kBackwardInput:
+          --live, ++held;
+          break;
+        case ActionKind::kBackwardWeight:
+          --held;
+          break;
+        default:
+          continue;
+      }
+      states[size_t(r)].emplace_back(live, held);
+    }
+  }
+  auto peak_kept = [&](int64_t r, double stash, double hold) {
+    double most = 0;
+    for (const auto& [n, h] : states[size_t(r)]) most = std::max(most, n * stash + h * hold);
+    return most;
+  };
+
+  // What a stage holding blocks [a, b) costs, from its blocks' costs: times,
+  // parameters and stashes added, the arena taken as the values its blocks
+  // keep readable to the end of a run (their stashes; the messages between
+  // its blocks stay inside it) beside the largest of their temporaries, the
+  // fed input as the largest block's. Where that puts the stage's memory
+  // near its budget (within kNear either way), the stage's own chunk is
+  // priced instead, as the runtime cuts it (the program split at a and b).
+  constexpr double kNear = 1.25;
+  const size_t n = static_cast<size_t>(L);
+  auto at = [n](size_t a, size_t b) { return a * (n + 1) + b; };
+  std::vector<ChunkCost> range(n * (n + 1));
+  std::vector<char> exact_range(n * (n + 1), 0);
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b <= n; ++b) {
+      ChunkCost& r = range[at(a, b)];
+      const ChunkCost& c = blocks[b - 1];
+      const ChunkCost prev = b > a + 1 ? range[at(a, b - 1)] : ChunkCost{};
+      r.times.forward_s = prev.times.forward_s + c.times.forward_s;
+      r.times.backward_s = prev.times.backward_s + c.times.backward_s;
+      r.times.weight_grad_s = prev.times.weight_grad_s + c.times.weight_grad_s;
+      r.params = prev.params + c.params;
+      r.copied_params = prev.copied_params + c.copied_params;
+      r.stash_bytes = prev.stash_bytes + c.stash_bytes;
+      r.weight_hold_bytes = prev.weight_hold_bytes + c.weight_hold_bytes;
+      r.opt_bucketed_tp_bytes = prev.opt_bucketed_tp_bytes + c.opt_bucketed_tp_bytes;
+      r.input_bytes = std::max(prev.input_bytes, c.input_bytes);
+      // (Here kept_bytes: the inner kept values; arena_bytes: the largest temporaries.)
+      r.kept_bytes = prev.kept_bytes + c.kept_bytes - c.act_out_bytes - c.grad_out_bytes;
+      r.arena_bytes = std::max(prev.arena_bytes, c.arena_bytes - c.kept_bytes);
+      r.grad_out_bytes = blocks[a].grad_out_bytes, r.act_out_bytes = c.act_out_bytes;
+    }
+  for (ChunkCost& r : range) r.arena_bytes += r.kept_bytes + r.grad_out_bytes + r.act_out_bytes;
+  auto time = [&](size_t a, size_t b) {
+    const StageTimes& t = range[at(a, b)].times;
+    return t.forward_s + t.backward_s + t.weight_grad_s;
+  };
+  auto memory = [&](int64_t s, const ChunkCost& c) {
+    return chunk_rank_memory(q, double(c.params), double(c.copied_params), c.arena_bytes,
+                             c.input_bytes, c.opt_bucketed_tp_bytes,
+                             peak_kept(s, c.stash_bytes, c.weight_hold_bytes))
+        .total;
+  };
+  Status failed = Status::ok();
+  auto price_range = [&](size_t a, size_t b) {
+    std::vector<int64_t> cut;
+    if (a > 0) cut.push_back(int64_t(a));
+    cut.push_back(int64_t(b - a));
+    if (b < n) cut.push_back(int64_t(n - b));
+    Result<std::vector<ChunkCost>> cuts = chunk_costs(
+        q.tp, q.cp, q.micro_batch, int64_t(cut.size()), q.sp, q.recompute, cut, searched, q.ring);
+    if (!cuts.is_ok()) {
+      failed = cuts.status();
+      return;
+    }
+    const StageTimes t = range[at(a, b)].times;  // (times stay the blocks' sums: one objective)
+    range[at(a, b)] = (*cuts)[a > 0 ? 1 : 0];
+    range[at(a, b)].times = t;
+    exact_range[at(a, b)] = 1;
+  };
+  const double usable = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> budget(static_cast<size_t>(pp), usable);  // per stage, for the estimate
+  auto estimate = [&](int64_t s, size_t a, size_t b) {
+    double bytes = memory(s, range[at(a, b)]);
+    const double cap = budget[size_t(s)];
+    if (!exact_range[at(a, b)] && bytes < kNear * cap && bytes * kNear > cap && b - a < n) {
+      price_range(a, b);
+      bytes = memory(s, range[at(a, b)]);
+    }
+    return bytes;
+  };
+
+  // The split with every stage's time within T of least largest memory share
+  // (inf when none fits); *split gets it.
+  auto solve = [&](double T, std::vector<int64_t>* split) {
+    // share[s][b]: stages 0..s hold blocks [0, b); from[s][b]: where stage s starts.
+    std::vector<std::vector<double>> share(size_t(pp), std::vector<double>(n + 1, inf));
+    std::vector<std::vector<size_t>> from(size_t(pp), std::vector<size_t>(n + 1, 0));
+    for (int64_t s = 0; s < pp; ++s) {
+      const size_t lo = size_t(s) + 1, hi = n - size_t(pp - 1 - s);
+      for (size_t b = lo; b <= hi; ++b)
+        for (size_t a = size_t(s); a < (s == 0 ? 1 : b); ++a) {  // stage s starts at block a
+          const double before = s == 0 ? 0.0 : share[size_t(s - 1)][a];
+          if (before == inf || time(a, b) > T || budget[size_t(s)] <= 0) continue;
+          const double here = std::max(before, estimate(s, a, b) / budget[size_t(s)]);
+          if (here < share[size_t(s)][b]) share[size_t(s)][b] = here, from[size_t(s)][b] = a;
+        }
+    }
+    const double worst = share[size_t(pp - 1)][n];
+    if (worst < inf && split) {
+      split->assign(size_t(pp), 0);
+      size_t b = n;
+      for (int64_t s = pp - 1; s >= 0; --s) {
+        const size_t a = from[size_t(s)][b];
+        (*split)[size_t(s)] = int64_t(b - a);
+        b = a;
+      }
+    }
+    return worst;
+  };
+  // The least slowest-stage time that fits: a bisection over the ranges' times.
+  std::vector<double> times;
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b <= n; ++b)
+      if (b - a < n) times.push_back(time(a, b));
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+  // The fastest split that fits the estimate (where none does, the one of
+  // least largest share) is priced whole: each stage's own program and the
+  // stash its schedule holds. Where that does not fit, its stages' budgets
+  // for the estimate become the usable memory less the estimate's error
+  // there, and the next split is tried.
+  std::vector<std::vector<int64_t>> tried;
+  for (int round = 0; round < 6; ++round) {
+    size_t lo = 0, hi = times.size() - 1;  // the least time whose split fits the estimate
+    if (solve(times[hi], nullptr) <= 1)
+      while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (solve(times[mid], nullptr) <= 1)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+    std::vector<int64_t> split;
+    const double share = solve(times[hi], &split);
+    MF_RETURN_IF_ERROR(failed);
+    if (share == inf) break;  // no stage budget left
+    if (std::find(tried.begin(), tried.end(), split) != tried.end()) break;
+    tried.push_back(split);
+    q.layers_per_stage = split;
+    MF_ASSIGN_OR_RETURN(
+        const std::vector<ChunkCost> chunks,
+        chunk_costs(q.tp, q.cp, q.micro_batch, pp, q.sp, q.recompute, split, searched, q.ring));
+    MF_ASSIGN_OR_RETURN(const std::vector<MemoryBreakdown> exact,
+                        memory_by_rank(q, chunks, StageTimes{}));
+    bool fits = true;
+    size_t a = 0;
+    for (int64_t s = 0; s < pp; ++s) {
+      const size_t b = a + size_t(split[size_t(s)]);
+      const double total = exact[size_t(s)].total;
+      if (total > usable) fits = false;
+      budget[size_t(s)] = usable - (total - estimate(s, a, b));
+      a = b;
+    }
+    if (fits) return split;
+  }
+  return std::vector<int64_t>{};
 }
 
 }  // namespace meshflow::plan

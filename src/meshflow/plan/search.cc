@@ -325,12 +325,14 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       consider(p);
       // The same pipeline with its stages chosen by time and memory together
       // (uneven: fewer blocks where the embedding, the head or the micro-batches
-      // in flight weigh), when that differs from the balanced split.
+      // in flight weigh), when that differs from the balanced split (a
+      // chunk-priced pipeline's runtime split balances its own cost
+      // estimate, so any split is priced; an equal one is dropped above).
       if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
         Result<std::vector<int64_t>> split = cm.stage_split(p);
         if (split.is_ok() && !split->empty() &&
-            *std::max_element(split->begin(), split->end()) !=
-                *std::min_element(split->begin(), split->end())) {
+            (cm.prices_by_chunk(p) || *std::max_element(split->begin(), split->end()) !=
+                                          *std::min_element(split->begin(), split->end()))) {
           Plan q = p;
           q.layers_per_stage = *split;
           ++r.evaluated;
