@@ -61,6 +61,10 @@ struct Case {
   int micro_batches = 1;
   int pp = 1;  // pipeline stages (a ResNet's residual layers)
   std::string schedule = "1f1b";
+  // Blocks per stage: these, or (planned) the planner's choice by time and
+  // memory (CostModel::stage_split); neither: the runtime's own split.
+  std::vector<int64_t> layers = {};
+  bool planned = false;
 };
 
 struct Measured {
@@ -285,6 +289,7 @@ plan::Plan plan_of(const Case& c, int batch) {
   p.micro_batch = batch / (p.dp * c.micro_batches);
   p.zero = c.zero;
   p.recompute = value_or_throw(plan::parse_recompute(c.recompute));
+  p.layers_per_stage = c.layers;
   return p;
 }
 
@@ -384,8 +389,10 @@ int main(int argc, char** argv) {
       {"tp4-ops", 4, "dp=1,tp=4", "ops"},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
+      {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
       {"pp2-gpipe-mb4", 2, "dp=1", "", 0, "none", 4, 2, "gpipe"},
       {"pp4-1f1b-mb4", 4, "dp=1", "", 0, "none", 4, 4, "1f1b"},
+      {"pp4-1f1b-mb4-planned", 4, "dp=1", "", 0, "none", 4, 4, "1f1b", {}, true},
       {"pp2-tp2-mb2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
   };
   // A model without blocks or sequence: dp x tp and ZeRO (the MLP's tp is
@@ -434,7 +441,16 @@ int main(int argc, char** argv) {
     const plan::Cluster cl = value_or_throw(plan::share_machine(machine, c.ranks));
     plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
     g_cluster = &cl;
-    const plan::Plan planned = plan_of(c, batch);
+    plan::Plan planned = plan_of(c, batch);
+    if (c.planned) {
+      Result<std::vector<int64_t>> split = cm.stage_split(planned);
+      if (!split.is_ok() || split->empty()) {
+        std::printf("%-16s no stage split fits: %s\n", c.name.c_str(),
+                    split.is_ok() ? "(none)" : split.status().message().c_str());
+        return 0;
+      }
+      planned.layers_per_stage = *split;
+    }
     Result<plan::StepCost> pc = cm.price(planned);
     if (!pc.is_ok()) {
       std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
@@ -453,13 +469,17 @@ int main(int argc, char** argv) {
       std::printf("%-16s run failed: %s\n", c.name.c_str(), me.status().message().c_str());
       return 0;
     }
+    std::string name = c.name;  // with the planner's stages
+    if (c.planned)
+      for (size_t i = 0; i < planned.layers_per_stage.size(); ++i)
+        name += (i ? "/" : " ") + std::to_string(planned.layers_per_stage[i]);
     const double te = pc->step_time_s / me->step_s - 1;
     const double mem_meas = me->peak;
     const double memerr = pc->memory.total / mem_meas - 1;
     time_err.push_back(std::abs(te));
     mem_err.push_back(std::abs(memerr));
     std::printf("%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %3d/%-2d %10.2f %10.2f %+6.1f%%\n",
-                c.name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
+                name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
                 100 * me->spread, me->clean, me->steps, mib(pc->memory.total), mib(mem_meas),
                 100 * memerr);
     if (breakdown) {
@@ -508,6 +528,7 @@ int main(int argc, char** argv) {
         c.micro_batches = static_cast<int>(p.num_micro_batches);
         c.pp = static_cast<int>(p.pp);
         c.schedule = std::string(schedule_name(p.schedule));
+        c.layers = p.layers_per_stage;
         const double t = run_case(c);
         if (t > 0 && (fastest_s == 0 || t < fastest_s)) fastest_s = t, fastest_name = c.name;
         if (c.name == chosen_name) chosen_s = t;
