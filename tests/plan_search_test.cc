@@ -831,6 +831,31 @@ TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   EXPECT_EQ(f["parallel"]["rules"]["hidden"], "tp") << f["parallel"].dump();
   CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
   EXPECT_EQ(t.code, 0) << t.output;
+  // `simulate` prices the file (a model without a sequence needs no
+  // train.seq_len), and the user's own stage assignment by cell
+  // (MindSpore's cell.pipeline_stage) as the blocks it puts on each stage.
+  auto predicted = [&](const json& pipeline) {
+    json edited = f;
+    edited["parallel"]["pipeline"] = pipeline;
+    std::ofstream(out) << edited.dump(2);
+    return run("simulate " + out);
+  };
+  json by_blocks = f["parallel"]["pipeline"], by_cells = by_blocks;
+  by_blocks.erase("stage_of");
+  by_blocks["layers_per_stage"] = {2, 1};
+  by_cells.erase("layers_per_stage");
+  by_cells["stage_of"] = {{"embedder", 0}, {"encoder.stages.0", 0}, {"encoder.stages.1", 0},
+                          {"encoder.stages.2", 1}, {"pooler", 1},   {"classifier", 1}};
+  const CliRun blocks = predicted(by_blocks), cells = predicted(by_cells);
+  ASSERT_EQ(blocks.code, 0) << blocks.output;
+  ASSERT_EQ(cells.code, 0) << cells.output;
+  EXPECT_NE(cells.output.find("stages=2/1"), std::string::npos) << cells.output;
+  EXPECT_EQ(cells.output, blocks.output);
+  by_cells["stage_of"]["encoder.stages.0"] = 1;  // stage 1, then 0: backwards
+  const CliRun back = predicted(by_cells);
+  EXPECT_EQ(back.code, 2) << back.output;
+  EXPECT_NE(back.output.find("stages follow the model's order"), std::string::npos)
+      << back.output;
   fs::remove(out);
 }
 
@@ -850,6 +875,31 @@ TEST_F(PlanCli, ResNetPipelinePlanWrittenTrainsAsPlanned) {
   EXPECT_EQ(f["parallel"]["rules"]["mid"], "tp") << f["parallel"].dump();
   CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
   EXPECT_EQ(t.code, 0) << t.output;
+  // `simulate` prices the file (a model without a sequence needs no
+  // train.seq_len), and the user's own stage assignment by cell
+  // (MindSpore's cell.pipeline_stage) as the blocks it puts on each stage.
+  auto predicted = [&](const json& pipeline) {
+    json edited = f;
+    edited["parallel"]["pipeline"] = pipeline;
+    std::ofstream(out) << edited.dump(2);
+    return run("simulate " + out);
+  };
+  json by_blocks = f["parallel"]["pipeline"], by_cells = by_blocks;
+  by_blocks.erase("stage_of");
+  by_blocks["layers_per_stage"] = {2, 1};
+  by_cells.erase("layers_per_stage");
+  by_cells["stage_of"] = {{"embedder", 0}, {"encoder.stages.0", 0}, {"encoder.stages.1", 0},
+                          {"encoder.stages.2", 1}, {"pooler", 1},   {"classifier", 1}};
+  const CliRun blocks = predicted(by_blocks), cells = predicted(by_cells);
+  ASSERT_EQ(blocks.code, 0) << blocks.output;
+  ASSERT_EQ(cells.code, 0) << cells.output;
+  EXPECT_NE(cells.output.find("stages=2/1"), std::string::npos) << cells.output;
+  EXPECT_EQ(cells.output, blocks.output);
+  by_cells["stage_of"]["encoder.stages.0"] = 1;  // stage 1, then 0: backwards
+  const CliRun back = predicted(by_cells);
+  EXPECT_EQ(back.code, 2) << back.output;
+  EXPECT_NE(back.output.find("stages follow the model's order"), std::string::npos)
+      << back.output;
   fs::remove(out);
 }
 

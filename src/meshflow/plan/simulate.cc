@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "meshflow/core/check.h"
+#include "meshflow/models/cells.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/pipeline/pipeline_config.h"
 
 namespace meshflow::plan {
 
@@ -132,7 +135,9 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   MF_ASSIGN_OR_RETURN(r.job.model, parse_model_config(f.at("model")));
   const json train = f.value("train", json::object());
   MF_ASSIGN_OR_RETURN(r.job.global_batch, get_int(train, "train", "batch_size", 0, true));
-  MF_ASSIGN_OR_RETURN(r.job.seq, get_int(train, "train", "seq_len", 0, true));
+  // (A model without a sequence, a ResNet or the MLP, is priced at seq 1.)
+  const bool lm = is_language_model(r.job.model);
+  MF_ASSIGN_OR_RETURN(r.job.seq, get_int(train, "train", "seq_len", lm ? 0 : 1, lm));
   const json& planner = f.at("plan");
   if (!planner.is_object() || !planner.contains("cluster"))
     return Status::invalid("plan.cluster is required (the cluster the plan was made for)");
@@ -183,7 +188,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   // The strategy search's plan: split tuples for every operator and no
   // preset (priced again, the deterministic search gives the same tuples).
   p.ops = par.contains("strategies") && !par.contains("preset") && p.tp > 1 && p.cp == 1;
-  if (pipe.contains("layers_per_stage")) {
+  if (pipe.contains("stage_of")) {
+    // The user's cells on stages (MindSpore's cell.pipeline_stage), as the
+    // job resolves them: blocks per stage.
+    MF_ASSIGN_OR_RETURN(const PipelineConfig pc, parse_pipeline_config(pipe));
+    MF_ASSIGN_OR_RETURN(const ModelGraph m, build_model(r.job.model, /*batch=*/1, /*seq=*/1));
+    MF_ASSIGN_OR_RETURN(p.layers_per_stage,
+                        blocks_per_stage(m.cells, pc.stage_of, static_cast<int>(p.pp)));
+  } else if (pipe.contains("layers_per_stage")) {
     const json& l = pipe.at("layers_per_stage");
     if (!l.is_array())
       return Status::invalid("parallel.pipeline.layers_per_stage must be a list of block counts");
