@@ -250,7 +250,8 @@ TEST(PlanAuto, StaticArenaMemoryMatchesTheExecutor) {
 // The most memory a rank of the job `doc` describes holds in its steps
 // (Engine::peak_bytes, with a pipeline's stash), run on `ranks` local ranks
 // for `steps` steps; *losses (when given) gets rank 0's.
-double held_peak(const json& doc, int ranks, int steps = 1, std::vector<float>* losses = nullptr) {
+double held_peak(const json& doc, int ranks, int steps = 1, std::vector<float>* losses = nullptr,
+                 std::vector<int64_t>* per_rank = nullptr) {
   const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(doc, "")), ranks));
   std::vector<int64_t> peak(static_cast<size_t>(ranks), 0);
   Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
@@ -264,14 +265,15 @@ double held_peak(const json& doc, int ranks, int steps = 1, std::vector<float>* 
     return Status::ok();
   });
   EXPECT_TRUE(s.is_ok()) << s.message();
+  if (per_rank) *per_rank = peak;
   return static_cast<double>(*std::max_element(peak.begin(), peak.end()));
 }
 
 // A language model's pipeline on meshflow's executor, priced by the
 // runtime's own split of the whole program (as a ResNet's): the predicted
 // peak (the worst stage: model states, arena, the stash of the micro-batches
-// its schedule keeps in flight) within 5% of what the pipeline trainer
-// holds, for the runtime's balanced split and for a given uneven one, 1F1B
+// its schedule keeps in flight), and every stage's, within 5% of what the
+// pipeline trainer holds, for the runtime's balanced split and for a given uneven one, 1F1B
 // and GPipe (bench/plan_accuracy measured 0.0-0.6%).
 TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
   json model = small_gpt();
@@ -294,12 +296,19 @@ TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
           {"train", {{"steps", 1}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}}},
           {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
           {"parallel", value_or_throw(parallel_section(p, mc))}};
-      const double measured = held_peak(doc, 2);
+      std::vector<int64_t> ranks;
+      const double measured = held_peak(doc, 2, 1, nullptr, &ranks);
       const CostModel cm(TrainingJob{mc, 16, 32}, value_or_throw(share_machine(local(), 2)),
                          meshflow_cpu_constants());
       const StepCost c = value_or_throw(cm.price(p));
       EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
           << "predicted " << c.memory.total << " measured " << measured;
+      // Every stage (a rank of the pipeline runs one).
+      const std::vector<MemoryBreakdown> stages = value_or_throw(cm.memory_by_stage(p));
+      ASSERT_EQ(stages.size(), ranks.size());
+      for (size_t r = 0; r < ranks.size(); ++r)
+        EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05)
+            << "stage " << r << ": predicted " << stages[r].total << " measured " << ranks[r];
     }
   }
 }
@@ -346,12 +355,17 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
                     {"train", {{"steps", 1}, {"batch_size", 16}, {"eval_batches", 1}}},
                     {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
                     {"parallel", value_or_throw(parallel_section(p, mc))}};
-  const double measured = held_peak(doc, 2);
+  std::vector<int64_t> ranks;
+  const double measured = held_peak(doc, 2, 1, nullptr, &ranks);
   const CostModel cm(TrainingJob{mc, 16, 1}, value_or_throw(share_machine(local(), 2)),
                      meshflow_cpu_constants());
   const StepCost c = value_or_throw(cm.price(p));
   EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
       << "predicted " << c.memory.total << " measured " << measured;
+  const std::vector<MemoryBreakdown> stages = value_or_throw(cm.memory_by_stage(p));
+  ASSERT_EQ(stages.size(), ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05) << "stage " << r;
 }
 
 // Stages chosen under memory on meshflow's executor (CostModel::stage_split
@@ -360,8 +374,8 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
 // weighs the head more than the planner prices it; with memory to spare
 // the split is the fastest of all five, on a device where only the most
 // even one fits it is that one, on a smaller one none. The pipeline trainer
-// runs the split it returns with one device's losses and holds the
-// predicted memory (within 5%).
+// runs the split it returns with one device's losses, each stage holding
+// its predicted memory (within 5%).
 TEST(PlanAuto, StagesChosenUnderMemoryOnTheExecutor) {
   json model = small_gpt();
   model["n_layer"] = 6;
@@ -419,11 +433,15 @@ TEST(PlanAuto, StagesChosenUnderMemoryOnTheExecutor) {
   q.layers_per_stage = split;
   doc["parallel"] = value_or_throw(parallel_section(q, mc));
   ASSERT_EQ(doc["parallel"]["pipeline"]["layers_per_stage"], json(split));
-  const double measured = held_peak(doc, 2, 2, &staged);
+  std::vector<int64_t> ranks;
+  held_peak(doc, 2, 2, &staged, &ranks);
   ASSERT_EQ(staged.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(staged[i], one[i], 5e-5 * one[i]) << i;
-  EXPECT_NEAR(least.memory.total / measured, 1.0, 0.05)
-      << "predicted " << least.memory.total << " measured " << measured;
+  const std::vector<MemoryBreakdown> stages = value_or_throw(tight.memory_by_stage(q));
+  ASSERT_EQ(stages.size(), 2u);
+  for (size_t r = 0; r < 2; ++r)
+    EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05)
+        << "stage " << r << ": predicted " << stages[r].total << " measured " << ranks[r];
 }
 
 // The split against every split, priced whole, on every device size between

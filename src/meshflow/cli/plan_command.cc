@@ -52,7 +52,7 @@ std::string mem(double b) {
   return b >= 0.1 * (1 << 30) ? gib(b) + " GiB" : fmt("%.1f MiB", b / (1 << 20));
 }
 
-ojson plan_json(const StepCost& c) {
+ojson plan_json(const StepCost& c, const std::vector<MemoryBreakdown>& stages) {
   const Plan& p = c.plan;
   ojson j;
   j["label"] = plan_label(p);
@@ -74,6 +74,8 @@ ojson plan_json(const StepCost& c) {
       {"optimizer", c.memory.optimizer},     {"activations", c.memory.activations},
       {"temporaries", c.memory.temporaries}, {"total", c.memory.total},
       {"offloaded", c.memory.offloaded}};
+  j["memory_bytes_per_stage"] = json::array();  // a pipeline's stages, stage 0 first
+  for (const MemoryBreakdown& m : stages) j["memory_bytes_per_stage"].push_back(m.total);
   j["usable_memory_bytes_per_device"] = c.usable_memory;
   j["comm_bytes_per_step"] = {{"tensor_parallel", c.comm.tensor_parallel},
                               {"context_parallel", c.comm.context_parallel},
@@ -101,7 +103,8 @@ std::string band_range(const BandEntry& e) {
              : std::to_string(e.min_gpus) + "-" + std::to_string(e.max_gpus);
 }
 
-void print_plan(const StepCost& c, bool lm, const Band& band) {
+void print_plan(const StepCost& c, const std::vector<MemoryBreakdown>& stages, bool lm,
+                const Band& band) {
   const MemoryBreakdown& m = c.memory;
   std::printf(
       "  step time       %s  (compute %s, recompute %s, tp comm %s, cp comm %s, "
@@ -141,6 +144,13 @@ void print_plan(const StepCost& c, bool lm, const Band& band) {
         mem(m.grads).c_str(), mem(m.optimizer).c_str(), mem(m.activations).c_str(),
         mem(m.temporaries).c_str());
   }
+  if (stages.size() > 1) {
+    std::string per;
+    const bool small = m.total < 0.1 * (1 << 30);
+    for (const MemoryBreakdown& s : stages)
+      per += (per.empty() ? "" : ", ") + (small ? mem(s.total) : gib(s.total));
+    std::printf("  memory/stage    %s%s (stage 0 first)\n", per.c_str(), small ? "" : " GiB");
+  }
   std::printf(
       "  comm/device     tensor-parallel %s, context-parallel %s, pipeline %s, "
       "data-parallel %s per step\n",
@@ -150,7 +160,8 @@ void print_plan(const StepCost& c, bool lm, const Band& band) {
 
 // The run-config fragment `--out` writes (and `simulate` reads back).
 Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostModel& cm,
-                        int64_t gpus, const std::string& attention, const StepCost& best) {
+                        int64_t gpus, const std::string& attention, const StepCost& best,
+                        const std::vector<MemoryBreakdown>& stages) {
   const Plan& p = best.plan;
   ojson f;
   f["description"] = "written by meshflow plan: " + plan_label(p);
@@ -169,7 +180,7 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   planner["gpus"] = gpus;
   planner["cluster"] = ojson::parse(cluster_to_json(cluster).dump());
   planner["attention"] = attention;
-  planner["prediction"] = plan_json(best);
+  planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
 }
@@ -236,6 +247,12 @@ int run_plan(const PlanOptions& o) {
   }
   Result<SearchResult> r = search_plans(cm, o.gpus, so);
   if (!r.is_ok()) return user_error(r.status().message());
+  std::vector<std::vector<MemoryBreakdown>> stage_memory;  // the plans shown, every stage
+  for (const StepCost& c : r->plans) {
+    Result<std::vector<MemoryBreakdown>> stages = cm.memory_by_stage(c.plan);
+    if (!stages.is_ok()) return user_error(stages.status().message());
+    stage_memory.push_back(std::move(*stages));
+  }
 
   const ModelSummary sum = summarize(*model, job.seq);
   const StepCost& best = r->plans[0];
@@ -278,7 +295,7 @@ int run_plan(const PlanOptions& o) {
     j["fixed"] = so.fixed.to_string();
     ojson plans = ojson::array();
     for (size_t i = 0; i < r->plans.size(); ++i) {
-      ojson pj = plan_json(r->plans[i]);
+      ojson pj = plan_json(r->plans[i], stage_memory[i]);
       if (band.entry)
         pj["band_s"] = {{"low", band.entry->lo * r->plans[i].step_time_s},
                         {"high", band.entry->hi * r->plans[i].step_time_s},
@@ -313,16 +330,17 @@ int run_plan(const PlanOptions& o) {
           o.time_limit_s);
     std::printf("\n");
     std::printf("best plan: %s\n", plan_label(best.plan).c_str());
-    print_plan(best, lm, band);
+    print_plan(best, stage_memory[0], lm, band);
     for (size_t i = 1; i < r->plans.size(); ++i) {
       std::printf("\nrunner-up %zu of %zu (rank #%zu): %s\n", i, r->plans.size() - 1, i + 1,
                   plan_label(r->plans[i].plan).c_str());
       std::printf("  loses by        %s\n", explain_loss(best, r->plans[i]).c_str());
-      print_plan(r->plans[i], lm, band);
+      print_plan(r->plans[i], stage_memory[i], lm, band);
     }
   }
   if (!o.out.empty()) {
-    const Result<ojson> f = plan_file(*mj, *cluster, cm, o.gpus, o.attention, best);
+    const Result<ojson> f =
+        plan_file(*mj, *cluster, cm, o.gpus, o.attention, best, stage_memory[0]);
     if (!f.is_ok()) return user_error("--out " + o.out + ": " + f.status().message());
     Status s = write_file_atomic(o.out, f->dump(2) + "\n", "--out");
     if (!s.is_ok()) return user_error(s.message());

@@ -1112,18 +1112,23 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
 // Bytes per device: the stage that needs the most (the first on ties). A
 // middle stage holding as many blocks as an earlier middle one needs no more
 // (it has as many or fewer micro-batches in flight), so it is not priced.
-Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc) const {
+Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerCost& lc,
+                                                     std::vector<MemoryBreakdown>* stages) const {
   const std::vector<int64_t> blocks = stage_blocks(p);
   MemoryBreakdown worst;
   worst.total = -1;
+  // A middle stage's memory depends on its blocks and its micro-batches in
+  // flight; those with the blocks of one priced before are priced only when
+  // every stage is asked for.
   std::vector<int64_t> seen;
   for (int64_t s = 0; s < p.pp; ++s) {
-    if (s > 0 && s < p.pp - 1) {
+    if (!stages && s > 0 && s < p.pp - 1) {
       if (std::find(seen.begin(), seen.end(), blocks[size_t(s)]) != seen.end()) continue;
       seen.push_back(blocks[size_t(s)]);
     }
     MF_ASSIGN_OR_RETURN(const MemoryBreakdown mb,
                         stage_memory(p, lc, s, double(blocks[size_t(s)])));
+    if (stages) stages->push_back(mb);
     if (mb.total > worst.total) worst = mb;
   }
   return worst;
@@ -1225,16 +1230,6 @@ Result<std::vector<MemoryBreakdown>> CostModel::memory_by_rank(const Plan& p,
   return out;
 }
 
-Result<MemoryBreakdown> CostModel::memory_from_chunks(const Plan& p,
-                                                      const std::vector<ChunkCost>& chunks,
-                                                      const StageTimes& st) const {
-  MF_ASSIGN_OR_RETURN(const std::vector<MemoryBreakdown> ranks, memory_by_rank(p, chunks, st));
-  MemoryBreakdown worst;
-  for (const MemoryBreakdown& mb : ranks)
-    if (mb.total > worst.total) worst = mb;
-  return worst;
-}
-
 Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
   if (p.pp <= 1 || p.vp > 1) return std::vector<int64_t>{};
   if (prices_by_chunk(p)) return chunk_stage_split(p);
@@ -1312,6 +1307,38 @@ Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
   return n;
 }
 
+Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) const {
+  if (p.pp <= 1) return std::vector<MemoryBreakdown>{};
+  const std::string why = invalid_reason(p);
+  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
+  std::shared_ptr<const StrategySearch> searched;
+  if (p.ops) {
+    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
+  }
+  std::vector<MemoryBreakdown> stages;
+  if (prices_by_chunk(p)) {
+    MF_ASSIGN_OR_RETURN(const std::vector<ChunkCost> chunks,
+                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute,
+                                    p.layers_per_stage, searched, p.ring));
+    StageTimes st;
+    LayerCost lc;
+    double p2p_bytes = 0;
+    stages_from_chunks(p, chunks, &st, &lc, &p2p_bytes);
+    MF_ASSIGN_OR_RETURN(stages, memory_by_rank(p, chunks, st));
+  } else {
+    MF_ASSIGN_OR_RETURN(const LayerCost lc,
+                        layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
+    MF_RETURN_IF_ERROR(memory_per_device(p, lc, &stages).status());
+  }
+  if (p.offload != Offload::kNone)
+    for (MemoryBreakdown& m : stages) {  // (as price: the state off the device)
+      m.offloaded = m.optimizer;
+      m.total -= m.optimizer;
+      m.optimizer = 0;
+    }
+  return stages;
+}
+
 Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
@@ -1366,7 +1393,11 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
   if (by_chunk) {
-    MF_ASSIGN_OR_RETURN(r.memory, memory_from_chunks(p, chunks, r.stage));
+    MF_ASSIGN_OR_RETURN(const std::vector<MemoryBreakdown> ranks,
+                        memory_by_rank(p, chunks, r.stage));
+    r.memory = *std::max_element(
+        ranks.begin(), ranks.end(),
+        [](const MemoryBreakdown& a, const MemoryBreakdown& b) { return a.total < b.total; });
   } else {
     MF_ASSIGN_OR_RETURN(r.memory, memory_per_device(p, lc));
   }

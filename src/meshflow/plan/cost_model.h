@@ -268,8 +268,8 @@ struct StepCost {
   double bubble_s = 0;
   double dp_comm_s = 0;  // exposed gradient reduce / ZeRO gathers
   double optimizer_s = 0;
-  StageTimes stage;  // per micro-batch, the slowest stage
-  MemoryBreakdown memory;
+  StageTimes stage;        // per micro-batch, the slowest stage
+  MemoryBreakdown memory;  // the device with the most (a pipeline's worst stage)
   CommBreakdown comm;
   bool fits = false;  // memory.total <= usable device memory
   double usable_memory = 0;
@@ -431,6 +431,10 @@ class CostModel {
   // ResNet's residual layers; 0 for a model that cannot be pipelined (the MLP).
   int64_t pipeline_layers() const { return pipeline_layers_; }
 
+  // Every pipeline stage's memory for a valid plan, stage 0 first (the
+  // largest is price()'s memory); empty for pp = 1.
+  Result<std::vector<MemoryBreakdown>> memory_by_stage(const Plan& p) const;
+
   // Parameters of the whole model (all stages, unsharded).
   int64_t num_parameters() const;
   // Model FLOPs per token (3 x forward, attention at full seq x seq).
@@ -496,20 +500,19 @@ class CostModel {
   Result<double> layer_activations(const Plan& p) const;
   Result<MemoryBreakdown> stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
                                        double blocks) const;
-  Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc) const;
+  // The worst stage's; *stages (when given) gets every stage's.
+  Result<MemoryBreakdown> memory_per_device(const Plan& p, const LayerCost& lc,
+                                            std::vector<MemoryBreakdown>* stages = nullptr) const;
   // A pipeline of priced chunks (a ResNet's): *st, the slowest rank's chunks
   // summed; *lc, the rank with the most parameters as a model without blocks
   // (its parameters, optimizer collectives and collective bytes as the
   // "head"); *p2p_bytes, the largest activation a chunk sends.
   void stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks, StageTimes* st,
                           LayerCost* lc, double* p2p_bytes) const;
-  // Bytes per device, the worst rank: its chunks' model states, arenas, and
+  // Bytes per device of every rank: its chunks' model states, arenas, and
   // the most stash bytes its schedule holds at once (simulated with each
-  // chunk's stash; the order zb-v makes for the chunk times st).
-  Result<MemoryBreakdown> memory_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
-                                             const StageTimes& st) const;
-  // memory_from_chunks for every rank, and one rank's memory from its
-  // chunks' totals and the most stash bytes it holds at once.
+  // chunk's stash; the order zb-v makes for the chunk times st). And one
+  // rank's memory from its chunks' totals and that stash.
   Result<std::vector<MemoryBreakdown>> memory_by_rank(const Plan& p,
                                                       const std::vector<ChunkCost>& chunks,
                                                       const StageTimes& st) const;
