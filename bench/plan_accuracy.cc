@@ -233,12 +233,21 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
     sync.arrive_and_wait();
     for (int i = 0;; ++i) {
       if (i == warmup && rank == 0 && g_profile && tr) tr->executor().set_profiling(true);
+      if (i == warmup && g_profile && pipe) pipe->set_profiling(true);
       step_secs[static_cast<size_t>(rank)] = engine->step().seconds;
       sync.arrive_and_wait();
       if (stop) break;
     }
     if (rank == 0 && g_profile && tr)
       print_profile(tr->executor(), static_cast<int>(per_step.size()) - warmup, c.micro_batches);
+    if (g_profile && pipe) {  // each stage's kernels per step (its compute, no waits)
+      double kernels = 0;
+      for (double x : pipe->seconds_by_kind()) kernels += x;
+      const int measured_steps = static_cast<int>(per_step.size()) - warmup;
+      std::lock_guard<std::mutex> lock(mu);
+      std::printf("    stage %d: kernels %.1f ms per step\n", rank,
+                  1e3 * kernels / std::max(1, measured_steps));
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (rank == 0 && tr && tr->program()) {
       std::map<std::string, int> n;

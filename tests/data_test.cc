@@ -171,6 +171,16 @@ TEST(DataText, EvalBatchesAreFixedWindows) {
   EXPECT_TRUE(bad.done());
   EXPECT_FALSE(bad.status().is_ok());
   EXPECT_FALSE(ds.eval_batch(ds.num_eval_batches(4), 4).is_ok());
+  // Whole batches as micro-batches (evaluation under micro-batching): each
+  // pair of 2-row micro-batches tiles one 4-row batch, and the count stops at
+  // the whole batches (not at the more 2-row batches the set would hold).
+  EvalIterator micro = ds.eval_as_micro_batches(4, 2, 3);
+  EXPECT_EQ(micro.count(), 6);
+  for (int64_t b = 0; !micro.done(); ++b) {
+    std::vector<Batch> halves = {micro.next(), micro.next()};
+    expect_shards_tile_the_batch(value_or_throw(ds.eval_batch(b, 4)), halves);
+  }
+  EXPECT_EQ(ds.eval_as_micro_batches(4, 2, -1).count(), 2 * ds.num_eval_batches(4));
 }
 
 TEST(DataText, SplitIsStableAndSeeded) {

@@ -192,14 +192,16 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   EXPECT_NE(e.output.find("planned by search: " + plan::plan_label(least.plan)), std::string::npos)
       << e.output;
   EXPECT_NE(e.output.find("each of the 2 pipeline stages"), std::string::npos) << e.output;
-  // One device accumulating the plan's micro-batches (evaluation batches
-  // are micro-batch sized, so they match the pipeline's).
+  // One device with whole batches (evaluation covers whole batches, run as
+  // each plan's micro-batches: the same examples and loss), and accumulating
+  // the plan's micro-batches.
   const std::string single = with_small_model(config(json()));
+  const double one = eval_loss(single, "");
+  EXPECT_NEAR(two, one, 1e-5 * std::abs(one));
   json doc = value_or_throw(read_json_file(single));
   doc["train"]["micro_batches"] = least.plan.num_micro_batches;
   std::ofstream(single) << doc.dump(2);
-  const double one = eval_loss(single, "");
-  EXPECT_NEAR(two, one, 1e-5 * std::abs(one));
+  EXPECT_NEAR(eval_loss(single, ""), one, 1e-5 * std::abs(one));
 }
 
 // A pipeline section beside the full search is refused before planning: the

@@ -1,5 +1,7 @@
 #include "meshflow/data/dataset.h"
 
+#include <algorithm>
+
 #include "meshflow/core/check.h"
 #include "meshflow/core/random.h"
 
@@ -61,6 +63,13 @@ EvalIterator Dataset::eval(int64_t global_batch, Shard shard, int64_t max_batche
   int64_t count = s.is_ok() ? num_eval_batches(global_batch) : 0;
   if (max_batches >= 0 && max_batches < count) count = max_batches;
   return EvalIterator(this, global_batch, shard, count, std::move(s));
+}
+
+EvalIterator Dataset::eval_as_micro_batches(int64_t batch, int64_t micro,
+                                            int64_t max_batches) const {
+  int64_t whole = num_eval_batches(batch);
+  if (max_batches >= 0) whole = std::min(whole, max_batches);
+  return eval(micro, Shard{}, micro > 0 ? whole * (batch / micro) : 0);
 }
 
 Batch EvalIterator::next() {

@@ -74,6 +74,11 @@ class Dataset {
   // REQUIRES: global_batch divisible by shard.world (else the iterator is empty and
   // status() says why).
   EvalIterator eval(int64_t global_batch, Shard shard = {}, int64_t max_batches = -1) const;
+  // The first min(max_batches, num_eval_batches(batch)) eval batches of
+  // `batch` rows (all if max_batches < 0), as micro-batches of `micro` rows:
+  // the same examples in the same order, so a mean over them is the whole
+  // batches' whatever the micro-batching. REQUIRES: micro divides batch.
+  EvalIterator eval_as_micro_batches(int64_t batch, int64_t micro, int64_t max_batches) const;
 
  protected:
   // A zero-filled batch of `rows` rows.

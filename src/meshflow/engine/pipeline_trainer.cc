@@ -604,7 +604,8 @@ EvalResult PipelineTrainer::evaluate() {
   const int C = schedule_.num_chunks();
   double loss_sum = 0, correct = 0;
   int64_t batches = 0;
-  for (EvalIterator it = im.data->eval(im.micro_rows, Shard{0, 1}, im.rc.train.eval_batches);
+  for (EvalIterator it = im.data->eval_as_micro_batches(im.rc.train.batch_size, im.micro_rows,
+                                                        im.rc.train.eval_batches);
        !it.done(); ++batches) {
     const int b = static_cast<int>(it.index());
     const Batch batch = it.next();

@@ -92,8 +92,8 @@ class PipelineTrainer : public Engine {
   // Collective over the world: rank 0 gets every parameter whole, by name
   // (the other ranks an empty map).
   Result<std::map<std::string, Tensor>> gather_parameters();
-  // Collective: held-out data (train.eval_batches batches of one
-  // micro-batch each) through the pipeline's forward; every rank gets the loss.
+  // Collective: held-out data (train.eval_batches whole batches, as
+  // micro-batches) through the pipeline's forward; every rank gets the loss.
   EvalResult evaluate() override;
   // Collective: rank 0 writes a safetensors file of every parameter.
   Status save_checkpoint(const std::string& path) override;

@@ -378,7 +378,10 @@ EvalResult Trainer::evaluate() {
   const int64_t per_batch =
       static_cast<int64_t>(micro_batch_) * (language_model_ ? rc_.train.seq_len : 1);
   ex.feed_scalar_i32("rng_offset", -1);  // evaluation: dropout off
-  for (EvalIterator it = data_->eval(micro_batch_, Shard{0, 1}, rc_.train.eval_batches);
+  // train.eval_batches whole batches, run as this plan's micro-batches (the
+  // same examples and mean whatever the micro-batching or data parallelism).
+  for (EvalIterator it =
+           data_->eval_as_micro_batches(rc_.train.batch_size, micro_batch_, rc_.train.eval_batches);
        !it.done();) {
     feed_batch(it.next());
     ex.run(ex.eval_order());
