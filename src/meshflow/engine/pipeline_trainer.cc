@@ -9,8 +9,10 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/autodiff/recompute.h"
@@ -111,10 +113,39 @@ class Channel {
   Status status_;
 };
 
+// A stashed tensor's bytes (not zero-filled: a copy overwrites them).
+struct StashBuffer {
+  std::unique_ptr<char[]> bytes;
+  int64_t size = 0;
+  char* data() const { return bytes.get(); }
+};
+
 // One stashed tensor per entry of ChunkProgram::stash (or weight_stash).
 struct Stash {
-  std::vector<std::vector<char>> data;
+  std::vector<StashBuffer> data;
   std::vector<char> live;
+};
+
+// Freed stash buffers by size, reused by the next micro-batch's stash: a
+// step allocates its peak stash once, not once per micro-batch (fresh pages
+// to fault in and free again each time).
+class StashPool {
+ public:
+  StashBuffer take(int64_t size) {
+    auto it = free_.find(size);
+    if (it != free_.end() && !it->second.empty()) {
+      StashBuffer b = std::move(it->second.back());
+      it->second.pop_back();
+      return b;
+    }
+    return StashBuffer{std::make_unique_for_overwrite<char[]>(static_cast<size_t>(size)), size};
+  }
+  void give(StashBuffer b) {
+    if (b.bytes) free_[b.size].push_back(std::move(b));
+  }
+
+ private:
+  std::unordered_map<int64_t, std::vector<StashBuffer>> free_;
 };
 
 }  // namespace
@@ -165,6 +196,7 @@ struct PipelineTrainer::Impl {
   std::map<std::tuple<int, int, int>, std::vector<float>> handoff;
   std::vector<float> buffer;
   int64_t stash_bytes = 0;
+  StashPool pool;
   int stash_entries = 0;
   double loss_sum = 0;
   // Set while a non-finite step is replayed to find where it began: this
@@ -316,7 +348,8 @@ struct PipelineTrainer::Impl {
     for (size_t i = 0; i < values.size(); ++i) {
       if (keep && !(*keep)[i]) continue;
       const int64_t b = value_bytes(g, values[i]);
-      s.data[i].resize(b);
+      pool.give(std::move(s.data[i]));
+      s.data[i] = pool.take(b);
       std::memcpy(s.data[i].data(), l.ex->data(values[i]), b);
       s.live[i] = 1;
       stash_bytes += b;
@@ -330,8 +363,9 @@ struct PipelineTrainer::Impl {
     bool any = false;
     for (size_t i = 0; i < s.data.size(); ++i) {
       if (s.live[i] && (!keep || !(*keep)[i])) {
-        stash_bytes -= static_cast<int64_t>(s.data[i].size());
-        std::vector<char>().swap(s.data[i]);
+        stash_bytes -= s.data[i].size;
+        pool.give(std::move(s.data[i]));
+        s.data[i] = StashBuffer{};
         s.live[i] = 0;
       }
       any = any || s.live[i];
@@ -352,13 +386,13 @@ struct PipelineTrainer::Impl {
       for (ValueId v : g.node(id).inputs) {
         const int wi = l.weight_index[v], fi = l.stash_index[v];
         if (wi >= 0 && bwd && bwd->live[wi] && !restored_w[wi]) {
-          std::memcpy(ex.data(v), bwd->data[wi].data(), bwd->data[wi].size());
+          std::memcpy(ex.data(v), bwd->data[wi].data(), bwd->data[wi].size);
           restored_w[wi] = 1;
         } else if (fi >= 0 && !(wi >= 0 && bwd && bwd->live[wi])) {
           MF_CHECK(fwd && fwd->live[fi]) << "stash of '" << g.value(v).name << "' for mb " << micro
                                          << " was freed before its backward";
           if (!restored_f[fi]) {
-            std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size());
+            std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size);
             restored_f[fi] = 1;
           }
         }
