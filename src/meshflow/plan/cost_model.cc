@@ -1307,38 +1307,6 @@ Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
   return n;
 }
 
-Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) const {
-  if (p.pp <= 1) return std::vector<MemoryBreakdown>{};
-  const std::string why = invalid_reason(p);
-  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
-  std::shared_ptr<const StrategySearch> searched;
-  if (p.ops) {
-    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
-  }
-  std::vector<MemoryBreakdown> stages;
-  if (prices_by_chunk(p)) {
-    MF_ASSIGN_OR_RETURN(const std::vector<ChunkCost> chunks,
-                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute,
-                                    p.layers_per_stage, searched, p.ring));
-    StageTimes st;
-    LayerCost lc;
-    double p2p_bytes = 0;
-    stages_from_chunks(p, chunks, &st, &lc, &p2p_bytes);
-    MF_ASSIGN_OR_RETURN(stages, memory_by_rank(p, chunks, st));
-  } else {
-    MF_ASSIGN_OR_RETURN(const LayerCost lc,
-                        layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
-    MF_RETURN_IF_ERROR(memory_per_device(p, lc, &stages).status());
-  }
-  if (p.offload != Offload::kNone)
-    for (MemoryBreakdown& m : stages) {  // (as price: the state off the device)
-      m.offloaded = m.optimizer;
-      m.total -= m.optimizer;
-      m.optimizer = 0;
-    }
-  return stages;
-}
-
 Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const std::string why = invalid_reason(p);
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);

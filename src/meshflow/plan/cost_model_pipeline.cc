@@ -1,6 +1,8 @@
-// The pipeline's time in CostModel::price: the runtime's schedule simulated
-// with the plan's per-chunk costs, or the schedules' closed forms (the
-// search's sweep).
+// Pipelines in the cost model: their time in CostModel::price (the runtime's
+// schedule simulated with the plan's per-chunk costs, or the schedules'
+// closed forms: the search's sweep), the stage split chosen by time and
+// memory for a chunk-priced pipeline (chunk_stage_split), and every stage's
+// memory (memory_by_stage).
 #include <algorithm>
 #include <limits>
 
@@ -312,6 +314,40 @@ Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
     if (fits) return split;
   }
   return std::vector<int64_t>{};
+}
+
+// Every stage's memory: the chunk-priced pipeline's ranks, or the formula's
+// stages one by one (the search prices only the worst).
+Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) const {
+  if (p.pp <= 1) return std::vector<MemoryBreakdown>{};
+  const std::string why = invalid_reason(p);
+  if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
+  std::shared_ptr<const StrategySearch> searched;
+  if (p.ops) {
+    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
+  }
+  std::vector<MemoryBreakdown> stages;
+  if (prices_by_chunk(p)) {
+    MF_ASSIGN_OR_RETURN(const std::vector<ChunkCost> chunks,
+                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute,
+                                    p.layers_per_stage, searched, p.ring));
+    StageTimes st;
+    LayerCost lc;
+    double p2p_bytes = 0;
+    stages_from_chunks(p, chunks, &st, &lc, &p2p_bytes);
+    MF_ASSIGN_OR_RETURN(stages, memory_by_rank(p, chunks, st));
+  } else {
+    MF_ASSIGN_OR_RETURN(const LayerCost lc,
+                        layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
+    MF_RETURN_IF_ERROR(memory_per_device(p, lc, &stages).status());
+  }
+  if (p.offload != Offload::kNone)
+    for (MemoryBreakdown& m : stages) {  // (as price: the state off the device)
+      m.offloaded = m.optimizer;
+      m.total -= m.optimizer;
+      m.optimizer = 0;
+    }
+  return stages;
 }
 
 }  // namespace meshflow::plan
