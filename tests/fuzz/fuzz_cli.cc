@@ -384,6 +384,87 @@ TEST_F(Fuzz, PlanArgumentsNeverCrash) {
   }
 }
 
+// Plan files (`meshflow plan --out`, then `meshflow simulate`) edited the
+// way a user might: a pipeline's stage_of or layers_per_stage, its stages
+// and schedule, the mesh, the job's sizes, the planner's section, removed
+// keys. Every one is priced or refused in one line.
+TEST_F(Fuzz, PlanFilesNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 1500);
+  std::vector<json> bases;
+  for (const std::string& args :
+       {"gpt_bytes_small.json --gpus 2 --fix pp=2", "resnet_fashion.json --gpus 4 --fix pp=2,tp=2",
+        "mlp_fashion.json --gpus 2"}) {
+    const std::string out = (dir_ / "base.json").string();
+    const CliRun r =
+        run_cli("plan " + source_dir() + "/configs/models/" + args + " --cluster " + source_dir() +
+                "/configs/clusters/local_cpu.json --top 0 --out " + out);
+    ASSERT_EQ(r.code, 0) << args << "\n" << r.output;
+    bases.push_back(read_json_file(out).value());
+  }
+  int priced = 0, refused = 0;
+  for (int i = 0; i < cases; ++i) {
+    json f = gen.one(bases);
+    json& par = f["parallel"];
+    const int edits = gen.coin(0.15) ? 0 : gen.coin(0.6) ? 1 : 2 + gen.pick(2);
+    for (int k = 0; k < edits; ++k) {
+      switch (gen.pick(10)) {
+        case 0:
+          par["pipeline"]["stage_of"] = gen.coin(0.9) ? gen.stage_of() : gen.junk();
+          break;
+        case 1:
+          par["pipeline"]["layers_per_stage"] =
+              gen.coin(0.7) ? json::array({gen.pick(4), gen.pick(4)}) : gen.junk();
+          break;
+        case 2:
+          par["pipeline"][gen.one<std::string>({"stages", "micro_batches", "virtual_stages"})] =
+              gen.count();
+          break;
+        case 3:
+          par["pipeline"]["schedule"] =
+              gen.coin(0.8) ? json(gen.one<std::string>(
+                                  {"1f1b", "gpipe", "zb-h1", "zb-v", "interleaved", "x"}))
+                            : gen.junk();
+          break;
+        case 4:
+          par["mesh"] = gen.coin(0.9) ? json(gen.mesh()) : gen.junk();
+          break;
+        case 5:
+          f["train"][gen.one<std::string>({"batch_size", "seq_len", "micro_batches"})] =
+              gen.count();
+          break;
+        case 6:
+          f["plan"][gen.one<std::string>({"attention", "cluster", "gpus"})] = gen.junk();
+          break;
+        case 7:
+          f.erase(gen.one<std::string>({"plan", "model", "parallel", "train"}));
+          break;
+        case 8:
+          par[gen.one<std::string>({"zero", "recompute", "preset", "zero_style"})] = gen.junk();
+          break;
+        default:  // the planner's split dropped (the runtime's then), or a two-stage split
+          if (par.contains("pipeline")) {
+            par["pipeline"].erase("layers_per_stage");
+            if (gen.coin(0.5) && par["pipeline"].value("stages", 0) == 2)
+              par["pipeline"]["layers_per_stage"] = json::array({1, gen.coin() ? 1 : 2});
+          }
+      }
+      if (!f.contains("parallel")) break;  // (par refers into f)
+    }
+    const std::string path = (dir_ / "plan.json").string();
+    std::ofstream(path) << f.dump();
+    const std::string trace = gen.coin(0.3) ? " --trace " + (dir_ / "t.json").string() : "";
+    const std::string args = "simulate " + path + trace;
+    const CliRun r = run_cli_limited(args);
+    ++(r.code == 0 ? priced : refused);
+    EXPECT_EQ(judge(r), "") << "case " << i << " plan " << f.dump() << "\n  meshflow " << args
+                            << "\n  output: " << r.output.substr(0, 2000);
+    if (HasFailure()) return;
+  }
+  std::printf("%d plan files priced, %d refused\n", priced, refused);
+  EXPECT_GT(priced, 0);  // the edits leave some files valid
+}
+
 TEST_F(Fuzz, CheckpointFilesNeverCrash) {
   const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
   Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2000);
