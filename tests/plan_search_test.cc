@@ -883,6 +883,14 @@ TEST_F(PlanCli, ResNetPipelinePlanWrittenTrainsAsPlanned) {
   ASSERT_EQ(cells.code, 0) << cells.output;
   EXPECT_NE(cells.output.find("stages=2/1"), std::string::npos) << cells.output;
   EXPECT_EQ(cells.output, blocks.output);
+  json many = f;  // more stages than cells to place
+  many["parallel"]["mesh"] = "dp=1,tp=2,pp=1000";
+  many["parallel"]["pipeline"] = by_cells;
+  many["parallel"]["pipeline"]["stages"] = 1000;
+  std::ofstream(out) << many.dump(2);
+  const CliRun huge = run("simulate " + out);
+  EXPECT_EQ(huge.code, 2) << huge.output;
+  EXPECT_NE(huge.output.find("cells to place"), std::string::npos) << huge.output;
   by_cells["stage_of"]["encoder.stages.0"] = 1;  // stage 1, then 0: backwards
   const CliRun back = predicted(by_cells);
   EXPECT_EQ(back.code, 2) << back.output;

@@ -193,6 +193,10 @@ Result<PlannedRun> parse_plan_file(const json& f) {
     // job resolves them: blocks per stage.
     MF_ASSIGN_OR_RETURN(const PipelineConfig pc, parse_pipeline_config(pipe));
     MF_ASSIGN_OR_RETURN(const ModelGraph m, build_model(r.job.model, /*batch=*/1, /*seq=*/1));
+    if (p.pp > static_cast<int64_t>(m.cells.size()))
+      return Status::invalid("parallel.pipeline.stage_of: the mesh's pp=" + std::to_string(p.pp) +
+                             " stages, the model has " + std::to_string(m.cells.size()) +
+                             " cells to place (" + describe_cells(m.cells) + ")");
     MF_ASSIGN_OR_RETURN(p.layers_per_stage,
                         blocks_per_stage(m.cells, pc.stage_of, static_cast<int>(p.pp)));
   } else if (pipe.contains("layers_per_stage")) {
