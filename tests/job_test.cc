@@ -181,9 +181,16 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
   ASSERT_EQ(checked.code, 0) << checked.output;
   for (const char* row :
-       {"  compute      predicted", "  bubble, p2p  predicted",
+       {"  compute      predicted", "  bubble, p2p  predicted", "  memory, st 0 predicted",
         "no corrections from a pipeline run", "corrections: compute x1.00, collectives x1.00"})
     EXPECT_NE(checked.output.find(row), std::string::npos) << row << "\n" << checked.output;
+  {  // rank 0 holds stage 0's predicted memory (within the 5% the planner tests hold)
+    const size_t at = checked.output.find("  memory, st 0 predicted");
+    ASSERT_NE(at, std::string::npos) << checked.output;
+    const std::string row = checked.output.substr(at, checked.output.find('\n', at) - at);
+    const double off = std::atof(row.substr(row.rfind(' ') + 1).c_str());
+    EXPECT_LE(std::abs(off), 5.0) << row;
+  }
   EXPECT_TRUE(one_line_error(refit)) << refit.output;
   EXPECT_NE(refit.output.find("auto mode chose 2 pipeline stages"), std::string::npos)
       << refit.output;

@@ -85,9 +85,13 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   }
   const bool correctable = m.by_kind && !pipeline;
   char buf[200];
+  // Rank 0's memory: a pipeline's stage 0 (the plan's worst stage may be another).
+  const double p_memory =
+      pipeline && !a.best_stages.empty() ? a.best_stages[0].total : p.memory.total;
   std::snprintf(buf, sizeof buf, "  %-12s predicted %9.2f MiB measured %9.2f MiB %+6.1f%%\n",
-                "memory", p.memory.total / (1 << 20), double(m.peak_bytes) / (1 << 20),
-                p.memory.total > 0 ? 100 * (double(m.peak_bytes) / p.memory.total - 1) : 0.0);
+                pipeline ? "memory, st 0" : "memory", p_memory / (1 << 20),
+                double(m.peak_bytes) / (1 << 20),
+                p_memory > 0 ? 100 * (double(m.peak_bytes) / p_memory - 1) : 0.0);
   r += buf;
   // The corrections this run gives: the optimizer is memory-bound work like
   // the compute's small kernels, so it moves with compute.

@@ -146,6 +146,7 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   }
   out.best = *best;
   out.fastest = *fastest;
+  MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(best->plan));
   MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan, model));
   return out;
 }

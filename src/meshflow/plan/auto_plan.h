@@ -34,8 +34,9 @@
 namespace meshflow::plan {
 
 struct LocalAutoPlan {
-  nlohmann::json parallel;           // the semi-mode "parallel" object of the best plan
-  StepCost best;                     // its prediction
+  nlohmann::json parallel;                   // the semi-mode "parallel" object of the best plan
+  StepCost best;                             // its prediction
+  std::vector<MemoryBreakdown> best_stages;  // a pipeline's: every stage's memory (stage 0 first)
   StepCost fastest;                  // the fastest predicted (best, or within the spread of it)
   std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
 };
