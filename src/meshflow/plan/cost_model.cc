@@ -1423,9 +1423,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     r.optimizer_s += pcie + cpu + nvme - on_device;
     r.step_time_s += pcie + cpu + nvme - on_device;
     r.comm.offload = 2 * p_update * act + (p.offload == Offload::kNvme ? 2 * state : 0.0);
-    r.memory.offloaded = state;
-    r.memory.total -= state;
-    r.memory.optimizer = 0;
+    r.memory.offload_optimizer();
     r.fits = r.memory.total <= r.usable_memory;
     // The node's host memory (host offload) or NVMe holds its devices' states.
     const double node_state = share * state;

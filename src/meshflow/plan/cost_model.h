@@ -233,6 +233,12 @@ struct MemoryBreakdown {
   // Plan::offload: the optimizer state per device kept on the host or NVMe
   // instead (not in total; optimizer is then 0).
   double offloaded = 0;
+  // The optimizer state moved off the device (Plan::offload).
+  void offload_optimizer() {
+    offloaded = optimizer;
+    total -= optimizer;
+    optimizer = 0;
+  }
 };
 
 // Bytes one device sends per step (the full buffer of each collective it joins).

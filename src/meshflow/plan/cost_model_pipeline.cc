@@ -342,11 +342,7 @@ Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) c
     MF_RETURN_IF_ERROR(memory_per_device(p, lc, &stages).status());
   }
   if (p.offload != Offload::kNone)
-    for (MemoryBreakdown& m : stages) {  // (as price: the state off the device)
-      m.offloaded = m.optimizer;
-      m.total -= m.optimizer;
-      m.optimizer = 0;
-    }
+    for (MemoryBreakdown& m : stages) m.offload_optimizer();  // (as price does)
   return stages;
 }
 
