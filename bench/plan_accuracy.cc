@@ -14,7 +14,7 @@
 // runs until `--steps` clean steps (up to 8x that) and reports their median,
 // and how many of its steps were clean.
 //
-//   plan_accuracy [--cluster configs/clusters/local_cpu.json] [--steps 6] [--warmup 2]
+//   plan_accuracy [--cluster FILE (default: this machine's calibration)] [--steps 6] [--warmup 2]
 //                 [--only NAME,...] [--model M.json] [--batch 16] [--seq 128] [--breakdown]
 //                 [--repeat R] [--profile] [--auto 2,4 [--auto-within 0.05]]
 // --repeat R: each plan's measured time is the least of R runs (the least
@@ -44,10 +44,13 @@
 #include "meshflow/engine/trainer.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/calibrate.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
 
 using namespace meshflow;
+using plan::cpu_sample;
+using plan::CpuSample;
 
 namespace {
 
@@ -75,44 +78,6 @@ struct Measured {
   std::string collectives;   // rank 0's program: collective kind x phase counts
   int steps = 0, clean = 0;  // steps timed, and those other processes left alone
 };
-
-// Busy and total CPU ticks of the machine (/proc/stat) and of this process
-// (/proc/self/stat), to tell whether other processes took CPU during a step.
-struct CpuSample {
-  long long busy = 0, total = 0, self = 0;
-  double others_busy_fraction(const CpuSample& before) const {
-    const double t = double(total - before.total);
-    if (t <= 0) return 0;
-    return std::max(0.0, double((busy - before.busy) - (self - before.self)) / t);
-  }
-};
-
-CpuSample cpu_sample() {
-  CpuSample s;
-  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
-    long long v[8] = {0};
-    if (std::fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
-                    &v[4], &v[5], &v[6], &v[7]) == 8) {
-      for (long long x : v) s.total += x;
-      s.busy = s.total - v[3] - v[4];  // less idle and iowait
-    }
-    std::fclose(f);
-  }
-  if (std::FILE* f = std::fopen("/proc/self/stat", "r")) {
-    char buf[2048];
-    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    std::fclose(f);
-    // Fields after the ")" closing the command name: state is field 3; utime, stime 14, 15.
-    if (const char* p = std::strrchr(buf, ')')) {
-      long long ut = 0, st = 0;
-      if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut, &st) ==
-          2)
-        s.self = ut + st;
-    }
-  }
-  return s;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -320,7 +285,7 @@ std::vector<int> split_ints(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string cluster_path = "configs/clusters/local_cpu.json", model_path, only;
+  std::string cluster_path, model_path, only;  // no --cluster: this machine's (load_local_cluster)
   int steps = 6, warmup = 2, batch = 16, seq = 128, repeat = 1;
   std::vector<int> auto_ranks;
   double auto_within = 0.05;
@@ -372,7 +337,8 @@ int main(int argc, char** argv) {
                 {"vocab_size", 256},
                 {"tie_word_embeddings", true}};
   if (!model_path.empty()) model = value_or_throw(read_json_file(model_path));
-  const plan::Cluster machine = value_or_throw(plan::load_cluster(cluster_path));
+  const plan::Cluster machine = value_or_throw(plan::load_local_cluster(cluster_path));
+  if (cluster_path.empty()) cluster_path = "this machine's (" + machine.device.name + ")";
   const ModelConfig mc = value_or_throw(parse_model_config(model));
 
   const bool lm = is_language_model(mc);

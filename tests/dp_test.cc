@@ -11,6 +11,7 @@
 #include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/cluster.h"
+#include "scoped_env.h"
 
 namespace meshflow {
 namespace {
@@ -149,9 +150,10 @@ TEST(JobLinks, ReshardCostComesFromTheLocalClusterFile) {
   // Not the defaults: the file's links are a CPU's memory, not 50 GB/s.
   EXPECT_NE(job.reshard_cost.axes[0].bandwidth_bytes_per_s, Link{}.bandwidth_bytes_per_s);
 
-  ::setenv("MESHFLOW_LOCAL_CLUSTER", "/nonexistent/cluster.json", 1);
-  const Result<Job> without = resolve_job(rc, 4);
-  ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
+  const Result<Job> without = [&] {
+    testing::ScopedEnv missing("MESHFLOW_LOCAL_CLUSTER", "/nonexistent/cluster.json");
+    return resolve_job(rc, 4);
+  }();
   ASSERT_TRUE(without.is_ok()) << without.status().message();
   EXPECT_TRUE(without->reshard_cost.axes.empty());
   bool noted = false;

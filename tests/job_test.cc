@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cli_run.h"
 #include "meshflow/config/json_reader.h"
 #include "meshflow/plan/auto_plan.h"
+#include "scoped_env.h"
 
 namespace meshflow {
 namespace {
@@ -94,20 +96,20 @@ TEST_F(Job, SemiMeshAloneSplitsTheBatchOverDp) {
 }
 
 // Auto mode's full search on 4 ranks of this machine's cluster file, for the
-// byte-level GPT of bench/plan_accuracy: the strategy search's dp=2 tp=2
-// plan is predicted fastest, but within the local model's spread of dp=4,
-// which synchronizes less and measures faster (docs/planner.md); explain
-// says so. With one sequence on 2 ranks (no batch to split) the search's
-// tp=2 plan is chosen, and explain shows every operator's split tuples with
-// the costs that decided them: the search finds Megatron-SP (sequence-split
-// residual stream, column-parallel fc, row-parallel projection).
+// byte-level GPT of bench/plan_accuracy: another plan (the strategy search's
+// dp=2 tp=2, or on 2 cores a time-shared dp=2 pp=2 pipeline) is predicted
+// fastest, but within the local model's spread of dp=4, which synchronizes
+// less and measures faster (docs/planner.md); explain says so. With one sequence on 2 ranks (no
+// batch to split) the search's tp=2 plan is chosen, and explain shows every operator's split tuples
+// with the costs that decided them: the search finds Megatron-SP (sequence-split residual stream,
+// column-parallel fc, row-parallel projection).
 TEST_F(Job, AutoFullSearchExplainShowsEachOperatorsSplit) {
   const json automatic = {{"mode", "auto"}, {"search", "full"}};
   CliRun a = run_cli("explain " + config(automatic, false, 16, 128) + " --ranks 4 --no-nodes");
   ASSERT_EQ(a.code, 0) << a.output;
   EXPECT_NE(a.output.find("planned by search: dp=4 tp=1"), std::string::npos) << a.output;
-  EXPECT_NE(a.output.find("  over dp=2 tp=2+ops"), std::string::npos) << a.output;
-  EXPECT_NE(a.output.find("within the local model's 3% spread"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("  over dp=2 tp="), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("within the local model's "), std::string::npos) << a.output;
   // The batch stays split over dp: in the forward only the loss (a scalar)
   // is reduced over it.
   std::istringstream lines(a.output);
@@ -170,7 +172,8 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   const plan::LocalAutoPlan chosen = value_or_throw(plan::plan_local_run(rc, 2, small));
   EXPECT_EQ(chosen.best.plan, least.plan) << plan::plan_label(chosen.best.plan);
 
-  ::setenv("MESHFLOW_LOCAL_CLUSTER", path.c_str(), 1);
+  std::optional<testing::ScopedEnv> small_machine;
+  small_machine.emplace("MESHFLOW_LOCAL_CLUSTER", path.c_str());
   CliRun e = run_cli("explain " + cfg + " --ranks 2 --no-nodes");
   const double two = eval_loss(cfg, "--ranks 2");
   // The plan check of a pipeline run: rank 0's kernels, its step's rest
@@ -178,7 +181,7 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   CliRun checked = run_cli("train " + cfg + " --ranks 2 --steps 3");
   CliRun refit =
       run_cli("train " + cfg + " --ranks 2 --calibrate-from-run " + (dir_ / "refit.json").string());
-  ::unsetenv("MESHFLOW_LOCAL_CLUSTER");
+  small_machine.reset();
   ASSERT_EQ(checked.code, 0) << checked.output;
   for (const char* row :
        {"  compute      predicted", "  bubble, p2p  predicted", "  memory, st 0 predicted",

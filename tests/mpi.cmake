@@ -39,7 +39,7 @@ if(_mf_mpirun_version MATCHES "Open MPI|OpenRTE")
   set(MESHFLOW_MPIRUN_FLAGS --allow-run-as-root --oversubscribe --mca btl self,vader
     --mca mpi_yield_when_idle 1)
 endif()
-set(_mf_mpi_env "OMP_NUM_THREADS=1" "OMP_WAIT_POLICY=passive")
+set(_mf_mpi_env "OMP_NUM_THREADS=1" ${MESHFLOW_TEST_ENV})
 
 # Correctness at 2, 3 and 4 ranks; once more with MPI's smallest legal tag range
 # (15 bits) and 64 KiB message chunks so the hashed tags and the >2 GiB split

@@ -4,17 +4,23 @@
 // stands on: share_machine (ranks sharing the cores) and the static-arena
 // memory model (the executor's own memory planner over the local program).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "cli_run.h"
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/calibrate.h"
+#include "scoped_env.h"
 
 namespace meshflow::plan {
 namespace {
@@ -64,6 +70,82 @@ TEST(PlanAuto, ShareMachineSplitsTheDevice) {
   Result<Cluster> bad = share_machine(two, 2);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("one-device cluster"), std::string::npos);
+}
+
+// More ranks than cores: a pipeline's ranks waiting in its bubble give their
+// cores to the others (SimCosts::cores), so 4 stages on 2 cores take less than
+// on 4 dedicated quarter-machines, but no less than the work over 2 cores;
+// data parallelism keeps every rank busy, its compute priced the same either way.
+TEST(PlanAuto, PipelineRanksTimeShareTheCores) {
+  json model = small_gpt();
+  model["n_layer"] = 4;
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  const Cluster shared = value_or_throw(share_machine(local(), 4, 2));
+  const Cluster dedicated = value_or_throw(share_machine(local(), 4, 4));
+  EXPECT_EQ(shared.shared_cores, 2);
+  EXPECT_EQ(dedicated.shared_cores, 0);
+  const CostModel on_two(TrainingJob{mc, 16, 32}, shared, meshflow_cpu_constants());
+  const CostModel on_four(TrainingJob{mc, 16, 32}, dedicated, meshflow_cpu_constants());
+  Plan pipe;
+  pipe.pp = 4, pipe.micro_batch = 4, pipe.num_micro_batches = 4;
+  const StepCost a = value_or_throw(on_two.price(pipe)), b = value_or_throw(on_four.price(pipe));
+  EXPECT_LT(a.step_time_s, 0.9 * b.step_time_s);
+  const double work = a.compute_s + a.tp_comm_s + a.pp_comm_s;  // one rank's, at a quarter
+  EXPECT_GT(a.step_time_s, work * 4 / 2 / 2);  // 4 ranks' work, each core 2 quarters' speed
+  Plan dp;
+  dp.dp = 4, dp.micro_batch = 4, dp.num_micro_batches = 1;
+  // (its collectives' messages pay the transport's spin time on shared cores)
+  const StepCost d2 = value_or_throw(on_two.price(dp)), d4 = value_or_throw(on_four.price(dp));
+  EXPECT_DOUBLE_EQ(d2.compute_s, d4.compute_s);
+  EXPECT_NEAR(d2.step_time_s - d2.dp_comm_s, d4.step_time_s - d4.dp_comm_s, 1e-3 * d4.step_time_s);
+  // Auto mode's tie window: wider for the time-shared pipeline, whose
+  // prediction is the least sure.
+  EXPECT_EQ(local_plan_spread(pipe, shared), kTimeSharedPipelineSpread);
+  EXPECT_EQ(local_plan_spread(pipe, dedicated), kLocalPlanSpread);
+  EXPECT_EQ(local_plan_spread(dp, shared), kLocalPlanSpread);
+}
+
+// No cluster file named: this machine's calibration. A cached one of this
+// machine is used as it is; one of another machine (a shipped file measured
+// elsewhere, a home shared with another host) is not: this machine is
+// measured once and the result cached under its device name.
+TEST(PlanAuto, LocalClusterIsThisMachines) {
+  const std::string dir = ::testing::TempDir() + "/mf_cluster_cache_" + std::to_string(::getpid());
+  testing::ScopedEnv named("MESHFLOW_LOCAL_CLUSTER", nullptr);
+  testing::ScopedEnv cache_dir("MESHFLOW_CACHE_DIR", dir.c_str());
+  const std::string cache = local_cluster_cache_path();
+  ASSERT_EQ(cache.rfind(dir + "/local_cpu-", 0), 0u) << cache;
+  std::filesystem::create_directories(dir);
+  Cluster mine =
+      value_or_throw(load_cluster(testing::source_dir() + "/configs/clusters/local_cpu.json"));
+  mine.device.name = this_machine_device_name();
+  mine.device.peak_flops.f32 = 123e9;
+  std::ofstream(cache) << format_cluster_json(mine);
+  EXPECT_EQ(value_or_throw(load_local_cluster()).device.peak_flops.f32, 123e9);
+
+  Cluster other = mine;
+  other.device.name = "Some Other CPU (64 threads, OpenBLAS SGEMM)";
+  std::ofstream(cache) << format_cluster_json(other);
+  ::testing::internal::CaptureStderr();
+  const Cluster got = value_or_throw(load_local_cluster());
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(got.device.name, this_machine_device_name());
+  EXPECT_GT(got.device.peak_flops.f32, 0);
+  EXPECT_NE(got.device.peak_flops.f32, 123e9);
+  const Cluster cached = value_or_throw(load_cluster(cache));
+  if (value_or_throw(load_cluster(testing::source_dir() + "/configs/clusters/local_cpu.json"))
+          .device.name != this_machine_device_name()) {  // measured here
+    EXPECT_NE(said.find("this machine is " + this_machine_device_name()), std::string::npos)
+        << said;
+    if (said.find("cached in " + cache) != std::string::npos) {
+      EXPECT_EQ(cached.device.name, this_machine_device_name());
+      EXPECT_EQ(cached.device.peak_flops.f32, got.device.peak_flops.f32);
+    } else {  // measured beside other work (tests run two at a time): used, not kept
+      EXPECT_NE(said.find("not cached: other processes used"), std::string::npos) << said;
+      EXPECT_EQ(cached.device.name, other.device.name);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PlanAuto, PlansTheMlpToo) {

@@ -392,7 +392,7 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
   const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
   Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 1500);
   std::vector<json> bases;
-  for (const std::string& args :
+  for (const std::string args :
        {"gpt_bytes_small.json --gpus 2 --fix pp=2", "resnet_fashion.json --gpus 4 --fix pp=2,tp=2",
         "mlp_fashion.json --gpus 2"}) {
     const std::string out = (dir_ / "base.json").string();

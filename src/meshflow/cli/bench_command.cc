@@ -34,6 +34,11 @@ int run_bench(const BenchOptions& o) {
     return 1;
   }
   std::printf("%s", plan::format_calibration(*cal).c_str());
+  if (cal->others_busy > 0.10)
+    std::fprintf(stderr,
+                 "meshflow: warning: other processes used %.0f%% of the CPU while this "
+                 "measured; the figures are a share of the machine, not the machine\n",
+                 100 * cal->others_busy);
   const std::string text =
       plan::format_cluster_json(plan::cluster_from_calibration(*cal, "local_cpu"));
   if (o.out.empty()) {

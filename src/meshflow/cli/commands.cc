@@ -28,6 +28,8 @@
 #include "meshflow/engine/trainer.h"
 #include "meshflow/io/checkpoint.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/plan/auto_plan.h"
+#include "meshflow/plan/cluster.h"
 #include "meshflow/runtime/progress.h"
 
 namespace meshflow::cli {
@@ -107,6 +109,32 @@ Status check_calibrate_option(const TrainOptions& o, const Job& job) {
         "up), train.steps is " +
         std::to_string(job.rc.train.steps) + "; raise --steps");
   return check_output_file(o.calibrate_from_run, "--calibrate-from-run");
+}
+
+// This machine's cluster for every process of an MPI job: rank 0's
+// (plan::load_local_cluster, measured there if need be), broadcast, so every
+// process resolves the same job (a cluster measured per process would differ
+// and could choose another plan). An error on rank 0 is every process's.
+Result<plan::Cluster> local_cluster_of_rank0(const std::shared_ptr<Transport>& t) {
+  std::shared_ptr<Communicator> world = Communicator::world(t);
+  std::string text;  // "C" + the cluster JSON, or "E" + the error
+  if (world->rank() == 0) {
+    Result<plan::Cluster> c = plan::load_local_cluster();
+    text = c.is_ok() ? "C" + plan::cluster_to_json(*c).dump() : "E" + c.status().message();
+  }
+  int64_t size = static_cast<int64_t>(text.size());
+  MF_RETURN_IF_ERROR(world->broadcast(&size, 1, DType::I64, 0));
+  std::vector<int32_t> words(static_cast<size_t>((size + 3) / 4), 0);  // the bytes, as 4-byte words
+  std::memcpy(words.data(), text.data(), text.size());
+  MF_RETURN_IF_ERROR(
+      world->broadcast(words.data(), static_cast<int64_t>(words.size()), DType::I32, 0));
+  text.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(size));
+  if (text.empty() || text[0] != 'C')
+    return Status::not_found(text.empty() ? "no local cluster" : text.substr(1));
+  const nlohmann::json j =
+      nlohmann::json::parse(text.substr(1), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::internal("rank 0's local cluster arrived garbled");
+  return plan::parse_cluster(j);
 }
 
 // One rank's training run. Rank 0 (the main rank) reports progress and
@@ -369,8 +397,10 @@ int train_impl(const TrainOptions& o) {
     if (!t.is_ok()) return exit_code(t.status());
     if (o.attempt > 0 && (*t)->rank() == 0)
       std::fprintf(stderr, "meshflow: restart %d continues from %s\n", o.attempt, where.c_str());
-    // Resolved before any rank starts (every process resolves the same).
-    Result<Job> job = resolve_job(*rc, (*t)->size());
+    // Resolved before any rank starts (every process resolves the same, on
+    // rank 0's cluster).
+    const Result<plan::Cluster> local = local_cluster_of_rank0(*t);
+    Result<Job> job = resolve_job(*rc, (*t)->size(), nullptr, &local);
     if (!job.is_ok()) return user_error(job.status());
     if (Status c = check_calibrate_option(o, *job); !c.is_ok()) return user_error(c);
     Status s;

@@ -227,7 +227,7 @@ int run_explain(const ExplainOptions& o) {
           "plan with fewer synchronizing collectives (smaller tp, then fewer stages, then no "
           "ZeRO)\n",
           plan::plan_label(fastest.plan).c_str(),
-          100 * (best.step_time_s / fastest.step_time_s - 1), 100 * plan::kLocalPlanSpread);
+          100 * (best.step_time_s / fastest.step_time_s - 1), 100 * job->auto_plan->spread);
     if (best.plan.searched) std::fputs(search_text(*best.plan.searched).c_str(), stdout);
   }
   std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);

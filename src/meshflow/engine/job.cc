@@ -1,6 +1,7 @@
 #include "meshflow/engine/job.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
@@ -197,7 +198,15 @@ std::string Job::describe() const {
   return how;
 }
 
-Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeline) {
+Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeline,
+                        const Result<plan::Cluster>* local) {
+  // This machine's cluster, loaded (or measured) once when the job needs it.
+  std::optional<Result<plan::Cluster>> loaded;
+  auto local_cluster = [&]() -> const Result<plan::Cluster>& {
+    if (local) return *local;
+    if (!loaded) loaded = plan::load_local_cluster();
+    return *loaded;
+  };
   Job job;
   job.world = world;
   RunConfig& rc = job.rc;
@@ -222,8 +231,8 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
       return Status::invalid(
           "parallel.search \"full\" with parallel.pipeline plans with `meshflow plan MODEL "
           "--cluster ... --out PLAN.json`; train that plan, or use \"search\": \"propagate\"");
-    MF_ASSIGN_OR_RETURN(plan::Cluster local, plan::load_local_cluster());
-    Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, local);
+    if (!local_cluster().is_ok()) return local_cluster().status();
+    Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, *local_cluster());
     if (!chosen.is_ok()) return chosen.status().with_context("parallel.search \"full\"");
     job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
     const json* section = &job.auto_plan->parallel;
@@ -354,9 +363,9 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
   // links, as the planner prices them (one collective cost, fed by the
   // cluster file).
   if (job.partitioned) {
-    Result<plan::Cluster> local = plan::load_local_cluster();
+    const Result<plan::Cluster>& machine = local_cluster();
     Result<plan::Cluster> shared =
-        local.is_ok() ? plan::share_machine(*local, world) : local.status();
+        machine.is_ok() ? plan::share_machine(*machine, world) : machine.status();
     if (shared.is_ok())
       job.reshard_cost = plan::reshard_costs(*shared, job.mesh);
     else

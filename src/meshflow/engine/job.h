@@ -93,8 +93,12 @@ struct Job {
 Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world);
 
 // pipeline (optional): the pipeline to run, given directly (C++ callers)
-// instead of parsed from rc.parallel.pipeline.
-Result<Job> resolve_job(RunConfig rc, int world, const PipelineConfig* pipeline = nullptr);
+// instead of parsed from rc.parallel.pipeline. local (optional): this
+// machine's cluster as plan::load_local_cluster would return it (an error
+// included), given so that processes which must resolve the same job plan on
+// the same numbers (MPI: rank 0's, broadcast); else load_local_cluster().
+Result<Job> resolve_job(RunConfig rc, int world, const PipelineConfig* pipeline = nullptr,
+                        const Result<plan::Cluster>* local = nullptr);
 
 // The engine the job calls for (engine/engine.h): the PipelineTrainer when
 // it has stages, else the Trainer (data parallel or the partitioned

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -380,6 +381,92 @@ std::string where(int r, size_t i, const Action& a) {
   return "rank " + std::to_string(r) + " action " + std::to_string(i) + " " + to_string(a);
 }
 
+// The lists of a schedule simulate() has checked, run in time order on
+// time-shared cores (SimCosts::cores): an event loop that advances every
+// computing rank at the shared speed until the next action ends or the next
+// message arrives. Fills res's makespan, busy (wall time computing) and start.
+void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
+  const int p = s.options.stages;
+  const double ranks = double(p) * costs.ranks_per_stage;
+  const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
+  const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
+  auto cost_of = [&](ActionKind k) {
+    switch (k) {
+      case ActionKind::kForward:
+        return costs.forward;
+      case ActionKind::kBackward:
+        return s.split_backward() ? bi : costs.backward;
+      case ActionKind::kBackwardInput:
+        return bi;
+      default:
+        return bw;
+    }
+  };
+  // Arrival times on each channel, in send order (simulate() matched them).
+  std::map<std::tuple<int, int, bool>, std::deque<double>> channels;
+  std::vector<size_t> pc(size_t(p), 0);
+  std::vector<double> left(size_t(p), -1);  // work left in the current compute action
+  res->busy.assign(size_t(p), 0.0);
+  double now = 0;
+  for (;;) {
+    // Every rank not computing runs its sends and receives due by now and
+    // starts its next compute action (repeated: a send may free a receive).
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < p; ++r) {
+        const std::vector<Action>& list = s.ranks[size_t(r)];
+        while (left[size_t(r)] < 0 && pc[size_t(r)] < list.size()) {
+          const Action& a = list[pc[size_t(r)]];
+          if (is_compute(a.kind)) {
+            res->start[size_t(r)][pc[size_t(r)]] = now;
+            left[size_t(r)] = cost_of(a.kind);
+            break;
+          }
+          const bool act = a.kind == ActionKind::kSendAct || a.kind == ActionKind::kRecvAct;
+          if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+            channels[{r, a.peer, act}].push_back(now + costs.p2p);
+          } else {
+            std::deque<double>& q = channels[{a.peer, r, act}];
+            if (q.empty() || q.front() > now) break;
+            q.pop_front();
+          }
+          res->start[size_t(r)][pc[size_t(r)]] = now;
+          ++pc[size_t(r)];
+          moved = true;
+        }
+      }
+    }
+    int computing = 0;
+    for (int r = 0; r < p; ++r) computing += left[size_t(r)] >= 0;
+    // The next event: a compute action ending or a message arriving.
+    const double speed =
+        ranks / std::max(double(costs.cores), double(computing) * costs.ranks_per_stage);
+    double dt = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < p; ++r) {
+      if (left[size_t(r)] >= 0) {
+        dt = std::min(dt, left[size_t(r)] / speed);
+      } else if (pc[size_t(r)] < s.ranks[size_t(r)].size()) {
+        const Action& a = s.ranks[size_t(r)][pc[size_t(r)]];
+        const bool act = a.kind == ActionKind::kRecvAct;
+        const std::deque<double>& q = channels[{a.peer, r, act}];
+        if (!q.empty()) dt = std::min(dt, q.front() - now);
+      }
+    }
+    if (!std::isfinite(dt)) break;  // every list ran (simulate() ruled deadlocks out)
+    now += dt;
+    for (int r = 0; r < p; ++r) {
+      if (left[size_t(r)] < 0) continue;
+      res->busy[size_t(r)] += dt;
+      left[size_t(r)] -= dt * speed;
+      if (left[size_t(r)] <= 1e-12 * std::max(1.0, dt * speed)) {
+        left[size_t(r)] = -1;
+        ++pc[size_t(r)];
+      }
+    }
+  }
+  res->makespan = now;
+}
+
 }  // namespace
 
 Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
@@ -533,6 +620,11 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
     res.peak_in_flight.push_back(st[r].peak);
     res.peak_stash_bytes.push_back(st[r].peak_stash);
     busy += st[r].busy;
+  }
+  if (costs.cores > 0 && p * std::max(1, costs.ranks_per_stage) > costs.cores) {
+    run_time_shared(s, costs, &res);
+    busy = 0;
+    for (double b : res.busy) busy += b;
   }
   res.bubble_fraction = res.makespan > 0 ? 1.0 - busy / (p * res.makespan) : 0.0;
   return res;

@@ -104,6 +104,16 @@ struct SimCosts {
   // to its B (Bi with a split backward), and from Bi to W;
   // SimResult::peak_stash_bytes.
   std::vector<double> stash_bytes, weight_hold_bytes;
+  // Ranks time-sharing fewer cores (meshflow's in-process ranks on one
+  // machine, plan::share_machine): each pipeline rank of the schedule stands
+  // for `ranks_per_stage` ranks (its dp x tp x cp group), each with one core's
+  // thread, and the costs above are priced at 1/ranks of the machine. While k
+  // of the p pipeline ranks compute, each runs at ranks / max(cores,
+  // k x ranks_per_stage) of that speed (processor sharing: the ranks waiting
+  // in a bubble give their cores up), so simulate() runs the lists in time
+  // order. 0, or no more ranks than cores: every rank has its own device.
+  int cores = 0;
+  int ranks_per_stage = 1;
 };
 
 struct ScheduleOptions {

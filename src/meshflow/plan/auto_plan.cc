@@ -1,11 +1,16 @@
 #include "meshflow/plan/auto_plan.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <tuple>
 
+#include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/parallel/strategy_search.h"
+#include "meshflow/plan/calibrate.h"
 
 namespace meshflow::plan {
 
@@ -138,8 +143,9 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   // tp, then the fewest stages, then no ZeRO), whose cost the model is
   // surest of.
   const StepCost* fastest = best;
+  out.spread = local_plan_spread(fastest->plan, cluster);
   for (const StepCost& c : out.candidates) {
-    if (!c.fits || c.step_time_s > fastest->step_time_s * (1 + kLocalPlanSpread)) continue;
+    if (!c.fits || c.step_time_s > fastest->step_time_s * (1 + out.spread)) continue;
     if (std::make_tuple(c.plan.tp, c.plan.pp, c.plan.zero > 0, c.step_time_s) <
         std::make_tuple(best->plan.tp, best->plan.pp, best->plan.zero > 0, best->step_time_s))
       best = &c;
@@ -149,6 +155,10 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(best->plan));
   MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan, model));
   return out;
+}
+
+double local_plan_spread(const Plan& p, const Cluster& shared) {
+  return p.pp > 1 && shared.shared_cores > 0 ? kTimeSharedPipelineSpread : kLocalPlanSpread;
 }
 
 namespace {
@@ -234,27 +244,88 @@ Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, con
   return a.parallel;
 }
 
+std::string local_cluster_cache_path() {
+  std::string dir;
+  if (const char* d = std::getenv("MESHFLOW_CACHE_DIR"); d && *d) {
+    dir = d;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    dir = std::string(x) + "/meshflow";
+  } else if (const char* h = std::getenv("HOME"); h && *h) {
+    dir = std::string(h) + "/.cache/meshflow";
+  } else {
+    return "";
+  }
+  // FNV-1a of the device name: one file per kind of machine.
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char ch : this_machine_device_name()) hash = (hash ^ ch) * 1099511628211ull;
+  char name[48];
+  std::snprintf(name, sizeof name, "local_cpu-%016llx.json", static_cast<unsigned long long>(hash));
+  return dir + "/" + name;
+}
+
+// Above this share of the CPU used by other processes, a calibration
+// measured part of the machine and is not cached.
+constexpr double kBusyMachine = 0.10;
+
 Result<Cluster> load_local_cluster(const std::string& path) {
   namespace fs = std::filesystem;
   if (!path.empty()) return load_cluster(path);
   if (const char* env = std::getenv("MESHFLOW_LOCAL_CLUSTER"); env && *env)
     return load_cluster(env);
-  const std::string rel = "configs/clusters/local_cpu.json";
-  std::vector<std::string> tried = {rel};
-  if (fs::exists(rel)) return load_cluster(rel);
-  // The source tree: this file is <root>/src/meshflow/plan/auto_plan.cc.
-  const fs::path here(__FILE__);
-  if (here.is_absolute()) {
-    const fs::path root = here.parent_path().parent_path().parent_path().parent_path();
-    const fs::path p = root / rel;
-    tried.push_back(p.string());
-    if (fs::exists(p)) return load_cluster(p.string());
+  // One measurement per process, whatever happens to the cache file.
+  static std::mutex mu;
+  static std::optional<Cluster> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  if (measured) return *measured;
+  const std::string here_name = this_machine_device_name();
+  const std::string cache = local_cluster_cache_path();
+  std::error_code ec;
+  if (!cache.empty() && fs::exists(cache, ec)) {
+    Result<Cluster> c = load_cluster(cache);  // a bad cache file is measured again
+    if (c.is_ok() && c->device.name == here_name) return c;
   }
-  std::string where;
-  for (const std::string& t : tried) where += (where.empty() ? "" : ", ") + t;
-  return Status::not_found(
-      "no local cluster file (tried $MESHFLOW_LOCAL_CLUSTER, " + where +
-      "); write one with `meshflow bench --calibrate --out configs/clusters/local_cpu.json`");
+  const std::string rel = "configs/clusters/local_cpu.json";
+  std::string shipped;
+  if (fs::exists(rel, ec)) {
+    shipped = rel;
+  } else if (const fs::path src(__FILE__); src.is_absolute()) {
+    // The source tree: this file is <root>/src/meshflow/plan/auto_plan.cc.
+    const fs::path p = src.parent_path().parent_path().parent_path().parent_path() / rel;
+    if (fs::exists(p, ec)) shipped = p.string();
+  }
+  std::string other = "no " + rel + " here";
+  if (!shipped.empty()) {
+    MF_ASSIGN_OR_RETURN(Cluster c, load_cluster(shipped));
+    if (c.device.name == here_name) return c;
+    other = shipped + " was measured on " + c.device.name;
+  }
+  Result<Calibration> cal = calibrate();
+  if (!cal.is_ok())
+    return cal.status().with_context("measuring this machine (" + other +
+                                     "; name a cluster file with $MESHFLOW_LOCAL_CLUSTER)");
+  Cluster c = cluster_from_calibration(*cal, "local_cpu");
+  std::string where =
+      "not cached: no cache directory ($MESHFLOW_CACHE_DIR, $XDG_CACHE_HOME, $HOME)";
+  if (cal->others_busy > kBusyMachine) {
+    char busy[160];
+    std::snprintf(busy, sizeof busy,
+                  "not cached: other processes used %.0f%% of the CPU meanwhile, so it is "
+                  "measured again next time",
+                  100 * cal->others_busy);
+    where = busy;
+  } else if (!cache.empty()) {
+    fs::create_directories(fs::path(cache).parent_path(), ec);
+    const Status s = write_file_atomic(cache, format_cluster_json(c), "cluster cache");
+    where = s.is_ok() ? "cached in " + cache : "not cached: " + s.message();
+  }
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f s", cal->wall_s);
+  std::fprintf(stderr,
+               "meshflow: %s; this machine is %s: measured it for the planner (%s), %s "
+               "($MESHFLOW_LOCAL_CLUSTER=FILE names another)\n",
+               other.c_str(), here_name.c_str(), took, where.c_str());
+  measured = c;
+  return c;
 }
 
 }  // namespace meshflow::plan

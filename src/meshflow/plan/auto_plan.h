@@ -33,14 +33,6 @@
 
 namespace meshflow::plan {
 
-struct LocalAutoPlan {
-  nlohmann::json parallel;                   // the semi-mode "parallel" object of the best plan
-  StepCost best;                             // its prediction
-  std::vector<MemoryBreakdown> best_stages;  // a pipeline's: every stage's memory (stage 0 first)
-  StepCost fastest;                  // the fastest predicted (best, or within the spread of it)
-  std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
-};
-
 // How far apart two local plans' predicted step times must be for the model
 // to tell them apart: the spread of its relative errors across plan kinds on
 // this machine (bench/plan_accuracy --only dp2,tp2-ops,dp4,dp2-tp2,
@@ -48,11 +40,27 @@ struct LocalAutoPlan {
 // tensor-parallel plans the most negative: the in-process transport's
 // synchronizations cost more than its latency when ranks time-share cores).
 inline constexpr double kLocalPlanSpread = 0.03;
+// The same for a pipeline whose ranks time-share fewer cores
+// (Cluster::shared_cores): processor sharing (SimCosts::cores) predicts those
+// 5-13% fast (bench/plan_accuracy pp4-1f1b-mb4, pp2-tp2-mb2, two runs on the
+// 2-core AMD host, 2026-11-26), against 3% for the plans above.
+inline constexpr double kTimeSharedPipelineSpread = 0.13;
+// The spread of plan p's prediction on `shared` (share_machine's cluster).
+double local_plan_spread(const Plan& p, const Cluster& shared);
+
+struct LocalAutoPlan {
+  nlohmann::json parallel;                   // the semi-mode "parallel" object of the best plan
+  StepCost best;                             // its prediction
+  std::vector<MemoryBreakdown> best_stages;  // a pipeline's: every stage's memory (stage 0 first)
+  StepCost fastest;                  // the fastest predicted (best, or within the spread of it)
+  double spread = kLocalPlanSpread;  // fastest's spread (local_plan_spread), the window used
+  std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
+};
 
 // The plan for `rc`'s model, train.batch_size, train.seq_len and
 // train.micro_batches on `ranks` local ranks of the one-device cluster
-// `local`: of the fitting plans predicted within kLocalPlanSpread of the
-// fastest, the one with the smallest tp, then the fewest stages, then
+// `local`: of the fitting plans predicted within the fastest's spread
+// (local_plan_spread) of it, the one with the smallest tp, then the fewest stages, then
 // without ZeRO, then the fastest (ties: less memory). Any model the engine builds (the MLP's plans
 // are dp x tp with ZeRO). Errors: no dp x tp split valid for the batch and the model's widths,
 // nothing fits.
@@ -72,9 +80,22 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
 // plan_local_run(...).parallel.
 Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, const Cluster& local);
 
-// This machine's cluster file: `path` when given; else $MESHFLOW_LOCAL_CLUSTER;
-// else configs/clusters/local_cpu.json under the current directory, then under
-// the source tree this library was built from. Errors list the places tried.
+// This machine's cluster: the file `path` when given; else the file
+// $MESHFLOW_LOCAL_CLUSTER names; else a calibration of this very machine (its
+// device name, this_machine_device_name(), matches): the cached one
+// (local_cluster_cache_path()), else configs/clusters/local_cpu.json (under
+// the current directory, then under the source tree this library was built
+// from) when it was measured here; else this machine is measured now
+// (plan::calibrate, about 2 s, once: the result is cached, and a line on
+// stderr says which file was not this machine's and where the new one is).
+// Errors: a named file missing or invalid (listing the places tried), a
+// calibration that fails.
 Result<Cluster> load_local_cluster(const std::string& path = "");
+
+// Where load_local_cluster caches this machine's calibration:
+// $MESHFLOW_CACHE_DIR, else $XDG_CACHE_HOME/meshflow, else ~/.cache/meshflow;
+// one file per device name (a home shared by several machines keeps each
+// one's). Empty when none of those is set.
+std::string local_cluster_cache_path();
 
 }  // namespace meshflow::plan

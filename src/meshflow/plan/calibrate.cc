@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -145,10 +146,44 @@ void fit_alpha_beta(const std::vector<CollectiveSample>& s, double* a, double* b
 
 }  // namespace
 
+double CpuSample::others_busy_fraction(const CpuSample& before) const {
+  const double t = double(total - before.total);
+  if (t <= 0) return 0;
+  return std::max(0.0, double((busy - before.busy) - (self - before.self)) / t);
+}
+
+CpuSample cpu_sample() {
+  CpuSample s;
+  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+    long long v[8] = {0};
+    if (std::fscanf(f, "cpu %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3],
+                    &v[4], &v[5], &v[6], &v[7]) == 8) {
+      for (long long x : v) s.total += x;
+      s.busy = s.total - v[3] - v[4];  // less idle and iowait
+    }
+    std::fclose(f);
+  }
+  if (std::FILE* f = std::fopen("/proc/self/stat", "r")) {
+    char buf[2048];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    std::fclose(f);
+    // Fields after the ")" closing the command name: state is field 3; utime, stime 14, 15.
+    if (const char* p = std::strrchr(buf, ')')) {
+      long long ut = 0, st = 0;
+      if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut, &st) ==
+          2)
+        s.self = ut + st;
+    }
+  }
+  return s;
+}
+
 Result<Calibration> calibrate(const CalibrationOptions& options) {
   if (options.ranks < 2)
     return Status::invalid("calibration ranks must be >= 2, got " + std::to_string(options.ranks));
   auto t0 = Clock::now();
+  const CpuSample before = cpu_sample();
   Calibration cal;
   cal.cpu_name = cpu_model_name();
   cal.threads = omp_get_max_threads();
@@ -163,6 +198,7 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
   cal.link_latency_s = cal.fit_intercept_s / (2 * (n - 1));
   cal.link_bandwidth_bytes_per_s = 2 * (n - 1) / n / cal.fit_s_per_byte;
   cal.wall_s = seconds_since(t0);
+  cal.others_busy = cpu_sample().others_busy_fraction(before);
   return cal;
 }
 
@@ -173,14 +209,22 @@ double sig4(double x) {
   const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
   return std::round(x * scale) / scale;
 }
+std::string device_name(const std::string& cpu, int threads) {
+  return cpu + " (" + std::to_string(threads) + " threads, OpenBLAS SGEMM)";
+}
+
 }  // namespace
+
+std::string this_machine_device_name() {
+  return device_name(cpu_model_name(), omp_get_max_threads());
+}
 
 Cluster cluster_from_calibration(const Calibration& cal, const std::string& name) {
   Cluster c;
   c.name = name;
   c.nodes = 1;
   c.devices_per_node = 1;
-  c.device.name = cal.cpu_name + " (" + std::to_string(cal.threads) + " threads, OpenBLAS SGEMM)";
+  c.device.name = device_name(cal.cpu_name, cal.threads);
   c.device.peak_flops.f32 = sig4(cal.peak_flops);
   c.device.memory_bytes = cal.memory_bytes;
   c.device.memory_bandwidth_bytes_per_s = sig4(cal.memory_bandwidth_bytes_per_s);

@@ -21,6 +21,20 @@
 
 namespace meshflow::plan {
 
+// Busy and total CPU ticks of the machine (/proc/stat) and of this process
+// (/proc/self/stat), to tell whether other processes took CPU meanwhile (the
+// calibration and bench/plan_accuracy discard what was measured beside them).
+//
+//   const CpuSample before = cpu_sample();  ...  measure ...
+//   if (cpu_sample().others_busy_fraction(before) > 0.10) ...  // disturbed
+struct CpuSample {
+  long long busy = 0, total = 0, self = 0;
+  // The fraction of the machine's CPU time since `before` that other
+  // processes used (0 where /proc is not readable).
+  double others_busy_fraction(const CpuSample& before) const;
+};
+CpuSample cpu_sample();
+
 struct CalibrationOptions {
   bool quick = false;  // smaller sizes, fewer repetitions: well under 3 s
   int ranks = 2;       // local ranks of the all_reduce fit (>= 2)
@@ -54,6 +68,10 @@ struct Calibration {
   double link_latency_s = 0;
   double link_bandwidth_bytes_per_s = 0;
   double wall_s = 0;  // how long the calibration took
+  // The fraction of the machine other processes used while it measured: a
+  // calibration beside other work (above ~10%) measured a share of the
+  // machine, not the machine.
+  double others_busy = 0;
 };
 
 Result<Calibration> calibrate(const CalibrationOptions& options = {});
@@ -62,6 +80,11 @@ Result<Calibration> calibrate(const CalibrationOptions& options = {});
 // peak f32 = the best SGEMM rate, the efficiency curve = each size's rate over
 // it, both links = the fitted local all_reduce link (efficiency 1).
 Cluster cluster_from_calibration(const Calibration& cal, const std::string& name);
+
+// The device name cluster_from_calibration writes for this machine (its CPU
+// model and thread count), known without measuring: load_local_cluster tells
+// a calibration of this machine from one of another by it.
+std::string this_machine_device_name();
 
 // Human-readable table of the measurements.
 std::string format_calibration(const Calibration& cal);

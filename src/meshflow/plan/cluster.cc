@@ -148,7 +148,10 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
       static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
   for (EfficiencyPoint& e : r.device.matmul_efficiency) e.gflop *= share;
   if (cores <= 0) cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  if (ranks > cores) r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;
+  if (ranks > cores) {
+    r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;
+    r.shared_cores = cores;
+  }
   r.inter_node = r.intra_node;
   if (ranks > 1) r.name = machine.name + " x" + std::to_string(ranks) + " ranks";
   return r;

@@ -89,6 +89,10 @@ struct Cluster {
   Link intra_node;
   Link inter_node;
   Host host;  // optional "host" section
+  // share_machine with more ranks than cores: the cores the ranks time-share
+  // (a pipeline's ranks waiting in its bubble give theirs to the others:
+  // SimCosts::cores). 0: each device is its own. Not part of the JSON.
+  int64_t shared_cores = 0;
 
   int64_t total_devices() const { return static_cast<int64_t>(nodes) * devices_per_node; }
 
@@ -150,7 +154,8 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices);
 // cores: a rank waiting in a collective polls for the transport's spin time
 // (LocalTransportOptions::spin_us) and then sleeps until its peer, itself
 // waiting for a core, has run, so every message step of a collective costs
-// at least that spin time: the link latency becomes latency + spin.
+// at least that spin time: the link latency becomes latency + spin; and
+// shared_cores records the cores, for the pipeline's time-shared simulation.
 // REQUIRES machine.total_devices() == 1 (errors otherwise), ranks >= 1.
 Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cores = 0);
 

@@ -483,7 +483,8 @@ class CostModel {
   // The makespan of the runtime's schedule for p's micro-batches, simulated.
   Result<double> simulated_pipeline_s(const Plan& p, const StageTimes& st) const;
   // One chunk's simulated F, B, W (1/vp of the stage, each F and Bi carrying its message).
-  static SimCosts chunk_sim_costs(const Plan& p, const StageTimes& st);
+  // On time-shared cores (Cluster::shared_cores) the simulation runs them so.
+  SimCosts chunk_sim_costs(const Plan& p, const StageTimes& st) const;
   // Parameters per device on stage `stage` holding `blocks` blocks; the most
   // over the plan's stages.
   double stage_params(const Plan& p, const LayerCost& lc, int64_t stage, double blocks) const;

@@ -19,7 +19,7 @@ namespace meshflow::plan {
 // round of pp micro-batches adds the same time. So a long run (a million
 // micro-batches is a valid plan) is simulated at two lengths with the same
 // remainder mod pp, and extended by that round's time.
-SimCosts CostModel::chunk_sim_costs(const Plan& p, const StageTimes& st) {
+SimCosts CostModel::chunk_sim_costs(const Plan& p, const StageTimes& st) const {
   const double v = double(p.vp);
   SimCosts costs;
   costs.forward = st.forward_s / v + st.p2p_s;
@@ -27,6 +27,8 @@ SimCosts CostModel::chunk_sim_costs(const Plan& p, const StageTimes& st) {
   costs.backward_weight = st.weight_grad_s / v;
   costs.backward = costs.backward_input + costs.backward_weight;
   costs.p2p = 0;
+  costs.cores = static_cast<int>(cluster_.shared_cores);
+  costs.ranks_per_stage = static_cast<int>(p.dp * p.tp * p.cp);
   return costs;
 }
 

@@ -1,0 +1,19 @@
+// The environment every test binary starts in, set before main (each
+// variable only where the caller has not set it):
+// - MESHFLOW_LOCAL_CLUSTER: the shipped calibration, so tests plan local runs
+//   on the same numbers on every machine instead of measuring the one they
+//   run on (plan::load_local_cluster; PlanAuto.LocalClusterIsThisMachines
+//   tests the measuring with the variable unset).
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+const bool kEnvironmentSet = [] {
+  const char* src = std::getenv("MESHFLOW_SOURCE_DIR");
+  const std::string root = src && *src ? src : MESHFLOW_SOURCE_DIR_DEFAULT;
+  ::setenv("MESHFLOW_LOCAL_CLUSTER", (root + "/configs/clusters/local_cpu.json").c_str(), 0);
+  return true;
+}();
+
+}  // namespace
