@@ -369,6 +369,9 @@ int main(int argc, char** argv) {
       {"pp4-1f1b-mb4", 4, "dp=1", "", 0, "none", 4, 4, "1f1b"},
       {"pp4-1f1b-mb4-planned", 4, "dp=1", "", 0, "none", 4, 4, "1f1b", {}, true},
       {"pp2-tp2-mb2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
+      // ZB-H1 and data-parallel stages: plan kinds local auto mode picks.
+      {"pp2-zb-mb4", 2, "dp=1", "", 0, "none", 4, 2, "zb-h1"},
+      {"dp2-pp2-zb-mb4", 4, "dp=2", "", 0, "none", 4, 2, "zb-h1"},
   };
   // A model without blocks or sequence: dp x tp and ZeRO (the MLP's tp is
   // Megatron's MLP split, the rules plan::parallel_section writes).

@@ -186,7 +186,19 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
   const CpuSample before = cpu_sample();
   Calibration cal;
   cal.cpu_name = cpu_model_name();
-  cal.threads = omp_get_max_threads();
+  // The whole machine, as the trainer counts it (omp_get_num_procs), whatever
+  // threads this process last gave its ranks; restored after.
+  cal.threads = omp_get_num_procs();
+  const int omp_before = omp_get_max_threads(), blas_before = openblas_get_num_threads();
+  omp_set_num_threads(cal.threads);
+  openblas_set_num_threads(cal.threads);
+  struct Restore {
+    int omp, blas;
+    ~Restore() {
+      omp_set_num_threads(omp);
+      openblas_set_num_threads(blas);
+    }
+  } restore{omp_before, blas_before};
   cal.gemm = measure_sgemm(options.quick);
   for (const GemmSample& g : cal.gemm) cal.peak_flops = std::max(cal.peak_flops, g.flops_per_s);
   cal.memory_bandwidth_bytes_per_s = measure_triad(options.quick);
@@ -216,7 +228,7 @@ std::string device_name(const std::string& cpu, int threads) {
 }  // namespace
 
 std::string this_machine_device_name() {
-  return device_name(cpu_model_name(), omp_get_max_threads());
+  return device_name(cpu_model_name(), omp_get_num_procs());
 }
 
 Cluster cluster_from_calibration(const Calibration& cal, const std::string& name) {

@@ -82,8 +82,9 @@ Result<Calibration> calibrate(const CalibrationOptions& options = {});
 Cluster cluster_from_calibration(const Calibration& cal, const std::string& name);
 
 // The device name cluster_from_calibration writes for this machine (its CPU
-// model and thread count), known without measuring: load_local_cluster tells
-// a calibration of this machine from one of another by it.
+// model and processor count, omp_get_num_procs: the threads the trainer
+// shares among its ranks; calibrate measures with that many), known without measuring:
+// load_local_cluster tells a calibration of this machine from one of another by it.
 std::string this_machine_device_name();
 
 // Human-readable table of the measurements.
