@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -253,7 +254,9 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
 std::string format_calibration(const Calibration& cal) {
   std::string s;
   char line[256];
-  std::snprintf(line, sizeof line, "device: %s, %d threads\n", cal.cpu_name.c_str(), cal.threads);
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  std::snprintf(line, sizeof line, "device: %s, %d threads (OMP_WAIT_POLICY=%s)\n",
+                cal.cpu_name.c_str(), cal.threads, wait ? wait : "unset");
   s += line;
   s += "SGEMM (square, cblas_sgemm):\n";
   for (const GemmSample& g : cal.gemm) {
