@@ -149,6 +149,34 @@ TEST(StrategySearch, MemoryBudgetSplitsWeightsOrIsRefused) {
       << none.status().message();
 }
 
+// A solver stopped by its time limit (issue 12, bad input): the best
+// assignment found so far comes back, priced by the search's own objective,
+// with CBC's bound and the gap between them said, never an error or a hang.
+TEST(StrategySearch, TimeLimitReturnsTheBestFoundWithItsGap) {
+  const Graph g = training_graph(gpt(4, 256), 8, 32);
+  const Mesh mesh = value_or_throw(Mesh::parse("tp=4"));
+  StrategySearchOptions o;
+  o.tie_layers = false;  // every block its own decisions: a larger program
+  o.cost.default_link.bandwidth_bytes_per_s = 1e9;
+  // A memory row makes it a knapsack: the relaxation is fractional, CBC branches.
+  o.memory_budget_bytes = 0.6 * value_or_throw(search_strategies(g, mesh, o)).memory_bytes;
+  const StrategySearch full = value_or_throw(search_strategies(g, mesh, o));
+  o.time_limit_s = 1e-6;
+  const StrategySearch cut = value_or_throw(search_strategies(g, mesh, o));
+  ASSERT_TRUE(cut.timed_out) << cut.summary();
+  EXPECT_FALSE(cut.optimal);
+  EXPECT_NE(cut.summary().find("time limit"), std::string::npos) << cut.summary();
+  std::vector<int> chosen;
+  for (const StrategyDecision& d : cut.decisions) chosen.push_back(d.chosen);
+  EXPECT_DOUBLE_EQ(cut.cost_of(chosen), cut.objective_s);
+  EXPECT_GE(cut.objective_s, full.objective_s - 1e-12);  // no better than the optimum
+  EXPECT_LE(cut.bound_s, full.objective_s + 1e-9);       // the bound is a bound
+  EXPECT_GE(cut.gap, 0);
+  EXPECT_NEAR(cut.gap, (cut.objective_s - cut.bound_s) / cut.objective_s, 1e-6);
+  EXPECT_EQ(cut.strategies.size(), full.strategies.size());  // a whole plan to run
+  EXPECT_LE(cut.memory_bytes, o.memory_budget_bytes);        // that fits
+}
+
 TEST(StrategySearch, BatchAxesMustNotBeSearched) {
   const Graph g = training_graph(mlp(), 8, 1);
   StrategySearchOptions o;

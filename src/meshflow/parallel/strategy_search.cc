@@ -499,7 +499,8 @@ class Search {
       if (start_fits && evaluate(*pick) > evaluate(start)) *pick = start;
     }
     r->optimal = Cbc_isProvenOptimal(m.get()) != 0;
-    r->timed_out = !r->optimal && Cbc_secondaryStatus(m.get()) == 2;
+    // Cbc_C_Interface.h: secondary status 4 is "stopped on time" (2 is on gap).
+    r->timed_out = !r->optimal && Cbc_secondaryStatus(m.get()) == 4;
     double fixed_cost = 0;  // the classes without a choice are not columns
     for (size_t c = 0; c < classes_.size(); ++c)
       if (x0[c] < 0) fixed_cost += classes_[c].cost[0];
