@@ -145,6 +145,16 @@ TEST(PlanAuto, LocalClusterIsThisMachines) {
       EXPECT_EQ(cached.device.name, other.device.name);
     }
   }
+  // A cache file cut short (a crash while writing, a full disk) is passed
+  // over, not an error: a fresh process (no measurement held in memory)
+  // plans on the shipped file or measures again.
+  std::ofstream(cache) << format_cluster_json(mine).substr(0, 40);
+  const std::string cfg = testing::source_dir() + "/configs/gpt_fortunes.json";
+  const testing::CliRun e =
+      testing::run_cli("explain " + cfg + " --ranks 2 --no-nodes --set " +
+                       "'parallel={\"mode\": \"auto\", \"search\": \"full\"}'");
+  EXPECT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("planned by search"), std::string::npos) << e.output;
   std::filesystem::remove_all(dir);
 }
 
