@@ -387,7 +387,8 @@ std::string where(int r, size_t i, const Action& a) {
 // message arrives. Fills res's makespan, busy (wall time computing) and start.
 void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
   const int p = s.options.stages;
-  const double ranks = double(p) * costs.ranks_per_stage;
+  const int per_stage = std::max(1, costs.ranks_per_stage);
+  const double ranks = double(p) * per_stage;
   const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
   const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
   auto cost_of = [&](ActionKind k) {
@@ -440,7 +441,7 @@ void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
     for (int r = 0; r < p; ++r) computing += left[size_t(r)] >= 0;
     // The next event: a compute action ending or a message arriving.
     const double speed =
-        ranks / std::max(double(costs.cores), double(computing) * costs.ranks_per_stage);
+        ranks / std::max(double(costs.cores), double(computing) * per_stage);
     double dt = std::numeric_limits<double>::infinity();
     for (int r = 0; r < p; ++r) {
       if (left[size_t(r)] >= 0) {
