@@ -155,6 +155,17 @@ TEST(PlanAuto, LocalClusterIsThisMachines) {
                        "'parallel={\"mode\": \"auto\", \"search\": \"full\"}'");
   EXPECT_EQ(e.code, 0) << e.output;
   EXPECT_NE(e.output.find("planned by search"), std::string::npos) << e.output;
+  // A cache directory that cannot be made (under a file): measured, used,
+  // not kept, and said so; never an error.
+  std::ofstream(dir + "/a_file") << "x";
+  testing::ScopedEnv bad_dir("MESHFLOW_CACHE_DIR", (dir + "/a_file/cache").c_str());
+  const testing::CliRun b =
+      testing::run_cli("explain " + cfg + " --ranks 2 --no-nodes --set " +
+                       "'parallel={\"mode\": \"auto\", \"search\": \"full\"}'");
+  EXPECT_EQ(b.code, 0) << b.output;
+  if (b.output.find("measured it for the planner") != std::string::npos) {
+    EXPECT_NE(b.output.find("not cached"), std::string::npos) << b.output;
+  }
   std::filesystem::remove_all(dir);
 }
 
