@@ -157,9 +157,8 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
   std::mutex mu;
   std::string collectives;
   // Steps run until `steps` of them were clean (other processes used at most
-  // kBusyOthers of the machine meanwhile) or kMaxSteps ran; the median is over
-  // the clean ones (over all when fewer were clean: `clean` says how many).
-  constexpr double kBusyOthers = 0.10;
+  // plan::kDisturbedShare of the machine meanwhile) or kMaxSteps ran; the median
+  // is over the clean ones (over all when fewer were clean: `clean` says how many).
   const int max_steps = std::max(steps, 8 * steps);
   std::vector<double> per_step;  // slowest rank's seconds per step (after warm-up)
   std::vector<char> clean;
@@ -171,7 +170,7 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
     const double busy = after.others_busy_fraction(before);
     before = after;
     per_step.push_back(*std::max_element(step_secs.begin(), step_secs.end()));
-    clean.push_back(busy <= kBusyOthers);
+    clean.push_back(busy <= plan::kDisturbedShare);
     const int done = static_cast<int>(per_step.size());
     int n_clean = 0;
     for (int i = warmup; i < done; ++i) n_clean += clean[i];

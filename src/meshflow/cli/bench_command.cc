@@ -34,7 +34,7 @@ int run_bench(const BenchOptions& o) {
     return 1;
   }
   std::printf("%s", plan::format_calibration(*cal).c_str());
-  if (cal->others_busy > 0.10)
+  if (cal->others_busy > plan::kDisturbedShare)
     std::fprintf(stderr,
                  "meshflow: warning: other processes used %.0f%% of the CPU while this "
                  "measured; the figures are a share of the machine, not the machine\n",

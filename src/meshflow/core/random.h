@@ -19,11 +19,16 @@ constexpr uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// FNV-1a (64-bit) of a string.
+constexpr uint64_t fnv1a(std::string_view text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h;
+}
+
 // FNV-1a of a name, mixed with a seed: one stream per (name, seed).
 constexpr uint64_t stream_seed(std::string_view name, uint64_t seed) {
-  uint64_t h = 1469598103934665603ULL;
-  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-  return mix64(h ^ mix64(seed));
+  return mix64(fnv1a(name) ^ mix64(seed));
 }
 
 inline uint64_t random_bits(uint64_t stream, uint64_t i) {

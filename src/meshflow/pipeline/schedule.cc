@@ -248,8 +248,8 @@ std::vector<Order> zb_v_orders(int p, int m, const SimCosts& c, bool reserve) {
 // make every W free), rounded to 1/64 of F so that tiny differences between
 // ranks' estimates cannot give them different orders.
 SimCosts zb_v_order_costs(const SimCosts& c) {
-  const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
-  const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+  const double bi = c.bi();
+  const double w = c.bw();
   SimCosts out;
   if (!(c.forward > 0) || !std::isfinite(c.forward + bi + w)) return out;  // equal times
   auto q = [&](double x) { return std::max(1.0, std::round(64 * x / c.forward)) / 64; };
@@ -389,8 +389,8 @@ void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
   const int p = s.options.stages;
   const int per_stage = std::max(1, costs.ranks_per_stage);
   const double ranks = double(p) * per_stage;
-  const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
-  const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
+  const double bi = costs.bi();
+  const double bw = costs.bw();
   auto cost_of = [&](ActionKind k) {
     switch (k) {
       case ActionKind::kForward:
@@ -440,8 +440,7 @@ void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
     int computing = 0;
     for (int r = 0; r < p; ++r) computing += left[size_t(r)] >= 0;
     // The next event: a compute action ending or a message arriving.
-    const double speed =
-        ranks / std::max(double(costs.cores), double(computing) * per_stage);
+    const double speed = ranks / std::max(double(costs.cores), double(computing) * per_stage);
     double dt = std::numeric_limits<double>::infinity();
     for (int r = 0; r < p; ++r) {
       if (left[size_t(r)] >= 0) {
@@ -475,8 +474,8 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
   if (static_cast<int>(s.ranks.size()) != p)
     return Status::invalid("schedule has " + std::to_string(s.ranks.size()) +
                            " rank lists for stages=" + std::to_string(p));
-  const double bi = costs.backward_input >= 0 ? costs.backward_input : costs.backward / 2;
-  const double bw = costs.backward_weight >= 0 ? costs.backward_weight : costs.backward / 2;
+  const double bi = costs.bi();
+  const double bw = costs.bw();
   const bool split = s.split_backward();
   auto stash_of = [&](int chunk) {
     return static_cast<size_t>(chunk) < costs.stash_bytes.size() ? costs.stash_bytes[chunk] : 0.0;
@@ -640,14 +639,14 @@ double ideal_bubble_fraction(const ScheduleOptions& o, const SimCosts& c) {
     case ScheduleKind::kInterleaved:
       return (p - 1) / (v * m + p - 1);
     case ScheduleKind::kZbH1: {
-      const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
-      const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+      const double bi = c.bi();
+      const double w = c.bw();
       const double bubble = (p - 1) * std::max(0.0, c.forward + bi - w);
       return bubble / (m * (c.forward + bi + w) + bubble);
     }
     case ScheduleKind::kZbV: {
-      const double bi = c.backward_input >= 0 ? c.backward_input : c.backward / 2;
-      const double w = c.backward_weight >= 0 ? c.backward_weight : c.backward / 2;
+      const double bi = c.bi();
+      const double w = c.bw();
       const double bubble = (p - 1) * c.forward;
       return bubble / (2 * m * (c.forward + bi + w) + bubble);
     }

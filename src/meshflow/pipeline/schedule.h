@@ -99,7 +99,10 @@ struct SimCosts {
   double backward = 2;
   double backward_input = -1;   // < 0: backward / 2
   double backward_weight = -1;  // < 0: backward / 2
-  double p2p = 0;               // latency of one message
+  // A split backward's two halves, the defaults above applied.
+  double bi() const { return backward_input >= 0 ? backward_input : backward / 2; }
+  double bw() const { return backward_weight >= 0 ? backward_weight : backward / 2; }
+  double p2p = 0;  // latency of one message
   // Optional, per chunk: the bytes one micro-batch's stash holds from its F
   // to its B (Bi with a split backward), and from Bi to W;
   // SimResult::peak_stash_bytes.

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "meshflow/core/file_io.h"
+#include "meshflow/core/random.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/calibrate.h"
@@ -255,17 +256,12 @@ std::string local_cluster_cache_path() {
   } else {
     return "";
   }
-  // FNV-1a of the device name: one file per kind of machine.
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char ch : this_machine_device_name()) hash = (hash ^ ch) * 1099511628211ull;
+  // One file per kind of machine.
   char name[48];
-  std::snprintf(name, sizeof name, "local_cpu-%016llx.json", static_cast<unsigned long long>(hash));
+  std::snprintf(name, sizeof name, "local_cpu-%016llx.json",
+                static_cast<unsigned long long>(fnv1a(this_machine_device_name())));
   return dir + "/" + name;
 }
-
-// Above this share of the CPU used by other processes, a calibration
-// measured part of the machine and is not cached.
-constexpr double kBusyMachine = 0.10;
 
 Result<Cluster> load_local_cluster(const std::string& path) {
   namespace fs = std::filesystem;
@@ -306,7 +302,7 @@ Result<Cluster> load_local_cluster(const std::string& path) {
   Cluster c = cluster_from_calibration(*cal, "local_cpu");
   std::string where =
       "not cached: no cache directory ($MESHFLOW_CACHE_DIR, $XDG_CACHE_HOME, $HOME)";
-  if (cal->others_busy > kBusyMachine) {
+  if (cal->others_busy > kDisturbedShare) {  // it measured part of the machine
     char busy[160];
     std::snprintf(busy, sizeof busy,
                   "not cached: other processes used %.0f%% of the CPU meanwhile, so it is "

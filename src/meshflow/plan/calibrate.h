@@ -34,6 +34,10 @@ struct CpuSample {
   double others_busy_fraction(const CpuSample& before) const;
 };
 CpuSample cpu_sample();
+// A measurement beside other processes that used more than this share of the
+// CPU measured part of the machine (the calibration is not cached, a bench
+// step is not counted).
+inline constexpr double kDisturbedShare = 0.10;
 
 struct CalibrationOptions {
   bool quick = false;  // smaller sizes, fewer repetitions: well under 3 s
