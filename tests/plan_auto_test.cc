@@ -166,6 +166,19 @@ TEST(PlanAuto, LocalClusterIsThisMachines) {
   if (b.output.find("measured it for the planner") != std::string::npos) {
     EXPECT_NE(b.output.find("not cached"), std::string::npos) << b.output;
   }
+  // A corrupt configs/clusters/local_cpu.json where the process runs (a
+  // broken install), with no cache: an error naming the file, exit 2.
+  std::filesystem::create_directories(dir + "/run/configs/clusters");
+  std::ofstream(dir + "/run/configs/clusters/local_cpu.json") << "{\"nodes\": ";
+  testing::ScopedEnv empty_cache("MESHFLOW_CACHE_DIR", (dir + "/empty").c_str());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir + "/run");
+  const testing::CliRun c =
+      testing::run_cli("explain " + cfg + " --ranks 2 --no-nodes --set " +
+                       "'parallel={\"mode\": \"auto\", \"search\": \"full\"}'");
+  std::filesystem::current_path(cwd);
+  EXPECT_EQ(c.code, 2) << c.output;
+  EXPECT_NE(c.output.find("configs/clusters/local_cpu.json"), std::string::npos) << c.output;
   std::filesystem::remove_all(dir);
 }
 
