@@ -195,7 +195,7 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
     EXPECT_LE(std::abs(off), 5.0) << row;
   }
   EXPECT_TRUE(one_line_error(refit)) << refit.output;
-  EXPECT_NE(refit.output.find("auto mode chose 2 pipeline stages"), std::string::npos)
+  EXPECT_NE(refit.output.find("this one runs 2 pipeline stages"), std::string::npos)
       << refit.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "refit.json"));
   ASSERT_EQ(e.code, 0) << e.output;
@@ -254,12 +254,59 @@ TEST_F(Job, AutoPlannedRunChecksItsPlan) {
   r = run_cli("train " + cfg + " --ranks 2 --steps 1 --calibrate-from-run " + refit);
   EXPECT_TRUE(one_line_error(r)) << r.output;
   EXPECT_NE(r.output.find("at least two steps"), std::string::npos) << r.output;
-  r = run_cli("train " + config(json()) + " --calibrate-from-run " + refit);
+  // A layout the planner does not price has no prediction to refit from.
+  r = run_cli("train " +
+              config(json{{"mode", "semi"},
+                          {"mesh", "dp=2"},
+                          {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}}) +
+              " --ranks 2 --calibrate-from-run " + refit);
   EXPECT_TRUE(one_line_error(r)) << r.output;
-  EXPECT_NE(r.output.find("has no such plan"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--calibrate-from-run: parallel.strategies (split tuples of your own) "
+                          "is not priced"),
+            std::string::npos)
+      << r.output;
   r = run_cli("train " + cfg + " --ranks 2 --steps 3 --calibrate-from-run /nonexistent/dir/c.json");
   EXPECT_TRUE(one_line_error(r)) << r.output;
   EXPECT_NE(r.output.find("--calibrate-from-run"), std::string::npos) << r.output;
+}
+
+// --check-plan: the planner checks a layout the user chose too. A
+// tensor-parallel run prints the same comparison as an auto-planned one,
+// for its own plan (not the one auto mode would pick), and says whether
+// another priced plan would now be faster; --calibrate-from-run refits from
+// a data-parallel run of the user's.
+TEST_F(Job, UserPlannedRunChecksItsPlan) {
+  const std::string tp =
+      config(json{{"mode", "semi"}, {"mesh", "dp=1,tp=2"}, {"preset", "megatron"}}, false, 8);
+  CliRun r = run_cli("train " + tp + " --ranks 2 --steps 3 --check-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part :
+       {"plan check (dp=1 tp=2 pp=1 mb=8x1 1f1b none zero0, rank 0, 2 steps after the first",
+        "  step         predicted", "  compute      predicted", "  collectives  predicted",
+        "  memory       predicted", "  corrections: compute x"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(r.output.find("would now be faster") != std::string::npos ||
+              r.output.find("this plan is still the fastest of the") != std::string::npos)
+      << r.output;
+  // Without the flag, no check.
+  r = run_cli("train " + tp + " --ranks 2 --steps 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("plan check"), std::string::npos) << r.output;
+  const std::string refit = (dir_ / "refit.json").string();
+  r = run_cli("train " + config(json()) + " --ranks 2 --steps 3 --calibrate-from-run " + refit);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan check (dp=2 tp=1 pp=1 mb=4x1"), std::string::npos) << r.output;
+  EXPECT_TRUE(plan::load_cluster(refit).is_ok());
+  // A pipeline the user split is compared, not refitted.
+  const std::string pipe =
+      config(json{{"mode", "data"}, {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}}, false, 8);
+  r = run_cli("train " + pipe + " --ranks 2 --steps 3 --check-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan check (dp=1 tp=1 pp=2 mb=4x2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("memory, st 0"), std::string::npos) << r.output;
+  r = run_cli("train " + pipe + " --ranks 2 --steps 3 --calibrate-from-run " + refit);
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("2 pipeline stages"), std::string::npos) << r.output;
 }
 
 TEST_F(Job, AnAxisThatSplitsNothingIsAnError) {

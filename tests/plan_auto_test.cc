@@ -649,5 +649,103 @@ TEST(PlanAuto, AutoModePicksAStageSplitWhenOnlyItFits) {
       << chosen.parallel.dump();
 }
 
+// The plan check of a layout the user chose (`meshflow train --check-plan`)
+// prices the plan the job runs: every plan auto mode prices reads back from
+// the job its section resolves to (the strategy search's by searching
+// again), and is priced as plan_local_run priced it, among the same
+// candidates.
+// A plan without the strategy search's answer (a pointer to each search's own).
+Plan unsearched(Plan p) {
+  p.searched = nullptr;
+  return p;
+}
+
+TEST(PlanAuto, EveryPlanReadsBackFromTheJobItRuns) {
+  const Cluster m = local();
+  const RunConfig rc = run_config(json{{"mode", "auto"}, {"search", "full"}});
+  const ModelConfig model = value_or_throw(parse_model_config(rc.model));
+  int checked = 0, pipelines = 0, zero = 0, tensor = 0, searched = 0;
+  for (int ranks : {1, 2, 4}) {
+    const LocalAutoPlan a = value_or_throw(plan_local_run(rc, ranks, m));
+    for (const StepCost& c : a.candidates) {
+      SCOPED_TRACE(plan_label(c.plan));
+      const json par = value_or_throw(parallel_section(c.plan, model));
+      Job job = value_or_throw(resolve_job(run_config(par), ranks));
+      if (c.plan.ops) {  // its tuples are no preset: found by searching again
+        EXPECT_FALSE(plan_of_job(job).is_ok());
+        const Status priced = price_job_plan(&job, m);
+        ASSERT_TRUE(priced.is_ok()) << priced.message();
+        EXPECT_EQ(unsearched(job.plan_check->best.plan), unsearched(c.plan));
+        EXPECT_DOUBLE_EQ(job.plan_check->best.step_time_s, c.step_time_s);
+        ++searched;
+        continue;
+      }
+      Result<Plan> back = plan_of_job(job);
+      ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << par.dump();
+      EXPECT_EQ(*back, c.plan) << plan_label(*back) << "\n" << par.dump();
+      ++checked, pipelines += c.plan.pp > 1, zero += c.plan.zero > 0, tensor += c.plan.tp > 1;
+    }
+    // The user's plan priced among the same candidates, as auto mode priced it.
+    const json par = value_or_throw(parallel_section(a.best.plan, model));
+    Job job = value_or_throw(resolve_job(run_config(par), ranks));
+    const Status priced = price_job_plan(&job, m);
+    ASSERT_TRUE(priced.is_ok()) << priced.message() << "\n" << par.dump();
+    ASSERT_TRUE(job.plan_check);
+    EXPECT_EQ(unsearched(job.plan_check->best.plan), unsearched(a.best.plan));
+    EXPECT_DOUBLE_EQ(job.plan_check->best.step_time_s, a.best.step_time_s);
+    EXPECT_EQ(job.plan_check->candidates.size(), a.candidates.size());
+    EXPECT_DOUBLE_EQ(job.plan_check->fastest.step_time_s, a.fastest.step_time_s);
+  }
+  std::printf("%d plans read back (%d pipelines, %d with ZeRO, %d with tp), %d searched again\n",
+              checked, pipelines, zero, tensor, searched);
+  EXPECT_GT(searched, 0);
+  EXPECT_GT(pipelines, 0);
+  EXPECT_GT(zero, 0);
+  EXPECT_GT(tensor, 0);
+}
+
+// What the planner does not price is refused by name, never priced as
+// something else: split tuples or rules of the user's own, recompute of
+// some blocks or of named ops.
+TEST(PlanAuto, LayoutsThePlannerDoesNotPriceAreNamed) {
+  struct Case {
+    json parallel;
+    json train;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{{"mode", "semi"},
+        {"mesh", "dp=2"},
+        {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}},
+       json::object(),
+       "parallel.strategies (split tuples of your own) is not priced"},
+      {{{"mode", "semi"}, {"mesh", "dp=1,tp=2"}, {"rules", {{"batch", "dp"}, {"heads", "tp"}}}},
+       json::object(),
+       "parallel.rules of your own is not priced"},
+      {{{"mode", "data"}},
+       {{"recompute", "full"}, {"recompute_layers", {0}}},
+       "recompute of some blocks (train.recompute_layers) is not priced"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.parallel.dump() + " " + c.train.dump());
+    RunConfig rc = run_config(c.parallel);
+    if (!c.train.empty()) {
+      json doc = {{"model", small_gpt()},
+                  {"data", {{"dataset", "fortunes"}}},
+                  {"train", {{"steps", 1}, {"batch_size", 8}, {"seq_len", 32}}},
+                  {"parallel", c.parallel}};
+      doc["train"].update(c.train);
+      rc = value_or_throw(parse_run_config(doc, ""));
+    }
+    Result<Job> job = resolve_job(rc, 2);
+    ASSERT_TRUE(job.is_ok()) << job.status().message();
+    Result<Plan> p = plan_of_job(*job);
+    ASSERT_FALSE(p.is_ok()) << plan_label(*p);
+    EXPECT_NE(p.status().message().find(c.says), std::string::npos) << p.status().message();
+    EXPECT_NE(p.status().message().find("the planner prices data parallel, the presets"),
+              std::string::npos)
+        << p.status().message();
+  }
+}
 }  // namespace
 }  // namespace meshflow::plan

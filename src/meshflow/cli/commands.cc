@@ -90,24 +90,27 @@ Status check_checkpoint_dir(const std::string& path, const std::string& what) {
   return Status::ok();
 }
 
-// --calibrate-from-run refits from a run auto mode planned, into a file it can write.
-Status check_calibrate_option(const TrainOptions& o, const Job& job) {
+// The plan check's prediction (--check-plan, --calibrate-from-run; auto mode
+// has it already), priced on `local`; --calibrate-from-run refits from a run
+// of one program per rank, into a file it can write.
+Status prepare_plan_check(const TrainOptions& o, Job* job, const Result<plan::Cluster>& local) {
+  if (!o.check_plan && o.calibrate_from_run.empty()) return Status::ok();
+  const char* flag = o.calibrate_from_run.empty() ? "--check-plan" : "--calibrate-from-run";
+  if (!job->plan_check) {
+    if (!local.is_ok()) return local.status().with_context(flag);
+    if (Status s = price_job_plan(job, *local); !s.is_ok()) return s.with_context(flag);
+  }
   if (o.calibrate_from_run.empty()) return Status::ok();
-  if (!job.auto_plan)
+  if (job->plan_check->best.plan.pp > 1)
     return Status::invalid(
-        "--calibrate-from-run compares a run with the plan auto mode chose for it; this run "
-        "has no such plan (set \"parallel\": {\"mode\": \"auto\", \"search\": \"full\"})");
-  if (job.auto_plan->best.plan.pp > 1)
-    return Status::invalid(
-        "--calibrate-from-run refits from a run of one program per rank; auto mode chose " +
-        std::to_string(job.auto_plan->best.plan.pp) +
-        " pipeline stages for this one (rank 0 measures only its stage), so there is "
-        "nothing to refit from");
-  if (job.rc.train.steps < 2)
+        "--calibrate-from-run refits from a run of one program per rank; this one runs " +
+        std::to_string(job->plan_check->best.plan.pp) +
+        " pipeline stages (rank 0 measures only its stage), so there is nothing to refit from");
+  if (job->rc.train.steps < 2)
     return Status::invalid(
         "--calibrate-from-run needs at least two steps (the first one warms "
         "up), train.steps is " +
-        std::to_string(job.rc.train.steps) + "; raise --steps");
+        std::to_string(job->rc.train.steps) + "; raise --steps");
   return check_output_file(o.calibrate_from_run, "--calibrate-from-run");
 }
 
@@ -151,9 +154,9 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   // A run auto mode planned is profiled: the plan check compares its kernels
   // with the prediction (cli/plan_check.h).
-  const bool check = job.auto_plan != nullptr && main_rank;
+  const bool check = job.plan_check != nullptr && main_rank;
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer,
-                      make_engine(job, comm, trace, o.profile || job.auto_plan != nullptr));
+                      make_engine(job, comm, trace, o.profile || job.plan_check != nullptr));
   const TrainConfig& tc = rc.train;
   if (!o.resume.empty()) {
     const std::string from = o.resume == "latest" ? tc.checkpoint : o.resume;
@@ -274,7 +277,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
             "--calibrate-from-run needs at least two steps (the first one "
             "warms up); raise --steps");
     } else {
-      const PlanCheck pc = check_plan(*job.auto_plan, m);
+      const PlanCheck pc = check_plan(*job.plan_check, m);
       if (!o.quiet) std::fputs(pc.report.c_str(), stderr);
       if (!o.calibrate_from_run.empty()) {
         MF_ASSIGN_OR_RETURN(const plan::Cluster local, plan::load_local_cluster());
@@ -402,7 +405,7 @@ int train_impl(const TrainOptions& o) {
     const Result<plan::Cluster> local = local_cluster_of_rank0(*t);
     Result<Job> job = resolve_job(*rc, (*t)->size(), nullptr, &local);
     if (!job.is_ok()) return user_error(job.status());
-    if (Status c = check_calibrate_option(o, *job); !c.is_ok()) return user_error(c);
+    if (Status c = prepare_plan_check(o, &*job, local); !c.is_ok()) return user_error(c);
     Status s;
     try {
       std::shared_ptr<Communicator> world = Communicator::world(*t);
@@ -427,7 +430,10 @@ int train_impl(const TrainOptions& o) {
   for (;; ++run.attempt) {
     Result<Job> job = resolve_job(*rc, run.ranks);  // before any rank starts
     if (!job.is_ok()) return user_error(job.status());
-    if (Status c = check_calibrate_option(run, *job); !c.is_ok()) return user_error(c);
+    if (run.check_plan || !run.calibrate_from_run.empty()) {
+      if (Status c = prepare_plan_check(run, &*job, plan::load_local_cluster()); !c.is_ok())
+        return user_error(c);
+    }
     traces.assign(static_cast<size_t>(run.ranks), TraceWriter{});
     if (run.ranks <= 1) {
       s = train_rank(run, *job, nullptr, o.trace.empty() ? nullptr : &traces[0]);

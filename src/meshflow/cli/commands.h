@@ -26,8 +26,11 @@ struct TrainOptions {
   int max_restarts = 0;
   bool elastic = false;
   int attempt = 0;  // set by the restart loop: 0 is the first run
-  // A run auto mode planned: write the local cluster file refitted by the
-  // plan check's corrections (cli/plan_check.h) here.
+  // Compare the run with the planner's prediction for its layout
+  // (cli/plan_check.h); a run auto mode planned always is.
+  bool check_plan = false;
+  // Write the local cluster file refitted by the plan check's corrections
+  // here (implies check_plan).
   std::string calibrate_from_run;
 };
 int run_train(const TrainOptions& o);

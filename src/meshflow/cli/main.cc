@@ -65,9 +65,13 @@ int main(int argc, char** argv) {
               "failed one's)");
   t->add_flag("--quiet", train.quiet, "Only errors and the final result");
   t->add_flag("--profile", train.profile, "Print kernel time by op kind at the end");
+  t->add_flag("--check-plan", train.check_plan,
+              "Compare the run with the planner's prediction for its layout (compute, "
+              "collectives, optimizer, memory) and say when another plan would be faster "
+              "(auto mode always does)");
   t->add_option("--calibrate-from-run", train.calibrate_from_run,
-                "Auto mode: write the local cluster file refitted by this run's plan check "
-                "(measured vs predicted compute and collectives)");
+                "Write the local cluster file refitted by this run's plan check (measured vs "
+                "predicted compute and collectives; implies --check-plan)");
   t->add_option(
        "--ranks", train.ranks,
        "Data-parallel ranks as threads of this process (under mpirun, ranks are its processes)")

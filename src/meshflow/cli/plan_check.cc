@@ -122,7 +122,7 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
                   plan::plan_label(best->plan).c_str(), 1e3 * corrected(*best), 1e3 * mine);
   } else {
     std::snprintf(buf, sizeof buf,
-                  "  with these corrections the chosen plan is still the fastest of the %zu "
+                  "  with these corrections this plan is still the fastest of the %zu "
                   "priced\n",
                   a.candidates.size());
   }

@@ -235,6 +235,7 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     Result<plan::LocalAutoPlan> chosen = plan::plan_local_run(rc, world, *local_cluster());
     if (!chosen.is_ok()) return chosen.status().with_context("parallel.search \"full\"");
     job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
+    job.plan_check = job.auto_plan;
     const json* section = &job.auto_plan->parallel;
     MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));
     MF_RETURN_IF_ERROR(fold_recompute(&rc));

@@ -72,6 +72,10 @@ struct Job {
   // that decided it: explain) and every candidate it priced (the train-time
   // plan check compares the run with them).
   std::shared_ptr<const plan::LocalAutoPlan> auto_plan;
+  // The prediction the train-time plan check compares the run with
+  // (cli/plan_check.h): auto_plan for auto mode; the job's own layout priced
+  // by price_job_plan (`meshflow train --check-plan`); null: no check.
+  std::shared_ptr<const plan::LocalAutoPlan> plan_check;
   std::vector<std::string> notes;  // what was resolved on the user's behalf
   // The links the reshard planner ranks redistributions on, per mesh axis:
   // the local cluster file's (plan::load_local_cluster, shared among the
@@ -99,6 +103,25 @@ Result<Mesh> spmd_stage_mesh(const StrategyConfig& par, int stages, int world);
 // the same numbers (MPI: rank 0's, broadcast); else load_local_cluster().
 Result<Job> resolve_job(RunConfig rc, int world, const PipelineConfig* pipeline = nullptr,
                         const Result<plan::Cluster>* local = nullptr);
+
+// The planner's plan (plan/plan.h) of the layout this job runs, for pricing
+// it: data parallel, the presets dp, megatron, megatron-sp, ulysses and ring
+// (and the MLP's and ResNet's rules parallel_section writes) on a mesh of
+// dp, tp and cp, ZeRO (either style), a pipeline (schedule, micro-batches,
+// virtual stages, blocks per stage) and recompute none, selective or full of
+// every block. What the plan would run is resolved again and compared with
+// the job, so a plan is returned only when it runs exactly this job. Errors
+// name what the planner does not price (split tuples or rules of your own,
+// recompute of some blocks or ops, ...).
+Result<plan::Plan> plan_of_job(const Job& job);
+
+// The plan check's prediction for a job: auto mode's (auto_plan), else
+// plan_of_job priced on `local` shared among job->world ranks
+// (plan::price_local_plan); split tuples are priced as the strategy search's
+// (Plan::ops) when searching on `local` gives exactly them (a plan auto mode
+// or `meshflow plan --out` wrote). Sets job->plan_check; errors as
+// plan_of_job's.
+Status price_job_plan(Job* job, const plan::Cluster& local);
 
 // The engine the job calls for (engine/engine.h): the PipelineTrainer when
 // it has stages, else the Trainer (data parallel or the partitioned

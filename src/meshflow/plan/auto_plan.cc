@@ -1,5 +1,6 @@
 #include "meshflow/plan/auto_plan.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -155,6 +156,38 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   out.fastest = *fastest;
   MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(best->plan));
   MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(best->plan, model));
+  return out;
+}
+
+Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Cluster& local,
+                                       const Plan& p) {
+  MF_ASSIGN_OR_RETURN(ModelConfig model, parse_model_config(rc.model));
+  MF_ASSIGN_OR_RETURN(Cluster cluster, share_machine(local, ranks));
+  const CostModel cm(TrainingJob{model, rc.train.batch_size, rc.train.seq_len}, cluster,
+                     meshflow_cpu_constants());
+  if (!cm.status().is_ok()) return cm.status().with_context("plan check");
+  Result<StepCost> priced = cm.price(p);
+  if (!priced.is_ok()) return priced.status().with_context("plan check");
+  LocalAutoPlan out;
+  out.best = *priced;
+  MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(p));
+  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(out.best.plan, model));
+  // The others auto mode would price (none when it finds no valid plan).
+  Result<LocalAutoPlan> searched = plan_local_run(rc, ranks, local);
+  if (searched.is_ok()) out.candidates = std::move(searched->candidates);
+  // p among them, as priced here (the strategy search's plans hold their
+  // own search's answer: equal but for that pointer).
+  bool listed = false;
+  for (StepCost& c : out.candidates) {
+    Plan a = c.plan, b = out.best.plan;
+    a.searched = b.searched = nullptr;
+    if (a == b) c = out.best, listed = true;
+  }
+  if (!listed) out.candidates.push_back(out.best);
+  out.fastest = out.best;
+  for (const StepCost& c : out.candidates)
+    if (c.fits && (!out.fastest.fits || faster(c, out.fastest))) out.fastest = c;
+  out.spread = local_plan_spread(out.fastest.plan, cluster);
   return out;
 }
 

@@ -66,6 +66,15 @@ struct LocalAutoPlan {
 // nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
+// A layout the user chose (not auto mode's), priced as plan_local_run prices
+// its candidates, for the train-time plan check (`meshflow train
+// --check-plan`): best = p's prediction, parallel = parallel_section(p),
+// candidates = every plan plan_local_run prices (so the check can say that
+// another would be faster) with p among them, fastest = the fastest that
+// fits. Errors: p is not valid for this model, batch and ranks (why).
+Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Cluster& local,
+                                       const Plan& p);
+
 // The run config's "parallel" object that runs plan `p` exactly (one function
 // for `meshflow plan --out` and auto mode, so what is priced is what runs):
 // dp alone: mode "data" (bucketed, overlapped all-reduces); tp: preset

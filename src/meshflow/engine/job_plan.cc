@@ -1,0 +1,164 @@
+// A resolved job as the planner's plan (engine/job.h: plan_of_job), for the
+// train-time plan check of a layout the user chose.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshflow/engine/job.h"
+#include "meshflow/models/from_config.h"
+#include "meshflow/pipeline/schedule.h"
+
+namespace meshflow {
+
+namespace {
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+// Everything of a resolved job that decides what runs, as one line: two jobs
+// with the same key build the same programs on the same meshes.
+std::string layout_key(const Job& j) {
+  const StrategyConfig& par = j.rc.parallel;
+  std::string k = std::string(parallel_mode_name(j.mode)) + (j.partitioned ? " partitioned" : "") +
+                  " mesh " + j.mesh.to_string() + " micro-batches " + str(j.micro_batches);
+  if (j.pipeline) {
+    const PipelineConfig& pc = *j.pipeline;
+    k += " pipeline " + str(pc.stages) + " " + std::string(schedule_name(pc.schedule)) + " v" +
+         str(pc.virtual_stages) + " blocks [";
+    for (int64_t n : pc.layers_per_stage) k += str(n) + " ";
+    k += "]";
+  }
+  if (!par.preset.empty()) k += " preset " + par.preset;
+  if (par.preset == "ring") k += " " + par.ring_order;
+  if (par.zero > 0) k += " zero" + str(par.zero) + " " + par.zero_style;
+  std::vector<std::pair<std::string, std::string>> rules = par.rules.rules;
+  std::sort(rules.begin(), rules.end());
+  if (!rules.empty()) {
+    k += " rules {";
+    for (const auto& [dim, axis] : rules) k += dim + ":" + axis + " ";
+    k += "}";
+  }
+  for (const auto& [pattern, splits] : par.strategies) k += " " + pattern + "=" + splits;
+  const RecomputePolicy& rcp = j.rc.train.recompute;
+  k += " recompute " + str(rcp.mode);
+  return k;
+}
+
+const char* const kPrices =
+    "; the planner prices data parallel, the presets dp, megatron, megatron-sp, ulysses and "
+    "ring on a mesh of dp, tp and cp, the strategy search's own split tuples, ZeRO, pipelines, "
+    "and recompute none, selective or full of every block";
+
+// The plan's degrees, schedule, ZeRO and recompute read off the job (not
+// yet checked to run it: runs_as).
+Result<plan::Plan> layout_of(const Job& job) {
+  const RunConfig& rc = job.rc;
+  const StrategyConfig& par = rc.parallel;
+  const std::string prices = kPrices;
+  const RecomputePolicy& rcp = rc.train.recompute;
+  if (rcp.mode == RecomputePolicy::kOps)
+    return Status::invalid("recompute of named ops (train.recompute_ops) is not priced" + prices);
+  if (!rcp.layers.empty())
+    return Status::invalid("recompute of some blocks (train.recompute_layers) is not priced" +
+                           prices);
+  plan::Plan p;
+  for (int a = 0; a < job.mesh.num_axes(); ++a) {
+    const std::string& axis = job.mesh.axis_name(a);
+    const int64_t n = job.mesh.size(a);
+    if (axis == "dp") {
+      p.dp = n;
+    } else if (axis == "tp") {
+      p.tp = n;
+    } else if (axis == "cp") {
+      p.cp = n;
+    } else {
+      return Status::invalid("mesh axis '" + axis + "' (" + job.mesh.to_string() +
+                             ") is not priced" + prices);
+    }
+  }
+  if (job.pipeline) {
+    const PipelineConfig& pc = *job.pipeline;
+    p.pp = pc.stages;
+    p.vp = pc.virtual_stages;
+    p.schedule = pc.schedule;
+    p.layers_per_stage = pc.layers_per_stage;
+  }
+  p.num_micro_batches = std::max(1, job.micro_batches);
+  const int64_t rows = p.dp * p.num_micro_batches;
+  if (rc.train.batch_size % rows != 0)
+    return Status::invalid("train.batch_size " + str(rc.train.batch_size) +
+                           " does not split into dp x micro-batches = " + str(rows));
+  p.micro_batch = rc.train.batch_size / rows;
+  p.zero = par.zero;
+  p.group = par.zero > 0 && par.zero_style == "group";
+  p.sp = par.preset == "megatron-sp";
+  p.ring = par.preset == "ring";
+  p.recompute = rcp.mode == RecomputePolicy::kFull        ? plan::Recompute::kFull
+                : rcp.mode == RecomputePolicy::kSelective ? plan::Recompute::kSelective
+                                                          : plan::Recompute::kNone;
+
+  return p;
+}
+
+// What plan `p` runs, resolved as a user's section would be, must be this
+// job, or the prediction would be of another program.
+Status runs_as(const Job& job, const plan::Plan& p) {
+  const RunConfig& rc = job.rc;
+  const StrategyConfig& par = rc.parallel;
+  MF_ASSIGN_OR_RETURN(const ModelConfig model, parse_model_config(rc.model));
+  MF_ASSIGN_OR_RETURN(const json section, plan::parallel_section(p, model));
+  RunConfig again = rc;
+  again.has_parallel = true;
+  MF_ASSIGN_OR_RETURN(again.parallel, parse_strategy_config(section, "parallel (priced)"));
+  Result<Job> planned = resolve_job(again, job.world);
+  const std::string mine = layout_key(job);
+  if (!planned.is_ok() || layout_key(*planned) != mine) {
+    std::string what = "this job's layout";
+    if (!par.strategies.empty())
+      what = "parallel.strategies (split tuples of your own)";
+    else if (par.preset.empty() && !par.rules.rules.empty())
+      what = "parallel.rules of your own";
+    return Status::invalid(what + " is not priced (the job runs: " + mine + "; the nearest plan, " +
+                           plan::plan_label(p) + ", runs: " +
+                           (planned.is_ok() ? layout_key(*planned) : planned.status().message()) +
+                           ")" + kPrices);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<plan::Plan> plan_of_job(const Job& job) {
+  MF_ASSIGN_OR_RETURN(const plan::Plan p, layout_of(job));
+  MF_RETURN_IF_ERROR(runs_as(job, p));
+  return p;
+}
+
+Status price_job_plan(Job* job, const plan::Cluster& local) {
+  if (job->auto_plan) {
+    job->plan_check = job->auto_plan;
+    return Status::ok();
+  }
+  MF_ASSIGN_OR_RETURN(const plan::Plan p, layout_of(*job));
+  const Status runs = runs_as(*job, p);
+  if (!runs.is_ok() && !job->rc.parallel.strategies.empty() && p.tp > 1 && p.cp == 1) {
+    // Split tuples the strategy search wrote (auto mode, `meshflow plan
+    // --out`): searched again on this cluster, they are the same tuples.
+    plan::Plan ops = p;
+    ops.ops = true, ops.sp = false;
+    Result<plan::LocalAutoPlan> priced = plan::price_local_plan(job->rc, job->world, local, ops);
+    if (priced.is_ok() && runs_as(*job, priced->best.plan).is_ok()) {
+      job->plan_check = std::make_shared<const plan::LocalAutoPlan>(std::move(*priced));
+      return Status::ok();
+    }
+  }
+  MF_RETURN_IF_ERROR(runs);
+  MF_ASSIGN_OR_RETURN(plan::LocalAutoPlan priced,
+                      plan::price_local_plan(job->rc, job->world, local, p));
+  job->plan_check = std::make_shared<const plan::LocalAutoPlan>(std::move(priced));
+  return Status::ok();
+}
+
+}  // namespace meshflow
