@@ -4,12 +4,18 @@
 //   on the same numbers on every machine instead of measuring the one they
 //   run on (plan::load_local_cluster; PlanAuto.LocalClusterIsThisMachines
 //   tests the measuring with the variable unset).
+// - OPENBLAS_CORETYPE: OpenBLAS's kernels for this CPU where it fell back to
+//   its generic ones (kernels/cpu/blas_core.h: the binary restarts with it,
+//   as `meshflow` does).
 #include <cstdlib>
 #include <string>
+
+#include "meshflow/kernels/cpu/blas_core.h"
 
 namespace {
 
 const bool kEnvironmentSet = [] {
+  meshflow::cpu::use_supported_blas_kernels();
   const char* src = std::getenv("MESHFLOW_SOURCE_DIR");
   const std::string root = src && *src ? src : MESHFLOW_SOURCE_DIR_DEFAULT;
   ::setenv("MESHFLOW_LOCAL_CLUSTER", (root + "/configs/clusters/local_cpu.json").c_str(), 0);

@@ -23,8 +23,12 @@
 #include "meshflow/cli/explain_command.h"
 #include "meshflow/cli/launch_command.h"
 #include "meshflow/cli/plan_command.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS's own kernels for this CPU, not its generic fallback (a VM that
+  // hides the CPU model): a restart with OPENBLAS_CORETYPE, before anything runs.
+  meshflow::cpu::use_supported_blas_kernels(argv);
   CLI::App app{
       "meshflow: train neural networks across devices, choosing how to split the work.\n"
       "Run 'meshflow COMMAND --help' for a command's options."};

@@ -17,6 +17,7 @@
 
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 namespace meshflow::plan {
 namespace {
@@ -222,8 +223,11 @@ double sig4(double x) {
   const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
   return std::round(x * scale) / scale;
 }
+// The kernel set OpenBLAS runs is part of the machine's identity: the same
+// CPU runs SGEMM 4x slower on its generic fallback (kernels/cpu/blas_core.h).
 std::string device_name(const std::string& cpu, int threads) {
-  return cpu + " (" + std::to_string(threads) + " threads, OpenBLAS SGEMM)";
+  return cpu + " (" + std::to_string(threads) + " threads, OpenBLAS " + cpu::blas_core().running +
+         " SGEMM)";
 }
 
 }  // namespace
@@ -255,8 +259,12 @@ std::string format_calibration(const Calibration& cal) {
   std::string s;
   char line[256];
   const char* wait = std::getenv("OMP_WAIT_POLICY");
-  std::snprintf(line, sizeof line, "device: %s, %d threads (OMP_WAIT_POLICY=%s)\n",
-                cal.cpu_name.c_str(), cal.threads, wait ? wait : "unset");
+  const cpu::BlasCore core = cpu::blas_core();
+  std::snprintf(line, sizeof line,
+                "device: %s, %d threads, OpenBLAS %s kernels (the CPU runs %s; "
+                "OMP_WAIT_POLICY=%s)\n",
+                cal.cpu_name.c_str(), cal.threads, core.running.c_str(),
+                core.supported.empty() ? "no AVX2" : core.supported.c_str(), wait ? wait : "unset");
   s += line;
   s += "SGEMM (square, cblas_sgemm):\n";
   for (const GemmSample& g : cal.gemm) {
