@@ -34,6 +34,7 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/state_checkpoint.h"
 #include "meshflow/io/checkpoint.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 using namespace meshflow;
 namespace fs = std::filesystem;
@@ -72,6 +73,7 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   std::string dir = "/var/tmp/meshflow_ckpt_bench";
   int layers = 14, hidden = 768;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -19,6 +19,7 @@
 #include "bench_table.h"
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 using namespace meshflow;
 
@@ -120,6 +121,7 @@ Status bench_op(const Options& o, int n, const std::string& op) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/kernels/cpu/blas_core.h"
 #include "meshflow/kernels/cpu/conv.h"
 #include "meshflow/kernels/kernel.h"
 #include "meshflow/ops/builder.h"
@@ -169,6 +170,7 @@ Times onednn_times(const Conv& c, bool blocked, std::string* impl) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   omp_set_num_threads(threads);
   meshflow::Graph probe;

@@ -16,6 +16,7 @@
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 #include "meshflow/models/gpt.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/verify.h"
@@ -47,6 +48,7 @@ double gemm_peak() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   int threads = 1, steps = 20, layers = 4, embd = 256, heads = 4, seq = 128, batch = 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];

@@ -8,8 +8,17 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-20}
 ROUNDS=${ROUNDS:-3}
-cmake --build "$BUILD" --target gpt_step -j2 >/dev/null
+cmake --build "$BUILD" --target gpt_step meshflow -j2 >/dev/null
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: run scripts/install-deps.sh"; exit 2; }
+# PyTorch gets the OpenBLAS kernels meshflow runs: where OpenBLAS falls back
+# to its generic ones, meshflow restarts itself with OPENBLAS_CORETYPE
+# (src/meshflow/kernels/cpu/blas_core.h); export the same for torch.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -x "$BUILD/meshflow" ]; then
+  core=$("$BUILD/meshflow" bench --calibrate --quick 2>/dev/null |
+    sed -n 's/.*OpenBLAS \([A-Za-z0-9]*\) kernels.*/\1/p' | head -1)
+  if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+fi
+echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-as detected}"
 printf "%-8s %14s %14s %8s %14s %12s\n" threads meshflow_tok/s pytorch_tok/s ratio "GFLOP/s(mf)" "of GEMM peak"
 for t in 1 2; do
   best_m=0; best_p=0; line_m=""

@@ -22,6 +22,7 @@
 #include "bench_table.h"
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/mpi_transport.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 using namespace meshflow::bench;
 
@@ -77,6 +78,7 @@ double time_op(BenchOp op, size_t bytes, double seconds, Communicator& comm,
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   size_t min_bytes = 1 << 10, max_bytes = size_t{256} << 20;
   double seconds = 0.25;
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -19,6 +19,7 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/config/json_reader.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/optim/optimizer.h"
@@ -45,6 +46,7 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   std::string cluster_path = "configs/clusters/dgx_a100_80gb.json";
   int repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {

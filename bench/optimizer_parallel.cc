@@ -27,6 +27,7 @@
 #include "meshflow/core/trace.h"
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 using namespace meshflow;
 using Clock = std::chrono::steady_clock;
@@ -100,6 +101,7 @@ double mib(int64_t b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   std::string config = "configs/gpt_fortunes.json";
   int steps = 6, ranks = 4;
   for (int i = 1; i + 1 < argc; i += 2) {

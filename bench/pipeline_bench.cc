@@ -23,6 +23,7 @@
 
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/pipeline_trainer.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 
 namespace meshflow {
 namespace {
@@ -164,6 +165,7 @@ std::string kib(int64_t bytes) {
 }  // namespace meshflow
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   using namespace meshflow;
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {

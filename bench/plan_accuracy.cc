@@ -42,6 +42,7 @@
 #include "meshflow/engine/job.h"
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/calibrate.h"
@@ -284,6 +285,7 @@ std::vector<int> split_ints(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   std::string cluster_path, model_path, only;  // no --cluster: this machine's (load_local_cluster)
   int steps = 6, warmup = 2, batch = 16, seq = 128, repeat = 1;
   std::vector<int> auto_ranks;

@@ -26,6 +26,7 @@
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/core/random.h"
 #include "meshflow/engine/trainer.h"
+#include "meshflow/kernels/cpu/blas_core.h"
 #include "meshflow/kernels/cpu/conv.h"
 #include "meshflow/models/model.h"
 #include "meshflow/models/resnet.h"
@@ -54,6 +55,7 @@ bool is_batch_norm(OpKind k) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshflow::cpu::use_supported_blas_kernels(argv);  // kernels/cpu/blas_core.h
   int threads = 1, steps = 10, nodes = 0;
   int64_t batch = 32, image = 32, labels = 10;
   std::string config = "configs/models/resnet18.json";

@@ -10,8 +10,17 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-10}
 ROUNDS=${ROUNDS:-3}
-cmake --build "$BUILD" --target resnet_step -j2 >/dev/null
+cmake --build "$BUILD" --target resnet_step meshflow -j2 >/dev/null
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: run scripts/install-deps.sh"; exit 2; }
+# PyTorch gets the OpenBLAS kernels meshflow runs: where OpenBLAS falls back
+# to its generic ones, meshflow restarts itself with OPENBLAS_CORETYPE
+# (src/meshflow/kernels/cpu/blas_core.h); export the same for torch.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -x "$BUILD/meshflow" ]; then
+  core=$("$BUILD/meshflow" bench --calibrate --quick 2>/dev/null |
+    sed -n 's/.*OpenBLAS \([A-Za-z0-9]*\) kernels.*/\1/p' | head -1)
+  if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+fi
+echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-as detected}"
 field() { /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 better() { /usr/bin/python3 -c "import sys; sys.exit(0 if $1 > $2 else 1)"; }
 printf "%-8s %12s %12s %8s %11s %9s  %s\n" threads meshflow_i/s pytorch_i/s ratio conv_share bn_share \
