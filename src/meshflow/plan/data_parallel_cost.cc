@@ -65,8 +65,11 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   } else if (p.zero <= 2) {
     const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
     double ag = dp_collective(Collective::kAllGather, p_stage * act);
-    // The gradient norm over sharded gradients: a scalar all_reduce per tensor.
-    if (k_.collective_per_tensor) ag += dp_collective(Collective::kAllReduce, 4.0 * tensors);
+    // The gradient norm over sharded gradients: the partitioned program sums
+    // every shard's squares and all_reduces them once (one_norm_reduction:
+    // the program's one all_reduce in the optimizer phase), not per tensor.
+    if (k_.collective_per_tensor)
+      ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
     dp_exposed = overlap_exposed_s(rs, window) + ag;
     dp_bytes = ring_dp * (grad_bytes + p_stage * act);
   } else {
