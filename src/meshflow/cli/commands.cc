@@ -91,8 +91,8 @@ Status check_checkpoint_dir(const std::string& path, const std::string& what) {
 }
 
 // The plan check's prediction (--check-plan, --calibrate-from-run; auto mode
-// has it already), priced on `local`; --calibrate-from-run refits from a run
-// of one program per rank, into a file it can write.
+// has it already), priced on `local`; --calibrate-from-run refits into a
+// file it can write.
 Status prepare_plan_check(const TrainOptions& o, Job* job, const Result<plan::Cluster>& local) {
   if (!o.check_plan && o.calibrate_from_run.empty()) return Status::ok();
   const char* flag = o.calibrate_from_run.empty() ? "--check-plan" : "--calibrate-from-run";
@@ -101,11 +101,6 @@ Status prepare_plan_check(const TrainOptions& o, Job* job, const Result<plan::Cl
     if (Status s = price_job_plan(job, *local); !s.is_ok()) return s.with_context(flag);
   }
   if (o.calibrate_from_run.empty()) return Status::ok();
-  if (job->plan_check->best.plan.pp > 1)
-    return Status::invalid(
-        "--calibrate-from-run refits from a run of one program per rank; this one runs " +
-        std::to_string(job->plan_check->best.plan.pp) +
-        " pipeline stages (rank 0 measures only its stage), so there is nothing to refit from");
   if (job->rc.train.steps < 2)
     return Status::invalid(
         "--calibrate-from-run needs at least two steps (the first one warms "
@@ -154,7 +149,9 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
   // A run auto mode planned is profiled: the plan check compares its kernels
   // with the prediction (cli/plan_check.h).
-  const bool check = job.plan_check != nullptr && main_rank;
+  // Every rank measures (a pipeline's slowest stage may be any rank's);
+  // rank 0 reports.
+  const bool check = job.plan_check != nullptr;
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer,
                       make_engine(job, comm, trace, o.profile || job.plan_check != nullptr));
   const TrainConfig& tc = rc.train;
@@ -267,16 +264,21 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   }
   MF_RETURN_IF_ERROR(settle(true));
   if (check) {
-    const RunMeasurement m = measure_run(kernels_after_first, trainer->seconds_by_kind(),
-                                         static_cast<int>(later_steps.size()), later_steps,
-                                         later_wait, trainer->peak_bytes());
-    if (m.steps < 1) {
+    RunMeasurement m = measure_run(kernels_after_first, trainer->seconds_by_kind(),
+                                   static_cast<int>(later_steps.size()), later_steps, later_wait,
+                                   trainer->peak_bytes());
+    // Every rank's measurement to rank 0, which compares the slowest one's
+    // (the most kernel time; rank 0's peak memory stays).
+    if (comm && world > 1) {
+      MF_ASSIGN_OR_RETURN(m, slowest_rank_measurement(*comm, m));
+    }
+    if (main_rank && m.steps < 1) {
       progress.message("meshflow: plan check: needs two steps or more (measured after the first)");
       if (!o.calibrate_from_run.empty())
         return Status::invalid(
             "--calibrate-from-run needs at least two steps (the first one "
             "warms up); raise --steps");
-    } else {
+    } else if (main_rank) {
       const PlanCheck pc = check_plan(*job.plan_check, m);
       if (!o.quiet) std::fputs(pc.report.c_str(), stderr);
       if (!o.calibrate_from_run.empty()) {

@@ -58,6 +58,28 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
   return m;
 }
 
+Result<RunMeasurement> slowest_rank_measurement(Communicator& comm, const RunMeasurement& mine) {
+  constexpr int kFields = 5;
+  const float row[kFields] = {float(mine.compute_s), float(mine.collectives_s),
+                              float(mine.optimizer_s), float(mine.step_s),
+                              mine.by_kind ? 1.0f : 0.0f};
+  std::vector<float> all(static_cast<size_t>(kFields * comm.size()));
+  MF_RETURN_IF_ERROR(comm.all_gather(row, kFields, all.data()));
+  RunMeasurement out = mine;
+  out.ranks = comm.size();
+  double most = -1;
+  for (int r = 0; r < comm.size(); ++r) {
+    const float* f = &all[static_cast<size_t>(kFields * r)];
+    const double kernels = double(f[0]) + f[1] + f[2];
+    if (kernels <= most) continue;
+    most = kernels;
+    out.rank = r;
+    out.compute_s = f[0], out.collectives_s = f[1], out.optimizer_s = f[2], out.step_s = f[3];
+    out.by_kind = f[4] > 0;
+  }
+  return out;  // (peak_bytes and steps: this rank's; rank 0 reports them)
+}
+
 PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   PlanCheck c;
   const plan::StepCost& p = a.best;
@@ -66,7 +88,10 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   const bool pipeline = p.plan.pp > 1;
   const double p_compute = p.compute_s + p.recompute_s + (pipeline ? 0 : p.bubble_s);
   const double p_comm = p.tp_comm_s + p.cp_comm_s + p.dp_comm_s + (pipeline ? 0 : p.pp_comm_s);
-  std::string r = "plan check (" + plan::plan_label(p.plan) + ", rank 0, " +
+  const std::string who = m.ranks > 1 ? "rank " + std::to_string(m.rank) + " of " +
+                                            std::to_string(m.ranks) + " (the most kernel time)"
+                                      : "rank 0";
+  std::string r = "plan check (" + plan::plan_label(p.plan) + ", " + who + ", " +
                   std::to_string(m.steps) +
                   " steps after the first; collectives include waiting for the other ranks):\n";
   r += line("step", p.step_time_s, m.step_s);
@@ -79,11 +104,14 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
     if (pipeline) {
       r += line("bubble, p2p", p.bubble_s + p.pp_comm_s,
                 std::max(0.0, m.step_s - m.compute_s - m.collectives_s - m.optimizer_s));
-      r += "  (rank 0 runs stage 0, the prediction's parts are the slowest stage's: no "
-           "corrections from a pipeline run)\n";
+      if (m.ranks <= 1)
+        r += "  (one rank's kernels: the prediction's parts are the slowest stage's, so no "
+             "corrections from this pipeline run)\n";
     }
   }
-  const bool correctable = m.by_kind && !pipeline;
+  // A pipeline's parts are its slowest stage's: corrections need that
+  // stage's kernels (the rank with the most, of every rank's).
+  const bool correctable = m.by_kind && (!pipeline || m.ranks > 1);
   char buf[200];
   // Rank 0's memory: a pipeline's stage 0 (the plan's worst stage may be another).
   const double p_memory =

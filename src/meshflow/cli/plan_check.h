@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "meshflow/comm/communicator.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/cluster.h"
 
@@ -32,6 +33,9 @@ struct RunMeasurement {
   double optimizer_s = 0;    // norm, clipping and update kernels
   bool by_kind = false;      // the engine timed its kernels (else only step and memory)
   int64_t peak_bytes = 0;
+  // Whose kernels these are: rank `rank` of `ranks` (slowest_rank_measurement
+  // picks the rank with the most kernel time; the peak memory stays rank 0's).
+  int rank = 0, ranks = 1;
 };
 
 // seconds_by_kind (Engine::seconds_by_kind) after the first step and at the
@@ -41,6 +45,13 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
                            const std::vector<double>& at_end, int steps,
                            std::vector<double> step_seconds, double comm_wait_s,
                            int64_t peak_bytes);
+
+// Collective over every rank of `comm`: each rank's measurement `mine`
+// gathered, the one with the most kernel time (compute + collectives +
+// optimizer: a pipeline's slowest stage, which the prediction's parts are)
+// returned to every rank with rank 0's peak memory. A rank that timed no
+// kernels contributes its step time alone.
+Result<RunMeasurement> slowest_rank_measurement(Communicator& comm, const RunMeasurement& mine);
 
 struct PlanCheck {
   std::string report;  // the comparison, a few lines
