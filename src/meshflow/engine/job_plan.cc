@@ -58,7 +58,7 @@ const char* const kPrices =
 Result<plan::Plan> layout_of(const Job& job) {
   const RunConfig& rc = job.rc;
   const StrategyConfig& par = rc.parallel;
-  const std::string prices = kPrices;
+  const std::string prices = kPrices;  // (for the + below)
   const RecomputePolicy& rcp = rc.train.recompute;
   if (rcp.mode == RecomputePolicy::kOps)
     return Status::invalid("recompute of named ops (train.recompute_ops) is not priced" + prices);
@@ -100,7 +100,6 @@ Result<plan::Plan> layout_of(const Job& job) {
   p.recompute = rcp.mode == RecomputePolicy::kFull        ? plan::Recompute::kFull
                 : rcp.mode == RecomputePolicy::kSelective ? plan::Recompute::kSelective
                                                           : plan::Recompute::kNone;
-
   return p;
 }
 
