@@ -287,6 +287,21 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
   EXPECT_TRUE(r.output.find("would now be faster") != std::string::npos ||
               r.output.find("this plan is still the fastest of the") != std::string::npos)
       << r.output;
+  // explain --predict: the same prediction before training, or why there is none.
+  r = run_cli("explain " + tp + " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=2 pp=1 mb=8x1 1f1b none zero0, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("plans priced"), std::string::npos) << r.output;
+  r = run_cli("explain " +
+              config(json{{"mode", "semi"},
+                          {"mesh", "dp=2"},
+                          {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}}) +
+              " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted: not priced: parallel.strategies"), std::string::npos)
+      << r.output;
   // Without the flag, no check.
   r = run_cli("train " + tp + " --ranks 2 --steps 3");
   ASSERT_EQ(r.code, 0) << r.output;

@@ -229,6 +229,32 @@ int run_explain(const ExplainOptions& o) {
           plan::plan_label(fastest.plan).c_str(),
           100 * (best.step_time_s / fastest.step_time_s - 1), 100 * job->auto_plan->spread);
     if (best.plan.searched) std::fputs(search_text(*best.plan.searched).c_str(), stdout);
+  } else if (o.predict) {
+    // The user's own layout, priced as `train --check-plan` prices it.
+    Result<plan::Cluster> local = plan::load_local_cluster();
+    Status priced = local.is_ok() ? price_job_plan(&*job, *local) : local.status();
+    if (!priced.is_ok()) {
+      std::printf("predicted: not priced: %s\n", priced.message().c_str());
+    } else {
+      const plan::StepCost& mine = job->plan_check->best;
+      const plan::StepCost& fastest = job->plan_check->fastest;
+      std::printf("predicted on this machine: %s, %.1f ms per step, %.2f MiB per rank%s\n",
+                  plan::plan_label(mine.plan).c_str(), 1e3 * mine.step_time_s,
+                  mine.memory.total / (1 << 20), mine.fits ? "" : " (does not fit)");
+      if (fastest.step_time_s < mine.step_time_s * (1 - job->plan_check->spread))
+        std::printf(
+            "  the fastest of the %zu plans priced: %s, %.1f ms (%.0f%% faster, beyond "
+            "the local model's %.0f%% spread)\n",
+            job->plan_check->candidates.size(), plan::plan_label(fastest.plan).c_str(),
+            1e3 * fastest.step_time_s, 100 * (1 - fastest.step_time_s / mine.step_time_s),
+            100 * job->plan_check->spread);
+      else
+        std::printf(
+            "  within the local model's %.0f%% spread of the fastest of the %zu plans "
+            "priced (%s, %.1f ms)\n",
+            100 * job->plan_check->spread, job->plan_check->candidates.size(),
+            plan::plan_label(fastest.plan).c_str(), 1e3 * fastest.step_time_s);
+    }
   }
   std::fputs(explain_text(model->graph, *a, *p, o.nodes, job->micro_batches).c_str(), stdout);
   const std::string whole = replicated_activations(model->graph, *a);

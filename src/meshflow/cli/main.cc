@@ -115,6 +115,9 @@ int main(int argc, char** argv) {
                    "times the pipeline stages; else 1)")
       ->check(CLI::Range(1, 1 << 20));
   ecmd->add_flag("!--no-nodes", explain.nodes, "Only the collectives and totals");
+  ecmd->add_flag("--predict", explain.predict,
+                 "The planner's prediction for this layout on this machine (step time, memory) "
+                 "beside the fastest plan it prices");
 
   // Every failure, whatever throws it, ends as one "meshflow: error:" line.
   return meshflow::cli::guard([&]() -> int {
