@@ -147,10 +147,9 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   if (main_rank && !o.metrics.empty())
     MF_RETURN_IF_ERROR(progress.open_metrics(o.metrics, /*append=*/o.attempt > 0));
   for (const std::string& note : job.notes) progress.message("meshflow: " + note);
-  // A run auto mode planned is profiled: the plan check compares its kernels
-  // with the prediction (cli/plan_check.h).
-  // Every rank measures (a pipeline's slowest stage may be any rank's);
-  // rank 0 reports.
+  // A run with a prediction (auto mode's, or --check-plan's) is profiled: the
+  // plan check compares its kernels with it (cli/plan_check.h). Every rank
+  // measures (a pipeline's slowest stage may be any rank's); rank 0 reports.
   const bool check = job.plan_check != nullptr;
   MF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> trainer,
                       make_engine(job, comm, trace, o.profile || job.plan_check != nullptr));
