@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -27,16 +28,36 @@ bool faster(const StepCost& a, const StepCost& b) {
   return a.memory.total < b.memory.total;
 }
 
+// How local plans are priced (auto mode and the plan check alike): the
+// config's model and batch on this machine shared among `ranks` ranks, with
+// meshflow's CPU constants.
+struct LocalPricing {
+  ModelConfig model;
+  Cluster cluster;
+  std::unique_ptr<const CostModel> cm;
+};
+
+Result<LocalPricing> local_pricing(const RunConfig& rc, int ranks, const Cluster& local,
+                                   const char* what) {
+  LocalPricing lp;
+  MF_ASSIGN_OR_RETURN(lp.model, parse_model_config(rc.model));
+  MF_ASSIGN_OR_RETURN(lp.cluster, share_machine(local, ranks));
+  lp.cm = std::make_unique<const CostModel>(
+      TrainingJob{lp.model, rc.train.batch_size, rc.train.seq_len}, lp.cluster,
+      meshflow_cpu_constants());
+  if (!lp.cm->status().is_ok()) return lp.cm->status().with_context(what);
+  return lp;
+}
+
 }  // namespace
 
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local) {
   if (ranks < 1) return Status::invalid("auto parallel: --ranks must be >= 1, got " + str(ranks));
-  MF_ASSIGN_OR_RETURN(ModelConfig model, parse_model_config(rc.model));
+  MF_ASSIGN_OR_RETURN(const LocalPricing lp, local_pricing(rc, ranks, local, "auto parallel"));
+  const ModelConfig& model = lp.model;
+  const Cluster& cluster = lp.cluster;
+  const CostModel& cm = *lp.cm;
   const TrainConfig& tc = rc.train;
-  MF_ASSIGN_OR_RETURN(Cluster cluster, share_machine(local, ranks));
-  const CostModel cm(TrainingJob{model, tc.batch_size, tc.seq_len}, cluster,
-                     meshflow_cpu_constants());
-  if (!cm.status().is_ok()) return cm.status().with_context("auto parallel");
   const TransformerDims& d = cm.dims();
   const int64_t m = std::max(1, tc.micro_batches);
 
@@ -161,17 +182,14 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
 
 Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Cluster& local,
                                        const Plan& p) {
-  MF_ASSIGN_OR_RETURN(ModelConfig model, parse_model_config(rc.model));
-  MF_ASSIGN_OR_RETURN(Cluster cluster, share_machine(local, ranks));
-  const CostModel cm(TrainingJob{model, rc.train.batch_size, rc.train.seq_len}, cluster,
-                     meshflow_cpu_constants());
-  if (!cm.status().is_ok()) return cm.status().with_context("plan check");
+  MF_ASSIGN_OR_RETURN(const LocalPricing lp, local_pricing(rc, ranks, local, "plan check"));
+  const CostModel& cm = *lp.cm;
   Result<StepCost> priced = cm.price(p);
   if (!priced.is_ok()) return priced.status().with_context("plan check");
   LocalAutoPlan out;
   out.best = *priced;
   MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(p));
-  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(out.best.plan, model));
+  MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(out.best.plan, lp.model));
   // The others auto mode would price (none when it finds no valid plan).
   Result<LocalAutoPlan> searched = plan_local_run(rc, ranks, local);
   if (searched.is_ok()) out.candidates = std::move(searched->candidates);
@@ -187,7 +205,7 @@ Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Clu
   out.fastest = out.best;
   for (const StepCost& c : out.candidates)
     if (c.fits && (!out.fastest.fits || faster(c, out.fastest))) out.fastest = c;
-  out.spread = local_plan_spread(out.fastest.plan, cluster);
+  out.spread = local_plan_spread(out.fastest.plan, lp.cluster);
   return out;
 }
 
