@@ -259,6 +259,7 @@ plan::Plan plan_of(const Case& c, int batch) {
   p.schedule = value_or_throw(parse_schedule_kind(c.schedule));
   p.sp = c.preset == "megatron-sp";
   p.ops = c.preset == "ops";
+  p.ring = c.preset == "ring";
   p.num_micro_batches = c.micro_batches;
   p.micro_batch = batch / (p.dp * c.micro_batches);
   p.zero = c.zero;
@@ -363,6 +364,14 @@ int main(int argc, char** argv) {
       {"tp2-ops", 2, "dp=1,tp=2", "ops"},
       {"dp2-tp2-ops", 4, "dp=2,tp=2", "ops"},
       {"tp4-ops", 4, "dp=1,tp=4", "ops"},
+      // Context parallel: Ulysses (all_to_all to heads), ring attention
+      // (zigzag order) and the strategy search on cp (and tp x cp).
+      {"cp2-ulysses", 2, "dp=1,cp=2", "ulysses"},
+      {"cp2-ring", 2, "dp=1,cp=2", "ring"},
+      {"cp4-ring", 4, "dp=1,cp=4", "ring"},
+      {"dp2-cp2-ring", 4, "dp=2,cp=2", "ring"},
+      {"cp2-ops", 2, "dp=1,cp=2", "ops"},
+      {"tp2-cp2-ops", 4, "dp=1,tp=2,cp=2", "ops"},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
@@ -500,8 +509,13 @@ int main(int argc, char** argv) {
         Case c;
         c.name = plan::plan_label(p);
         c.ranks = ranks;
-        c.mesh = "dp=" + std::to_string(p.dp) + (p.tp > 1 ? ",tp=" + std::to_string(p.tp) : "");
-        c.preset = p.ops ? "ops" : p.sp ? "megatron-sp" : p.tp > 1 ? "megatron" : "dp";
+        c.mesh = plan::plan_mesh(p);
+        c.preset = p.ops    ? "ops"
+                   : p.ring ? "ring"
+                   : p.sp   ? "megatron-sp"
+                   : p.tp > 1 ? "megatron"
+                   : p.cp > 1 ? "ulysses"
+                              : "dp";
         c.zero = p.zero;
         c.recompute = plan::recompute_name(p.recompute);
         c.micro_batches = static_cast<int>(p.num_micro_batches);

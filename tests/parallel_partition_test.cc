@@ -293,6 +293,61 @@ TEST(PartitionSearched, SearchedStrategiesTrainLikeOneDevice) {
   }
 }
 
+// The search on a dp x tp x cp mesh, as the planner runs it (plan/cost_model_ops.cc):
+// the program in zigzag order over cp, attention's sequence free to split
+// over cp (a ring), the tuples written with "ring_order": "zigzag" so the
+// trainer runs the same order. Long sequences of narrow models, one per dp
+// replica: cp has no batch to split and the tokens outweigh the weights, so
+// the search splits the tokens (attention as a ring), and the plan trains
+// with one device's losses and weights.
+TEST(PartitionSearched, SearchedRingOverCpTrainsLikeOneDevice) {
+  struct Case {
+    std::string model;
+    int dp, tp, cp;
+  };
+  for (const Case& c : {Case{"gpt", 1, 1, 2}, Case{"llama", 1, 2, 2}, Case{"gpt_dropout", 2, 1, 2},
+                        Case{"llama", 1, 1, 4}}) {
+    SCOPED_TRACE(c.model + " dp=" + std::to_string(c.dp) + " tp=" + std::to_string(c.tp) +
+                 " cp=" + std::to_string(c.cp));
+    RunConfig rc1 = run(c.model, 1, json());
+    json model = model_json(c.model);
+    for (const char* k : {"n_positions", "max_position_embeddings"})
+      if (model.contains(k)) model[k] = 64;
+    for (const char* k : {"n_embd", "hidden_size"})
+      if (model.contains(k)) model[k] = 16;
+    if (model.contains("intermediate_size")) model["intermediate_size"] = 32;
+    rc1.model = model;
+    rc1.train.seq_len = 64;
+    rc1.train.steps = 2;
+    rc1.train.batch_size = c.dp;
+    const Trace single = train(rc1, nullptr);
+    ModelGraph m = value_or_throw(build_training_graph(rc1, 1, c.cp));
+    StrategySearchOptions o;
+    o.batch_axes = {"dp"};
+    o.ring_axes = {"cp"};
+    o.node_time_s = [](const Graph& g, const Node& n) { return op_cost(g, n).flops / 1e9; };
+    o.cost.default_link.latency_s = 0;  // bandwidth-bound collectives
+    const std::string mesh = "dp=" + std::to_string(c.dp) +
+                             (c.tp > 1 ? ",tp=" + std::to_string(c.tp) : "") +
+                             ",cp=" + std::to_string(c.cp);
+    const Mesh search_mesh = value_or_throw(Mesh::parse("dp=1" + mesh.substr(mesh.find(','))));
+    const StrategySearch r = value_or_throw(search_strategies(m.graph, search_mesh, o));
+    EXPECT_TRUE(r.ring) << r.summary();
+    json strategies = json::object();
+    for (const auto& [key, splits] : r.strategies) strategies[key] = splits;
+    RunConfig rc = run(c.model, 1,
+                       json{{"mode", "semi"},
+                            {"mesh", mesh},
+                            {"rules", {{"batch", "dp"}}},
+                            {"strategies", strategies},
+                            {"ring_order", "zigzag"}});
+    rc.model = rc1.model;
+    rc.train = rc1.train;
+    expect_same(single, train_ranks(rc, c.dp * c.tp * c.cp), "searched ring");
+    if (HasFailure()) return;
+  }
+}
+
 // ---- structure: the collectives the textbook plans have ----
 
 LocalProgram lowered(const std::string& model, const std::string& mesh, const std::string& preset,

@@ -98,11 +98,15 @@ TEST(PlanAuto, PipelineRanksTimeShareTheCores) {
   const StepCost d2 = value_or_throw(on_two.price(dp)), d4 = value_or_throw(on_four.price(dp));
   EXPECT_DOUBLE_EQ(d2.compute_s, d4.compute_s);
   EXPECT_NEAR(d2.step_time_s - d2.dp_comm_s, d4.step_time_s - d4.dp_comm_s, 1e-3 * d4.step_time_s);
-  // Auto mode's tie window: wider for the time-shared pipeline, whose
-  // prediction is the least sure.
-  EXPECT_EQ(local_plan_spread(pipe, shared), kTimeSharedPipelineSpread);
+  // Auto mode's tie window: wider for the time-shared pipeline and context
+  // parallel, whose predictions are the least sure.
+  EXPECT_EQ(local_plan_spread(pipe, shared), kTimeSharedSyncSpread);
   EXPECT_EQ(local_plan_spread(pipe, dedicated), kLocalPlanSpread);
   EXPECT_EQ(local_plan_spread(dp, shared), kLocalPlanSpread);
+  Plan ring;
+  ring.cp = 4, ring.ring = true, ring.micro_batch = 16;
+  EXPECT_EQ(local_plan_spread(ring, shared), kTimeSharedSyncSpread);
+  EXPECT_EQ(local_plan_spread(ring, dedicated), kLocalPlanSpread);
 }
 
 // No cluster file named: this machine's calibration. A cached one of this
@@ -229,26 +233,30 @@ TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
     std::printf("%d ranks: %s  (%s, predicted %.1f ms, %.1f MiB per rank, %zu candidates)\n", ranks,
                 par.dump().c_str(), plan_label(p).c_str(), 1e3 * a->best.step_time_s,
                 a->best.memory.total / (1 << 20), a->candidates.size());
-    EXPECT_EQ(p.dp * p.tp, ranks);
+    EXPECT_EQ(p.dp * p.tp * p.cp, ranks);
     EXPECT_EQ(p.pp, 1);
     EXPECT_TRUE(a->best.fits);
-    // Every dp x tp split (and sp, ZeRO, recompute) was priced; the chosen
-    // plan is within the local spread of the fastest, and no plan within it
-    // has a smaller tp (or the same tp without ZeRO when it uses ZeRO).
-    std::set<int64_t> tps;
-    const double within = a->fastest.step_time_s * (1 + kLocalPlanSpread);
+    // Every dp x tp x cp split (and sp, ring, ZeRO, recompute) was priced;
+    // the chosen plan is within the spread of the fastest, and no plan within
+    // it has a smaller tp x cp (or as small, fewer stages, or none without
+    // ZeRO when it uses ZeRO).
+    std::set<int64_t> tps, cps;
+    EXPECT_EQ(a->spread, local_plan_spread(a->fastest.plan, value_or_throw(share_machine(m, ranks))));
+    const double within = a->fastest.step_time_s * (1 + a->spread);
     EXPECT_LE(a->best.step_time_s, within);
     for (const StepCost& c : a->candidates) {
       tps.insert(c.plan.tp);
+      cps.insert(c.plan.cp);
       if (!c.fits) continue;
       EXPECT_LE(a->fastest.step_time_s, c.step_time_s) << plan_label(c.plan);
       if (c.step_time_s > within) continue;
-      EXPECT_GE(c.plan.tp, p.tp) << plan_label(c.plan);
-      if (c.plan.tp == p.tp && p.zero > 0) {
+      EXPECT_GE(c.plan.tp * c.plan.cp, p.tp * p.cp) << plan_label(c.plan);
+      if (c.plan.tp * c.plan.cp == p.tp * p.cp && c.plan.pp == p.pp && p.zero > 0) {
         EXPECT_GT(c.plan.zero, 0) << plan_label(c.plan);
       }
     }
     EXPECT_EQ(static_cast<int>(tps.size()), ranks == 1 ? 1 : (ranks == 2 ? 2 : 3));
+    EXPECT_EQ(static_cast<int>(cps.size()), ranks == 1 ? 1 : (ranks == 2 ? 2 : 3));
     if (ranks > 1) {
       const bool has_zero3 = std::any_of(a->candidates.begin(), a->candidates.end(),
                                          [](const StepCost& c) { return c.plan.zero == 3; });
@@ -277,45 +285,53 @@ TEST(PlanAuto, ChosenPlanTrains) {
 }
 
 // The strategy search's plans (Plan::ops) are auto mode's candidates beside
-// the Megatron layouts, for every tp > 1; the section of one carries its
-// split tuples, and the trainer running it holds the memory the planner
-// predicted (within 5%: the planner priced the program those tuples build).
+// the template layouts, for every tp x cp > 1; the section of one carries its
+// split tuples (with cp, in zigzag order), and the trainer running it holds
+// the memory the planner predicted (within 5%: the planner priced the program
+// those tuples build).
 TEST(PlanAuto, SearchedPlansArePricedAndRunAsPriced) {
   const Cluster m = local();
   const RunConfig rc = run_config(json{{"mode", "auto"}, {"search", "full"}});
   Result<LocalAutoPlan> a = plan_local_run(rc, 4, m);
   ASSERT_TRUE(a.is_ok()) << a.status().message();
-  std::set<int64_t> ops_tps;
+  std::set<std::pair<int64_t, int64_t>> ops_meshes;  // (tp, cp)
   const StepCost* ops = nullptr;
+  const StepCost* ops_cp = nullptr;
   for (const StepCost& c : a->candidates) {
     if (!c.plan.ops) continue;
-    ops_tps.insert(c.plan.tp);
+    ops_meshes.insert({c.plan.tp, c.plan.cp});
     ASSERT_NE(c.plan.searched, nullptr);
-    if (c.plan.zero == 0 && c.plan.recompute == Recompute::kNone && c.plan.tp == 2 &&
-        c.plan.pp == 1)
-      ops = &c;
+    if (c.plan.zero != 0 || c.plan.recompute != Recompute::kNone || c.plan.pp != 1) continue;
+    if (c.plan.tp == 2 && c.plan.cp == 1) ops = &c;
+    if (c.plan.tp == 2 && c.plan.cp == 2) ops_cp = &c;
   }
-  EXPECT_EQ(ops_tps, (std::set<int64_t>{2, 4}));
+  EXPECT_EQ(ops_meshes, (std::set<std::pair<int64_t, int64_t>>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}}));
   ASSERT_NE(ops, nullptr);
+  ASSERT_NE(ops_cp, nullptr);
   EXPECT_NE(plan_label(ops->plan).find("+ops"), std::string::npos);
-  const json par =
-      value_or_throw(parallel_section(ops->plan, value_or_throw(parse_model_config(rc.model))));
-  ASSERT_TRUE(par.contains("strategies")) << par.dump();
-  EXPECT_EQ(par["mode"], "semi");
-  EXPECT_TRUE(par["strategies"].contains("h.?.mlp.c_fc")) << par.dump();
-  const RunConfig run = run_config(par);
-  std::vector<double> held(4, 0);
-  Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
-    MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(run, Communicator::world(t)));
-    const StepResult r = tr->step();
-    if (!(r.loss > 0)) return Status::internal("loss " + std::to_string(r.loss));
-    held[t->rank()] = static_cast<double>(tr->executor().memory().total());
-    return Status::ok();
-  });
-  ASSERT_TRUE(s.is_ok()) << s.message() << "\n" << par.dump();
-  const double measured = *std::max_element(held.begin(), held.end());
-  EXPECT_NEAR(ops->memory.total / measured, 1.0, 0.05)
-      << "predicted " << ops->memory.total << " measured " << measured;
+  for (const StepCost* c : {ops, ops_cp}) {
+    SCOPED_TRACE(plan_label(c->plan));
+    const json par =
+        value_or_throw(parallel_section(c->plan, value_or_throw(parse_model_config(rc.model))));
+    ASSERT_TRUE(par.contains("strategies")) << par.dump();
+    EXPECT_EQ(par["mode"], "semi");
+    EXPECT_TRUE(par["strategies"].contains("h.?.mlp.c_fc")) << par.dump();
+    EXPECT_EQ(par.value("ring_order", ""), c->plan.cp > 1 ? "zigzag" : "") << par.dump();
+    const RunConfig run = run_config(par);
+    std::vector<double> held(4, 0);
+    Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
+      MF_ASSIGN_OR_RETURN(const Job job, resolve_job(run, 4));
+      MF_ASSIGN_OR_RETURN(auto tr, Trainer::create(job, Communicator::world(t)));
+      const StepResult r = tr->step();
+      if (!(r.loss > 0)) return Status::internal("loss " + std::to_string(r.loss));
+      held[t->rank()] = static_cast<double>(tr->executor().memory().total());
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.message() << "\n" << par.dump();
+    const double measured = *std::max_element(held.begin(), held.end());
+    EXPECT_NEAR(c->memory.total / measured, 1.0, 0.05)
+        << "predicted " << c->memory.total << " measured " << measured;
+  }
   // Without a price, a plan has no strategies to write.
   Plan unpriced = ops->plan;
   unpriced.searched = nullptr;
@@ -330,7 +346,7 @@ TEST(PlanAuto, ErrorsSayWhy) {
   const RunConfig rc = run_config(json(), 4);
   Result<LocalAutoPlan> a = plan_local_run(rc, 3, m);
   ASSERT_FALSE(a.is_ok());
-  EXPECT_NE(a.status().message().find("no dp x tp plan of 3 ranks"), std::string::npos)
+  EXPECT_NE(a.status().message().find("no dp x tp x cp plan of 3 ranks"), std::string::npos)
       << a.status().message();
   Result<Cluster> missing = load_local_cluster("/nonexistent/cluster.json");
   EXPECT_FALSE(missing.is_ok());

@@ -58,7 +58,8 @@ TEST(PlanRoundTrip, EveryPlanKindRunsAsPriced) {
        "fwd       all_reduce      over tp", true},
       {"tp=2,sp=true,pp=1,cp=1,zero=0", "semi", "megatron-sp", "fwd       reduce_scatter  over tp",
        true},
-      {"tp=1,cp=2,pp=1,zero=0", "semi", "ulysses", "fwd       all_to_all      over cp", true},
+      {"tp=1,cp=2,ops=false,ring=false,pp=1,zero=0", "semi", "ulysses",
+       "fwd       all_to_all      over cp", true},
       {"tp=2,sp=false,ops=false,cp=2,pp=1,zero=0", "semi", "megatron",
        "fwd       all_to_all      over cp", true},
       {"tp=1,pp=2,cp=1,zero=0", "data", "", "", false},
@@ -70,6 +71,8 @@ TEST(PlanRoundTrip, EveryPlanKindRunsAsPriced) {
       {"tp=1,pp=1,cp=1,zero=0,recompute=full", "data", "", "", true},
       // The strategy search's plan: split tuples, no preset.
       {"tp=2,ops=true,pp=1,cp=1,zero=0", "semi", "", "", true},
+      // ... and on cp (its attention as a ring, the sequence in zigzag order).
+      {"tp=1,ops=true,pp=1,cp=2,zero=0", "semi", "", "", true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fix);

@@ -177,6 +177,49 @@ TEST(StrategySearch, TimeLimitReturnsTheBestFoundWithItsGap) {
   EXPECT_LE(cut.memory_bytes, o.memory_budget_bytes);        // that fits
 }
 
+// Ring attention in the search: over a cp axis the caller runs in zigzag
+// order (ring_axes), a long sequence at batch 1 splits its tokens over cp,
+// attention included, its k/v going round the ring. The shifts its compute
+// does not hide are priced: on fast links the dk/dv accumulator's last shift
+// alone; on slow ones the ring loses.
+// Without ring_axes attention's sequence is never split.
+TEST(StrategySearch, LongSequencesRunAttentionAsARingOverCp) {
+  nlohmann::json model = gpt(2, 128);
+  model["n_positions"] = 4096;
+  const Graph g = training_graph(model, 1, 4096);
+  const Mesh mesh = value_or_throw(Mesh::parse("dp=1,cp=4"));
+  StrategySearchOptions o;
+  o.batch_axes = {"dp"};
+  o.ring_axes = {"cp"};
+  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  const StrategySearch r = value_or_throw(search_strategies(g, mesh, o));
+  EXPECT_TRUE(r.optimal) << r.summary();
+  EXPECT_TRUE(r.ring);
+  const StrategyDecision& core = decision(r, "h.*.attn.core");
+  const std::string seq_split = "((dp, 1, cp, 1), (dp, 1, cp, 1), (dp, 1, cp, 1))";
+  EXPECT_EQ(core.splits, seq_split);
+  EXPECT_EQ(decision(r, "h.*.mlp.c_fc").splits, "((dp, cp, 1), (1, 1))");
+  // k and v of one block: [1, 16, 4096/4, 8] f32 each, one shift at 100 GB/s.
+  const double shift = 2 * 16 * 1024 * 8 * 4 / 1e11 + o.cost.default_link.latency_s;
+  EXPECT_NEAR(core.ring_s, 2 * shift, 1e-12) << "two blocks, tied: each its last shift";
+
+  // Slow links: the shifts are no longer hidden; the ring loses (here to
+  // attention run whole on every rank).
+  o.cost.default_link.bandwidth_bytes_per_s = 1e8;
+  const StrategySearch slow = value_or_throw(search_strategies(g, mesh, o));
+  EXPECT_FALSE(slow.ring);
+  EXPECT_NE(decision(slow, "h.*.attn.core").splits, seq_split);
+
+  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  o.ring_axes.clear();
+  const StrategySearch no_ring = value_or_throw(search_strategies(g, mesh, o));
+  EXPECT_FALSE(no_ring.ring);
+  EXPECT_NE(decision(no_ring, "h.*.attn.core").splits, seq_split);
+  EXPECT_EQ(decision(no_ring, "h.*.attn.core").ring_s, 0);
+  // The ring's candidates include every other: never worse.
+  EXPECT_LE(r.objective_s, no_ring.objective_s + 1e-12);
+}
+
 TEST(StrategySearch, BatchAxesMustNotBeSearched) {
   const Graph g = training_graph(mlp(), 8, 1);
   StrategySearchOptions o;

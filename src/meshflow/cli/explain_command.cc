@@ -224,7 +224,7 @@ int run_explain(const ExplainOptions& o) {
     if (!(fastest.plan == best.plan))
       std::printf(
           "  over %s, predicted %.1f%% faster: within the local model's %.0f%% spread, the "
-          "plan with fewer synchronizing collectives (smaller tp, then fewer stages, then no "
+          "plan with fewer synchronizing collectives (smaller tp x cp, then fewer stages, then no "
           "ZeRO)\n",
           plan::plan_label(fastest.plan).c_str(),
           100 * (best.step_time_s / fastest.step_time_s - 1), 100 * job->auto_plan->spread);

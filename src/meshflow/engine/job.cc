@@ -331,14 +331,22 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
   }
 
   // Ring attention splits the sequence into one block per cp rank: in
-  // zigzag order two chunks of 2 x cp, else one contiguous block.
-  if (job.partitioned && par.preset == "ring" && job.mesh.axis_index("cp") >= 0) {
+  // zigzag order two chunks of 2 x cp, else one contiguous block. Split
+  // tuples (a searched plan's, or the user's) run zigzag when they ask.
+  const bool ring_tuples = !par.strategies.empty() && par.ring_order_set;
+  if (job.partitioned && ring_tuples && job.mesh.axis_index("cp") < 0)
+    return Status::invalid("parallel.ring_order \"" + par.ring_order +
+                           "\" orders ring attention's sequence over the mesh axis \"cp\", "
+                           "which the mesh " +
+                           job.mesh.to_string() + " lacks; add a cp axis or leave ring_order out");
+  if (job.partitioned && (par.preset == "ring" || ring_tuples) && job.mesh.axis_index("cp") >= 0) {
     const int64_t cp = job.mesh.size(job.mesh.axis_index("cp"));
     const bool zigzag = par.ring_order == "zigzag" && cp > 1;
     const int64_t n = zigzag ? 2 * cp : cp, T = rc.train.seq_len;
     if (T % n != 0)
       return Status::invalid(
-          "parallel.preset \"ring\": train.seq_len=" + str(T) + " does not split into " +
+          std::string(par.preset == "ring" ? "parallel.preset \"ring\"" : "parallel.ring_order") +
+          ": train.seq_len=" + str(T) + " does not split into " +
           (zigzag ? "2 x cp = " + str(n) + " chunks (ring_order \"zigzag\")"
                   : "cp=" + str(n) + " blocks") +
           "; ring attention needs a multiple of " + str(n) + " (" +

@@ -33,7 +33,7 @@ std::string layout_key(const Job& j) {
     k += "]";
   }
   if (!par.preset.empty()) k += " preset " + par.preset;
-  if (par.preset == "ring") k += " " + par.ring_order;
+  if (j.seq_zigzag > 1) k += " zigzag over " + str(j.seq_zigzag);
   if (par.zero > 0) k += " zero" + str(par.zero) + " " + par.zero_style;
   std::vector<std::pair<std::string, std::string>> rules = par.rules.rules;
   std::sort(rules.begin(), rules.end());
@@ -144,7 +144,7 @@ Status price_job_plan(Job* job, const plan::Cluster& local) {
   }
   MF_ASSIGN_OR_RETURN(const plan::Plan p, layout_of(*job));
   const Status runs = runs_as(*job, p);
-  if (!runs.is_ok() && !job->rc.parallel.strategies.empty() && p.tp > 1 && p.cp == 1) {
+  if (!runs.is_ok() && !job->rc.parallel.strategies.empty() && p.tp * p.cp > 1) {
     // Split tuples the strategy search wrote (auto mode, `meshflow plan
     // --out`): searched again on this cluster, they are the same tuples.
     plan::Plan ops = p;

@@ -48,6 +48,33 @@ inline std::vector<PositionRun> position_runs(int64_t offset, int64_t rows, int6
   return runs;
 }
 
+// The GEMM blocks of one step of ring attention: the queries of block
+// `q_block` against the keys of block `k_block` (blocks of T rows of a
+// sequence of Tg in zigzag order over n ranks; n <= 1: contiguous). Under the
+// causal mask, one block per run of the query block's true positions: the
+// run's rows that see any key (row0, rows) against the keys its last row sees
+// (the first `cols`: a rank's block holds increasing true positions, chunk r
+// before chunk 2n-1-r, so the keys a row sees are a prefix). Runs that see
+// nothing are left out. Without the mask: the whole block.
+struct RingBlock {
+  int64_t row0 = 0, rows = 0, cols = 0;
+};
+inline std::vector<RingBlock> ring_step_blocks(int64_t T, int64_t Tg, int64_t n, int64_t q_block,
+                                               int64_t k_block, bool causal) {
+  if (!causal) return {{0, T, T}};
+  const std::vector<PositionRun> k = position_runs(k_block * T, T, Tg, n);
+  std::vector<RingBlock> out;
+  for (const PositionRun& qr : position_runs(q_block * T, T, Tg, n)) {
+    const int64_t skip = std::max<int64_t>(0, k.front().pos0 - qr.pos0);
+    if (skip >= qr.rows) continue;
+    const int64_t last = qr.pos0 + qr.rows - 1;
+    RingBlock b{qr.row0 + skip, qr.rows - skip, 0};
+    for (const PositionRun& kr : k) b.cols += std::clamp<int64_t>(last - kr.pos0 + 1, 0, kr.rows);
+    out.push_back(b);
+  }
+  return out;
+}
+
 // Reorders dim `axis` of a dense tensor viewed as (outer, size, inner) with
 // elements of elem_bytes: to zigzag order (out[p] = in[true(p)]), or back
 // (inverse: out[true(p)] = in[p]).

@@ -488,6 +488,7 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   r.integer("zero", &c.zero, 0, 3);
   r.choice("zero_style", &c.zero_style, {"shard", "group"});
   r.choice("ring_order", &c.ring_order, {"zigzag", "contiguous"});
+  c.ring_order_set = j.contains("ring_order");
   r.ignore({"mesh", "rules", "strategies", "pipeline"});
   r.choice("recompute", &c.recompute, {"", "none", "full", "selective"});
   MF_RETURN_IF_ERROR(r.finish());

@@ -133,8 +133,11 @@ struct StrategyConfig {
   // Preset "ring" under causal masking: "zigzag" (rank r holds chunks r and
   // 2n-1-r of the sequence cut in 2n, every rank does the same work;
   // parallel/seq_balance.h) or "contiguous" (one block per rank; the last
-  // rank does the most). Read only with the preset "ring".
+  // rank does the most). Read with the preset "ring", and with split tuples
+  // ("strategies") on a cp axis when given (ring_order_set): a searched plan
+  // whose attention runs as a ring over cp writes "zigzag".
   std::string ring_order = "zigzag";
+  bool ring_order_set = false;
   // "pipeline": {...} (engine/pipeline_trainer.h parse_pipeline_config), kept raw here.
   nlohmann::json pipeline;
   // "recompute": "none" | "full" | "selective" as a plan writes it (the same

@@ -14,6 +14,7 @@
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/glob.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/parallel/collective_cost.h"
 
 namespace meshflow {
 
@@ -90,6 +91,7 @@ struct Class {
   std::vector<double> cost;     // compute + gradient reductions + same-class edges (s)
   std::vector<double> compute;  // compute alone (s)
   std::vector<double> reduce;   // gradient reductions alone (s)
+  std::vector<double> ring;     // ring attention's exposed shifts alone (s)
   std::vector<double> mem;      // bytes
 };
 
@@ -172,14 +174,14 @@ class Search {
   Result<std::vector<ShardingStrategy>> candidates(const Node& n) const {
     std::vector<ShardingStrategy> out;
     std::vector<std::string> seen;
-    // Ring attention (a split sequence through attention) is not priced by
-    // the cost model yet: the search leaves it to the "ring" preset.
+    // Ring attention (a split sequence through attention) only over the
+    // axes the caller runs in zigzag order (StrategySearchOptions::ring_axes).
     const ShardingRule rule = sharding_rule(g_, n);
     const int qi = n.kind == OpKind::kAttentionGrad ? 1 : 0;
     const bool attention = n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad;
     const int ring = attention ? rule.input_factor(qi, 2) : -1;
     for (ShardingStrategy s : enumerate_strategies(g_, n, mesh_)) {
-      if (ring >= 0 && rule.factors[ring].ring && !s.inputs[qi].shard_axes(2).empty()) continue;
+      if (ring >= 0 && rule.factors[ring].ring && ring_axis(s.inputs[qi]) == -2) continue;
       for (Layout& l : s.inputs) l = canonical(l, mesh_);
       for (Layout& l : s.outputs) l = canonical(l, mesh_);
       bool partial_in = false;
@@ -194,6 +196,36 @@ class Search {
       return Status::invalid("strategy search: " + node_label(n) +
                              " has no valid strategy on the mesh " + mesh_.to_string());
     return out;
+  }
+
+  // The mesh axis a layout of attention's query splits its sequence over (a
+  // ring), -1 if none, -2 if one not in ring_axes.
+  int ring_axis(const Layout& q) const {
+    int axis = -1;
+    for (int a : q.shard_axes(2)) {
+      if (mesh_.size(a) == 1) continue;
+      const std::string& name = mesh_.axis_name(a);
+      if (std::find(o_.ring_axes.begin(), o_.ring_axes.end(), name) == o_.ring_axes.end())
+        return -2;
+      axis = a;
+    }
+    return axis;
+  }
+
+  // Ring attention's shifts that its compute does not hide (ops/attention.cc
+  // attention_collectives): the forward passes the k/v block on n - 1 times
+  // under compute_fwd; the backward passes k/v n - 1 times and the dk/dv
+  // accumulator n times under compute_bwd, the last shift after its last step.
+  double ring_exposed_s(const Node& n, const ShardingStrategy& s, double compute_fwd,
+                        double compute_bwd) const {
+    if (n.kind != OpKind::kAttention) return 0;
+    const int a = ring_axis(s.inputs[0]);
+    if (a < 0) return 0;
+    const double kv = 2 * local_bytes(g_, n.inputs[1], s.inputs[1], mesh_);
+    const int64_t ranks = mesh_.size(a);
+    const double shift = collective_time_s(Collective::kSendRecv, ranks, kv, o_.cost.link(a));
+    const double fwd = double(ranks - 1) * shift, bwd = double(2 * ranks - 2) * shift;
+    return std::max(0.0, fwd - compute_fwd) + std::max(0.0, bwd - compute_bwd) + shift;
   }
 
   // ---- costs ----
@@ -222,7 +254,9 @@ class Search {
     for (const Node& n : g_.nodes())
       if (n.phase == Phase::kBackward)
         for (ValueId v : n.inputs) read_back[static_cast<size_t>(v)] = 1;
-    std::vector<double> work(g_.num_nodes(), 0);
+    // Forward work and its gradient nodes' apart (ring attention hides its
+    // shifts under each).
+    std::vector<double> work(g_.num_nodes(), 0), grad_work(g_.num_nodes(), 0);
     for (NodeId id = 0; id < NodeId(g_.num_nodes()); ++id) {
       const Node& n = g_.node(id);
       if (class_of_[id] >= 0) {
@@ -233,7 +267,7 @@ class Search {
       const size_t at = n.name.find(".grad.");
       if (at == std::string::npos) continue;
       auto f = fwd_by_name.find(n.name.substr(0, at));
-      if (f != fwd_by_name.end()) work[f->second] += o_.node_time_s(g_, n);
+      if (f != fwd_by_name.end()) grad_work[f->second] += o_.node_time_s(g_, n);
     }
     // Where each source value is stored: its first forward reader.
     std::map<ValueId, std::pair<NodeId, int>> first_reader;
@@ -251,12 +285,15 @@ class Search {
       c.cost.assign(ns, 0);
       c.compute.assign(ns, 0);
       c.reduce.assign(ns, 0);
+      c.ring.assign(ns, 0);
       c.mem.assign(ns, 0);
       for (NodeId id : c.nodes) {
         const Node& n = g_.node(id);
         for (size_t s = 0; s < ns; ++s) {
           const ShardingStrategy& st = c.st[s];
-          c.compute[s] += work[id] / split_degree(st, mesh_);
+          const double split = split_degree(st, mesh_);
+          c.compute[s] += (work[id] + grad_work[id]) / split;
+          c.ring[s] += ring_exposed_s(n, st, work[id] / split, grad_work[id] / split);
           for (size_t k = 0; k < n.outputs.size(); ++k)
             if (read_back[static_cast<size_t>(n.outputs[k])])
               c.mem[s] +=
@@ -264,7 +301,7 @@ class Search {
         }
         for (size_t i = 0; i < n.inputs.size(); ++i) add_input_costs(c, id, int(i), first_reader);
       }
-      for (size_t s = 0; s < ns; ++s) c.cost[s] += c.compute[s] + c.reduce[s];
+      for (size_t s = 0; s < ns; ++s) c.cost[s] += c.compute[s] + c.reduce[s] + c.ring[s];
     }
   }
 
@@ -570,7 +607,9 @@ class Search {
       d.chosen = s;
       d.compute_s = cl.compute[s];
       d.grad_reduce_s = cl.reduce[s];
-      d.comm_in_s = with(s) - cl.compute[s] - cl.reduce[s];
+      d.ring_s = cl.ring[s];
+      d.comm_in_s = with(s) - cl.compute[s] - cl.reduce[s] - cl.ring[s];
+      if (n.kind == OpKind::kAttention && ring_axis(d.strategy.inputs[0]) >= 0) r->ring = true;
       double best = std::numeric_limits<double>::infinity();
       for (int t = 0; t < int(cl.st.size()); ++t) {
         if (t == s) continue;

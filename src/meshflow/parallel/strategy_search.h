@@ -68,6 +68,14 @@ struct StrategySearchOptions {
   // split tuples name them on every dim called "batch", major-most. Not
   // searched (they must be absent from `mesh` or of size 1 there).
   std::vector<std::string> batch_axes;
+  // Mesh axes over which self-attention's sequence may be split (ring
+  // attention: each rank keeps its query block and the k/v blocks go round
+  // the axis inside the kernel, kernels/cpu/ring_attention.h). The caller runs
+  // the sequence in zigzag order (parallel/seq_balance.h) so every rank's
+  // causal work is equal; the ring's shifts are priced over the axis's link,
+  // less what the attention's own compute hides. Empty: attention's sequence
+  // is never split.
+  std::vector<std::string> ring_axes;
 };
 
 // One decision: a class of forward nodes and the strategy chosen for it.
@@ -81,6 +89,7 @@ struct StrategyDecision {
   double compute_s = 0;      // forward + gradient work of every node of the class
   double grad_reduce_s = 0;  // its parameters' gradient reductions
   double comm_in_s = 0;      // reshards into its inputs (and their gradients back)
+  double ring_s = 0;         // ring attention's shifts its compute does not hide
   // The best other strategy for this class with every other class fixed:
   // what it would cost more (its splits and the extra seconds). Empty when
   // the class had one candidate.
@@ -100,6 +109,7 @@ struct StrategySearch {
   bool timed_out = false;   // stopped at time_limit_s
   double memory_bytes = 0;  // the memory term of the chosen strategies
   int classes = 0, nodes = 0, columns = 0, rows = 0;
+  bool ring = false;  // some attention runs as a ring (its sequence split; ring_axes)
   double solve_time_s = 0;
   // The objective of any assignment: pick[k] indexes the candidates of
   // decisions[k] (`chosen` gives this search's answer). For tests and for

@@ -99,54 +99,63 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   // runtime's balanced split of the blocks, no ZeRO on the stages).
   const int64_t max_pp =
       is_language_model(model) ? std::min<int64_t>(ranks, cm.pipeline_layers()) : 1;
+  // Context parallel (cp: the sequence over ranks) for the language models,
+  // without pipelines (their stages run dp x tp).
+  const bool lm = is_language_model(model);
   for (int64_t pp = 1; pp <= max_pp; ++pp) {
     if (ranks % pp != 0) continue;
     for (int64_t tp = 1; tp <= ranks / pp; ++tp) {
       if ((ranks / pp) % tp != 0) continue;
-      const int64_t dp = ranks / (pp * tp);
       if (d.kv_heads % tp != 0) {  // the partitioner splits kv heads with the query heads
         if (first_invalid.empty())
           first_invalid = "tp=" + str(tp) + " does not divide kv_heads=" + str(d.kv_heads);
         continue;
       }
-      // Micro-batches: the config's; a pipeline's at least pp of them
-      // (pp, 2pp, 4pp when the config leaves them at 1).
-      std::vector<int64_t> counts = {m};
-      if (pp > 1)
-        counts = m > 1 ? std::vector<int64_t>{m} : std::vector<int64_t>{pp, 2 * pp, 4 * pp};
-      for (int64_t mb : counts) {
-        if (mb < pp) continue;
-        if (tc.batch_size % (dp * mb) != 0) {
-          if (first_invalid.empty())
-            first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +
-                            " does not split into " + str(mb) + " micro-batches x " + str(dp) +
-                            " replicas";
-          continue;
+      for (int64_t cp = 1; cp <= (lm && pp == 1 ? ranks / tp : 1); ++cp) {
+        if ((ranks / (pp * tp)) % cp != 0) continue;
+        const int64_t dp = ranks / (pp * tp * cp);
+        // Micro-batches: the config's; a pipeline's at least pp of them
+        // (pp, 2pp, 4pp when the config leaves them at 1).
+        std::vector<int64_t> counts = {m};
+        if (pp > 1)
+          counts = m > 1 ? std::vector<int64_t>{m} : std::vector<int64_t>{pp, 2 * pp, 4 * pp};
+        for (int64_t mb : counts) {
+          if (mb < pp) continue;
+          if (tc.batch_size % (dp * mb) != 0) {
+            if (first_invalid.empty())
+              first_invalid = "dp=" + str(dp) + ": batch_size " + str(tc.batch_size) +
+                              " does not split into " + str(mb) + " micro-batches x " + str(dp) +
+                              " replicas";
+            continue;
+          }
+          const std::vector<ScheduleKind> schedules =
+              pp > 1 ? std::vector<ScheduleKind>{ScheduleKind::k1F1B, ScheduleKind::kZbH1}
+                     : std::vector<ScheduleKind>{ScheduleKind::k1F1B};
+          // Layouts on tp and cp: Megatron (with cp: Ulysses' all_to_all to
+          // heads), Megatron-SP, the per-operator search's, ring attention.
+          for (int layout = 0; layout <= (tp * cp > 1 ? 3 : 0); ++layout)
+            for (ScheduleKind schedule : schedules)
+              for (Recompute rcp : policies)
+                for (int zero = 0; zero <= (dp > 1 && pp == 1 ? 3 : 0); ++zero) {
+                  if ((layout == 1 && tp == 1) || (layout == 3 && cp == 1)) continue;
+                  Plan p;
+                  p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp;
+                  p.sp = layout == 1, p.ops = layout == 2, p.ring = layout == 3;
+                  p.schedule = schedule;
+                  p.micro_batch = tc.batch_size / (dp * mb);
+                  p.num_micro_batches = mb;
+                  p.recompute = rcp;
+                  p.zero = zero;
+                  consider(p);
+                }
         }
-        const std::vector<ScheduleKind> schedules =
-            pp > 1 ? std::vector<ScheduleKind>{ScheduleKind::k1F1B, ScheduleKind::kZbH1}
-                   : std::vector<ScheduleKind>{ScheduleKind::k1F1B};
-        // Layouts on tp: Megatron, Megatron-SP, the per-operator search's.
-        for (int layout = 0; layout <= (tp > 1 ? 2 : 0); ++layout)
-          for (ScheduleKind schedule : schedules)
-            for (Recompute rcp : policies)
-              for (int zero = 0; zero <= (dp > 1 && pp == 1 ? 3 : 0); ++zero) {
-                Plan p;
-                p.dp = dp, p.tp = tp, p.pp = pp, p.sp = layout == 1, p.ops = layout == 2;
-                p.schedule = schedule;
-                p.micro_batch = tc.batch_size / (dp * mb);
-                p.num_micro_batches = mb;
-                p.recompute = rcp;
-                p.zero = zero;
-                consider(p);
-              }
       }
     }
   }
   if (out.candidates.empty())
-    return Status::invalid("auto parallel: no dp x tp plan of " + str(ranks) + " ranks is valid (" +
-                           str(d.heads) + " heads, ffn " + str(d.ffn) + ", batch " +
-                           str(tc.batch_size) + "): " + first_invalid);
+    return Status::invalid("auto parallel: no dp x tp x cp plan of " + str(ranks) +
+                           " ranks is valid (" + str(d.heads) + " heads, ffn " + str(d.ffn) +
+                           ", batch " + str(tc.batch_size) + "): " + first_invalid);
   const StepCost* best = nullptr;
   const StepCost* least_memory = nullptr;
   for (const StepCost& c : out.candidates) {
@@ -163,15 +172,16 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   }
   // Plans predicted within the local model's spread of the fastest are not
   // told apart: among them, the one that synchronizes least (the smallest
-  // tp, then the fewest stages, then no ZeRO), whose cost the model is
+  // tp x cp, then the fewest stages, then no ZeRO), whose cost the model is
   // surest of.
   const StepCost* fastest = best;
   out.spread = local_plan_spread(fastest->plan, cluster);
+  auto syncs = [](const StepCost& c) {
+    return std::make_tuple(c.plan.tp * c.plan.cp, c.plan.pp, c.plan.zero > 0, c.step_time_s);
+  };
   for (const StepCost& c : out.candidates) {
     if (!c.fits || c.step_time_s > fastest->step_time_s * (1 + out.spread)) continue;
-    if (std::make_tuple(c.plan.tp, c.plan.pp, c.plan.zero > 0, c.step_time_s) <
-        std::make_tuple(best->plan.tp, best->plan.pp, best->plan.zero > 0, best->step_time_s))
-      best = &c;
+    if (syncs(c) < syncs(*best)) best = &c;
   }
   out.best = *best;
   out.fastest = *fastest;
@@ -210,7 +220,8 @@ Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Clu
 }
 
 double local_plan_spread(const Plan& p, const Cluster& shared) {
-  return p.pp > 1 && shared.shared_cores > 0 ? kTimeSharedPipelineSpread : kLocalPlanSpread;
+  return (p.pp > 1 || p.cp > 1) && shared.shared_cores > 0 ? kTimeSharedSyncSpread
+                                                           : kLocalPlanSpread;
 }
 
 namespace {
@@ -269,6 +280,8 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
     nlohmann::json strategies = nlohmann::json::object();
     for (const auto& [key, splits] : p.searched->strategies) strategies[key] = splits;
     par["strategies"] = strategies;
+    // Its attention may run as a ring over cp: in zigzag order, as searched.
+    if (p.cp > 1 && !resnet && !mlp) par["ring_order"] = "zigzag";
   } else if (spmd && resnet)
     par = resnet_section(p, std::move(par));
   else if (spmd && mlp && p.tp > 1)

@@ -40,11 +40,14 @@ namespace meshflow::plan {
 // tensor-parallel plans the most negative: the in-process transport's
 // synchronizations cost more than its latency when ranks time-share cores).
 inline constexpr double kLocalPlanSpread = 0.03;
-// The same for a pipeline whose ranks time-share fewer cores
-// (Cluster::shared_cores): processor sharing (SimCosts::cores) predicts those
-// 5-13% fast (bench/plan_accuracy pp4-1f1b-mb4, pp2-tp2-mb2, two runs on the
-// 2-core AMD host, 2026-11-26), against 3% for the plans above.
-inline constexpr double kTimeSharedPipelineSpread = 0.13;
+// The same for a plan whose ranks wait on each other inside the step while
+// they time-share fewer cores (Cluster::shared_cores): a pipeline's stages,
+// context parallel's ring shifts or all_to_alls every block. Processor
+// sharing (SimCosts::cores) predicts those 5-13% fast (bench/plan_accuracy
+// pp4-1f1b-mb4, pp2-tp2-mb2, two runs on the 2-core AMD host, 2026-11-26;
+// cp4-ring -7.2% and -9.9% on the Intel VM, 2026-11-26), against 3% for the
+// plans above.
+inline constexpr double kTimeSharedSyncSpread = 0.13;
 // The spread of plan p's prediction on `shared` (share_machine's cluster).
 double local_plan_spread(const Plan& p, const Cluster& shared);
 
@@ -60,9 +63,9 @@ struct LocalAutoPlan {
 // The plan for `rc`'s model, train.batch_size, train.seq_len and
 // train.micro_batches on `ranks` local ranks of the one-device cluster
 // `local`: of the fitting plans predicted within the fastest's spread
-// (local_plan_spread) of it, the one with the smallest tp, then the fewest stages, then
+// (local_plan_spread) of it, the one with the smallest tp x cp, then the fewest stages, then
 // without ZeRO, then the fastest (ties: less memory). Any model the engine builds (the MLP's plans
-// are dp x tp with ZeRO). Errors: no dp x tp split valid for the batch and the model's widths,
+// are dp x tp with ZeRO; the language models' also cp without pipelines). Errors: no split valid for the batch and the model's widths,
 // nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 

@@ -246,7 +246,7 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
         shape.ring = q.ring;
         if (zero) shape.dp = q.dp, shape.zero = q.zero, shape.optimizer = true;
         if (q.ops) {
-          MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.micro_batch));
+          MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.cp, q.micro_batch));
         }
         MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
         bytes[n - 1] = static_arena_bytes(lp.graph);
@@ -308,52 +308,6 @@ int64_t CostModel::num_parameters() const {
 
 double CostModel::model_flops_per_token() const {
   return 3 * forward_flops_per_token_;
-}
-
-double CostModel::node_time_s(const Graph& g, const Node& n) const {
-  const OpCost c = op_cost(g, n);
-  const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
-  double t = 0;
-  if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
-    const bool fwd = n.kind == OpKind::kAttention;
-    const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
-    const Shape& k = g.shape(n.inputs[fwd ? 1 : 2]);
-    const int64_t tq = q.size(2), tk = k.size(2);
-    const double rows = double(q.size(0)) * double(q.size(1));
-    if (k_.attention == AttentionKernel::kMaterialized) {
-      // Batched GEMMs over all tq x tk scores (the mask is applied after), the
-      // score matrix streamed through memory between them.
-      const double scores = rows * double(tq) * double(tk);
-      const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
-      const double per_score =
-          fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
-      t = compute_time_s(gemm_flops / 2) * 2 +
-          cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
-    } else if (k_.attention == AttentionKernel::kBlockedCpu) {
-      constexpr int64_t kBlockQ = 64;  // kernels/cpu/attention.cc
-      const double gemms = fwd ? 2.0 : 5.0;
-      const int64_t d_head = q.size(3);
-      double gemm_t = 0;
-      for (int64_t i0 = 0; i0 < tq; i0 += kBlockQ) {
-        const int64_t r = std::min(kBlockQ, tq - i0);
-        const int64_t keys = std::clamp<int64_t>(i0 + r + tk - tq, 0, tk);
-        gemm_t += compute_time_s(2.0 * double(r) * double(keys) * double(d_head));
-      }
-      t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
-    } else {
-      // Fused (FlashAttention): at the kernel's own efficiency where the
-      // cluster file gives it, else on the GEMM curve.
-      const auto& kernels = cluster_.device.attention_efficiency;
-      const auto it = kernels.find(k_.fused_attention);
-      const double eff = it == kernels.end() ? 0 : (fwd ? it->second.forward : it->second.backward);
-      t = eff > 0 ? std::max(c.flops / (cluster_.peak_flops(dtype_, false) * eff),
-                             cluster_.memory_time_s(c.bytes * byte_scale))
-                  : roofline_time_s(c.flops, c.bytes * byte_scale);
-    }
-  } else {
-    t = roofline_time_s(c.flops, c.bytes * byte_scale);
-  }
-  return t;
 }
 
 double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_bytes,
@@ -419,6 +373,8 @@ enum Slot {
   kOptComm,
   kOptCommBytes,   // optimizer phase, once per step
   kOptBucketedTp,  // buffer bytes of the gradient all_reduces over tp run in buckets
+  kOptCpParams,    // gradient elements all_reduced over cp (Partial there)
+  kGradChains,     // gradients reduced through all_reduce chains (grad_buckets.h)
   kAttention,      // the attention op's forward
   kRecompute,      // recompute clones and their collectives
   kParams,
@@ -530,6 +486,9 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
         // Over tp only: the gradients' reduction over the dp * cp replicas
         // is priced with the schedule (bucketed, overlapped), not twice;
         // so are the tp ones the runtime puts in its buckets.
+        if (axis == "cp" && n.kind == OpKind::kAllReduce)
+          t[kOptCpParams] += double(g.shape(n.inputs[0]).numel());
+        if (bucketed[i]) t[kGradChains] += 1;
         if (axis == "tp" && bucketed[i])
           t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
         else if (axis == "tp")
@@ -579,7 +538,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   p.tp = tp, p.cp = cp, p.ring = ring;
   std::shared_ptr<const StrategySearch> searched;
   if (ops) {
-    MF_ASSIGN_OR_RETURN(searched, op_search(tp, micro_batch));
+    MF_ASSIGN_OR_RETURN(searched, op_search(tp, cp, micro_batch));
   }
   // Prices a program: all of it, and (embed) the part on the embedding's side.
   auto price_all = [&](const LocalProgram& lp, Totals* all, Totals* embed) {
@@ -633,7 +592,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
   // (Searched strategies differ per micro-batch: keyed by it.)
   const auto opt_key = std::make_tuple(tp, cp, int(sp) + (ops ? 2 : 0), ops ? micro_batch : 0);
-  std::optional<std::array<double, 6>> opt;
+  std::optional<std::array<double, 9>> opt;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = opt_cache_.find(opt_key); it != opt_cache_.end()) opt = it->second;
@@ -650,13 +609,18 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
            o1[kOptComm] - ob[kOptComm],
            o1[kOptCommBytes] - ob[kOptCommBytes],
            ob[kOptBucketedTp],
-           o1[kOptBucketedTp] - ob[kOptBucketedTp]};
+           o1[kOptBucketedTp] - ob[kOptBucketedTp],
+           ob[kOptCpParams],
+           o1[kOptCpParams] - ob[kOptCpParams],
+           o1[kGradChains]};
     std::lock_guard<std::mutex> lock(mu_);
     opt_cache_.emplace(opt_key, *opt);
   }
   lc.opt_comm_s = (*opt)[0], lc.opt_comm_bytes = (*opt)[1];
   lc.opt_comm_outside_s = (*opt)[2], lc.opt_comm_outside_bytes = (*opt)[3];
   lc.opt_bucketed_tp_bytes = (*opt)[4], lc.opt_bucketed_tp_outside_bytes = (*opt)[5];
+  lc.opt_cp_params = (*opt)[6], lc.opt_cp_params_outside = (*opt)[7];
+  lc.grad_chains = int((*opt)[8]);
   if (k_.recompute_from_pass && has_blocks()) {
     // What the recompute pass clones into a block's backward (and the
     // collectives lowered for the clones), priced node by node.
@@ -823,9 +787,17 @@ std::string CostModel::invalid_reason(const Plan& p) const {
       return given() + " sums to " + str(sum) + ", the model has " + str(pipeline_layers_) +
              " blocks to split";
   }
-  if (p.ops && (p.tp == 1 || p.sp || p.cp > 1))
-    return "per-operator strategies (ops) are searched on the tp axis of a dp x tp mesh (and "
-           "pipeline stages of it): they need tp > 1 and no sp or cp";
+  if (p.ops && (p.tp * p.cp == 1 || p.sp))
+    return "per-operator strategies (ops) are searched on the tp and cp axes of a dp x tp x cp "
+           "mesh (and pipeline stages of it): they need tp > 1 or cp > 1, and no sp (the search "
+           "decides where the sequence is split)";
+  if (p.ops && p.cp > 1 && !is_language_model(job_.model))
+    return "per-operator strategies on cp split a language model's sequence (ring attention "
+           "included); a ResNet's cp is the template's height split";
+  if (p.ops && p.cp > 1 && job_.seq % (2 * p.cp) != 0)
+    return "per-operator strategies on cp run the sequence in zigzag order (ring attention's "
+           "causal balance), which cuts seq=" +
+           str(job_.seq) + " into 2*cp = " + str(2 * p.cp) + " chunks, which must divide it";
   if (p.sp && (job_.seq / p.cp) % p.tp != 0)
     return "sp splits the local seq " + str(job_.seq / p.cp) + " by tp=" + str(p.tp) +
            ", which does not divide it";
@@ -1072,6 +1044,33 @@ double stage_in_flight(const Plan& p, int64_t stage) {
 // Bytes per device of pipeline stage `stage` holding `blocks` blocks: its
 // model states, the activations of the micro-batches its schedule keeps in
 // flight, and its temporaries.
+// Do the gradients reduce over dp through all_reduce (ZeRO-0), which the
+// runtime runs in buckets? Over dp alone, yes; when they are also Partial over
+// cp, as the reshard planner reduces them over both axes: it may choose
+// reduce_scatter, all_reduce, all_gather, which the buckets do not run
+// (runtime/grad_buckets.h), asked here of a gradient of the block's mean size.
+bool CostModel::dp_grads_all_reduce(const Plan& p, const LayerCost& lc) const {
+  if (p.dp <= 1) return false;
+  if (p.cp <= 1 || (p.ops && lc.opt_cp_params <= 0)) return true;
+  Result<Mesh> mesh = Mesh::parse(plan_mesh(p));
+  if (!mesh.is_ok()) return true;
+  std::vector<int64_t> strides;
+  for (int a = 0; a < mesh->num_axes(); ++a) strides.push_back(axis_stride(p, mesh->axis_name(a)));
+  Layout src = Layout::Replicated(mesh->num_axes());
+  for (const char* axis : {"dp", "cp"})
+    src = src.with(mesh->axis_index(axis), Placement::Partial());
+  const int64_t unit = p.dp * p.cp * p.tp;
+  const int64_t mean = lc.layer_param_tensors > 0 ? lc.layer_params / lc.layer_param_tensors : 1;
+  const Shape shape{Dim{"params", std::max<int64_t>(unit, mean / unit * unit)}};
+  Result<ReshardPlan> r =
+      plan_reshard(shape, *mesh, src, Layout::Replicated(mesh->num_axes()),
+                   reshard_costs(cluster_, *mesh, strides, int64_t(dtype_size(dtype_))));
+  if (!r.is_ok()) return true;
+  for (const ReshardStep& step : r->steps)
+    if (step.is_collective() && step.kind != ReshardKind::kAllReduce) return false;
+  return true;
+}
+
 Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
                                                 double blocks) const {
   const TransformerDims& d = dims_;
@@ -1100,15 +1099,15 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist
-    // with micro-batching, or when the buckets all_reduce gradients (ZeRO-0
-    // over dp * cp replicas, or weights replicated over tp); the fed inputs
+    // with micro-batching, or when the buckets all_reduce gradients (ZeRO-0:
+    // over dp, or the program's chains over tp or cp); the fed inputs
     // (an LM's i32 token and target ids, an MLP's f32 features and i32
     // labels: the program's input values) are the temporaries.
     MF_ASSIGN_OR_RETURN(const double arena,
                         arena_bytes(p, static_cast<int64_t>(std::llround(blocks))));
-    const bool buckets = p.num_micro_batches > 1 ||
-                         (p.zero == 0 && (p.dp * p.cp > 1 || lc.opt_bucketed_tp_bytes > 0 ||
-                                          lc.opt_bucketed_tp_outside_bytes > 0));
+    const bool buckets =
+        p.num_micro_batches > 1 ||
+        (p.zero == 0 && (p.dp > 1 ? dp_grads_all_reduce(p, lc) : lc.grad_chains > 0));
     if (!buckets) mb.grads = 0;
     mb.activations = in_flight * arena;
     mb.temporaries = lc.input_bytes;
@@ -1331,7 +1330,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   LayerCost lc;
   std::shared_ptr<const StrategySearch> searched;
   if (p.ops) {
-    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
+    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.cp, p.micro_batch));
   }
   if (by_chunk) {
     MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp,

@@ -324,6 +324,13 @@ struct LayerCost {
   // (bucketed_grad_all_reduce; weights replicated over tp): their buffer bytes,
   // priced with the data-parallel buckets instead (not in opt_comm_*).
   double opt_bucketed_tp_bytes = 0, opt_bucketed_tp_outside_bytes = 0;
+  // The parameters whose gradients are Partial over cp (all_reduced over it):
+  // every one under the templates; under per-operator strategies not those
+  // the search split over cp, which reduce over dp alone.
+  double opt_cp_params = 0, opt_cp_params_outside = 0;
+  // Gradients the program reduces through all_reduce chains, which the
+  // runtime runs in persistent buckets (runtime/grad_buckets.h).
+  int grad_chains = 0;
   int64_t layer_params = 0;  // per rank
   int64_t embed_params = 0;  // per rank (word + position table)
   int64_t head_params = 0;  // per rank (final norm + lm_head; everything of a model without blocks)
@@ -395,11 +402,14 @@ class CostModel {
   Result<LayerCost> layer_cost(int64_t tp, int64_t cp, int64_t micro_batch, bool sp = false,
                                bool ops = false, bool ring = false) const;
   // The per-operator strategy search (parallel/strategy_search.h) of this
-  // job's program at micro-batch `micro_batch` on the tp axis of a dp x tp
-  // mesh: compute priced by this model's roofline, reshards on the cluster's
-  // tp link, the device's usable memory as the budget. Solved once per
-  // (tp, micro_batch), then cached (errors included).
-  Result<std::shared_ptr<const StrategySearch>> op_search(int64_t tp, int64_t micro_batch) const;
+  // job's program at micro-batch `micro_batch` on the tp and cp axes of a
+  // dp x tp x cp mesh: compute priced by this model's roofline, reshards on
+  // the cluster's links for those axes, attention's sequence split over cp
+  // only (ring attention, the program in zigzag order), the device's usable
+  // memory as the budget. Solved once per (tp, cp, micro_batch), then cached
+  // (errors included).
+  Result<std::shared_ptr<const StrategySearch>> op_search(int64_t tp, int64_t cp,
+                                                          int64_t micro_batch) const;
   // The rank program the planner prices (plan/rank_program.h), with the
   // cluster's links for the reshard planner.
   Result<LocalProgram> rank_program(const RankShape& s) const;
@@ -516,6 +526,7 @@ class CostModel {
   // that count at the Megatron layout scaled by the ratio of the two rank
   // programs' stashed forward values per block.
   Result<double> layer_activations(const Plan& p) const;
+  bool dp_grads_all_reduce(const Plan& p, const LayerCost& lc) const;
   Result<MemoryBreakdown> stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
                                        double blocks) const;
   // The worst stage's; *stages (when given) gets every stage's.
@@ -556,14 +567,14 @@ class CostModel {
       cache_;
   // (tp, micro_batch) -> a per-operator plan's stashed activations per block
   // over the Megatron layout's (layer_activations).
-  mutable std::map<std::pair<int64_t, int64_t>, double> stash_ratio_cache_;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>, double> stash_ratio_cache_;
   // (tp, micro_batch) -> the strategy search's answer.
-  mutable std::map<std::pair<int64_t, int64_t>,
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t>,
                    std::shared_ptr<const Result<std::shared_ptr<const StrategySearch>>>>
       op_search_cache_;
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
   // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
-  mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 6>> opt_cache_;
+  mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 9>> opt_cache_;
   // (tp, cp, sp, recompute + flags + zero, blocks, ops, dp under ZeRO) -> the
   // partitioner's strategy for the rank program.
   mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, const StrategySearch*, int64_t>,

@@ -6,7 +6,9 @@
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/ops/op_def.h"
+#include "meshflow/ops/zigzag.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/seq_balance.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/cost_model.h"
 #include "meshflow/runtime/run_config.h"
@@ -41,6 +43,69 @@ double forward_stash_bytes(const Graph& g, double f32_bytes) {
 
 }  // namespace
 
+// The seconds one node of a rank program takes on this device.
+double CostModel::node_time_s(const Graph& g, const Node& n) const {
+  const OpCost c = op_cost(g, n);
+  const double byte_scale = double(dtype_size(dtype_)) / 4.0;  // OpCost counts f32
+  double t = 0;
+  if (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) {
+    const bool fwd = n.kind == OpKind::kAttention;
+    const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
+    const Shape& k = g.shape(n.inputs[fwd ? 1 : 2]);
+    const int64_t tq = q.size(2), tk = k.size(2);
+    const double rows = double(q.size(0)) * double(q.size(1));
+    if (k_.attention == AttentionKernel::kMaterialized) {
+      // Batched GEMMs over all tq x tk scores (the mask is applied after), the
+      // score matrix streamed through memory between them.
+      const double scores = rows * double(tq) * double(tk);
+      const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
+      const double per_score =
+          fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
+      t = compute_time_s(gemm_flops / 2) * 2 +
+          cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
+    } else if (k_.attention == AttentionKernel::kBlockedCpu) {
+      constexpr int64_t kBlockQ = 64;  // kernels/cpu/attention.cc
+      const double gemms = fwd ? 2.0 : 5.0;
+      const int64_t d_head = q.size(3);
+      double gemm_t = 0;
+      const int64_t ring = n.attrs.mesh_axis >= 0 ? n.attrs.group_size : 1;
+      if (ring > 1 && tq == tk) {
+        // Ring attention (kernels/cpu/ring_attention.cc): at each of its
+        // steps one GEMM block of the visiting k/v block (ops/zigzag.h
+        // ring_step_blocks); the step waits for the rank with the most.
+        for (int64_t r = 0; r < ring; ++r) {
+          double rank_t = 0;
+          for (int64_t src = 0; src < ring; ++src) {
+            for (const RingBlock& b :
+                 ring_step_blocks(tq, tq * ring, n.attrs.seq_zigzag, r, src, n.attrs.causal))
+              rank_t += compute_time_s(2.0 * double(b.rows) * double(b.cols) * double(d_head));
+          }
+          gemm_t = std::max(gemm_t, rank_t);
+        }
+      } else {
+        for (int64_t i0 = 0; i0 < tq; i0 += kBlockQ) {
+          const int64_t r = std::min(kBlockQ, tq - i0);
+          const int64_t keys = std::clamp<int64_t>(i0 + r + tk - tq, 0, tk);
+          gemm_t += compute_time_s(2.0 * double(r) * double(keys) * double(d_head));
+        }
+      }
+      t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
+    } else {
+      // Fused (FlashAttention): at the kernel's own efficiency where the
+      // cluster file gives it, else on the GEMM curve.
+      const auto& kernels = cluster_.device.attention_efficiency;
+      const auto it = kernels.find(k_.fused_attention);
+      const double eff = it == kernels.end() ? 0 : (fwd ? it->second.forward : it->second.backward);
+      t = eff > 0 ? std::max(c.flops / (cluster_.peak_flops(dtype_, false) * eff),
+                             cluster_.memory_time_s(c.bytes * byte_scale))
+                  : roofline_time_s(c.flops, c.bytes * byte_scale);
+    }
+  } else {
+    t = roofline_time_s(c.flops, c.bytes * byte_scale);
+  }
+  return t;
+}
+
 Result<double> CostModel::layer_activations(const Plan& p) const {
   const double act = double(dtype_size(dtype_));
   if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act);
@@ -49,7 +114,7 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
   // the two programs' stashed forward values per block.
   Plan megatron = p;
   megatron.ops = false, megatron.searched = nullptr, megatron.sp = false;
-  const auto key = std::make_pair(p.tp, p.micro_batch);
+  const auto key = std::make_tuple(p.tp, p.cp, p.micro_batch);
   double ratio = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -57,12 +122,12 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
   }
   if (ratio == 0) {
     MF_ASSIGN_OR_RETURN(const std::shared_ptr<const StrategySearch> searched,
-                        op_search(p.tp, p.micro_batch));
+                        op_search(p.tp, p.cp, p.micro_batch));
     double per_block[2] = {0, 0};
     for (int layout = 0; layout < 2; ++layout) {
       double bytes[2] = {0, 0};
       for (int64_t blocks = 1; blocks <= 2; ++blocks) {
-        RankShape shape{p.micro_batch, job_.seq, p.tp, 1, false, Recompute::kNone, blocks};
+        RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, false, Recompute::kNone, blocks};
         if (layout == 1) shape.ops = searched;
         MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
         bytes[blocks - 1] = forward_stash_bytes(lp.graph, act);
@@ -79,10 +144,10 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
   return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act);
 }
 
-Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
+Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, int64_t cp,
                                                                    int64_t micro_batch) const {
   MF_RETURN_IF_ERROR(status_);
-  const auto key = std::make_pair(tp, micro_batch);
+  const auto key = std::make_tuple(tp, cp, micro_batch);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = op_search_cache_.find(key);
@@ -97,6 +162,12 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
     const int64_t built = std::min<int64_t>(all_blocks, 16);
     const ModelConfig model = all_blocks > 16 ? with_blocks(job_.model, 16) : job_.model;
     MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(model, micro_batch, job_.seq));
+    // Ring attention over cp runs the sequence in zigzag order (as the rank
+    // program and the trainer do), so the search decides for the same nodes.
+    if (cp > 1 && all_blocks > 0) {
+      Result<SeqBalance> sb = balance_sequence(m.graph, cp);
+      if (!sb.is_ok()) return sb.status().with_context("the strategy search's program");
+    }
     try {
       append_backward(m.graph);
     } catch (const StatusError& e) {
@@ -104,11 +175,12 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
     }
     append_optimizer(m.graph, RunConfig{}.optimizer);
     Plan p;
-    p.tp = tp;
-    MF_ASSIGN_OR_RETURN(const Mesh mesh, Mesh::parse("dp=1,tp=" + std::to_string(tp)));
+    p.tp = tp, p.cp = cp;
+    MF_ASSIGN_OR_RETURN(const Mesh mesh, Mesh::parse(plan_mesh(p)));
+    std::vector<int64_t> strides;
+    for (int a = 0; a < mesh.num_axes(); ++a) strides.push_back(axis_stride(p, mesh.axis_name(a)));
     StrategySearchOptions o;
-    o.cost = reshard_costs(cluster_, mesh, {axis_stride(p, "dp"), axis_stride(p, "tp")},
-                           int64_t(dtype_size(dtype_)));
+    o.cost = reshard_costs(cluster_, mesh, strides, int64_t(dtype_size(dtype_)));
     o.node_time_s = [this](const Graph& g, const Node& n) {
       const OpCost c = op_cost(g, n);
       return roofline_time_s(c.flops, c.bytes);
@@ -118,6 +190,7 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp,
                             (all_blocks > built ? double(built) / double(all_blocks) : 1.0);
     o.activation_bytes = double(dtype_size(dtype_));
     o.batch_axes = {"dp"};
+    if (cp > 1 && all_blocks > 0) o.ring_axes = {"cp"};
     Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
     if (!r.is_ok() && o.memory_budget_bytes > 0) {
       // The search's memory term is every stashed activation without

@@ -122,7 +122,7 @@ Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
   q.layers_per_stage.clear();
   std::shared_ptr<const StrategySearch> searched;
   if (q.ops) {
-    MF_ASSIGN_OR_RETURN(searched, op_search(q.tp, q.micro_batch));
+    MF_ASSIGN_OR_RETURN(searched, op_search(q.tp, q.cp, q.micro_batch));
   }
   // Every block its own chunk (the first with the embedding, the last with
   // the head and the loss), as the runtime's split would cut them.
@@ -326,7 +326,7 @@ Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) c
   if (!why.empty()) return Status::invalid("plan " + plan_label(p) + ": " + why);
   std::shared_ptr<const StrategySearch> searched;
   if (p.ops) {
-    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.micro_batch));
+    MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.cp, p.micro_batch));
   }
   std::vector<MemoryBreakdown> stages;
   if (prices_by_chunk(p)) {

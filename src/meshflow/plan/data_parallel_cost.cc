@@ -25,83 +25,102 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   const double act = double(dtype_size(dtype_));
   const double m = double(p.num_micro_batches), ls = double(blocks_per_stage(p));
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s;
-  // ---- data parallel over the dp * cp replicas of each weight
-  const int64_t replicas = p.dp * p.cp;
-  const Link dp_link = ring_link(replicas, p.tp);
-  // Gradients reduce in the compute dtype, or in the stack's reduce dtype
-  // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
-  const double grad_bytes = p_stage * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
-  const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
-  const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
-  double dp_exposed = 0, dp_bytes = 0;
-  // Collectives per step for the stage's gradients: one (bucketed), or one per
-  // parameter tensor (collective_per_tensor), each paying the ring latency.
-  const double tensors =
-      k_.collective_per_tensor
-          ? ls * lc.layer_param_tensors +
-                std::max(p.pp == 1 ? lc.embed_param_tensors + lc.head_param_tensors : 0,
-                         std::max(lc.embed_param_tensors, lc.head_param_tensors))
-          : 1.0;
-  auto dp_collective = [&](Collective c, double bytes) {
-    return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
-  };
-  if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
-    // The runtime's buckets: over the replicas, and over tp for the weights
-    // replicated across it, all started during the last backward.
-    auto bucketed = [&](int64_t group, double bytes, const Link& link) {
-      if (group <= 1 || bytes <= 0) return 0.0;
-      const double n = std::max(1.0, std::ceil(bytes / k_.grad_bucket_bytes));
-      return n * cl.collective_time_s(Collective::kAllReduce, group, bytes / n, link);
+  // ---- data parallel over the replicas of each weight: `params` of them
+  // over `replicas` ranks (dp * cp, or dp alone for those split over cp), a
+  // share `tensor_share` of the stage's tensors.
+  auto reduce = [&](int64_t replicas, double params, double tensor_share, double* out_bytes) {
+    const Link dp_link = ring_link(replicas, p.tp);
+    // Gradients reduce in the compute dtype, or in the stack's reduce dtype
+    // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
+    const double grad_bytes = params * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
+    const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
+    const double window = k_.overlap_grad_reduce ? B + W : 0.0;  // the last micro-batch's backward
+    double dp_exposed = 0, dp_bytes = 0;
+    // Collectives per step for the stage's gradients: one (bucketed), or one per
+    // parameter tensor (collective_per_tensor), each paying the ring latency.
+    const double tensors =
+        k_.collective_per_tensor
+            ? std::max(1.0,
+                       std::round(
+                           tensor_share *
+                           (ls * lc.layer_param_tensors +
+                            std::max(p.pp == 1 ? lc.embed_param_tensors + lc.head_param_tensors : 0,
+                                     std::max(lc.embed_param_tensors, lc.head_param_tensors)))))
+            : 1.0;
+    auto dp_collective = [&](Collective c, double bytes) {
+      return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
     };
-    const double tp_bytes = ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes;
-    const double t = bucketed(replicas, grad_bytes, dp_link) +
-                     bucketed(p.tp, tp_bytes, ring_link(p.tp, axis_stride(p, "tp")));
-    dp_exposed = overlap_exposed_s(t, window);
-    dp_bytes = 2 * ring_dp * grad_bytes;
-  } else if (p.zero == 0) {
-    const double t = dp_collective(Collective::kAllReduce, grad_bytes);
-    dp_exposed = overlap_exposed_s(t, window);
-    dp_bytes = 2 * ring_dp * grad_bytes;
-  } else if (p.zero <= 2) {
-    const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
-    double ag = dp_collective(Collective::kAllGather, p_stage * act);
-    // The gradient norm over sharded gradients: the partitioned program sums
-    // every shard's squares and all_reduces them once (one_norm_reduction:
-    // the program's one all_reduce in the optimizer phase), not per tensor.
-    if (k_.collective_per_tensor)
-      ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
-    dp_exposed = overlap_exposed_s(rs, window) + ag;
-    dp_bytes = ring_dp * (grad_bytes + p_stage * act);
-  } else {
-    // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
-    // before it runs and freed after it, its gradients reduce-scattered after
-    // its backward, every micro-batch: one gather per layer in the forward,
-    // one before the recomputed forward (full recompute), one before the
-    // backward, and one reduce_scatter (the embedding/head count as one more
-    // layer). The collectives share one communication stream, so a layer's
-    // run one after another; with the next layer's collectives prefetched
-    // while this one computes (depth 1), each layer of a pass takes
-    // max(compute, collectives), and the first gather of each pass and the
-    // last reduce_scatter have nothing to hide behind. Without overlap
-    // (zero3_prefetch false: meshflow's program runs them as nodes) all of it
-    // is exposed.
-    // calls: the layers + the embedding/head; a layer's collectives are one
-    // per tensor of it with collective_per_tensor.
-    const double calls = ls + 1;
-    const double per_call = std::max(1.0, tensors / calls);
-    const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
-                                                      p_stage * act / calls / per_call, dp_link);
-    const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
-                                                      grad_bytes / calls / per_call, dp_link);
-    const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
-    double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
-    if (k_.zero3_prefetch) {
-      fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
-      bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) + ag + rs;
+    if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
+      // The runtime's buckets: over the replicas, and over tp for the weights
+      // replicated across it, all started during the last backward.
+      auto bucketed = [&](int64_t group, double bytes, const Link& link) {
+        if (group <= 1 || bytes <= 0) return 0.0;
+        const double n = std::max(1.0, std::ceil(bytes / k_.grad_bucket_bytes));
+        return n * cl.collective_time_s(Collective::kAllReduce, group, bytes / n, link);
+      };
+      const double tp_bytes =
+          tensor_share * (ls * lc.opt_bucketed_tp_bytes + lc.opt_bucketed_tp_outside_bytes);
+      const double t = bucketed(replicas, grad_bytes, dp_link) +
+                       bucketed(p.tp, tp_bytes, ring_link(p.tp, axis_stride(p, "tp")));
+      dp_exposed = overlap_exposed_s(t, window);
+      dp_bytes = 2 * ring_dp * grad_bytes;
+    } else if (p.zero == 0) {
+      const double t = dp_collective(Collective::kAllReduce, grad_bytes);
+      dp_exposed = overlap_exposed_s(t, window);
+      dp_bytes = 2 * ring_dp * grad_bytes;
+    } else if (p.zero <= 2) {
+      const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
+      double ag = dp_collective(Collective::kAllGather, params * act);
+      // The gradient norm over sharded gradients: the partitioned program sums
+      // every shard's squares and all_reduces them once (one_norm_reduction:
+      // the program's one all_reduce in the optimizer phase), not per tensor.
+      if (k_.collective_per_tensor)
+        ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
+      dp_exposed = overlap_exposed_s(rs, window) + ag;
+      dp_bytes = ring_dp * (grad_bytes + params * act);
+    } else {
+      // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
+      // before it runs and freed after it, its gradients reduce-scattered after
+      // its backward, every micro-batch: one gather per layer in the forward,
+      // one before the recomputed forward (full recompute), one before the
+      // backward, and one reduce_scatter (the embedding/head count as one more
+      // layer). The collectives share one communication stream, so a layer's
+      // run one after another; with the next layer's collectives prefetched
+      // while this one computes (depth 1), each layer of a pass takes
+      // max(compute, collectives), and the first gather of each pass and the
+      // last reduce_scatter have nothing to hide behind. Without overlap
+      // (zero3_prefetch false: meshflow's program runs them as nodes) all of it
+      // is exposed.
+      // calls: the layers + the embedding/head; a layer's collectives are one
+      // per tensor of it with collective_per_tensor.
+      const double calls = ls + 1;
+      const double per_call = std::max(1.0, tensors / calls);
+      const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
+                                                        params * act / calls / per_call, dp_link);
+      const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                                        grad_bytes / calls / per_call, dp_link);
+      const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
+      double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
+      if (k_.zero3_prefetch) {
+        fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
+        bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) + ag + rs;
+      }
+      dp_exposed = m * (fwd + bwd);
+      dp_bytes = m * ring_dp * ((1 + bwd_gathers) * params * act + grad_bytes);
     }
-    dp_exposed = m * (fwd + bwd);
-    dp_bytes = m * ring_dp * ((1 + bwd_gathers) * p_stage * act + grad_bytes);
-  }
+    *out_bytes = dp_bytes;
+    return dp_exposed;
+  };
+  // Under per-operator strategies on cp, the parameters the search split over
+  // cp are reduced over dp alone (the program all_reduces over cp only the
+  // ones Partial there); under the templates every one is Partial over cp.
+  const double all = ls * double(lc.layer_params) + double(lc.embed_params + lc.head_params);
+  const double over_cp = ls * lc.opt_cp_params + lc.opt_cp_params_outside;
+  const double cp_share = p.ops && p.cp > 1 && all > 0 ? std::clamp(over_cp / all, 0.0, 1.0) : 1.0;
+  double b1 = 0, b2 = 0;
+  double dp_exposed = reduce(p.dp * p.cp, cp_share * p_stage, cp_share, &b1);
+  if (cp_share < 1) dp_exposed += reduce(p.dp, (1 - cp_share) * p_stage, 1 - cp_share, &b2);
+  const double dp_bytes = b1 + b2;
   *bytes = dp_bytes;
   return dp_exposed;
 }

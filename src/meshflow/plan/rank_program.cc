@@ -42,8 +42,9 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(cut, s.micro_batch * replicas, s.seq));
   Graph& g = m.graph;
   // Ring attention runs its sequence in zigzag order (the preset's default,
-  // parallel/seq_balance.h): every rank does the same causal work.
-  if (s.ring && s.cp > 1) {
+  // parallel/seq_balance.h): every rank does the same causal work. So does a
+  // searched plan on cp (parallel_section writes ring_order "zigzag").
+  if ((s.ring || s.ops) && s.cp > 1 && num_blocks(model) > 0) {
     Result<SeqBalance> sb = balance_sequence(g, s.cp);
     if (!sb.is_ok()) return sb.status().with_context("the planner's ring program");
   }

@@ -202,9 +202,9 @@ void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o,
             p.schedule = sched;
             p.vp = vp;
             // Layouts on tp: Megatron, Megatron-SP; the strategy search's
-            // per-operator plan when pinned (ops=true; otherwise it is tried
-            // on the leaders only, search_until).
-            const int layouts = tp == 1 ? 0 : fx.ops && *fx.ops ? 2 : 1;
+            // per-operator plan on tp and cp when pinned (ops=true; otherwise
+            // it is tried on the leaders only, search_until).
+            const int layouts = tp * cp == 1 ? 0 : fx.ops && *fx.ops ? 2 : tp > 1 ? 1 : 0;
             // cp over the keys (ring attention, zigzag order), with the Megatron
             // layout: where it can beat Ulysses, with fewer kv heads than
             // heads (its k/v shifts move less than Ulysses' all_to_alls of q,
@@ -343,17 +343,18 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     });
   }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
-  // tp group of each leader shown without cp or interleaving: the same mesh, batch,
-  // recompute and ZeRO with every operator's split chosen by the integer
-  // program in place of the Megatron layout (one solve per (tp, micro-batch),
-  // cached), kept when faster. The template plans stay candidates, so the
-  // answer is never worse than theirs.
+  // tp x cp group of each leader shown without interleaving: the same mesh,
+  // batch, recompute and ZeRO with every operator's split chosen by the
+  // integer program in place of the template layout (Megatron, Megatron-SP,
+  // Ulysses, ring; one solve per (tp, cp, micro-batch), cached), kept when
+  // faster. The template plans stay candidates, so the answer is never worse
+  // than theirs.
   if (!options.no_op_search && !r.timed_out) {
     std::vector<Plan> variants;
     for (size_t i = 0; i < r.plans.size() && i < shown; ++i) {  // the leaders shown
       Plan q = r.plans[i].plan;
-      if (q.tp == 1 || q.cp > 1 || q.vp > 1 || q.ops) continue;
-      q.ops = true, q.sp = false;
+      if (q.tp * q.cp == 1 || q.vp > 1 || q.ops) continue;
+      q.ops = true, q.sp = false, q.ring = false;
       if (!options.fixed.matches(q) ||
           std::find(variants.begin(), variants.end(), q) != variants.end())
         continue;

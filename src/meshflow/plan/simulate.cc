@@ -187,7 +187,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   p.ring = par.value("preset", std::string()) == "ring";
   // The strategy search's plan: split tuples for every operator and no
   // preset (priced again, the deterministic search gives the same tuples).
-  p.ops = par.contains("strategies") && !par.contains("preset") && p.tp > 1 && p.cp == 1;
+  p.ops = par.contains("strategies") && !par.contains("preset") && p.tp * p.cp > 1;
   if (pipe.contains("stage_of")) {
     // The user's cells on stages (MindSpore's cell.pipeline_stage), as the
     // job resolves them: blocks per stage.

@@ -13,8 +13,6 @@
 //
 // Legend: B batch, H query heads, Hkv kv heads (H = rep * Hkv), T queries,
 // S keys, D head dim. q, out, dq: [B,H,T,D]; k, v, dk, dv: [B,Hkv,S,D]; lse [B,H,T].
-#include <cblas.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -24,6 +22,7 @@
 
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/attention_dropout.h"
+#include "meshflow/kernels/cpu/gemm.h"
 #include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/kernels/cpu/ring_attention.h"
 #include "meshflow/kernels/kernel.h"
@@ -84,21 +83,9 @@ AttnDims attn_dims(const Shape& q, const Shape& k, const Attrs& at) {
   return d;
 }
 
-// C[M,N] = alpha * op(A) op(B) + beta * C, row-major, leading dims as stored.
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* Bm, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), Bm, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
-}
-
-// xt[D, S] = x[S, D]^T. Score GEMMs read K (and dP reads V) transposed: OpenBLAS
-// runs row-major Q [rows,D] x Kt [D,S] about 1.6x faster than Q x K^T at these
-// sizes (its small-matrix kernels cover NN but not this NT case).
-void transpose_to(const float* x, int64_t S, int64_t D, float* xt) {
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t j = 0; j < S; ++j) xt[d * S + j] = x[j * D + d];
-}
+// Small per-head blocks: OpenBLAS directly (kernels/cpu/gemm.h).
+constexpr auto gemm = cpu::small_sgemm;
+using cpu::transpose_to;
 
 // max(x[0..n)), n >= 1. Written as a ternary: GCC vectorizes this reduction
 // but not one over std::max.

@@ -24,6 +24,7 @@
 #include "meshflow/core/check.h"
 #include "meshflow/kernels/cpu/gemm.h"
 #include "meshflow/kernels/cpu/parallel.h"
+#include "meshflow/kernels/cpu/vmath.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/zigzag.h"
 
@@ -84,86 +85,147 @@ std::vector<PositionRun> block_runs(const RingDims& d, const RingPlace& rp, cons
   return position_runs(src * d.T, d.T, rp.Tg, at.seq_zigzag);
 }
 
-// Causal: key position kp is visible to query position qp iff kp <= qp.
-bool pair_skipped(const RingDims& d, const PositionRun& qr, const PositionRun& kr) {
-  return d.causal && kr.pos0 > qr.pos0 + qr.rows - 1;
+// Do the runs' true positions increase along the block's rows? (A rank's
+// block in zigzag order: chunk r before chunk 2n-1-r. Not a whole zigzag
+// sequence on one rank.)
+bool increasing(const std::vector<PositionRun>& runs) {
+  for (size_t i = 1; i < runs.size(); ++i)
+    if (runs[i].pos0 < runs[i - 1].pos0 + runs[i - 1].rows) return false;
+  return true;
 }
 
-// Keys of run kr visible to row i of run qr: all, or those at positions <= its own.
-int64_t keys_seen(const RingDims& d, const PositionRun& qr, const PositionRun& kr, int64_t i) {
-  return d.causal ? std::clamp<int64_t>(qr.pos0 + i - kr.pos0 + 1, 0, kr.rows) : kr.rows;
+// One GEMM block of a step: query rows [row0, row0 + rows) of the rank's
+// block against keys [key0, key0 + cols) of the visiting block; row t of the
+// rank's block sees the first seen[t] of those keys.
+struct StepWork {
+  int64_t row0 = 0, rows = 0, key0 = 0, cols = 0;
+  std::vector<int64_t> seen;
+};
+
+// A step's work as few GEMMs of useful size: where the visiting block's true
+// positions increase along its rows, one per query run (ops/zigzag.h
+// ring_step_blocks: the run's rows that see any key against the keys its
+// last row sees; the pairs the mask hides inside are computed and dropped,
+// as the one-rank kernel does on its diagonal blocks); otherwise (a whole
+// zigzag sequence on one rank) one per (query run, key run) pair.
+std::vector<StepWork> step_work(const RingDims& d, const RingPlace& rp, const Attrs& at, int src) {
+  const std::vector<PositionRun> q = block_runs(d, rp, at, rp.r), k = block_runs(d, rp, at, src);
+  auto seen_of = [&](const PositionRun& kr, int64_t t_pos) {
+    return d.causal ? std::clamp<int64_t>(t_pos - kr.pos0 + 1, 0, kr.rows) : kr.rows;
+  };
+  std::vector<StepWork> out;
+  if (increasing(k)) {
+    std::vector<int64_t> seen(d.T, 0);
+    for (const PositionRun& qr : q)
+      for (int64_t i = 0; i < qr.rows; ++i)
+        for (const PositionRun& kr : k) seen[qr.row0 + i] += seen_of(kr, qr.pos0 + i);
+    for (const RingBlock& b : ring_step_blocks(d.T, rp.Tg, at.seq_zigzag, rp.r, src, d.causal))
+      out.push_back({b.row0, b.rows, 0, b.cols, seen});
+    return out;
+  }
+  for (const PositionRun& kr : k)
+    for (const PositionRun& qr : q) {
+      if (d.causal && kr.pos0 > qr.pos0 + qr.rows - 1) continue;  // wholly in the future
+      StepWork w{qr.row0, qr.rows, kr.row0, kr.rows, std::vector<int64_t>(d.T, 0)};
+      for (int64_t i = 0; i < qr.rows; ++i) w.seen[qr.row0 + i] = seen_of(kr, qr.pos0 + i);
+      out.push_back(std::move(w));
+    }
+  return out;
 }
 
-// Merges key run kr of block (k, v) into query run qr's rows: their running
+// w's keys of every kv head of x ([B,Hkv,S,D]) transposed: [B*Hkv][D][cols]
+// (kernels/cpu/gemm.h transpose_to: the score GEMMs run NN).
+std::vector<float> transposed(const RingDims& d, const float* x, const StepWork& w) {
+  std::vector<float> xt(d.B * d.Hkv * d.D * w.cols);
+  cpu::parallel_for(d.B * d.Hkv, w.cols * d.D, [&](int64_t lo, int64_t hi) {
+    for (int64_t bg = lo; bg < hi; ++bg)
+      transpose_to(x + (bg * d.S + w.key0) * d.D, w.cols, d.D, xt.data() + bg * d.D * w.cols);
+  });
+  return xt;
+}
+
+// Merges w's keys of the block (k, v) into w's query rows: their running
 // max m, sum l and unnormalized out acc (rows of [B,H,T]).
 void forward_block(const RingDims& d, const float* q, const float* k, const float* v,
-                   const PositionRun& qr, const PositionRun& kr, float* m, float* l, float* acc) {
-  const int64_t nq = qr.rows, nk = kr.rows;
+                   const StepWork& w, float* m, float* l, float* acc) {
+  const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
+  const std::vector<float> kt = transposed(d, k, w);
   cpu::parallel_for(d.B * d.H, 4 * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
     std::vector<float> s(nq * nk);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t bg = (bh / d.H) * d.Hkv + (bh % d.H) / d.rep;
-      const float* qp = q + (bh * d.T + qr.row0) * d.D;
-      const float* kp = k + (bg * d.S + kr.row0) * d.D;
-      const float* vp = v + (bg * d.S + kr.row0) * d.D;
-      float* ap = acc + (bh * d.T + qr.row0) * d.D;
-      sgemm(false, true, nq, nk, d.D, d.scale, qp, d.D, kp, d.D, 0.f, s.data(), nk);
+      const float* qp = q + (bh * d.T + r0) * d.D;
+      const float* vp = v + (bg * d.S + w.key0) * d.D;
+      float* ap = acc + (bh * d.T + r0) * d.D;
+      small_sgemm(false, false, nq, nk, d.D, d.scale, qp, d.D, kt.data() + bg * d.D * nk, nk, 0.f,
+                  s.data(), nk);
       for (int64_t i = 0; i < nq; ++i) {
         float* row = s.data() + i * nk;
-        const int64_t seen = keys_seen(d, qr, kr, i);
+        const int64_t seen = std::min(nk, w.seen[r0 + i]);
         std::fill(row + seen, row + nk, 0.f);
         if (seen == 0) continue;
         float bm = row[0];
+#pragma omp simd reduction(max : bm)
         for (int64_t j = 1; j < seen; ++j) bm = std::max(bm, row[j]);
-        const int64_t t = bh * d.T + qr.row0 + i;
+        const int64_t t = bh * d.T + r0 + i;
         const float mn = std::max(m[t], bm);
         const float corr = m[t] == kNegInf ? 0.f : std::exp(m[t] - mn);
         float sum = 0.f;
-        for (int64_t j = 0; j < seen; ++j) sum += row[j] = std::exp(row[j] - mn);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < seen; ++j) {
+          const float e = exp_approx(row[j] - mn);
+          row[j] = e;
+          sum += e;
+        }
         l[t] = l[t] * corr + sum;
         m[t] = mn;
         for (int64_t j = 0; j < d.D; ++j) ap[i * d.D + j] *= corr;
       }
-      sgemm(false, false, nq, d.D, nk, 1.f, s.data(), nk, vp, d.D, 1.f, ap, d.D);
+      small_sgemm(false, false, nq, d.D, nk, 1.f, s.data(), nk, vp, d.D, 1.f, ap, d.D);
     }
   });
 }
 
-// Adds key run kr of block (k, v)'s share with query run qr to dq and to the
+// Adds w's share of the block (k, v) with w's query rows to dq and to the
 // block's accumulators dk, dv:
 //   P = exp(scale*QK^T - lse) (masked); dV += P^T dO; dS = P*(dO V^T - Di);
 //   dQ += scale*dS K; dK += scale*dS^T Q.   di = rowsum(dO * O) per query row.
 void backward_block(const RingDims& d, const float* dout, const float* q, const float* lse,
-                    const float* di, const float* k, const float* v, const PositionRun& qr,
-                    const PositionRun& kr, float* dq, float* dk, float* dv) {
-  const int64_t nq = qr.rows, nk = kr.rows;
+                    const float* di, const float* k, const float* v, const StepWork& w, float* dq,
+                    float* dk, float* dv) {
+  const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
+  const std::vector<float> kt = transposed(d, k, w), vt = transposed(d, v, w);
   cpu::parallel_for(d.B * d.Hkv, 10 * d.rep * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
     std::vector<float> p(nq * nk), ds(nq * nk);
     for (int64_t bg = lo; bg < hi; ++bg) {
-      const int64_t koff = (bg * d.S + kr.row0) * d.D;
+      const int64_t koff = (bg * d.S + w.key0) * d.D;
       const float* kp = k + koff;
-      const float* vp = v + koff;
       float* dkp = dk + koff;
       float* dvp = dv + koff;
       for (int64_t hh = 0; hh < d.rep; ++hh) {
         const int64_t bh = (bg / d.Hkv) * d.H + (bg % d.Hkv) * d.rep + hh;
-        const int64_t t0 = bh * d.T + qr.row0, off = t0 * d.D;
-        sgemm(false, true, nq, nk, d.D, d.scale, q + off, d.D, kp, d.D, 0.f, p.data(), nk);
-        sgemm(false, true, nq, nk, d.D, 1.f, dout + off, d.D, vp, d.D, 0.f, ds.data(), nk);
+        const int64_t t0 = bh * d.T + r0, off = t0 * d.D;
+        small_sgemm(false, false, nq, nk, d.D, d.scale, q + off, d.D, kt.data() + bg * d.D * nk, nk,
+                    0.f, p.data(), nk);
+        small_sgemm(false, false, nq, nk, d.D, 1.f, dout + off, d.D, vt.data() + bg * d.D * nk, nk,
+                    0.f, ds.data(), nk);
         for (int64_t i = 0; i < nq; ++i) {
           float* pr = p.data() + i * nk;
           float* sr = ds.data() + i * nk;
           const float lv = lse[t0 + i], dr = di[t0 + i];
-          const int64_t seen = keys_seen(d, qr, kr, i);
-          for (int64_t j = 0; j < nk; ++j) {
-            const float pj = j < seen && lv != kNegInf ? std::exp(pr[j] - lv) : 0.f;
+          const int64_t seen = lv == kNegInf ? 0 : std::min(nk, w.seen[r0 + i]);
+#pragma omp simd
+          for (int64_t j = 0; j < seen; ++j) {
+            const float pj = exp_approx(pr[j] - lv);
             pr[j] = pj;
             sr[j] = d.scale * pj * (sr[j] - dr);
           }
+          std::fill(pr + seen, pr + nk, 0.f);
+          std::fill(sr + seen, sr + nk, 0.f);
         }
-        sgemm(true, false, nk, d.D, nq, 1.f, p.data(), nk, dout + off, d.D, 1.f, dvp, d.D);
-        sgemm(false, false, nq, d.D, nk, 1.f, ds.data(), nk, kp, d.D, 1.f, dq + off, d.D);
-        sgemm(true, false, nk, d.D, nq, 1.f, ds.data(), nk, q + off, d.D, 1.f, dkp, d.D);
+        small_sgemm(true, false, nk, d.D, nq, 1.f, p.data(), nk, dout + off, d.D, 1.f, dvp, d.D);
+        small_sgemm(false, false, nq, d.D, nk, 1.f, ds.data(), nk, kp, d.D, 1.f, dq + off, d.D);
+        small_sgemm(true, false, nk, d.D, nq, 1.f, ds.data(), nk, q + off, d.D, 1.f, dkp, d.D);
       }
     }
   });
@@ -183,16 +245,12 @@ void ring_attention(const KernelCall& c) {
   std::vector<float> kv[2] = {std::vector<float>(2 * nkv), std::vector<float>(2 * nkv)};
   std::memcpy(kv[0].data(), c.in_f(1), nkv * sizeof(float));
   std::memcpy(kv[0].data() + nkv, c.in_f(2), nkv * sizeof(float));
-  const std::vector<PositionRun> qruns = block_runs(d, rp, c.attrs(), rp.r);
   for (int s = 0, cur = 0; s < rp.n; ++s, cur ^= 1) {
     Work next;
     if (s + 1 < rp.n)
       next = rp.comm->ring_shift_async(kv[cur].data(), kv[cur ^ 1].data(), 2 * nkv, DType::F32);
-    for (const PositionRun& kr : block_runs(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
-      for (const PositionRun& qr : qruns)
-        if (!pair_skipped(d, qr, kr))
-          forward_block(d, c.in_f(0), kv[cur].data(), kv[cur].data() + nkv, qr, kr, m.data(),
-                        l.data(), out);
+    for (const StepWork& w : step_work(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
+      forward_block(d, c.in_f(0), kv[cur].data(), kv[cur].data() + nkv, w, m.data(), l.data(), out);
     check(next.wait(), c.n);
   }
   for (int64_t t = 0; t < rows; ++t) {
@@ -219,14 +277,11 @@ void ring_attention_grad(const KernelCall& c) {
     di[t] = acc;
   }
   if (rp.n == 1) {  // one rank: the block's own k/v, no ring
-    const std::vector<PositionRun> runs = block_runs(d, rp, c.attrs(), 0);
     std::fill(c.out_f(1), c.out_f(1) + nkv, 0.f);
     std::fill(c.out_f(2), c.out_f(2) + nkv, 0.f);
-    for (const PositionRun& kr : runs)
-      for (const PositionRun& qr : runs)
-        if (!pair_skipped(d, qr, kr))
-          backward_block(d, dout, q, lse, di.data(), c.in_f(2), c.in_f(3), qr, kr, dq, c.out_f(1),
-                         c.out_f(2));
+    for (const StepWork& w : step_work(d, rp, c.attrs(), 0))
+      backward_block(d, dout, q, lse, di.data(), c.in_f(2), c.in_f(3), w, dq, c.out_f(1),
+                     c.out_f(2));
     return;
   }
   // Buffers first: they outlive every Work below. mine: this step's share;
@@ -235,18 +290,15 @@ void ring_attention_grad(const KernelCall& c) {
   std::vector<float> mine(2 * nkv), sent(2 * nkv), got(2 * nkv);
   std::memcpy(kv[0].data(), c.in_f(2), nkv * sizeof(float));
   std::memcpy(kv[0].data() + nkv, c.in_f(3), nkv * sizeof(float));
-  const std::vector<PositionRun> qruns = block_runs(d, rp, c.attrs(), rp.r);
   Work grads;  // the accumulator's shift issued at the previous step
   for (int s = 0, cur = 0; s < rp.n; ++s, cur ^= 1) {
     Work next;
     if (s + 1 < rp.n)
       next = rp.comm->ring_shift_async(kv[cur].data(), kv[cur ^ 1].data(), 2 * nkv, DType::F32);
     std::fill(mine.begin(), mine.end(), 0.f);
-    for (const PositionRun& kr : block_runs(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
-      for (const PositionRun& qr : qruns)
-        if (!pair_skipped(d, qr, kr))
-          backward_block(d, dout, q, lse, di.data(), kv[cur].data(), kv[cur].data() + nkv, qr, kr,
-                         dq, mine.data(), mine.data() + nkv);
+    for (const StepWork& w : step_work(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
+      backward_block(d, dout, q, lse, di.data(), kv[cur].data(), kv[cur].data() + nkv, w, dq,
+                     mine.data(), mine.data() + nkv);
     if (s > 0) {
       check(grads.wait(), c.n);
       for (int64_t i = 0; i < 2 * nkv; ++i) mine[i] += got[i];
