@@ -372,6 +372,7 @@ int main(int argc, char** argv) {
       {"dp2-cp2-ring", 4, "dp=2,cp=2", "ring"},
       {"cp2-ops", 2, "dp=1,cp=2", "ops"},
       {"tp2-cp2-ops", 4, "dp=1,tp=2,cp=2", "ops"},
+      {"dp2-cp2-ops", 4, "dp=2,cp=2", "ops"},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
@@ -504,15 +505,18 @@ int main(int argc, char** argv) {
       std::string fastest_name, chosen_name = plan::plan_label(a.best.plan);
       double fastest_s = 0, chosen_s = 0;
       for (const plan::StepCost& sc : a.candidates) {
-        if (!sc.fits || sc.step_time_s > a.fastest.step_time_s * (1 + auto_within)) continue;
+        // (and the chosen plan, which may lie farther: within the spread)
+        if (!sc.fits || (sc.step_time_s > a.fastest.step_time_s * (1 + auto_within) &&
+                         plan::plan_label(sc.plan) != chosen_name))
+          continue;
         const plan::Plan& p = sc.plan;
         Case c;
         c.name = plan::plan_label(p);
         c.ranks = ranks;
         c.mesh = plan::plan_mesh(p);
-        c.preset = p.ops    ? "ops"
-                   : p.ring ? "ring"
-                   : p.sp   ? "megatron-sp"
+        c.preset = p.ops      ? "ops"
+                   : p.ring   ? "ring"
+                   : p.sp     ? "megatron-sp"
                    : p.tp > 1 ? "megatron"
                    : p.cp > 1 ? "ulysses"
                               : "dp";

@@ -241,7 +241,8 @@ TEST(PlanAuto, ValidPlanForOneTwoFourRanks) {
     // it has a smaller tp x cp (or as small, fewer stages, or none without
     // ZeRO when it uses ZeRO).
     std::set<int64_t> tps, cps;
-    EXPECT_EQ(a->spread, local_plan_spread(a->fastest.plan, value_or_throw(share_machine(m, ranks))));
+    EXPECT_EQ(a->spread,
+              local_plan_spread(a->fastest.plan, value_or_throw(share_machine(m, ranks))));
     const double within = a->fastest.step_time_s * (1 + a->spread);
     EXPECT_LE(a->best.step_time_s, within);
     for (const StepCost& c : a->candidates) {
@@ -305,7 +306,8 @@ TEST(PlanAuto, SearchedPlansArePricedAndRunAsPriced) {
     if (c.plan.tp == 2 && c.plan.cp == 1) ops = &c;
     if (c.plan.tp == 2 && c.plan.cp == 2) ops_cp = &c;
   }
-  EXPECT_EQ(ops_meshes, (std::set<std::pair<int64_t, int64_t>>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}}));
+  EXPECT_EQ(ops_meshes,
+            (std::set<std::pair<int64_t, int64_t>>{{2, 1}, {4, 1}, {1, 2}, {2, 2}, {1, 4}}));
   ASSERT_NE(ops, nullptr);
   ASSERT_NE(ops_cp, nullptr);
   EXPECT_NE(plan_label(ops->plan).find("+ops"), std::string::npos);
@@ -445,34 +447,45 @@ TEST(PlanAuto, LanguageModelPipelineMemoryMatchesThePipelineTrainer) {
   }
 }
 
-// The strategy search's plan on pipeline stages (tp=2 x pp=2): priced by the
-// runtime's split of the program its split tuples build, the pipeline
-// trainer runs it with one device's losses, holding the predicted memory.
+// The strategy search's plan on pipeline stages (tp=2 x pp=2 under 1F1B and
+// interleaved with 2 chunks per stage; cp=2 x pp=2, its attention a ring in
+// zigzag order): priced by the runtime's split of the program its split
+// tuples build, the pipeline trainer runs it with one device's losses,
+// holding the predicted memory.
 TEST(PlanAuto, SearchedPlanOnPipelineStagesRunsAsPriced) {
   json model = small_gpt();
   model["n_layer"] = 4;
   const ModelConfig mc = value_or_throw(parse_model_config(model));
   const CostModel cm(TrainingJob{mc, 16, 32}, value_or_throw(share_machine(local(), 4)),
                      meshflow_cpu_constants());
-  Plan p;
-  p.tp = 2, p.pp = 2, p.ops = true;
-  p.micro_batch = 4, p.num_micro_batches = 4;
-  const StepCost c = value_or_throw(cm.price(p));
-  ASSERT_NE(c.plan.searched, nullptr);
   json doc = {{"model", model},
               {"data", {{"dataset", "fortunes"}}},
               {"train", {{"steps", 3}, {"batch_size", 16}, {"seq_len", 32}, {"eval_batches", 1}}},
               {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};  // (the planner's optimizer)
-  std::vector<float> one, four;
+  std::vector<float> one;
   held_peak(doc, 1, 3, &one);
-  doc["parallel"] = value_or_throw(parallel_section(c.plan, mc));
-  ASSERT_TRUE(doc["parallel"].contains("strategies")) << doc["parallel"].dump();
-  ASSERT_TRUE(doc["parallel"].contains("pipeline")) << doc["parallel"].dump();
-  const double measured = held_peak(doc, 4, 3, &four);
-  ASSERT_EQ(four.size(), one.size());
-  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(four[i], one[i], 5e-5 * one[i]) << i;
-  EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
-      << "predicted " << c.memory.total << " measured " << measured;
+  struct Case {
+    int64_t tp, cp, vp;
+  };
+  for (const Case& k : {Case{2, 1, 1}, Case{2, 1, 2}, Case{1, 2, 1}}) {
+    Plan p;
+    p.tp = k.tp, p.cp = k.cp, p.pp = 2, p.ops = true;
+    p.vp = k.vp;
+    if (k.vp > 1) p.schedule = ScheduleKind::kInterleaved;
+    p.micro_batch = 4, p.num_micro_batches = 4;
+    SCOPED_TRACE(plan_label(p));
+    const StepCost c = value_or_throw(cm.price(p));
+    ASSERT_NE(c.plan.searched, nullptr);
+    doc["parallel"] = value_or_throw(parallel_section(c.plan, mc));
+    ASSERT_TRUE(doc["parallel"].contains("strategies")) << doc["parallel"].dump();
+    ASSERT_TRUE(doc["parallel"].contains("pipeline")) << doc["parallel"].dump();
+    std::vector<float> four;
+    const double measured = held_peak(doc, 4, 3, &four);
+    ASSERT_EQ(four.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(four[i], one[i], 5e-5 * one[i]) << i;
+    EXPECT_NEAR(c.memory.total / measured, 1.0, 0.05)
+        << "predicted " << c.memory.total << " measured " << measured;
+  }
 }
 
 TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {

@@ -204,7 +204,7 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   const auto key = std::make_tuple(s.tp, s.cp, s.sp,
                                    int(s.recompute) + (s.optimizer ? 8 : 0) +
                                        (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0) + 64 * s.zero,
-                                   s.blocks, s.ops.get(), s.zero > 0 ? s.dp : 1);
+                                   s.blocks, s.ops.get(), s.zero > 0 || s.with_dp ? s.dp : 1);
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1044,31 +1044,26 @@ double stage_in_flight(const Plan& p, int64_t stage) {
 // Bytes per device of pipeline stage `stage` holding `blocks` blocks: its
 // model states, the activations of the micro-batches its schedule keeps in
 // flight, and its temporaries.
-// Do the gradients reduce over dp through all_reduce (ZeRO-0), which the
-// runtime runs in buckets? Over dp alone, yes; when they are also Partial over
-// cp, as the reshard planner reduces them over both axes: it may choose
-// reduce_scatter, all_reduce, all_gather, which the buckets do not run
-// (runtime/grad_buckets.h), asked here of a gradient of the block's mean size.
-bool CostModel::dp_grads_all_reduce(const Plan& p, const LayerCost& lc) const {
-  if (p.dp <= 1) return false;
-  if (p.cp <= 1 || (p.ops && lc.opt_cp_params <= 0)) return true;
-  Result<Mesh> mesh = Mesh::parse(plan_mesh(p));
-  if (!mesh.is_ok()) return true;
-  std::vector<int64_t> strides;
-  for (int a = 0; a < mesh->num_axes(); ++a) strides.push_back(axis_stride(p, mesh->axis_name(a)));
-  Layout src = Layout::Replicated(mesh->num_axes());
-  for (const char* axis : {"dp", "cp"})
-    src = src.with(mesh->axis_index(axis), Placement::Partial());
-  const int64_t unit = p.dp * p.cp * p.tp;
-  const int64_t mean = lc.layer_param_tensors > 0 ? lc.layer_params / lc.layer_param_tensors : 1;
-  const Shape shape{Dim{"params", std::max<int64_t>(unit, mean / unit * unit)}};
-  Result<ReshardPlan> r =
-      plan_reshard(shape, *mesh, src, Layout::Replicated(mesh->num_axes()),
-                   reshard_costs(cluster_, *mesh, strides, int64_t(dtype_size(dtype_))));
-  if (!r.is_ok()) return true;
-  for (const ReshardStep& step : r->steps)
-    if (step.is_collective() && step.kind != ReshardKind::kAllReduce) return false;
-  return true;
+// Does the runtime keep persistent gradient buckets (ZeRO-0)? When the
+// program reduces its gradients through all_reduce chains
+// (runtime/grad_buckets.h gradient_syncs): read off the priced program (dp =
+// 1), or over dp alone (all_reduce); when they are also Partial over cp the
+// reshard planner may reduce over both axes with reduce_scatter, all_reduce,
+// all_gather, which the buckets do not run: asked of the program of one of
+// dp replicas (one block, once per plan shape).
+Result<bool> CostModel::grads_in_buckets(const Plan& p, const LayerCost& lc) const {
+  if (p.dp <= 1) return lc.grad_chains > 0;
+  if (p.cp <= 1) return true;
+  RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, p.sp, Recompute::kNone, 1, true};
+  shape.ring = p.ring;
+  shape.dp = p.dp, shape.with_dp = true;
+  if (p.ops) {
+    MF_ASSIGN_OR_RETURN(shape.ops, op_search(p.tp, p.cp, p.micro_batch));
+  }
+  MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
+  for (const GradientSync& sync : gradient_syncs(lp.graph))
+    if (!sync.reduce.empty()) return true;
+  return false;
 }
 
 Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
@@ -1105,9 +1100,10 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
     // labels: the program's input values) are the temporaries.
     MF_ASSIGN_OR_RETURN(const double arena,
                         arena_bytes(p, static_cast<int64_t>(std::llround(blocks))));
-    const bool buckets =
-        p.num_micro_batches > 1 ||
-        (p.zero == 0 && (p.dp > 1 ? dp_grads_all_reduce(p, lc) : lc.grad_chains > 0));
+    bool buckets = p.num_micro_batches > 1;
+    if (!buckets && p.zero == 0) {
+      MF_ASSIGN_OR_RETURN(buckets, grads_in_buckets(p, lc));
+    }
     if (!buckets) mb.grads = 0;
     mb.activations = in_flight * arena;
     mb.temporaries = lc.input_bytes;

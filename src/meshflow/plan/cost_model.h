@@ -526,7 +526,7 @@ class CostModel {
   // that count at the Megatron layout scaled by the ratio of the two rank
   // programs' stashed forward values per block.
   Result<double> layer_activations(const Plan& p) const;
-  bool dp_grads_all_reduce(const Plan& p, const LayerCost& lc) const;
+  Result<bool> grads_in_buckets(const Plan& p, const LayerCost& lc) const;
   Result<MemoryBreakdown> stage_memory(const Plan& p, const LayerCost& lc, int64_t stage,
                                        double blocks) const;
   // The worst stage's; *stages (when given) gets every stage's.

@@ -38,7 +38,8 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
                                         const Cluster& cluster, int64_t bytes_per_element,
                                         std::shared_ptr<const Annotation>* strategy) {
   const ModelConfig cut = num_blocks(model) > 0 ? with_blocks(model, s.blocks) : model;
-  const int64_t replicas = s.zero > 0 ? s.dp : 1;
+  const bool dp_in = s.dp > 1 && (s.zero > 0 || s.with_dp);
+  const int64_t replicas = dp_in ? s.dp : 1;
   MF_ASSIGN_OR_RETURN(ModelGraph m, build_model(cut, s.micro_batch * replicas, s.seq));
   Graph& g = m.graph;
   // Ring attention runs its sequence in zigzag order (the preset's default,
@@ -62,7 +63,7 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   if (s.optimizer) append_optimizer(g, RunConfig{}.optimizer);
   Plan p;
   p.tp = s.tp, p.cp = s.cp, p.sp = s.sp, p.ring = s.ring;
-  if (s.zero > 0) p.dp = s.dp, p.zero = s.zero;
+  if (dp_in) p.dp = s.dp, p.zero = s.zero;
   p.ops = s.ops != nullptr, p.searched = s.ops;
   MF_ASSIGN_OR_RETURN(nlohmann::json section, parallel_section(p, model));
   if (section.contains("strategies")) {

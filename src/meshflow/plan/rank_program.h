@@ -59,6 +59,9 @@ struct RankShape {
   // prices the data-parallel collectives itself).
   int64_t dp = 1;
   int zero = 0;
+  // The program of one of dp replicas without ZeRO too (zero 0): how its
+  // gradients reduce over dp and the rest (CostModel::grads_in_buckets).
+  bool with_dp = false;
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA

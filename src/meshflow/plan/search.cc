@@ -343,7 +343,9 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     });
   }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
-  // tp x cp group of each leader shown without interleaving: the same mesh,
+  // tp x cp group of each leader shown without interleaving (an interleaved
+  // ops plan prices every chunk of the whole model's program: GPT-3 on 1024
+  // GPUs went from 0.9 to 1.3 s; priced when pinned, ops=true): the same mesh,
   // batch, recompute and ZeRO with every operator's split chosen by the
   // integer program in place of the template layout (Megatron, Megatron-SP,
   // Ulysses, ring; one solve per (tp, cp, micro-batch), cached), kept when
