@@ -260,8 +260,8 @@ TEST_F(Job, AutoPlannedRunChecksItsPlan) {
                           {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}}) +
               " --ranks 2 --calibrate-from-run " + refit);
   EXPECT_TRUE(one_line_error(r)) << r.output;
-  EXPECT_NE(r.output.find("--calibrate-from-run: parallel.strategies (split tuples of your own) "
-                          "is not priced"),
+  EXPECT_NE(r.output.find("--calibrate-from-run: parallel.strategies (split tuples of your own; "
+                          "priced on a mesh with tp or cp"),
             std::string::npos)
       << r.output;
   r = run_cli("train " + cfg + " --ranks 2 --steps 3 --calibrate-from-run /nonexistent/dir/c.json");
@@ -302,6 +302,26 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
               " --ranks 2 --no-nodes --predict");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("predicted: not priced: parallel.strategies"), std::string::npos)
+      << r.output;
+  // Split tuples of the user's own beside the rules {batch: dp}: priced as
+  // written (the program they build, not a search's), compared like any plan.
+  const std::string own = config(json{{"mode", "semi"},
+                                      {"mesh", "dp=1,tp=2"},
+                                      {"rules", {{"batch", "dp"}}},
+                                      {"strategies",
+                                       {{"h.?.mlp.c_fc", "((dp, 1, 1), (1, tp))"},
+                                        {"h.?.mlp.c_proj", "((dp, 1, tp), (tp, 1))"}}}},
+                                 false, 8);
+  r = run_cli("train " + own + " --ranks 2 --steps 3 --check-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan check (dp=1 tp=2+ops pp=1 mb=8x1 1f1b none zero0, rank "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("  memory       predicted"), std::string::npos) << r.output;
+  r = run_cli("explain " + own + " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=2+ops pp=1 mb=8x1"),
+            std::string::npos)
       << r.output;
   // Without the flag, no check.
   r = run_cli("train " + tp + " --ranks 2 --steps 3");

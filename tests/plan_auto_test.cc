@@ -748,7 +748,7 @@ TEST(PlanAuto, LayoutsThePlannerDoesNotPriceAreNamed) {
         {"mesh", "dp=2"},
         {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}},
        json::object(),
-       "parallel.strategies (split tuples of your own) is not priced"},
+       "parallel.strategies (split tuples of your own; priced on a mesh with tp or cp"},
       {{{"mode", "semi"}, {"mesh", "dp=1,tp=2"}, {"rules", {{"batch", "dp"}, {"heads", "tp"}}}},
        json::object(),
        "parallel.rules of your own is not priced"},

@@ -7,6 +7,7 @@
 
 #include "meshflow/engine/job.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/schedule.h"
 
 namespace meshflow {
@@ -118,7 +119,10 @@ Status runs_as(const Job& job, const plan::Plan& p) {
   if (!planned.is_ok() || layout_key(*planned) != mine) {
     std::string what = "this job's layout";
     if (!par.strategies.empty())
-      what = "parallel.strategies (split tuples of your own)";
+      what =
+          "parallel.strategies (split tuples of your own; priced on a mesh with tp or cp beside "
+          "the rules {\"batch\": \"dp\"}, and \"ring_order\": \"zigzag\" on cp, as the "
+          "planner writes them)";
     else if (par.preset.empty() && !par.rules.rules.empty())
       what = "parallel.rules of your own";
     return Status::invalid(what + " is not priced (the job runs: " + mine + "; the nearest plan, " +
@@ -152,6 +156,17 @@ Status price_job_plan(Job* job, const plan::Cluster& local) {
     Result<plan::LocalAutoPlan> priced = plan::price_local_plan(job->rc, job->world, local, ops);
     if (priced.is_ok() && runs_as(*job, priced->best.plan).is_ok()) {
       job->plan_check = std::make_shared<const plan::LocalAutoPlan>(std::move(*priced));
+      return Status::ok();
+    }
+    // Split tuples of the user's own, beside the rules a planned section
+    // has: the program they build, priced as written (not searched).
+    auto given = std::make_shared<StrategySearch>();
+    given->strategies = job->rc.parallel.strategies;
+    given->fixed = true;
+    ops.searched = given;
+    Result<plan::LocalAutoPlan> own = plan::price_local_plan(job->rc, job->world, local, ops);
+    if (own.is_ok() && runs_as(*job, own->best.plan).is_ok()) {
+      job->plan_check = std::make_shared<const plan::LocalAutoPlan>(std::move(*own));
       return Status::ok();
     }
   }

@@ -110,6 +110,10 @@ struct StrategySearch {
   double memory_bytes = 0;  // the memory term of the chosen strategies
   int classes = 0, nodes = 0, columns = 0, rows = 0;
   bool ring = false;  // some attention runs as a ring (its sequence split; ring_axes)
+  // Split tuples written by hand (the user's semi-auto "strategies"), not
+  // searched: only `strategies` is set. The planner prices the program they
+  // build as it prices a searched plan's (CostModel::fix_strategies).
+  bool fixed = false;
   double solve_time_s = 0;
   // The objective of any assignment: pick[k] indexes the candidates of
   // decisions[k] (`chosen` gives this search's answer). For tests and for

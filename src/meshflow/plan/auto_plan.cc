@@ -38,13 +38,16 @@ struct LocalPricing {
 };
 
 Result<LocalPricing> local_pricing(const RunConfig& rc, int ranks, const Cluster& local,
-                                   const char* what) {
+                                   const char* what,
+                                   std::shared_ptr<const StrategySearch> fixed = nullptr) {
   LocalPricing lp;
   MF_ASSIGN_OR_RETURN(lp.model, parse_model_config(rc.model));
   MF_ASSIGN_OR_RETURN(lp.cluster, share_machine(local, ranks));
-  lp.cm = std::make_unique<const CostModel>(
-      TrainingJob{lp.model, rc.train.batch_size, rc.train.seq_len}, lp.cluster,
-      meshflow_cpu_constants());
+  auto cm =
+      std::make_unique<CostModel>(TrainingJob{lp.model, rc.train.batch_size, rc.train.seq_len},
+                                  lp.cluster, meshflow_cpu_constants());
+  if (fixed) cm->fix_strategies(std::move(fixed));
+  lp.cm = std::move(cm);
   if (!lp.cm->status().is_ok()) return lp.cm->status().with_context(what);
   return lp;
 }
@@ -192,7 +195,10 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
 
 Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Cluster& local,
                                        const Plan& p) {
-  MF_ASSIGN_OR_RETURN(const LocalPricing lp, local_pricing(rc, ranks, local, "plan check"));
+  // Split tuples of the user's own: priced as written, not searched.
+  const bool own = p.ops && p.searched && p.searched->fixed;
+  MF_ASSIGN_OR_RETURN(const LocalPricing lp,
+                      local_pricing(rc, ranks, local, "plan check", own ? p.searched : nullptr));
   const CostModel& cm = *lp.cm;
   Result<StepCost> priced = cm.price(p);
   if (!priced.is_ok()) return priced.status().with_context("plan check");
@@ -207,6 +213,7 @@ Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Clu
   // own search's answer: equal but for that pointer).
   bool listed = false;
   for (StepCost& c : out.candidates) {
+    if (own) break;  // (the search's plan at the same degrees is another plan)
     Plan a = c.plan, b = out.best.plan;
     a.searched = b.searched = nullptr;
     if (a == b) c = out.best, listed = true;

@@ -410,6 +410,12 @@ class CostModel {
   // (errors included).
   Result<std::shared_ptr<const StrategySearch>> op_search(int64_t tp, int64_t cp,
                                                           int64_t micro_batch) const;
+  // From now on op_search answers `given` (split tuples written by hand,
+  // StrategySearch::fixed) at every shape: this model then prices the user's
+  // own per-operator plan.
+  void fix_strategies(std::shared_ptr<const StrategySearch> given) {
+    fixed_ops_ = std::move(given);
+  }
   // The rank program the planner prices (plan/rank_program.h), with the
   // cluster's links for the reshard planner.
   Result<LocalProgram> rank_program(const RankShape& s) const;
@@ -572,6 +578,7 @@ class CostModel {
   mutable std::map<std::tuple<int64_t, int64_t, int64_t>,
                    std::shared_ptr<const Result<std::shared_ptr<const StrategySearch>>>>
       op_search_cache_;
+  std::shared_ptr<const StrategySearch> fixed_ops_;  // fix_strategies
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
   // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
   mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 9>> opt_cache_;

@@ -147,6 +147,7 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
 Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, int64_t cp,
                                                                    int64_t micro_batch) const {
   MF_RETURN_IF_ERROR(status_);
+  if (fixed_ops_) return fixed_ops_;
   const auto key = std::make_tuple(tp, cp, micro_batch);
   {
     std::lock_guard<std::mutex> lock(mu_);
