@@ -200,6 +200,19 @@ TEST_F(CliHostile, RingWithASequenceNotDividingByCpIsOneLine) {
                     "multiple of 4 (4 or 8)");
   j["parallel"]["ring_order"] = "mirrored";
   expect_user_error(run("train " + write(j) + " --ranks 4"), "parallel.ring_order");
+  // Split tuples that ask for the zigzag order: over cp, which the mesh must have.
+  j["train"]["seq_len"] = 12;
+  j["parallel"] = {{"mode", "semi"},
+                   {"mesh", "tp=2"},
+                   {"strategies", {{"h.?.mlp.c_fc", "((1, 1, 1), (1, tp))"}}},
+                   {"ring_order", "zigzag"}};
+  expect_user_error(run("train " + write(j) + " --ranks 2"),
+                    "parallel.ring_order \"zigzag\" orders ring attention's sequence over the "
+                    "mesh axis \"cp\", which the mesh {tp: 2} lacks");
+  j["parallel"]["mesh"] = "cp=4";
+  j["parallel"]["strategies"] = {{"h.?.mlp.c_fc", "((1, cp, 1), (1, 1))"}};
+  expect_user_error(run("train " + write(j) + " --ranks 4"),
+                    "parallel.ring_order: train.seq_len=12 does not split into 2 x cp = 8 chunks");
 }
 
 TEST_F(CliHostile, CheckpointInConfigOfTheWrongKindFailsBeforeTraining) {
