@@ -550,6 +550,38 @@ TEST(PlanSearch, Gpt3On1024GpusIsFast) {
   EXPECT_TRUE(ops->plan.searched && ops->plan.searched->optimal);
 }
 
+TEST(PlanSearch, TheAnswerDoesNotDependOnTheThreads) {
+  // The sweep's (tp, cp) groups run on several threads and share the cost
+  // model's caches; their findings merge in the sweep's order. Each run gets
+  // a fresh cost model, so the threads race to fill the caches.
+  auto search = [](const std::string& model, int64_t gpus, int threads) {
+    CostModel cm(TrainingJob{load_model(model), 512, 2048}, cluster("a100_40gb.json", gpus));
+    SearchOptions o;
+    o.threads = threads;
+    o.top_k = 8;
+    return search_plans(cm, gpus, o);
+  };
+  Result<SearchResult> one = search("gpt3_13b.json", 64, 1);
+  ASSERT_TRUE(one.is_ok()) << one.status().message();
+  for (int threads : {2, 5}) {
+    Result<SearchResult> many = search("gpt3_13b.json", 64, threads);
+    ASSERT_TRUE(many.is_ok()) << many.status().message();
+    EXPECT_EQ(many->evaluated, one->evaluated);
+    EXPECT_EQ(many->valid, one->valid);
+    EXPECT_EQ(many->fitting, one->fitting);
+    ASSERT_EQ(many->plans.size(), one->plans.size());
+    for (size_t i = 0; i < one->plans.size(); ++i) {
+      EXPECT_EQ(plan_label(many->plans[i].plan), plan_label(one->plans[i].plan)) << i;
+      EXPECT_EQ(many->plans[i].step_time_s, one->plans[i].step_time_s) << i;
+    }
+  }
+  // Nothing fits: the same least-memory plan and advice.
+  Result<SearchResult> none1 = search("gpt3_13b.json", 3, 1);
+  Result<SearchResult> none2 = search("gpt3_13b.json", 3, 2);
+  ASSERT_FALSE(none1.is_ok());
+  EXPECT_EQ(none2.status().message(), none1.status().message());
+}
+
 TEST(PlanSearch, OneTrillionOn3072GpusIsFast) {
   CostModel cm(TrainingJob{load_model("gpt_1t.json"), 3072, 2048},
                cluster("dgx_a100_80gb.json", 3072));

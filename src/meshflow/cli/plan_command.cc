@@ -215,6 +215,7 @@ int run_plan(const PlanOptions& o) {
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;
+  so.threads = o.threads;
   if (!o.fix.empty()) {
     Result<FixedChoices> f = parse_fixed(o.fix);
     if (!f.is_ok()) return user_error(f.status().message());
@@ -398,6 +399,10 @@ void add_plan_commands(CLI::App& app) {
   p->add_option("--time-limit", po->time_limit_s,
                 "Stop searching after SECONDS and report the best plan found so far")
       ->check(CLI::Range(0.001, 86400.0));
+  p->add_option("--threads", po->threads,
+                "Threads the search runs on (default 0: one per core); the answer is the same "
+                "for any count")
+      ->check(CLI::Range(0, 256));
   p->add_option("--top", po->top,
                 "Runners-up to show AFTER the best plan (K does not count the best: --top 0 "
                 "shows the best plan only, --top 3 the best and 3 runners-up; default 3)")

@@ -233,14 +233,18 @@ class Search {
     if (from == to) return 0;
     const Shape& shape = g_.shape(v);
     if (shape.rank() == 0) return 0;
-    std::string key = shape.to_string() + "|" + from.to_string() + "|" + to.to_string();
-    auto it = reshard_cache_.find(key);
-    if (it != reshard_cache_.end()) return it->second;
+    const DType dtype = g_.value(v).dtype;
+    // Looked up without building a key (the search asks millions of times).
+    size_t h = (from.hash() * 31 + to.hash()) * 31 + size_t(dtype);
+    for (const Dim& d : shape.dims()) h = h * 0x100000001b3ull ^ size_t(d.size);
+    std::vector<ReshardEntry>& bucket = reshard_cache_[h];
+    for (const ReshardEntry& e : bucket)
+      if (e.dtype == dtype && e.from == from && e.to == to && *e.shape == shape) return e.cost_s;
     ReshardCostModel cost = o_.cost;
-    cost.bytes_per_element = int64_t(dtype_size(g_.value(v).dtype));
+    cost.bytes_per_element = int64_t(dtype_size(dtype));
     Result<ReshardPlan> p = plan_reshard(shape, mesh_, from, to, cost);
     const double s = p.is_ok() ? p->cost_s : kUnreachableS;
-    reshard_cache_.emplace(std::move(key), s);
+    bucket.push_back({&shape, from, to, dtype, s});
     return s;
   }
 
@@ -642,7 +646,14 @@ class Search {
   std::vector<int> class_of_;
   std::vector<Edge> edges_;
   std::map<std::pair<int, int>, int> edge_of_;
-  std::unordered_map<std::string, double> reshard_cache_;
+  // The reshard planner's answers, by a hash of (shape, from, to, dtype).
+  struct ReshardEntry {
+    const Shape* shape;  // in g_
+    Layout from, to;
+    DType dtype;
+    double cost_s;
+  };
+  std::unordered_map<size_t, std::vector<ReshardEntry>> reshard_cache_;
 };
 
 }  // namespace

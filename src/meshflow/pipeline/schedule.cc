@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <limits>
 #include <map>
-#include <set>
 #include <tuple>
 
 #include "meshflow/core/check.h"
@@ -370,8 +370,26 @@ struct Message {
   double arrival;
 };
 
+// A set of (micro-batch, chunk) pairs, each in range: a flag per pair.
+class PairSet {
+ public:
+  void reset(int micro_batches, int chunks) {
+    chunks_ = chunks;
+    flags_.assign(size_t(micro_batches) * size_t(chunks), 0);
+  }
+  bool count(const std::pair<int, int>& k) const { return flags_[index(k)] != 0; }
+  void insert(const std::pair<int, int>& k) { flags_[index(k)] = 1; }
+
+ private:
+  size_t index(const std::pair<int, int>& k) const {
+    return size_t(k.first) * size_t(chunks_) + size_t(k.second);
+  }
+  int chunks_ = 0;
+  std::vector<uint8_t> flags_;
+};
+
 struct RankState {
-  std::set<std::pair<int, int>> f, b, w, act, grad;  // (mb, chunk) done / available
+  PairSet f, b, w, act, grad;  // (mb, chunk) done / available
   double clock = 0, busy = 0, stash = 0, peak_stash = 0;
   int live = 0, peak = 0;
   size_t pc = 0;
@@ -474,6 +492,9 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
   if (static_cast<int>(s.ranks.size()) != p)
     return Status::invalid("schedule has " + std::to_string(s.ranks.size()) +
                            " rank lists for stages=" + std::to_string(p));
+  if (m < 0 || C < 0)
+    return Status::invalid("schedule has micro_batches=" + std::to_string(m) +
+                           " and chunks=" + std::to_string(C) + "; both must be >= 0");
   const double bi = costs.bi();
   const double bw = costs.bw();
   const bool split = s.split_backward();
@@ -487,6 +508,8 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
   };
   std::map<std::tuple<int, int, Kind>, std::deque<Message>> channels;  // (src, dst, kind)
   std::vector<RankState> st(p);
+  for (RankState& rs : st)
+    for (PairSet* set : {&rs.f, &rs.b, &rs.w, &rs.act, &rs.grad}) set->reset(m, C);
   SimResult res;
   res.start.resize(p);
   for (int r = 0; r < p; ++r) res.start[r].assign(s.ranks[r].size(), 0.0);

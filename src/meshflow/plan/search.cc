@@ -1,6 +1,7 @@
 #include "meshflow/plan/search.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -8,6 +9,8 @@
 #include <cstdlib>
 #include <numeric>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 namespace meshflow::plan {
@@ -154,90 +157,99 @@ std::vector<int64_t> micro_batch_sizes(int64_t replica_batch, const SearchOption
   return sizes;
 }
 
-// Calls visit(plan) for every plan of the search space on `devices` devices
-// that `fixed` allows (not yet checked against the model: price() does that),
-// until visit returns false.
-template <typename Visit>
-void enumerate(const CostModel& cm, int64_t devices, const SearchOptions& o,
-               const std::vector<Offload>& offloads, Visit visit) {
+// The (tp, cp) degrees of the search space on `devices` devices that `fixed`
+// allows, in the sweep's order: each is a group of plans swept on its own.
+std::vector<std::pair<int64_t, int64_t>> tp_cp_groups(const CostModel& cm, int64_t devices,
+                                                      const SearchOptions& o) {
   const TransformerDims& d = cm.dims();
   const FixedChoices& fx = o.fixed;
-  const int64_t gb = cm.job().global_batch, seq = cm.job().seq;
   const int64_t per_node = cm.cluster().devices_per_node;
+  // cp: the sequence; a ResNet's image height (its seq is 1).
+  const int64_t split_rows =
+      std::holds_alternative<ResNetConfig>(cm.job().model)
+          ? std::get<ResNetConfig>(cm.job().model).image_size / 2  // after the stride-2 stem
+          : cm.job().seq;
+  std::vector<std::pair<int64_t, int64_t>> groups;
   for (int64_t tp : divisors(devices)) {
     if (fx.tp ? tp != *fx.tp : (tp > per_node || d.heads % tp != 0 || d.ffn % tp != 0)) continue;
     for (int64_t cp : divisors(devices / tp)) {
-      // cp: the sequence; a ResNet's image height (its seq is 1).
-      const int64_t split_rows =
-          std::holds_alternative<ResNetConfig>(cm.job().model)
-              ? std::get<ResNetConfig>(cm.job().model).image_size / 2  // after the stride-2 stem
-              : seq;
       if (fx.cp ? cp != *fx.cp : (cp > o.max_cp || split_rows % cp != 0)) continue;
-      for (int64_t pp : divisors(devices / (tp * cp))) {
-        const int64_t layers = cm.pipeline_layers();
-        if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, layers)) continue;
-        const int64_t dp = devices / (tp * cp * pp);
-        if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
-        const int64_t replica_batch = gb / dp;
-        for (int64_t mb : micro_batch_sizes(replica_batch, o)) {
-          Plan p;
-          p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
-          p.num_micro_batches = replica_batch / mb;
-          std::vector<std::pair<ScheduleKind, int64_t>> schedules;
-          if (pp == 1) {
-            schedules.push_back({ScheduleKind::k1F1B, 1});
-          } else {
-            for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
-              schedules.push_back({s, 1});
-            if (2 * pp <= layers && (!cm.has_blocks() || layers % (2 * pp) == 0))
-              schedules.push_back({ScheduleKind::kZbV, 2});
-            if (p.num_micro_batches % pp == 0)
-              // A transformer's chunks hold equal blocks; a ResNet's are
-              // balanced by cost (chunk_costs), so any count up to its layers.
-              for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp)
-                if (!cm.has_blocks() || layers % (pp * vp) == 0)
-                  schedules.push_back({ScheduleKind::kInterleaved, vp});
-          }
-          for (const auto& [sched, vp] : schedules) {
-            p.schedule = sched;
-            p.vp = vp;
-            // Layouts on tp: Megatron, Megatron-SP; the strategy search's
-            // per-operator plan on tp and cp when pinned (ops=true; otherwise
-            // it is tried on the leaders only, search_until).
-            const int layouts = tp * cp == 1 ? 0 : fx.ops && *fx.ops ? 2 : tp > 1 ? 1 : 0;
-            // cp over the keys (ring attention, zigzag order), with the Megatron
-            // layout: where it can beat Ulysses, with fewer kv heads than
-            // heads (its k/v shifts move less than Ulysses' all_to_alls of q,
-            // k, v and out, and hide under the blocks' compute) or where
-            // Ulysses cannot split the heads. With as many kv heads the two
-            // move the same bytes; pinned (--fix ring=true), it is tried
-            // anyway, and ring=false leaves it out.
-            const TransformerDims& md = cm.dims();
-            const bool ring_may_win = md.kv_heads < md.heads || (md.heads / tp) % cp != 0;
-            const int rings =
-                cp > 1 && cm.has_blocks() && (fx.ring ? *fx.ring : ring_may_win) ? 1 : 0;
-            for (int layout = 0; layout <= layouts + rings; ++layout) {
-              p.ring = layout > layouts;
-              p.sp = !p.ring && layout == 1;
-              p.ops = !p.ring && layout == 2;
-              for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-                p.recompute = rc;
-                const int max_zero = dp * cp > 1 ? 3 : 0;
-                for (int z = 0; z <= max_zero; ++z) {
-                  p.zero = z;
-                  for (Offload off : offloads) {
-                    if (off != Offload::kNone && z == 0) continue;
-                    p.offload = off;
-                    // ZeRO-1 as sharding, and as weights grouping where it runs.
-                    const bool groups = z == 1 && dp > 1 && pp == 1 && cp == 1;
-                    for (int g = 0; g <= (groups ? 1 : 0); ++g) {
-                      p.group = g == 1;
-                      if (fx.matches(p) && !visit(p)) return;
-                    }
-                  }
-                  p.group = false;
+      groups.emplace_back(tp, cp);
+    }
+  }
+  return groups;
+}
+
+// Calls visit(plan) for every plan of the search space on `devices` devices
+// with degrees tp and cp that `fixed` allows (not yet checked against the
+// model: price() does that), until visit returns false.
+template <typename Visit>
+void enumerate(const CostModel& cm, int64_t devices, int64_t tp, int64_t cp, const SearchOptions& o,
+               const std::vector<Offload>& offloads, Visit visit) {
+  const FixedChoices& fx = o.fixed;
+  const int64_t gb = cm.job().global_batch;
+  for (int64_t pp : divisors(devices / (tp * cp))) {
+    const int64_t layers = cm.pipeline_layers();
+    if (fx.pp ? pp != *fx.pp : pp > std::max<int64_t>(1, layers)) continue;
+    const int64_t dp = devices / (tp * cp * pp);
+    if ((fx.dp && dp != *fx.dp) || gb % dp != 0) continue;
+    const int64_t replica_batch = gb / dp;
+    for (int64_t mb : micro_batch_sizes(replica_batch, o)) {
+      Plan p;
+      p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
+      p.num_micro_batches = replica_batch / mb;
+      std::vector<std::pair<ScheduleKind, int64_t>> schedules;
+      if (pp == 1) {
+        schedules.push_back({ScheduleKind::k1F1B, 1});
+      } else {
+        for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
+          schedules.push_back({s, 1});
+        if (2 * pp <= layers && (!cm.has_blocks() || layers % (2 * pp) == 0))
+          schedules.push_back({ScheduleKind::kZbV, 2});
+        if (p.num_micro_batches % pp == 0)
+          // A transformer's chunks hold equal blocks; a ResNet's are
+          // balanced by cost (chunk_costs), so any count up to its layers.
+          for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp)
+            if (!cm.has_blocks() || layers % (pp * vp) == 0)
+              schedules.push_back({ScheduleKind::kInterleaved, vp});
+      }
+      for (const auto& [sched, vp] : schedules) {
+        p.schedule = sched;
+        p.vp = vp;
+        // Layouts on tp: Megatron, Megatron-SP; the strategy search's
+        // per-operator plan on tp and cp when pinned (ops=true; otherwise
+        // it is tried on the leaders only, search_until).
+        const int layouts = tp * cp == 1 ? 0 : fx.ops && *fx.ops ? 2 : tp > 1 ? 1 : 0;
+        // cp over the keys (ring attention, zigzag order), with the Megatron
+        // layout: where it can beat Ulysses, with fewer kv heads than
+        // heads (its k/v shifts move less than Ulysses' all_to_alls of q,
+        // k, v and out, and hide under the blocks' compute) or where
+        // Ulysses cannot split the heads. With as many kv heads the two
+        // move the same bytes; pinned (--fix ring=true), it is tried
+        // anyway, and ring=false leaves it out.
+        const TransformerDims& md = cm.dims();
+        const bool ring_may_win = md.kv_heads < md.heads || (md.heads / tp) % cp != 0;
+        const int rings = cp > 1 && cm.has_blocks() && (fx.ring ? *fx.ring : ring_may_win) ? 1 : 0;
+        for (int layout = 0; layout <= layouts + rings; ++layout) {
+          p.ring = layout > layouts;
+          p.sp = !p.ring && layout == 1;
+          p.ops = !p.ring && layout == 2;
+          for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+            p.recompute = rc;
+            const int max_zero = dp * cp > 1 ? 3 : 0;
+            for (int z = 0; z <= max_zero; ++z) {
+              p.zero = z;
+              for (Offload off : offloads) {
+                if (off != Offload::kNone && z == 0) continue;
+                p.offload = off;
+                // ZeRO-1 as sharding, and as weights grouping where it runs.
+                const bool groups = z == 1 && dp > 1 && pp == 1 && cp == 1;
+                for (int g = 0; g <= (groups ? 1 : 0); ++g) {
+                  p.group = g == 1;
+                  if (fx.matches(p) && !visit(p)) return;
                 }
               }
+              p.group = false;
             }
           }
         }
@@ -252,6 +264,51 @@ bool faster(const StepCost& a, const StepCost& b) {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// Keeps c among the `keep` fastest of `plans` (fastest first). A plan as fast
+// as a kept one only costs more memory (sorted by memory on ties): dropped.
+void keep_plan(std::vector<StepCost>* plans, const StepCost& c, size_t keep) {
+  if (plans->size() == keep && !faster(c, plans->back())) return;
+  for (const StepCost& k : *plans)
+    if (std::abs(k.step_time_s - c.step_time_s) <= 1e-9 * k.step_time_s) return;
+  plans->insert(std::upper_bound(plans->begin(), plans->end(), c, faster), c);
+  if (plans->size() > keep) plans->pop_back();
+}
+
+// What the sweep of one (tp, cp) group found.
+struct GroupSweep {
+  std::vector<StepCost> plans;  // its fastest fitting plans (keep_plan)
+  int64_t evaluated = 0, valid = 0, fitting = 0;
+  bool timed_out = false;
+  std::string first_invalid;
+  std::optional<StepCost> least_memory;  // over its valid plans that do not fit
+  void note_unfit(const StepCost& c) {
+    if (!least_memory || c.memory.total < least_memory->memory.total) least_memory = c;
+  }
+};
+
+// Runs f(0) .. f(n - 1) on up to `threads` threads (0: one per core), each
+// index once. Where a thread cannot be started, the calling thread runs the rest.
+template <typename F>
+void for_each_index(size_t n, int threads, F f) {
+  size_t workers =
+      threads > 0 ? size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
+  workers = std::min({workers, n, size_t(64)});
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t i = next++; i < n; i = next++) f(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers; ++w) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+}
 
 // search_plans with an absolute deadline (Clock::time_point::max(): none),
 // shared by the retries on more devices.
@@ -281,66 +338,79 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
   std::vector<std::vector<Offload>> sweeps = {{fx.offload.value_or(Offload::kNone)}};
   if (!fx.offload && host.link_bandwidth_bytes_per_s > 0)
     sweeps.push_back({Offload::kHost, Offload::kNvme});
+  const std::vector<std::pair<int64_t, int64_t>> groups = tp_cp_groups(cm, devices, options);
   for (const std::vector<Offload>& offloads : sweeps) {
     if (r.fitting > 0 || r.timed_out) break;
-    enumerate(cm, devices, options, offloads, [&](const Plan& p) {
-      // The clock is read every 256 plans (a plan prices in about a microsecond).
-      if (r.evaluated % 256 == 255 && Clock::now() >= deadline) {
-        r.timed_out = true;
-        return false;
-      }
-      ++r.evaluated;
-      const std::string why = cm.invalid_reason(p);
-      if (!why.empty()) {
-        if (first_invalid.empty()) first_invalid = plan_label(p) + ": " + why;
-        return true;
-      }
-      auto consider = [&](const Plan& q) {
-        if (options.reject) {
-          const std::string no = options.reject(q);
-          if (!no.empty()) {
-            if (first_invalid.empty()) first_invalid = no;
-            return;
-          }
-        }
-        Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
-        if (!c.is_ok()) {
-          if (first_invalid.empty()) first_invalid = c.status().message();
-          return;
-        }
-        ++r.valid;
-        if (!c->fits) {
-          if (!least_memory || c->memory.total < least_memory->memory.total) least_memory = *c;
-          return;
-        }
-        ++r.fitting;
-        if (r.plans.size() == keep && !faster(*c, r.plans.back())) return;
-        // A plan as fast as a kept one only costs more memory (sorted by memory on ties).
-        for (const StepCost& k : r.plans)
-          if (std::abs(k.step_time_s - c->step_time_s) <= 1e-9 * k.step_time_s) return;
-        auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
-        r.plans.insert(at, *c);
-        if (r.plans.size() > keep) r.plans.pop_back();
-      };
-      consider(p);
-      // The same pipeline with its stages chosen by time and memory together
-      // (uneven: fewer blocks where the embedding, the head or the micro-batches
-      // in flight weigh), when that differs from the balanced split (a
-      // chunk-priced pipeline's runtime split balances its own cost
-      // estimate, so any split is priced; an equal one is dropped above).
-      if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
-        Result<std::vector<int64_t>> split = cm.stage_split(p);
-        if (split.is_ok() && !split->empty() &&
-            (cm.prices_by_chunk(p) || *std::max_element(split->begin(), split->end()) !=
-                                          *std::min_element(split->begin(), split->end()))) {
-          Plan q = p;
-          q.layers_per_stage = *split;
-          ++r.evaluated;
-          consider(q);
-        }
-      }
-      return true;
+    // Each (tp, cp) group is swept on its own, on the machine's cores (the
+    // cost model's caches are shared and locked), and the groups' findings
+    // are merged in the sweep's order: the answer is the one sweep's.
+    std::vector<GroupSweep> found(groups.size());
+    for_each_index(groups.size(), options.threads, [&](size_t gi) {
+      GroupSweep& gs = found[gi];
+      enumerate(
+          cm, devices, groups[gi].first, groups[gi].second, options, offloads, [&](const Plan& p) {
+            // The clock is read every 256 plans (a plan prices in about a microsecond).
+            if (gs.evaluated % 256 == 255 && Clock::now() >= deadline) {
+              gs.timed_out = true;
+              return false;
+            }
+            ++gs.evaluated;
+            const std::string why = cm.invalid_reason(p);
+            if (!why.empty()) {
+              if (gs.first_invalid.empty()) gs.first_invalid = plan_label(p) + ": " + why;
+              return true;
+            }
+            auto consider = [&](const Plan& q) {
+              if (options.reject) {
+                const std::string no = options.reject(q);
+                if (!no.empty()) {
+                  if (gs.first_invalid.empty()) gs.first_invalid = no;
+                  return;
+                }
+              }
+              Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
+              if (!c.is_ok()) {
+                if (gs.first_invalid.empty()) gs.first_invalid = c.status().message();
+                return;
+              }
+              ++gs.valid;
+              if (!c->fits) {
+                gs.note_unfit(*c);
+                return;
+              }
+              ++gs.fitting;
+              keep_plan(&gs.plans, *c, keep);
+            };
+            consider(p);
+            // The same pipeline with its stages chosen by time and memory
+            // together (uneven: fewer blocks where the embedding, the head
+            // or the micro-batches in flight weigh), when that differs from
+            // the balanced split (a chunk-priced pipeline's runtime split
+            // balances its own cost estimate, so any split is priced; an
+            // equal one is dropped by keep_plan).
+            if (p.pp > 1 && p.vp == 1 && p.layers_per_stage.empty()) {
+              Result<std::vector<int64_t>> split = cm.stage_split(p);
+              if (split.is_ok() && !split->empty() &&
+                  (cm.prices_by_chunk(p) || *std::max_element(split->begin(), split->end()) !=
+                                                *std::min_element(split->begin(), split->end()))) {
+                Plan q = p;
+                q.layers_per_stage = *split;
+                ++gs.evaluated;
+                consider(q);
+              }
+            }
+            return true;
+          });
     });
+    for (const GroupSweep& gs : found) {
+      r.evaluated += gs.evaluated, r.valid += gs.valid, r.fitting += gs.fitting;
+      r.timed_out = r.timed_out || gs.timed_out;
+      if (first_invalid.empty()) first_invalid = gs.first_invalid;
+      if (gs.least_memory &&
+          (!least_memory || gs.least_memory->memory.total < least_memory->memory.total))
+        least_memory = gs.least_memory;
+      for (const StepCost& c : gs.plans) keep_plan(&r.plans, c, keep);
+    }
   }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
   // tp x cp group of each leader shown without interleaving (an interleaved

@@ -73,6 +73,9 @@ struct SearchOptions {
   // Skip the per-operator strategy search of the leaders (the template
   // layouts only).
   bool no_op_search = false;
+  // Threads the sweep runs on (its (tp, cp) groups spread over them; the
+  // answer does not depend on how many); 0: one per core.
+  int threads = 0;
 };
 
 struct SearchResult {
