@@ -76,6 +76,7 @@ RowResult price_row(const json& row, const CostConstants& k, bool with_best = tr
   o.fixed.dp = gpus / (tp * pp);
   o.fixed.cp = 1;
   o.fixed.sp = false;
+  o.fixed.ops = false;  // Megatron's own layout, as the paper ran it
   o.fixed.recompute = Recompute::kFull;
   o.fixed.zero = 0;
   o.fixed.schedule = pp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
@@ -136,7 +137,8 @@ TEST(PlanReference, MegatronTable2) {
     SearchOptions o;
     o.top_k = 0;
     Result<FixedChoices> f = parse_fixed(
-        "tp=8,pp=12,cp=1,sp=false,micro_batch=1,recompute=full,zero=0,schedule=interleaved");
+        "tp=8,pp=12,cp=1,sp=false,ops=false,micro_batch=1,recompute=full,zero=0,"
+        "schedule=interleaved");
     ASSERT_TRUE(f.is_ok());
     o.fixed = *f;
     Result<SearchResult> ptd = search_plans(cm, gpus, o);

@@ -536,8 +536,8 @@ TEST(PlanSearch, Gpt3On1024GpusIsFast) {
   for (size_t i = 1; i < r->plans.size(); ++i)
     EXPECT_GE(r->plans[i].step_time_s, r->plans[0].step_time_s);
   EXPECT_TRUE(r->plans[0].fits);
-  // The per-operator search runs on the leaders with tp > 1 and neither cp
-  // nor interleaving: with those pinned, its plan is priced and recovers
+  // The per-operator search runs on the leaders with tp * cp > 1: with tp=8
+  // and 1F1B pinned, its plan is priced and recovers
   // Megatron-SP's layout (within 1% of the best such plan).
   SearchOptions tp8;
   tp8.fixed = value_or_throw(parse_fixed("tp=8,cp=1,schedule=1f1b"));

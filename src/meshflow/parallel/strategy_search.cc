@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "meshflow/core/dtype.h"
@@ -458,6 +459,11 @@ class Search {
       r->bound_s = evaluate(start);
       return Status::ok();
     }
+    // One CBC model at a time in the process: the planner's threads may
+    // search at once, and CBC's C interface is not documented as reentrant.
+    // (Declared before the model: it is freed before the lock goes.)
+    static std::mutex cbc_mutex;
+    std::lock_guard<std::mutex> cbc_lock(cbc_mutex);
     std::unique_ptr<Cbc_Model, void (*)(Cbc_Model*)> m(Cbc_newModel(), Cbc_deleteModel);
     Cbc_setLogLevel(m.get(), 0);
     Cbc_setObjSense(m.get(), 1);

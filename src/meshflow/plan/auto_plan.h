@@ -65,8 +65,8 @@ struct LocalAutoPlan {
 // `local`: of the fitting plans predicted within the fastest's spread
 // (local_plan_spread) of it, the one with the smallest tp x cp, then the fewest stages, then
 // without ZeRO, then the fastest (ties: less memory). Any model the engine builds (the MLP's plans
-// are dp x tp with ZeRO; the language models' also cp without pipelines). Errors: no split valid for the batch and the model's widths,
-// nothing fits.
+// are dp x tp with ZeRO; the language models' also cp without pipelines). Errors: no split valid
+// for the batch and the model's widths, nothing fits.
 Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Cluster& local);
 
 // A layout the user chose (not auto mode's), priced as plan_local_run prices

@@ -48,6 +48,7 @@
 
 #include <array>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -575,8 +576,9 @@ class CostModel {
   // over the Megatron layout's (layer_activations).
   mutable std::map<std::tuple<int64_t, int64_t, int64_t>, double> stash_ratio_cache_;
   // (tp, micro_batch) -> the strategy search's answer.
+  // A future: the first thread to ask solves, the others wait for its answer.
   mutable std::map<std::tuple<int64_t, int64_t, int64_t>,
-                   std::shared_ptr<const Result<std::shared_ptr<const StrategySearch>>>>
+                   std::shared_future<Result<std::shared_ptr<const StrategySearch>>>>
       op_search_cache_;
   std::shared_ptr<const StrategySearch> fixed_ops_;  // fix_strategies
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and

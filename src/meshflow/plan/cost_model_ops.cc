@@ -149,11 +149,21 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
   MF_RETURN_IF_ERROR(status_);
   if (fixed_ops_) return fixed_ops_;
   const auto key = std::make_tuple(tp, cp, micro_batch);
+  // One solve per key, whichever thread asks first; the others wait for it.
+  // (One StrategySearch per key also keeps the caches keyed by its address
+  // true: a second solve's object, freed, could lend its address to another.)
+  using Answer = Result<std::shared_ptr<const StrategySearch>>;
+  std::promise<Answer> mine;
+  std::shared_future<Answer> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = op_search_cache_.find(key);
-    if (it != op_search_cache_.end()) return *it->second;
+    auto [it, inserted] = op_search_cache_.try_emplace(key);
+    if (inserted)
+      it->second = mine.get_future().share();
+    else
+      pending = it->second;
   }
+  if (pending.valid()) return pending.get();
   auto solve = [&]() -> Result<std::shared_ptr<const StrategySearch>> {
     // The program the trainer builds (forward, backward, the default
     // optimizer), whole: identical blocks are tied, so the model's own block
@@ -204,10 +214,9 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
     return std::shared_ptr<const StrategySearch>(
         std::make_shared<const StrategySearch>(std::move(*r)));
   };
-  auto shared = std::make_shared<const Result<std::shared_ptr<const StrategySearch>>>(solve());
-  std::lock_guard<std::mutex> lock(mu_);
-  op_search_cache_.emplace(key, shared);
-  return *shared;
+  Answer r = solve();
+  mine.set_value(r);
+  return r;
 }
 
 }  // namespace meshflow::plan

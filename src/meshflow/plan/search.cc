@@ -413,10 +413,9 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     }
   }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
-  // tp x cp group of each leader shown without interleaving (an interleaved
-  // ops plan prices every chunk of the whole model's program: GPT-3 on 1024
-  // GPUs went from 0.9 to 1.3 s; priced when pinned, ops=true): the same mesh,
-  // batch, recompute and ZeRO with every operator's split chosen by the
+  // tp x cp group of each leader shown (interleaved ones too: their chunks
+  // are priced on the whole model's program), on the machine's cores: the
+  // same mesh, schedule, batch, recompute and ZeRO with every operator's split chosen by the
   // integer program in place of the template layout (Megatron, Megatron-SP,
   // Ulysses, ring; one solve per (tp, cp, micro-batch), cached), kept when
   // faster. The template plans stay candidates, so the answer is never worse
@@ -425,7 +424,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     std::vector<Plan> variants;
     for (size_t i = 0; i < r.plans.size() && i < shown; ++i) {  // the leaders shown
       Plan q = r.plans[i].plan;
-      if (q.tp * q.cp == 1 || q.vp > 1 || q.ops) continue;
+      if (q.tp * q.cp == 1 || q.ops) continue;
       q.ops = true, q.sp = false, q.ring = false;
       if (!options.fixed.matches(q) ||
           std::find(variants.begin(), variants.end(), q) != variants.end())
@@ -433,23 +432,31 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       if (options.reject && !options.reject(q).empty()) continue;
       variants.push_back(q);
     }
-    for (const Plan& q : variants) {
+    // Priced on the machine's cores (each its own solve), kept in order.
+    std::vector<std::optional<Result<StepCost>>> priced(variants.size());
+    for_each_index(variants.size(), options.threads,
+                   [&](size_t i) { priced[i].emplace(cm.price(variants[i])); });
+    for (std::optional<Result<StepCost>>& c : priced) {
       ++r.evaluated;
-      Result<StepCost> c = cm.price(q);
-      if (!c.is_ok()) continue;  // (the search found no strategy: the templates stand)
+      if (!c->is_ok()) continue;  // (the search found no strategy: the templates stand)
       ++r.valid;
-      if (!c->fits) continue;
+      if (!(*c)->fits) continue;
       ++r.fitting;
-      auto at = std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster);
-      r.plans.insert(at, *c);
+      auto at = std::upper_bound(r.plans.begin(), r.plans.end(), **c, faster);
+      r.plans.insert(at, **c);
     }
   }
-  for (StepCost& c : r.plans) {
-    if (c.plan.pp == 1) continue;  // no pipeline: the same either way
+  std::vector<Status> simulated(r.plans.size());
+  for_each_index(r.plans.size(), options.threads, [&](size_t i) {
+    StepCost& c = r.plans[i];
+    if (c.plan.pp == 1) return;  // no pipeline: the same either way
     Result<StepCost> sim = cm.price(c.plan, CostModel::PipelineModel::kSimulated);
-    MF_RETURN_IF_ERROR(sim.status());
-    c = std::move(*sim);
-  }
+    if (sim.is_ok())
+      c = std::move(*sim);
+    else
+      simulated[i] = sim.status();
+  });
+  for (const Status& s : simulated) MF_RETURN_IF_ERROR(s);
   std::stable_sort(r.plans.begin(), r.plans.end(), faster);
   if (r.plans.size() > shown) r.plans.resize(shown);
   r.search_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
