@@ -260,8 +260,8 @@ TEST_F(Job, AutoPlannedRunChecksItsPlan) {
                           {"strategies", {{"h.*.mlp.c_fc", "((dp, 1, 1), (1, 1))"}}}}) +
               " --ranks 2 --calibrate-from-run " + refit);
   EXPECT_TRUE(one_line_error(r)) << r.output;
-  EXPECT_NE(r.output.find("--calibrate-from-run: parallel.strategies (split tuples of your own; "
-                          "priced on a mesh with tp or cp"),
+  EXPECT_NE(r.output.find("--calibrate-from-run: parallel.strategies or parallel.rules of your "
+                          "own (priced on a mesh with tp or cp"),
             std::string::npos)
       << r.output;
   r = run_cli("train " + cfg + " --ranks 2 --steps 3 --calibrate-from-run /nonexistent/dir/c.json");
@@ -319,6 +319,17 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
       << r.output;
   EXPECT_NE(r.output.find("  memory       predicted"), std::string::npos) << r.output;
   r = run_cli("explain " + own + " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=2+ops pp=1 mb=8x1"),
+            std::string::npos)
+      << r.output;
+  // Named-dim rules of the user's own (Mesh-TensorFlow's layouts): priced as
+  // written too.
+  const std::string mtf = config(json{{"mode", "semi"},
+                                      {"mesh", "dp=1,tp=2"},
+                                      {"rules", {{"batch", "dp"}, {"ffn", "tp"}, {"heads", "tp"}}}},
+                                 false, 8);
+  r = run_cli("explain " + mtf + " --ranks 2 --no-nodes --predict");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=2+ops pp=1 mb=8x1"),
             std::string::npos)

@@ -51,8 +51,8 @@ std::string layout_key(const Job& j) {
 
 const char* const kPrices =
     "; the planner prices data parallel, the presets dp, megatron, megatron-sp, ulysses and "
-    "ring on a mesh of dp, tp and cp, the strategy search's own split tuples, ZeRO, pipelines, "
-    "and recompute none, selective or full of every block";
+    "ring on a mesh of dp, tp and cp, split tuples and named-dim rules (the search's or your "
+    "own) on tp or cp, ZeRO, pipelines, and recompute none, selective or full of every block";
 
 // The plan's degrees, schedule, ZeRO and recompute read off the job (not
 // yet checked to run it: runs_as).
@@ -118,13 +118,10 @@ Status runs_as(const Job& job, const plan::Plan& p) {
   const std::string mine = layout_key(job);
   if (!planned.is_ok() || layout_key(*planned) != mine) {
     std::string what = "this job's layout";
-    if (!par.strategies.empty())
+    if (!par.strategies.empty() || (par.preset.empty() && !par.rules.rules.empty()))
       what =
-          "parallel.strategies (split tuples of your own; priced on a mesh with tp or cp beside "
-          "the rules {\"batch\": \"dp\"}, and \"ring_order\": \"zigzag\" on cp, as the "
-          "planner writes them)";
-    else if (par.preset.empty() && !par.rules.rules.empty())
-      what = "parallel.rules of your own";
+          "parallel.strategies or parallel.rules of your own (priced on a mesh with tp or cp, "
+          "with \"ring_order\": \"zigzag\" on cp, as the planner writes them)";
     return Status::invalid(what + " is not priced (the job runs: " + mine + "; the nearest plan, " +
                            plan::plan_label(p) + ", runs: " +
                            (planned.is_ok() ? layout_key(*planned) : planned.status().message()) +
@@ -148,7 +145,9 @@ Status price_job_plan(Job* job, const plan::Cluster& local) {
   }
   MF_ASSIGN_OR_RETURN(const plan::Plan p, layout_of(*job));
   const Status runs = runs_as(*job, p);
-  if (!runs.is_ok() && !job->rc.parallel.strategies.empty() && p.tp * p.cp > 1) {
+  const StrategyConfig& par = job->rc.parallel;
+  const bool own_rules = par.preset.empty() && !par.rules.rules.empty();
+  if (!runs.is_ok() && (!par.strategies.empty() || own_rules) && p.tp * p.cp > 1) {
     // Split tuples the strategy search wrote (auto mode, `meshflow plan
     // --out`): searched again on this cluster, they are the same tuples.
     plan::Plan ops = p;
@@ -158,10 +157,11 @@ Status price_job_plan(Job* job, const plan::Cluster& local) {
       job->plan_check = std::make_shared<const plan::LocalAutoPlan>(std::move(*priced));
       return Status::ok();
     }
-    // Split tuples of the user's own, beside the rules a planned section
-    // has: the program they build, priced as written (not searched).
+    // Split tuples and named-dim rules of the user's own: the program they
+    // build, priced as written (not searched).
     auto given = std::make_shared<StrategySearch>();
-    given->strategies = job->rc.parallel.strategies;
+    given->strategies = par.strategies;
+    given->rules = par.rules.rules;
     given->fixed = true;
     ops.searched = given;
     Result<plan::LocalAutoPlan> own = plan::price_local_plan(job->rc, job->world, local, ops);

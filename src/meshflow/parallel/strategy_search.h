@@ -111,9 +111,13 @@ struct StrategySearch {
   int classes = 0, nodes = 0, columns = 0, rows = 0;
   bool ring = false;  // some attention runs as a ring (its sequence split; ring_axes)
   // Split tuples written by hand (the user's semi-auto "strategies"), not
-  // searched: only `strategies` is set. The planner prices the program they
-  // build as it prices a searched plan's (CostModel::fix_strategies).
+  // searched: only `strategies` (and `rules`) is set. The planner prices the
+  // program they build as it prices a searched plan's (CostModel::fix_strategies).
   bool fixed = false;
+  // Beside fixed tuples: the user's named-dim rules ({"batch": "dp", "ffn":
+  // "tp"}, Mesh-TensorFlow's layouts), in place of the searched plans' rules
+  // {"batch": "dp"}. Empty: those.
+  std::vector<std::pair<std::string, std::string>> rules;
   double solve_time_s = 0;
   // The objective of any assignment: pick[k] indexes the candidates of
   // decisions[k] (`chosen` gives this search's answer). For tests and for

@@ -283,6 +283,10 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
                              ": its per-operator strategies are not searched yet (price the plan "
                              "with CostModel::price first)");
     par["rules"] = {{"batch", "dp"}};
+    if (p.searched->fixed && !p.searched->rules.empty()) {  // the user's own
+      par["rules"] = nlohmann::json::object();
+      for (const auto& [dim, axes] : p.searched->rules) par["rules"][dim] = axes;
+    }
     nlohmann::json strategies = nlohmann::json::object();
     for (const auto& [key, splits] : p.searched->strategies) strategies[key] = splits;
     par["strategies"] = strategies;
