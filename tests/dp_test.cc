@@ -3,6 +3,7 @@
 // the whole batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "grad_check.h"
@@ -176,6 +177,47 @@ TEST(DataParallel, GradientReductionsRunInBuckets) {
     return Status::ok();
   });
   ASSERT_TRUE(s.is_ok()) << s.message();
+}
+
+// Gradients Partial over dp and cp (context parallel beside data parallel):
+// the reshard planner sums them with a reduce_scatter over one axis, an
+// all_reduce over the other and an all_gather back. The buckets run those
+// chains too (as all_reduces over both axes), overlapped with the backward.
+TEST(DataParallel, GradientsOverDpAndCpRunInBuckets) {
+  RunConfig rc = dp_run("gpt", 1, "sgd");
+  rc.has_parallel = true;
+  rc.parallel = value_or_throw(parse_strategy_config(
+      json{{"mode", "semi"}, {"mesh", "dp=2,cp=2"}, {"preset", "ring"}}, "parallel"));
+  std::mutex mu;
+  int scattered = 0;
+  Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto trainer = value_or_throw(Trainer::create(rc, Communicator::world(t)));
+    const Graph& pg = trainer->program_graph();
+    for (const GradientSync& sync : gradient_syncs(pg)) {
+      const std::string& name = pg.value(sync.grad).name;
+      int readers = 0;
+      for (const Node& n : pg.nodes())
+        readers += int(std::count(n.inputs.begin(), n.inputs.end(), sync.grad));
+      if (readers > 1) continue;  // summed in the backward (wpe's zigzag gather)
+      EXPECT_FALSE(sync.reduce.empty()) << name;
+      if (sync.sums.empty()) {
+        ADD_FAILURE() << name << ": no chain found";
+        continue;
+      }
+      EXPECT_EQ(pg.shape(sync.sums.back()), pg.shape(sync.grad)) << name;
+      std::vector<int> axes = sync.axes;
+      std::sort(axes.begin(), axes.end());
+      EXPECT_EQ(axes, (std::vector<int>{0, 1})) << name;  // dp and cp, once each
+      bool rs = false;
+      for (NodeId id : sync.reduce) rs |= pg.node(id).kind == OpKind::kReduceScatter;
+      std::lock_guard<std::mutex> lock(mu);
+      scattered += rs;
+    }
+    trainer->step();
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_GT(scattered, 0);  // the chains this test is about were there
 }
 
 TEST(DataParallelErrors, AFailingRankStopsTheOthers) {

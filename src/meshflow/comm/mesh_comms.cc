@@ -1,6 +1,8 @@
 #include "meshflow/comm/mesh_comms.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "meshflow/core/check.h"
 
@@ -17,7 +19,25 @@ Result<MeshComms> MeshComms::make(std::shared_ptr<Communicator> world, const Mes
     c.axes_.push_back(std::move(sub));
   }
   c.world_ = std::move(world);
+  c.mesh_ = mesh;
   return c;
+}
+
+Result<std::shared_ptr<Communicator>> MeshComms::over(std::vector<int> axes) const {
+  for (int a : axes)
+    if (a < 0 || a >= mesh_.num_axes())
+      return Status::invalid("mesh axis " + std::to_string(a) + " is not an axis of " +
+                             mesh_.to_string());
+  const std::vector<int> mine = mesh_.coords(world_->rank());
+  std::vector<int> group;
+  for (int r = 0; r < mesh_.num_ranks(); ++r) {
+    const std::vector<int> c = mesh_.coords(r);
+    bool same = true;
+    for (int a = 0; a < mesh_.num_axes() && same; ++a)
+      same = std::find(axes.begin(), axes.end(), a) != axes.end() || c[a] == mine[a];
+    if (same) group.push_back(r);
+  }
+  return world_->split(group);
 }
 
 namespace {

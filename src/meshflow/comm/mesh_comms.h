@@ -25,8 +25,13 @@ class MeshComms {
   static Result<MeshComms> make(std::shared_ptr<Communicator> world, const Mesh& mesh);
   Communicator& axis(int a) const { return *axes_[a]; }
   int rank() const { return world_->rank(); }
+  // A new communicator over several axes at once: the ranks that share this
+  // rank's coordinates on every other axis (one ring over dp x cp, say).
+  // Every member must ask for the same groups in the same order.
+  Result<std::shared_ptr<Communicator>> over(std::vector<int> axes) const;
 
  private:
+  Mesh mesh_ = Mesh::line(1);
   std::shared_ptr<Communicator> world_;
   std::vector<std::shared_ptr<Communicator>> axes_;
 };

@@ -1045,12 +1045,12 @@ double stage_in_flight(const Plan& p, int64_t stage) {
 // model states, the activations of the micro-batches its schedule keeps in
 // flight, and its temporaries.
 // Does the runtime keep persistent gradient buckets (ZeRO-0)? When the
-// program reduces its gradients through all_reduce chains
+// program reduces its gradients through chains the buckets run
 // (runtime/grad_buckets.h gradient_syncs): read off the priced program (dp =
-// 1), or over dp alone (all_reduce); when they are also Partial over cp the
-// reshard planner may reduce over both axes with reduce_scatter, all_reduce,
-// all_gather, which the buckets do not run: asked of the program of one of
-// dp replicas (one block, once per plan shape).
+// 1), or over dp alone (all_reduce); when they are also Partial over cp (the
+// reshard planner's reduce_scatter, all_reduce, all_gather over both axes)
+// asked of the program of one of dp replicas (one block, once per plan
+// shape).
 Result<bool> CostModel::grads_in_buckets(const Plan& p, const LayerCost& lc) const {
   if (p.dp <= 1) return lc.grad_chains > 0;
   if (p.cp <= 1) return true;

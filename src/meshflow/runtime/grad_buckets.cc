@@ -18,11 +18,35 @@ std::vector<GradientSync> gradient_syncs(const Graph& g) {
   for (const auto& [param, grad] : g.grad_of_param) {
     GradientSync s;
     s.grad = grad;
+    // Walks the chain; `open` counts the reduce_scatters not yet gathered
+    // back, by (mesh axis, dim): the planner may gather them in another
+    // order than it scattered them (over dp, then cp; gathered over dp, then
+    // cp). The sync is the longest prefix with none open, back at the
+    // gradient's shape.
+    GradientSync walk = s;
+    std::map<std::pair<int, std::vector<int64_t>>, int> open;
+    int pending = 0;
     for (ValueId cur = grad; readers[cur].size() == 1;) {
-      const Node& n = g.node(readers[cur][0]);
-      if (n.kind != OpKind::kAllReduce || n.phase != Phase::kOptimizer) break;
-      s.reduce.push_back(readers[cur][0]);
+      const NodeId id = readers[cur][0];
+      const Node& n = g.node(id);
+      if (n.phase != Phase::kOptimizer) break;
+      const auto key = std::make_pair(n.attrs.mesh_axis, n.attrs.axes);
+      if (n.kind == OpKind::kAllReduce) {
+        walk.axes.push_back(n.attrs.mesh_axis);
+      } else if (n.kind == OpKind::kReduceScatter) {
+        ++open[key], ++pending;
+      } else if (n.kind == OpKind::kAllGather && open[key] > 0) {
+        walk.axes.push_back(n.attrs.mesh_axis);
+        --open[key], --pending;
+      } else {
+        break;
+      }
+      walk.reduce.push_back(id);
       cur = n.outputs[0];
+      if (pending == 0 && g.shape(cur) == g.shape(grad)) {
+        walk.sums.push_back(cur);
+        s = walk;
+      }
     }
     out.push_back(std::move(s));
   }
@@ -34,11 +58,27 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
                                  int64_t bucket_bytes, bool overlap)
     : overlap_(overlap) {
   std::vector<std::vector<Communicator*>> groups;
+  std::map<std::vector<int>, Communicator*> joint;  // axes -> one group over them all
   for (const GradientSync& s : syncs) {
     std::vector<Communicator*> gs;
-    for (NodeId id : s.reduce) {
+    for (int axis : s.axes) {
       MF_CHECK(comms != nullptr) << "gradient reductions need the mesh's communicators";
-      gs.push_back(&comms->axis(g.node(id).attrs.mesh_axis));
+      gs.push_back(&comms->axis(axis));
+    }
+    if (gs.size() > 1) {
+      // Over several axes (dp and cp): one all_reduce over all of them, a
+      // ring over their product (what the planner prices), started during
+      // the backward like the others.
+      std::vector<int> axes = s.axes;
+      std::sort(axes.begin(), axes.end());
+      auto it = joint.find(axes);
+      if (it == joint.end()) {
+        Result<std::shared_ptr<Communicator>> c = comms->over(axes);
+        MF_CHECK(c.is_ok()) << c.status().message();
+        joints_.push_back(*c);
+        it = joint.emplace(axes, joints_.back().get()).first;
+      }
+      gs = {it->second};
     }
     groups.push_back(std::move(gs));
   }
@@ -87,10 +127,8 @@ void GradientBuckets::build(const Graph& g, const std::vector<NodeId>& order,
     }
     Bucket& b = buckets_[it->second];
     Slot slot{s.grad, {}, it->second, static_cast<int64_t>(b.data.size()), n};
-    for (NodeId id : s.reduce) {
-      slot.reduced.push_back(g.node(id).outputs[0]);
-      replaced_[id] = true;
-    }
+    for (NodeId id : s.reduce) replaced_[id] = true;
+    slot.reduced = s.sums;
     slots_.push_back(std::move(slot));
     b.data.resize(b.data.size() + n);
     ++b.total;
@@ -143,10 +181,6 @@ Status GradientBuckets::finish(Executor& ex) {
   for (Bucket& b : buckets_) {
     Status s = b.work.wait();
     b.work = Work();
-    // A sum over more than one mesh axis: the others, one after the other.
-    for (size_t k = 1; k < b.groups.size() && s.is_ok(); ++k)
-      s = b.groups[k]->all_reduce(b.data.data(), static_cast<int64_t>(b.data.size()),
-                                  ReduceOp::kSum);
     if (first.is_ok() && !s.is_ok()) first = s;
   }
   wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

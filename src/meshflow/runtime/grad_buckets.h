@@ -10,11 +10,14 @@
 // gradients straight from the buckets (Executor::bind), with no copy back.
 //
 // A partitioned program (parallel/partition.h) holds its gradient reductions
-// as all_reduce nodes of the optimizer phase (a gradient Partial over dp, or
-// over tp for a weight replicated across tensor-parallel ranks). The buckets
-// take them over: gradient_syncs() finds each gradient's chain of all_reduce
-// nodes, the buckets run those sums (one bucket per chain of mesh axes), and
-// the trainer leaves the nodes out of its optimizer order (replaced()).
+// as collectives of the optimizer phase (a gradient Partial over dp, or over
+// tp for a weight replicated across tensor-parallel ranks): all_reduces, or,
+// over two axes (dp and cp), the reshard planner's reduce_scatter over one,
+// all_reduce over the other and all_gather back. The buckets take them over:
+// gradient_syncs() finds each gradient's chain, the buckets run its sum as
+// one all_reduce over the chain's mesh axes (a group over all of them when
+// there are several: MeshComms::over; one bucket per set of axes), and the
+// trainer leaves the nodes out of its optimizer order (replaced()).
 //
 //   std::vector<GradientSync> syncs = gradient_syncs(program.graph);
 //   GradientBuckets buckets(g, ex.forward_backward_order(), syncs, &mesh_comms, 4 << 20);
@@ -37,13 +40,24 @@ class MeshComms;  // parallel/reshard_exec.h
 // One parameter gradient and the reduction the optimizer reads it through.
 struct GradientSync {
   ValueId grad = kNoValue;  // as the backward produces it (one micro-batch's)
-  // The program's all_reduce nodes that sum it, in order (one per mesh axis);
-  // each is the only reader of the one before. Empty: accumulated only.
+  // The program's collectives that sum it, in order, each the only reader of
+  // the one before: all_reduces, and reduce_scatters each closed by an
+  // all_gather over the same mesh axis and dim. Empty: accumulated only.
   std::vector<NodeId> reduce;
+  // The mesh axes the chain sums over (an all_reduce's; a reduce_scatter and
+  // its all_gather count once), in the chain's order.
+  std::vector<int> axes;
+  // The chain's values that hold the whole sum (an all_reduce's output
+  // outside any reduce_scatter, an all_gather's that closes one): the
+  // buckets bind them to the reduced gradient. The last is what the
+  // optimizer reads.
+  std::vector<ValueId> sums;
 };
 
 // Every parameter gradient of `g` (g.grad_of_param) with the chain of
-// optimizer-phase all_reduce nodes that is its only reader, when it has one.
+// optimizer-phase collectives that is its only reader and ends in the whole
+// sum, when it has one. (A reduce_scatter the optimizer reads as a shard,
+// ZeRO's, is not part of it.)
 std::vector<GradientSync> gradient_syncs(const Graph& g);
 
 class GradientBuckets {
@@ -82,7 +96,7 @@ class GradientBuckets {
     int64_t offset, count;
   };
   struct Bucket {
-    std::vector<Communicator*> groups;  // summed over each, in order; empty: none
+    std::vector<Communicator*> groups;  // summed over its one group; empty: none
     std::vector<float> data;
     int total = 0, pending = 0;
     bool launched = false;
@@ -93,7 +107,8 @@ class GradientBuckets {
              const std::vector<std::vector<Communicator*>>& groups, int64_t bucket_bytes);
   void launch(Bucket& b);
 
-  std::shared_ptr<Communicator> comm_;  // the replica form's group (kept alive)
+  std::shared_ptr<Communicator> comm_;                 // the replica form's group (kept alive)
+  std::vector<std::shared_ptr<Communicator>> joints_;  // groups over several mesh axes
   bool overlap_;
   std::vector<Slot> slots_;
   std::vector<std::vector<int>> slots_of_node_;  // node id -> slot indices it finalizes
