@@ -3,6 +3,8 @@
 // activations such a plan keeps under the Megatron memory model. Pricing
 // itself is in cost_model.cc, like every other layout's.
 #include <algorithm>
+#include <exception>
+#include <future>
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/ops/op_def.h"
@@ -214,9 +216,14 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
     return std::shared_ptr<const StrategySearch>(
         std::make_shared<const StrategySearch>(std::move(*r)));
   };
-  Answer r = solve();
-  mine.set_value(r);
-  return r;
+  try {
+    Answer r = solve();
+    mine.set_value(r);
+    return r;
+  } catch (...) {  // the waiting threads (and later askers) get it too
+    mine.set_exception(std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace meshflow::plan

@@ -1,7 +1,6 @@
 #include "meshflow/plan/search.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -9,9 +8,9 @@
 #include <cstdlib>
 #include <numeric>
 #include <set>
-#include <system_error>
-#include <thread>
 #include <utility>
+
+#include "meshflow/core/for_each_index.h"
 
 namespace meshflow::plan {
 
@@ -286,29 +285,6 @@ struct GroupSweep {
     if (!least_memory || c.memory.total < least_memory->memory.total) least_memory = c;
   }
 };
-
-// Runs f(0) .. f(n - 1) on up to `threads` threads (0: one per core), each
-// index once. Where a thread cannot be started, the calling thread runs the rest.
-template <typename F>
-void for_each_index(size_t n, int threads, F f) {
-  size_t workers =
-      threads > 0 ? size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
-  workers = std::min({workers, n, size_t(64)});
-  std::atomic<size_t> next{0};
-  auto work = [&]() {
-    for (size_t i = next++; i < n; i = next++) f(i);
-  };
-  std::vector<std::thread> pool;
-  for (size_t w = 1; w < workers; ++w) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;
-    }
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-}
 
 // search_plans with an absolute deadline (Clock::time_point::max(): none),
 // shared by the retries on more devices.
