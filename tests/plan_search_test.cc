@@ -845,6 +845,10 @@ TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
   r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --seq 9000");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("seq=9000"), std::string::npos) << r.output;
+  r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --threads -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("--threads: Value -1 not in range 0 to 256"), std::string::npos)
+      << r.output;
   r = run("simulate " + model("gpt3_1.3b.json"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("plan file"), std::string::npos) << r.output;
