@@ -373,6 +373,8 @@ int main(int argc, char** argv) {
       {"cp2-ops", 2, "dp=1,cp=2", "ops"},
       {"tp2-cp2-ops", 4, "dp=1,tp=2,cp=2", "ops"},
       {"dp2-cp2-ops", 4, "dp=2,cp=2", "ops"},
+      {"dp2-cp2-ops-zero1", 4, "dp=2,cp=2", "ops", 1},
+      {"dp2-cp2-ring-zero1", 4, "dp=2,cp=2", "ring", 1},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},

@@ -220,6 +220,32 @@ TEST(DataParallel, GradientsOverDpAndCpRunInBuckets) {
   EXPECT_GT(scattered, 0);  // the chains this test is about were there
 }
 
+// ZeRO on a mesh with cp shards over dp x cp: every rank of a dp=2, cp=2 run
+// holds a quarter of a weight's optimizer state (as Megatron's distributed
+// optimizer and the planner's model states: over dp * cp replicas).
+TEST(DataParallel, ZeroShardsOverDpAndCp) {
+  RunConfig rc = dp_run("gpt", 1, "adamw");
+  rc.has_parallel = true;
+  rc.parallel = value_or_throw(parse_strategy_config(
+      json{{"mode", "semi"}, {"mesh", "dp=2,cp=2"}, {"preset", "ring"}, {"zero", 1}}, "parallel"));
+  Status s = run_local_ranks(4, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto trainer = value_or_throw(Trainer::create(rc, Communicator::world(t)));
+    const Graph& pg = trainer->program_graph();
+    int checked = 0;
+    for (const Node& n : pg.nodes()) {
+      if (n.kind != OpKind::kState) continue;
+      const std::string& name = pg.value(n.outputs[0]).name;
+      if (name != "h.0.mlp.c_fc.weight.exp_avg") continue;
+      // c_fc.weight: [32, 128] whole.
+      EXPECT_EQ(pg.shape(n.outputs[0]).numel(), 32 * 128 / 4) << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 1);
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+}
+
 TEST(DataParallelErrors, AFailingRankStopsTheOthers) {
   RunConfig rc = dp_run("gpt", 1, "sgd");
   rc.train.steps = 50;

@@ -126,7 +126,12 @@ INSTANTIATE_TEST_SUITE_P(
         PresetCase{"gpt_dropout", "cp=4", "ring", 0, 2},
         PresetCase{"gpt_dropout", "cp=2", "ring", 0, 1, "selective"},
         PresetCase{"gpt", "cp=4", "ring", 0, 1, "none", "contiguous"},
-        PresetCase{"llama", "dp=2,cp=2", "ring", 0, 1, "none", "contiguous"}),
+        PresetCase{"llama", "dp=2,cp=2", "ring", 0, 1, "none", "contiguous"},
+        // ZeRO over dp x cp (the optimizer state, gradients and weights
+        // sharded over both, as the planner prices it).
+        PresetCase{"gpt", "dp=2,cp=2", "ring", 1},
+        PresetCase{"llama", "dp=2,cp=2", "ulysses", 2, 2},
+        PresetCase{"gpt", "dp=1,cp=2", "ring", 3}),
     [](const auto& info) {
       const PresetCase& c = info.param;
       std::string mesh = c.mesh;

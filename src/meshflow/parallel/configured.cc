@@ -64,6 +64,7 @@ PartitionOptions partition_options(const StrategyConfig& pc, const Mesh& mesh) {
   o.strategies = pc.strategies;
   o.zero_stage = pc.zero;
   o.zero_axis = mesh.axis_index("dp");
+  if (const int cp = mesh.axis_index("cp"); cp >= 0 && mesh.size(cp) > 1) o.zero_also_axes = {cp};
   o.weight_groups = pc.zero_style == "group";
   return o;
 }

@@ -199,6 +199,10 @@ class Annotator {
     if (o_.zero_stage > 0 && (o_.zero_axis < 0 || o_.zero_axis >= na_))
       return Status::invalid("ZeRO needs the data-parallel mesh axis; the mesh " +
                              mesh_.to_string() + " has axes 0.." + std::to_string(na_ - 1));
+    for (int a : o_.zero_also_axes)
+      if (a < 0 || a >= na_ || a == o_.zero_axis)
+        return Status::invalid("ZeRO's further axis " + std::to_string(a) +
+                               " must be another axis of the mesh " + mesh_.to_string());
     return Status::ok();
   }
 
@@ -338,8 +342,7 @@ class Annotator {
                                mesh_.to_string() + " has " + std::to_string(na_) + " axes");
       MF_RETURN_IF_ERROR(validate(l, mesh_, g_.shape(v)).with_context(node_label(n)));
       l = canonical(l, mesh_);
-      if (n.kind == OpKind::kParameter && o_.zero_stage >= 3)
-        l = zero_shard(l, g_.shape(v), mesh_, o_.zero_axis);
+      if (n.kind == OpKind::kParameter && o_.zero_stage >= 3) l = zero_layout(l, g_.shape(v));
       stored_[v] = l;
     }
     for (const Node& n : g_.nodes()) {
@@ -351,13 +354,19 @@ class Annotator {
     return Status::ok();
   }
 
-  // The layout an update runs in: its parameter's, split over the ZeRO axis
+  // `l` split over the ZeRO axes too (zero_axis, then zero_also_axes).
+  Layout zero_layout(const Layout& l, const Shape& shape) const {
+    Layout z = zero_shard(l, shape, mesh_, o_.zero_axis);
+    for (int a : o_.zero_also_axes) z = zero_shard(z, shape, mesh_, a);
+    return z;
+  }
+
+  // The layout an update runs in: its parameter's, split over the ZeRO axes
   // from stage 1 (weights grouping: whole, on the parameter's owner).
   Layout update_layout(const Node& n) const {
     const ValueId p = n.inputs[0];
-    return o_.zero_stage >= 1 && !o_.weight_groups
-               ? zero_shard(stored_[p], g_.shape(p), mesh_, o_.zero_axis)
-               : stored_[p];
+    return o_.zero_stage >= 1 && !o_.weight_groups ? zero_layout(stored_[p], g_.shape(p))
+                                                   : stored_[p];
   }
 
   // Where optimizer updates will read their (non-source) inputs: the gradients.

@@ -62,6 +62,11 @@ struct PartitionOptions {
   // parameters (all_gather before use). Each is a layout of those values.
   int zero_stage = 0;
   int zero_axis = -1;
+  // Further axes the ZeRO shards split over after zero_axis: cp, whose ranks
+  // hold replicas of every weight the sequence split leaves whole, as
+  // Megatron's distributed optimizer shards over its dp x cp group (and as
+  // the planner prices ZeRO: over dp * cp).
+  std::vector<int> zero_also_axes;
   // Stage 1 by whole parameters (parallel/weight_groups.h, "zero_style":
   // "group"): each parameter's state and update on one coordinate of
   // zero_axis, which broadcasts the updated weight. REQUIRES zero_stage 1.
