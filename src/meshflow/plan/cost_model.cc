@@ -1008,14 +1008,17 @@ double CostModel::most_stage_params(const Plan& p, const LayerCost& lc) const {
 namespace {
 
 // The model states of `params` parameters on one device under p's ZeRO stage
-// (over its dp * cp replicas). Mixed precision: 16-bit weights (2) and
+// (over its dp * cp replicas; those split over cp already, the share
+// 1 - cp_share, over dp alone). Mixed precision: 16-bit weights (2) and
 // gradients (2), f32 master weights and Adam moments (12) = 16 B/param; f32
 // training: 4 + 4 + 8 = 16.
-void model_states(double params, const Plan& p, bool mixed, double act, MemoryBreakdown* mb) {
-  const double nrep = double(p.dp * p.cp), o_b = mixed ? 12.0 : 8.0;
-  mb->params = params * act / (p.zero >= 3 ? nrep : 1.0);
-  mb->grads = params * act / (p.zero >= 2 ? nrep : 1.0);
-  mb->optimizer = params * o_b / (p.zero >= 1 ? nrep : 1.0);
+void model_states(double params, const Plan& p, bool mixed, double act, MemoryBreakdown* mb,
+                  double cp_share = 1.0) {
+  const double o_b = mixed ? 12.0 : 8.0;
+  const double sharded = params * (cp_share / double(p.dp * p.cp) + (1 - cp_share) / double(p.dp));
+  mb->params = (p.zero >= 3 ? sharded : params) * act;
+  mb->grads = (p.zero >= 2 ? sharded : params) * act;
+  mb->optimizer = (p.zero >= 1 ? sharded : params) * o_b;
 }
 
 }  // namespace
@@ -1090,7 +1093,8 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const double logits =
       2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
   MemoryBreakdown mb;
-  model_states(stage_params(p, lc, stage, blocks), p, mixed, act, &mb);
+  model_states(stage_params(p, lc, stage, blocks), p, mixed, act, &mb,
+               cp_replicated_share(p, lc, blocks));
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist

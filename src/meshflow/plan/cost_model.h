@@ -517,6 +517,10 @@ class CostModel {
   // over the plan's stages.
   double stage_params(const Plan& p, const LayerCost& lc, int64_t stage, double blocks) const;
   double most_stage_params(const Plan& p, const LayerCost& lc) const;
+  // The share of a stage's parameters (holding `blocks` blocks) replicated
+  // over cp, whose gradients reduce and whose ZeRO shards split over dp * cp;
+  // the rest (per-operator strategies that split them over cp) over dp alone.
+  double cp_replicated_share(const Plan& p, const LayerCost& lc, double blocks) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;
   // What `comm` seconds of communication overlapped with `compute` seconds of

@@ -10,6 +10,13 @@
 
 namespace meshflow::plan {
 
+double CostModel::cp_replicated_share(const Plan& p, const LayerCost& lc, double blocks) const {
+  if (!p.ops || p.cp <= 1) return 1.0;  // the templates: every weight whole over cp
+  const double all = blocks * double(lc.layer_params) + double(lc.embed_params + lc.head_params);
+  const double over_cp = blocks * lc.opt_cp_params + lc.opt_cp_params_outside;
+  return all > 0 ? std::clamp(over_cp / all, 0.0, 1.0) : 1.0;
+}
+
 double CostModel::overlap_exposed_s(double comm, double compute) const {
   const double s = k_.overlap_compute_slowdown;
   if (comm <= 0) return 0;
@@ -114,9 +121,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   // Under per-operator strategies on cp, the parameters the search split over
   // cp are reduced over dp alone (the program all_reduces over cp only the
   // ones Partial there); under the templates every one is Partial over cp.
-  const double all = ls * double(lc.layer_params) + double(lc.embed_params + lc.head_params);
-  const double over_cp = ls * lc.opt_cp_params + lc.opt_cp_params_outside;
-  const double cp_share = p.ops && p.cp > 1 && all > 0 ? std::clamp(over_cp / all, 0.0, 1.0) : 1.0;
+  const double cp_share = cp_replicated_share(p, lc, ls);
   double b1 = 0, b2 = 0;
   double dp_exposed = reduce(p.dp * p.cp, cp_share * p_stage, cp_share, &b1);
   if (cp_share < 1) dp_exposed += reduce(p.dp, (1 - cp_share) * p_stage, 1 - cp_share, &b2);
