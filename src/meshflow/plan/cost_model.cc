@@ -489,9 +489,12 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
         if (axis == "cp" && n.kind == OpKind::kAllReduce)
           t[kOptCpParams] += double(g.shape(n.inputs[0]).numel());
         if (bucketed[i]) t[kGradChains] += 1;
-        if (axis == "tp" && bucketed[i])
-          t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
-        else if (axis == "tp")
+        if (axis == "tp" && bucketed[i]) {
+          // The buffer a bucketed chain reduces (a reduce_scatter's gather
+          // back moves no more of it).
+          if (n.kind != OpKind::kAllGather)
+            t[kOptBucketedTp] += double(g.shape(n.inputs[0]).numel() * dtype_size(dtype_));
+        } else if (axis == "tp")
           t[kOptComm] += time, t[kOptCommBytes] += bytes;
         continue;
       }
