@@ -128,7 +128,8 @@ struct Mapped {
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
   Plan plan;
   CostConstants k;
-  std::string stack;  // "default" | "megatron2021"
+  std::string stack;                // "default" | "megatron2021"
+  bool fsdp_shard_grad_op = false;  // stated FSDP SHARD_GRAD_OP (map_zero)
   int64_t global_batch = 0, seq = 0;
   double published_s = 0;
   std::string published_how;
@@ -342,7 +343,11 @@ int map_zero(const json& par, Mapped* m) {
   if (has(z, "full_shard") || has(z, "fully_shard") || has(z, "full shard") || has(z, "zero-3") ||
       has(z, "megatron-fsdp"))
     return 3;
-  if (has(z, "shard_grad_op") || has(z, "zero2") || has(z, "zero-2")) return 2;
+  if (has(z, "shard_grad_op")) {
+    m->fsdp_shard_grad_op = true;  // FSDP's per-unit gathers (CostConstants)
+    return 2;
+  }
+  if (has(z, "zero2") || has(z, "zero-2")) return 2;
   if (has(z, "zero-1") || has(z, "zero1") || has(z, "distributed optimizer")) return 1;
   if (has(z, "ddp")) return 0;
   m->inferred.push_back("zero0");
@@ -560,6 +565,12 @@ Mapped map_run(const json& runs, const json& run) {
     m.k.fused_attention = "flash1";
     m.stack += "+flash1";
     m.inferred.push_back("attn=triton(flash1)");
+  }
+  // FSDP's SHARD_GRAD_OP gathers each unit's weights before its forward and
+  // reduce-scatters its gradients after its backward (ZeRO-2 by unit).
+  if (m.fsdp_shard_grad_op) {
+    m.k.fsdp_shard_grad_op = true;
+    m.stack += "+fsdp-unit";
   }
   // Gradients reduced in f32, as the run states: Composer's FSDP mixed
   // precision "DEFAULT" (reduce_dtype float32, "PURE" reduces in bf16),

@@ -265,6 +265,31 @@ TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {
   EXPECT_NEAR(states / (none->memory.params / 2), 16.0, 1e-9);
 }
 
+// ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (CostConstants::fsdp_shard_grad_op):
+// a gather and a reduce_scatter per unit, each paying the ring's latency, so
+// its exposed communication grows with the replicas where DeepSpeed's stage 2
+// (one reduce_scatter, one gather a step) barely moves; the bytes are the same.
+TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
+  auto dp_time = [](int64_t gpus, bool fsdp, double* bytes) {
+    CostConstants k;
+    k.fsdp_shard_grad_op = fsdp;
+    CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 12 * gpus, 2048},
+                 cluster("h100_sxm.json", gpus), k);
+    Plan p;
+    p.dp = gpus, p.micro_batch = 12, p.num_micro_batches = 1, p.zero = 2;
+    Result<StepCost> c = cm.price(p);
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+    *bytes = c.is_ok() ? c->comm.data_parallel : 0;
+    return c.is_ok() ? c->dp_comm_s : 0.0;
+  };
+  double b_ds = 0, b_fsdp = 0, ignored = 0;
+  const double ds128 = dp_time(128, false, &ignored), ds512 = dp_time(512, false, &b_ds);
+  const double fsdp128 = dp_time(128, true, &ignored), fsdp512 = dp_time(512, true, &b_fsdp);
+  EXPECT_GT(fsdp512, ds512);
+  EXPECT_GT(fsdp512 - fsdp128, 4 * (ds512 - ds128));  // 24 blocks + 1 units of latency
+  EXPECT_NEAR(b_fsdp / b_ds, 1.0, 1e-9);
+}
+
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
                cluster("dgx_a100_80gb.json", 1024));

@@ -155,6 +155,14 @@ struct CostConstants {
   // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
   // stage 3 does; false: the collectives run between the layers' compute.
   bool zero3_prefetch = true;
+  // ZeRO-2 as PyTorch FSDP's SHARD_GRAD_OP runs it: each unit (a block; the
+  // embedding and head as one more) all_gathers its weights right before its
+  // forward in every micro-batch and keeps them for the backward, and
+  // reduce_scatters its gradients after its backward; per unit, each paying
+  // its ring latency, hidden under the unit's compute as ZeRO-3's
+  // (zero3_prefetch). False: DeepSpeed's stage 2, gradients reduce_scattered
+  // and the weights gathered once a step.
+  bool fsdp_shard_grad_op = false;
   // Bytes of device memory the optimizer step streams per parameter it updates:
   // AdamW reads grad, master weight, m, v (4 x 4) and writes master, m, v (3 x 4),
   // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28.

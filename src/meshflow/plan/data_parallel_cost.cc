@@ -75,6 +75,23 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       const double t = dp_collective(Collective::kAllReduce, grad_bytes);
       dp_exposed = overlap_exposed_s(t, window);
       dp_bytes = 2 * ring_dp * grad_bytes;
+    } else if (p.zero == 2 && k_.fsdp_shard_grad_op) {
+      // FSDP SHARD_GRAD_OP: a unit's gather before its forward, its
+      // reduce_scatter after its backward, every micro-batch (as ZeRO-3's
+      // below, without the gathers again for the recompute and the backward).
+      const double calls = ls + 1;
+      const double per_call = std::max(1.0, tensors / calls);
+      const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
+                                                        params * act / calls / per_call, dp_link);
+      const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
+                                                        grad_bytes / calls / per_call, dp_link);
+      double fwd = calls * ag, bwd = calls * rs;
+      if (k_.zero3_prefetch) {
+        fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
+        bwd = calls * overlap_exposed_s(rs, (B + W) / calls) + rs;
+      }
+      dp_exposed = m * (fwd + bwd);
+      dp_bytes = m * ring_dp * (params * act + grad_bytes);
     } else if (p.zero <= 2) {
       const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
       double ag = dp_collective(Collective::kAllGather, params * act);
