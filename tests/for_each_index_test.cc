@@ -36,7 +36,9 @@ TEST(ForEachIndex, AnExceptionOnAWorkerReachesTheCaller) {
       EXPECT_EQ(std::string(e.what()), "index 5 failed");
     }
     // On one thread the indices after it are not taken.
-    if (threads == 1) EXPECT_EQ(ran.load(), 6);
+    if (threads == 1) {
+      EXPECT_EQ(ran.load(), 6);
+    }
   }
 }
 

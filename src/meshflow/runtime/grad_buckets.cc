@@ -92,7 +92,9 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
   std::vector<GradientSync> syncs;
   std::vector<std::vector<Communicator*>> groups;
   for (const auto& [param, grad] : g.grad_of_param) {
-    syncs.push_back({grad, {}});
+    GradientSync sync;  // accumulated only: the replica form sums it over `comm`
+    sync.grad = grad;
+    syncs.push_back(std::move(sync));
     groups.push_back(comm_ && comm_->size() > 1 ? std::vector<Communicator*>{comm_.get()}
                                                 : std::vector<Communicator*>{});
   }
