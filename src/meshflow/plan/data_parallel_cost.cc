@@ -75,24 +75,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       const double t = dp_collective(Collective::kAllReduce, grad_bytes);
       dp_exposed = overlap_exposed_s(t, window);
       dp_bytes = 2 * ring_dp * grad_bytes;
-    } else if (p.zero == 2 && k_.fsdp_shard_grad_op) {
-      // FSDP SHARD_GRAD_OP: a unit's gather before its forward, its
-      // reduce_scatter after its backward, every micro-batch (as ZeRO-3's
-      // below, without the gathers again for the recompute and the backward).
-      const double calls = ls + 1;
-      const double per_call = std::max(1.0, tensors / calls);
-      const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
-                                                        params * act / calls / per_call, dp_link);
-      const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
-                                                        grad_bytes / calls / per_call, dp_link);
-      double fwd = calls * ag, bwd = calls * rs;
-      if (k_.zero3_prefetch) {
-        fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
-        bwd = calls * overlap_exposed_s(rs, (B + W) / calls) + rs;
-      }
-      dp_exposed = m * (fwd + bwd);
-      dp_bytes = m * ring_dp * (params * act + grad_bytes);
-    } else if (p.zero <= 2) {
+    } else if (p.zero == 1 || (p.zero == 2 && !k_.fsdp_shard_grad_op)) {
       const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
       double ag = dp_collective(Collective::kAllGather, params * act);
       // The gradient norm over sharded gradients: the partitioned program sums
@@ -103,6 +86,8 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       dp_exposed = overlap_exposed_s(rs, window) + ag;
       dp_bytes = ring_dp * (grad_bytes + params * act);
     } else {
+      // By layer: ZeRO-3, and ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (its
+      // gather before the forward only, kept for the backward).
       // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
       // before it runs and freed after it, its gradients reduce-scattered after
       // its backward, every micro-batch: one gather per layer in the forward,
@@ -123,11 +108,12 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
                                                         params * act / calls / per_call, dp_link);
       const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
                                                         grad_bytes / calls / per_call, dp_link);
-      const double bwd_gathers = p.recompute == Recompute::kFull ? 2.0 : 1.0;
+      const double bwd_gathers = p.zero < 3 ? 0.0 : p.recompute == Recompute::kFull ? 2.0 : 1.0;
       double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
       if (k_.zero3_prefetch) {
         fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
-        bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) + ag + rs;
+        bwd = calls * overlap_exposed_s(bwd_gathers * ag + rs, (B + W) / calls) +
+              (bwd_gathers > 0 ? ag : 0.0) + rs;
       }
       dp_exposed = m * (fwd + bwd);
       dp_bytes = m * ring_dp * ((1 + bwd_gathers) * params * act + grad_bytes);

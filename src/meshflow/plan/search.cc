@@ -281,8 +281,19 @@ struct GroupSweep {
   bool timed_out = false;
   std::string first_invalid;
   std::optional<StepCost> least_memory;  // over its valid plans that do not fit
+  void note_invalid(const std::string& why) {
+    if (first_invalid.empty()) first_invalid = why;
+  }
   void note_unfit(const StepCost& c) {
     if (!least_memory || c.memory.total < least_memory->memory.total) least_memory = c;
+  }
+  // Adds what a later group found (the merge in the sweep's order).
+  void absorb(const GroupSweep& later, size_t keep) {
+    evaluated += later.evaluated, valid += later.valid, fitting += later.fitting;
+    timed_out = timed_out || later.timed_out;
+    note_invalid(later.first_invalid);
+    if (later.least_memory) note_unfit(*later.least_memory);
+    for (const StepCost& c : later.plans) keep_plan(&plans, c, keep);
   }
 };
 
@@ -305,8 +316,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
   constexpr size_t kLeaders = 32;
   const size_t shown = static_cast<size_t>(std::max(0, options.top_k)) + 1;
   const size_t keep = shown + kLeaders;
-  std::string first_invalid;
-  std::optional<StepCost> least_memory;  // over valid plans that do not fit
+  GroupSweep all;  // every group's findings, merged in the sweep's order
   // Offload only where nothing fits without it (or where pinned): a second
   // sweep over the ZeRO plans with the state on the host, then on NVMe.
   const FixedChoices& fx = options.fixed;
@@ -333,20 +343,20 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
             ++gs.evaluated;
             const std::string why = cm.invalid_reason(p);
             if (!why.empty()) {
-              if (gs.first_invalid.empty()) gs.first_invalid = plan_label(p) + ": " + why;
+              gs.note_invalid(plan_label(p) + ": " + why);
               return true;
             }
             auto consider = [&](const Plan& q) {
               if (options.reject) {
                 const std::string no = options.reject(q);
                 if (!no.empty()) {
-                  if (gs.first_invalid.empty()) gs.first_invalid = no;
+                  gs.note_invalid(no);
                   return;
                 }
               }
               Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
               if (!c.is_ok()) {
-                if (gs.first_invalid.empty()) gs.first_invalid = c.status().message();
+                gs.note_invalid(c.status().message());
                 return;
               }
               ++gs.valid;
@@ -378,15 +388,10 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
             return true;
           });
     });
-    for (const GroupSweep& gs : found) {
-      r.evaluated += gs.evaluated, r.valid += gs.valid, r.fitting += gs.fitting;
-      r.timed_out = r.timed_out || gs.timed_out;
-      if (first_invalid.empty()) first_invalid = gs.first_invalid;
-      if (gs.least_memory &&
-          (!least_memory || gs.least_memory->memory.total < least_memory->memory.total))
-        least_memory = gs.least_memory;
-      for (const StepCost& c : gs.plans) keep_plan(&r.plans, c, keep);
-    }
+    for (const GroupSweep& gs : found) all.absorb(gs, keep);
+    r.evaluated = all.evaluated, r.valid = all.valid, r.fitting = all.fitting;
+    r.timed_out = all.timed_out;
+    r.plans = all.plans;
   }
   // The per-operator strategy search (parallel/strategy_search.h) inside the
   // tp x cp group of each leader shown (interleaved ones too: their chunks
@@ -467,12 +472,12 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
         for (int64_t n : ok) msg += " " + str(n);
       }
     } else {
-      msg += first_invalid;
+      msg += all.first_invalid;
     }
     return Status::invalid(msg);
   }
   if (r.fitting == 0) {
-    const StepCost& lm = *least_memory;
+    const StepCost& lm = *all.least_memory;
     std::string msg = "the model (" + str(cm.num_parameters()) + " parameters) does not fit on " +
                       str(devices) + " devices" + pinned + ": the plan needing the least memory (" +
                       plan_label(lm.plan) + ") needs " + gib(lm.memory.total) +
