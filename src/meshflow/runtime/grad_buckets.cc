@@ -57,15 +57,15 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
                                  const std::vector<GradientSync>& syncs, const MeshComms* comms,
                                  int64_t bucket_bytes, bool overlap)
     : overlap_(overlap) {
-  std::vector<std::vector<Communicator*>> groups;
+  std::vector<Communicator*> groups;                // per sync: the group it sums over
   std::map<std::vector<int>, Communicator*> joint;  // axes -> one group over them all
   for (const GradientSync& s : syncs) {
-    std::vector<Communicator*> gs;
-    for (int axis : s.axes) {
+    Communicator* group = nullptr;  // none: accumulated only
+    if (!s.axes.empty())
       MF_CHECK(comms != nullptr) << "gradient reductions need the mesh's communicators";
-      gs.push_back(&comms->axis(axis));
-    }
-    if (gs.size() > 1) {
+    if (s.axes.size() == 1) {
+      group = &comms->axis(s.axes[0]);
+    } else if (s.axes.size() > 1) {
       // Over several axes (dp and cp): one all_reduce over all of them, a
       // ring over their product (what the planner prices), started during
       // the backward like the others.
@@ -78,9 +78,9 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
         joints_.push_back(*c);
         it = joint.emplace(axes, joints_.back().get()).first;
       }
-      gs = {it->second};
+      group = it->second;
     }
-    groups.push_back(std::move(gs));
+    groups.push_back(group);
   }
   build(g, order, syncs, groups, bucket_bytes);
 }
@@ -90,22 +90,20 @@ GradientBuckets::GradientBuckets(const Graph& g, const std::vector<NodeId>& orde
                                  bool overlap)
     : comm_(std::move(comm)), overlap_(overlap) {
   std::vector<GradientSync> syncs;
-  std::vector<std::vector<Communicator*>> groups;
+  std::vector<Communicator*> groups;
   for (const auto& [param, grad] : g.grad_of_param) {
     GradientSync sync;  // accumulated only: the replica form sums it over `comm`
     sync.grad = grad;
     syncs.push_back(std::move(sync));
-    groups.push_back(comm_ && comm_->size() > 1 ? std::vector<Communicator*>{comm_.get()}
-                                                : std::vector<Communicator*>{});
+    groups.push_back(comm_ && comm_->size() > 1 ? comm_.get() : nullptr);
   }
   build(g, order, syncs, groups, bucket_bytes);
 }
 
-// Gradients in the order their producers run; one open bucket per group chain.
+// Gradients in the order their producers run; one open bucket per group.
 void GradientBuckets::build(const Graph& g, const std::vector<NodeId>& order,
                             const std::vector<GradientSync>& syncs,
-                            const std::vector<std::vector<Communicator*>>& groups,
-                            int64_t bucket_bytes) {
+                            const std::vector<Communicator*>& groups, int64_t bucket_bytes) {
   std::vector<int> position(g.num_nodes(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
   std::vector<std::pair<int, size_t>> by_position;
@@ -115,7 +113,7 @@ void GradientBuckets::build(const Graph& g, const std::vector<NodeId>& order,
   slots_of_node_.assign(g.num_nodes(), {});
   replaced_.assign(g.num_nodes(), false);
   const int64_t bucket_elems = std::max<int64_t>(1, bucket_bytes / 4);
-  std::map<std::vector<Communicator*>, int> open;  // group chain -> its filling bucket
+  std::map<Communicator*, int> open;  // group -> its filling bucket
   for (const auto& [pos, i] : by_position) {
     const GradientSync& s = syncs[i];
     const int64_t n = g.shape(s.grad).numel();
@@ -124,7 +122,7 @@ void GradientBuckets::build(const Graph& g, const std::vector<NodeId>& order,
         (buckets_[it->second].data.size() > 0 &&
          static_cast<int64_t>(buckets_[it->second].data.size()) + n > bucket_elems)) {
       buckets_.emplace_back();
-      buckets_.back().groups = groups[i];
+      buckets_.back().group = groups[i];
       it = open.insert_or_assign(groups[i], static_cast<int>(buckets_.size()) - 1).first;
     }
     Bucket& b = buckets_[it->second];
@@ -153,9 +151,9 @@ std::vector<NodeId> GradientBuckets::without_replaced(const std::vector<NodeId>&
 
 void GradientBuckets::launch(Bucket& b) {
   b.launched = true;
-  if (!b.groups.empty())
-    b.work = b.groups[0]->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()),
-                                           ReduceOp::kSum);
+  if (b.group)
+    b.work = b.group->all_reduce_async(b.data.data(), static_cast<int64_t>(b.data.size()),
+                                       ReduceOp::kSum);
 }
 
 void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {

@@ -96,15 +96,15 @@ class GradientBuckets {
     int64_t offset, count;
   };
   struct Bucket {
-    std::vector<Communicator*> groups;  // summed over its one group; empty: none
+    Communicator* group = nullptr;  // summed over it; null: accumulated only
     std::vector<float> data;
     int total = 0, pending = 0;
     bool launched = false;
     Work work;
   };
   void build(const Graph& g, const std::vector<NodeId>& order,
-             const std::vector<GradientSync>& syncs,
-             const std::vector<std::vector<Communicator*>>& groups, int64_t bucket_bytes);
+             const std::vector<GradientSync>& syncs, const std::vector<Communicator*>& groups,
+             int64_t bucket_bytes);
   void launch(Bucket& b);
 
   std::shared_ptr<Communicator> comm_;                 // the replica form's group (kept alive)
