@@ -213,6 +213,12 @@ TEST_F(CliHostile, RingWithASequenceNotDividingByCpIsOneLine) {
   j["parallel"]["strategies"] = {{"h.?.mlp.c_fc", "((1, cp, 1), (1, 1))"}};
   expect_user_error(run("train " + write(j) + " --ranks 4"),
                     "parallel.ring_order: train.seq_len=12 does not split into 2 x cp = 8 chunks");
+  // Named-dim rules of the user's own ask for it the same way.
+  j["parallel"] = {
+      {"mode", "semi"}, {"mesh", "tp=2"}, {"rules", {{"ffn", "tp"}}}, {"ring_order", "zigzag"}};
+  expect_user_error(run("train " + write(j) + " --ranks 2"),
+                    "parallel.ring_order \"zigzag\" orders ring attention's sequence over the "
+                    "mesh axis \"cp\", which the mesh {tp: 2} lacks");
 }
 
 TEST_F(CliHostile, CheckpointInConfigOfTheWrongKindFailsBeforeTraining) {

@@ -334,6 +334,21 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
   EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=2+ops pp=1 mb=8x1"),
             std::string::npos)
       << r.output;
+  // Rules that split the sequence over cp: priced when they run the ring in
+  // the zigzag order the planner prices (ring_order "zigzag"); in their
+  // default contiguous order they are named instead, never priced as zigzag.
+  json cp_rules = {
+      {"mode", "semi"}, {"mesh", "dp=1,cp=2"}, {"rules", {{"batch", "dp"}, {"seq", "cp"}}}};
+  r = run_cli("explain " + config(cp_rules, false, 8) + " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted: not priced: parallel.strategies or parallel.rules"),
+            std::string::npos)
+      << r.output;
+  cp_rules["ring_order"] = "zigzag";
+  r = run_cli("explain " + config(cp_rules, false, 8) + " --ranks 2 --no-nodes --predict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("predicted on this machine: dp=1 tp=1+ops pp=1 cp=2"), std::string::npos)
+      << r.output;
   // Without the flag, no check.
   r = run_cli("train " + tp + " --ranks 2 --steps 3");
   ASSERT_EQ(r.code, 0) << r.output;

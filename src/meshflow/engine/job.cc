@@ -332,8 +332,11 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
 
   // Ring attention splits the sequence into one block per cp rank: in
   // zigzag order two chunks of 2 x cp, else one contiguous block. Split
-  // tuples (a searched plan's, or the user's) run zigzag when they ask.
-  const bool ring_tuples = !par.strategies.empty() && par.ring_order_set;
+  // tuples (a searched plan's, or the user's) and named-dim rules of the
+  // user's own run zigzag when they ask.
+  const bool own_layout =
+      !par.strategies.empty() || (par.preset.empty() && !par.rules.rules.empty());
+  const bool ring_tuples = own_layout && par.ring_order_set;
   if (job.partitioned && ring_tuples && job.mesh.axis_index("cp") < 0)
     return Status::invalid("parallel.ring_order \"" + par.ring_order +
                            "\" orders ring attention's sequence over the mesh axis \"cp\", "
