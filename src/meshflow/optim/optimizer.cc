@@ -94,6 +94,10 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
   debug_verify(g, "optimizer");
 }
 
+int optimizer_state_values(const OptimizerConfig& cfg) {
+  return cfg.kind == OptimizerKind::kSgd ? 1 : 2;
+}
+
 float LrSchedule::at(int step) const {
   if (warmup_steps > 0 && step < warmup_steps)
     return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);

@@ -39,6 +39,10 @@ struct OptimizerConfig {
 // update nodes. Requires g.grad_of_param (append_backward first).
 void append_optimizer(Graph& g, const OptimizerConfig& cfg);
 
+// The f32 state values append_optimizer keeps per parameter: SGD 1 (its
+// momentum buffer, kept at momentum 0 too), AdamW 2 (its moments).
+int optimizer_state_values(const OptimizerConfig& cfg);
+
 // The parameters append_optimizer applies weight decay to.
 std::set<ValueId> decayed_parameters(const Graph& g, const OptimizerConfig& cfg);
 

@@ -12,6 +12,7 @@
 #include "meshflow/core/file_io.h"
 #include "meshflow/core/random.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/calibrate.h"
 
@@ -29,8 +30,8 @@ bool faster(const StepCost& a, const StepCost& b) {
 }
 
 // How local plans are priced (auto mode and the plan check alike): the
-// config's model and batch on this machine shared among `ranks` ranks, with
-// meshflow's CPU constants.
+// config's model, batch and optimizer on this machine shared among `ranks`
+// ranks, with meshflow's CPU constants and the config's gradient bucket size.
 struct LocalPricing {
   ModelConfig model;
   Cluster cluster;
@@ -43,9 +44,11 @@ Result<LocalPricing> local_pricing(const RunConfig& rc, int ranks, const Cluster
   LocalPricing lp;
   MF_ASSIGN_OR_RETURN(lp.model, parse_model_config(rc.model));
   MF_ASSIGN_OR_RETURN(lp.cluster, share_machine(local, ranks));
-  auto cm =
-      std::make_unique<CostModel>(TrainingJob{lp.model, rc.train.batch_size, rc.train.seq_len},
-                                  lp.cluster, meshflow_cpu_constants());
+  TrainingJob job{lp.model, rc.train.batch_size, rc.train.seq_len};
+  job.optimizer_states = optimizer_state_values(rc.optimizer);
+  CostConstants k = meshflow_cpu_constants();
+  k.grad_bucket_bytes = double(static_cast<int64_t>(rc.train.bucket_mib * (1 << 20)));  // as run
+  auto cm = std::make_unique<CostModel>(job, lp.cluster, k);
   if (fixed) cm->fix_strategies(std::move(fixed));
   lp.cm = std::move(cm);
   if (!lp.cm->status().is_ok()) return lp.cm->status().with_context(what);

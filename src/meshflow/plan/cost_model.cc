@@ -267,6 +267,15 @@ double CostModel::compute_time_s(double flops) const {
   return cluster_.matmul_time_s(flops, dtype_) / k_.matmul_efficiency_scale;
 }
 
+double CostModel::update_bytes_per_param(bool mixed) const {
+  return (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32) -
+         8.0 * double(2 - job_.optimizer_states);
+}
+
+double CostModel::optimizer_state_bytes_per_param(bool mixed) const {
+  return (mixed ? 4.0 : 0.0) + 4.0 * double(job_.optimizer_states);
+}
+
 double CostModel::roofline_time_s(double flops, double bytes) const {
   return std::max(compute_time_s(flops), cluster_.memory_time_s(bytes));
 }
@@ -1012,12 +1021,11 @@ namespace {
 
 // The model states of `params` parameters on one device under p's ZeRO stage
 // (over its dp * cp replicas; those split over cp already, the share
-// 1 - cp_share, over dp alone). Mixed precision: 16-bit weights (2) and
-// gradients (2), f32 master weights and Adam moments (12) = 16 B/param; f32
-// training: 4 + 4 + 8 = 16.
-void model_states(double params, const Plan& p, bool mixed, double act, MemoryBreakdown* mb,
+// 1 - cp_share, over dp alone), `o_b` bytes of optimizer state each. Mixed
+// precision with AdamW: 16-bit weights (2) and gradients (2), f32 master
+// weights and Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
+void model_states(double params, const Plan& p, double o_b, double act, MemoryBreakdown* mb,
                   double cp_share = 1.0) {
-  const double o_b = mixed ? 12.0 : 8.0;
   const double sharded = params * (cp_share / double(p.dp * p.cp) + (1 - cp_share) / double(p.dp));
   mb->params = (p.zero >= 3 ? sharded : params) * act;
   mb->grads = (p.zero >= 2 ? sharded : params) * act;
@@ -1096,8 +1104,8 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const double logits =
       2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
   MemoryBreakdown mb;
-  model_states(stage_params(p, lc, stage, blocks), p, mixed, act, &mb,
-               cp_replicated_share(p, lc, blocks));
+  model_states(stage_params(p, lc, stage, blocks), p, optimizer_state_bytes_per_param(mixed), act,
+               &mb, cp_replicated_share(p, lc, blocks));
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist
@@ -1192,7 +1200,7 @@ MemoryBreakdown CostModel::chunk_rank_memory(const Plan& p, double params, doubl
   const bool mixed = dtype_ != DType::F32;
   const double act = double(dtype_size(dtype_));
   MemoryBreakdown mb;
-  model_states(params - copied, p, mixed, act, &mb);
+  model_states(params - copied, p, optimizer_state_bytes_per_param(mixed), act, &mb);
   mb.params += copied * act;  // a tied copy: its weights alone
   // Gradient buckets exist with micro-batching or bucketed all_reduces
   // (as memory_per_device's static arena).
@@ -1367,8 +1375,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
 
   // ---- optimizer: memory-bound AdamW over the parameters this rank updates
   const double p_update = p.zero >= 1 ? p_stage / double(replicas) : p_stage;
-  r.optimizer_s = cl.memory_time_s(
-      p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+  r.optimizer_s = cl.memory_time_s(p_update * update_bytes_per_param(mixed));
   // The optimizer phase's collectives in the program (tp: gradient norms of
   // the parameters split or partial over it), once per step.
   r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
@@ -1392,8 +1399,8 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     // updates every parameter is broadcast from its owner (one collective per
     // tensor, after the backward: not overlapped).
     const double largest = std::max(p_stage / double(p.dp), double(lc.embed_params));
-    const double o_b = mixed ? 12.0 : 8.0;
-    const double adam_b = mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32;
+    const double o_b = optimizer_state_bytes_per_param(mixed);
+    const double adam_b = update_bytes_per_param(mixed);
     r.memory.total += o_b * largest - r.memory.optimizer;
     r.memory.optimizer = o_b * largest;
     r.fits = r.memory.total <= r.usable_memory;
@@ -1427,13 +1434,11 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     const double state = r.memory.optimizer;  // bytes per device of fp32 state
     const double act = double(dtype_size(dtype_));
     const double pcie = 2 * p_update * act / h.link_bandwidth_bytes_per_s;
-    const double cpu = p_update *
-                       (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32) /
-                       (h.memory_bandwidth_bytes_per_s / share);
+    const double cpu =
+        p_update * update_bytes_per_param(mixed) / (h.memory_bandwidth_bytes_per_s / share);
     const double nvme =
         p.offload == Offload::kNvme ? 2 * state / (h.nvme_bandwidth_bytes_per_s / share) : 0.0;
-    const double on_device = cl.memory_time_s(
-        p_update * (mixed ? k_.adam_bytes_per_param_mixed : k_.adam_bytes_per_param_f32));
+    const double on_device = cl.memory_time_s(p_update * update_bytes_per_param(mixed));
     r.optimizer_s += pcie + cpu + nvme - on_device;
     r.step_time_s += pcie + cpu + nvme - on_device;
     r.comm.offload = 2 * p_update * act + (p.offload == Offload::kNvme ? 2 * state : 0.0);

@@ -72,6 +72,10 @@ struct TrainingJob {
   ModelConfig model;
   int64_t global_batch = 1;  // sequences per optimizer step
   int64_t seq = 1;
+  // f32 state values the optimizer keeps per parameter (optimizer_state_values:
+  // AdamW's two moments, SGD's momentum buffer): the model states' memory and
+  // the update's memory traffic. `meshflow plan` prices AdamW.
+  int optimizer_states = 2;
 };
 
 // How attention runs on the device: fused (FlashAttention: scores stay on chip,
@@ -165,7 +169,9 @@ struct CostConstants {
   bool fsdp_shard_grad_op = false;
   // Bytes of device memory the optimizer step streams per parameter it updates:
   // AdamW reads grad, master weight, m, v (4 x 4) and writes master, m, v (3 x 4),
-  // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28.
+  // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28. An
+  // optimizer with fewer f32 states (TrainingJob::optimizer_states) streams 8
+  // bytes less per state it lacks (CostModel::update_bytes_per_param).
   double adam_bytes_per_param_mixed = 30;
   double adam_bytes_per_param_f32 = 28;
   // The part of device memory a plan may use: the rest goes to the CUDA context,
@@ -486,6 +492,11 @@ class CostModel {
   // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale),
   // and the roofline of an op with that compute and `bytes` of memory traffic.
   double compute_time_s(double flops) const;
+  // Bytes the optimizer step streams per parameter it updates (CostConstants'
+  // AdamW figure, less 8 per f32 state the job's optimizer lacks), and the
+  // bytes of its f32 state (with the master weight under mixed precision).
+  double update_bytes_per_param(bool mixed) const;
+  double optimizer_state_bytes_per_param(bool mixed) const;
   // One node of a local program: roofline, attention by the kernel in use.
   double node_time_s(const Graph& g, const Node& n) const;
   // One collective node of a rank program: collective_time_s of its buffer

@@ -202,6 +202,7 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
     o.memory_budget_bytes = k_.usable_memory_fraction * double(cluster_.device.memory_bytes) *
                             (all_blocks > built ? double(built) / double(all_blocks) : 1.0);
     o.activation_bytes = double(dtype_size(dtype_));
+    o.state_copies = 2.0 + double(job_.optimizer_states);  // weights, gradients, the states
     o.batch_axes = {"dp"};
     if (cp > 1 && all_blocks > 0) o.ring_axes = {"cp"};
     Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
