@@ -373,6 +373,22 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
   EXPECT_TRUE(plan::load_cluster(refit2).is_ok());
 }
 
+// A semi-auto section that names only a mesh of dp (and ZeRO, or a
+// pipeline) is the preset "dp": the plan check prices it like the
+// planner's data-parallel plan. It was refused as "rules of your own".
+TEST_F(Job, SemiWithOnlyADpMeshIsPricedAsDataParallel) {
+  for (const json& par : {json{{"mode", "semi"}, {"mesh", "dp=2"}},
+                          json{{"mode", "semi"}, {"mesh", "dp=2"}, {"zero", 1}},
+                          json{{"mode", "semi"},
+                               {"mesh", "dp=1"},
+                               {"pipeline", {{"stages", 2}, {"micro_batches", 2}}}}}) {
+    CliRun r = run_cli("train " + config(par, false, 8) + " --ranks 2 --steps 3 --check-plan");
+    ASSERT_EQ(r.code, 0) << par.dump() << "\n" << r.output;
+    EXPECT_NE(r.output.find("plan check (dp="), std::string::npos) << par.dump() << "\n"
+                                                                   << r.output;
+  }
+}
+
 // The planner prices the optimizer the run uses: SGD keeps one f32 state per
 // parameter (its momentum buffer), AdamW two. The plan check's predicted
 // memory of an SGD run (the MLP split over tp, a ResNet over dp) is the

@@ -265,11 +265,18 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
 
   // Semi / auto with nothing said about dp: the batch is split over it. Auto
   // with split tuples propagates from them alone (MindSpore's sharding
-  // propagation: the configured ops decide, seed 003).
+  // propagation: the configured ops decide, seed 003). Nothing said at all on
+  // a mesh of dp alone is the preset "dp" (the same program, so the plan
+  // check prices it as the planner's data-parallel plan).
   const bool propagates_from_tuples = job.mode == ParallelMode::kAuto && !par.strategies.empty();
   if (job.partitioned && par.preset.empty() && par.rules.rules.empty() && !propagates_from_tuples) {
     const Mesh probe = par.has_mesh ? par.mesh : Mesh::line(world, "dp");
-    if (probe.axis_index("dp") >= 0) par.rules.rules.emplace_back("batch", "dp");
+    if (probe.num_axes() == 1 && probe.axis_name(0) == "dp" && par.strategies.empty()) {
+      par.preset = "dp";
+      par.rules = preset_rules("dp", probe);
+    } else if (probe.axis_index("dp") >= 0) {
+      par.rules.rules.emplace_back("batch", "dp");
+    }
   }
 
   // Pipeline.
