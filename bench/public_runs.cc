@@ -580,6 +580,12 @@ Mapped map_run(const json& runs, const json& run) {
     m.k.grad_reduce_bytes = 4;
     m.stack += "+f32-reduce";
   }
+  // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
+  // under the next step's first forward.
+  if (has(get_str(par, "comm_overlap"), "overlap-param-gather")) {
+    m.k.overlap_param_gather = true;
+    m.stack += "+param-gather-overlap";
+  }
   // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP.
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
       has(get_str(par, "techniques"), "asynctp")) {

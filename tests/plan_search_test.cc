@@ -290,6 +290,28 @@ TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
   EXPECT_NEAR(b_fsdp / b_ds, 1.0, 1e-9);
 }
 
+// Megatron-LM's --overlap-param-gather (CostConstants::overlap_param_gather):
+// ZeRO-1's gather after the update runs under the next step's first forward,
+// so it costs what that forward does not hide; without it the gather is
+// exposed whole. The bytes are the same, and ZeRO-0 (no gather) is unchanged.
+TEST(PlanCostModel, OverlappedParamGatherHidesUnderTheForward) {
+  auto price = [](int zero, bool overlap) {
+    CostConstants k;
+    k.overlap_param_gather = overlap;
+    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 4 * 64, 2048},
+                 cluster("h100_sxm.json", 64), k);
+    Plan p;
+    p.dp = 64, p.micro_batch = 4, p.num_micro_batches = 1, p.zero = zero;
+    return value_or_throw(cm.price(p));
+  };
+  const StepCost exposed = price(1, false), hidden = price(1, true);
+  EXPECT_LT(hidden.dp_comm_s, exposed.dp_comm_s);
+  EXPECT_GT(hidden.dp_comm_s, 0);
+  EXPECT_NEAR(hidden.comm.data_parallel / exposed.comm.data_parallel, 1.0, 1e-12);
+  EXPECT_LT(hidden.step_time_s, exposed.step_time_s);
+  EXPECT_DOUBLE_EQ(price(0, true).step_time_s, price(0, false).step_time_s);
+}
+
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
                cluster("dgx_a100_80gb.json", 1024));

@@ -167,6 +167,13 @@ struct CostConstants {
   // (zero3_prefetch). False: DeepSpeed's stage 2, gradients reduce_scattered
   // and the weights gathered once a step.
   bool fsdp_shard_grad_op = false;
+  // ZeRO-1/2's weight all_gather after the update runs under the next
+  // step's first forward, bucket by bucket as each layer needs its weights
+  // (Megatron-LM's --overlap-param-gather with its distributed optimizer):
+  // it costs what that forward does not hide, like the gradients'
+  // reduce_scatter under the last backward. false: after the update,
+  // exposed (DeepSpeed's stage 1 and 2, meshflow's runtime).
+  bool overlap_param_gather = false;
   // Bytes of device memory the optimizer step streams per parameter it updates:
   // AdamW reads grad, master weight, m, v (4 x 4) and writes master, m, v (3 x 4),
   // plus the 16-bit weight copy (2) under mixed precision = 30; f32: 28. An

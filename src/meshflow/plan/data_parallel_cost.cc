@@ -83,7 +83,8 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       // the program's one all_reduce in the optimizer phase), not per tensor.
       if (k_.collective_per_tensor)
         ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
-      dp_exposed = overlap_exposed_s(rs, window) + ag;
+      dp_exposed =
+          overlap_exposed_s(rs, window) + (k_.overlap_param_gather ? overlap_exposed_s(ag, F) : ag);
       dp_bytes = ring_dp * (grad_bytes + params * act);
     } else {
       // By layer: ZeRO-3, and ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (its
