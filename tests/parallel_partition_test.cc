@@ -483,6 +483,42 @@ TEST(PartitionStructure, SequenceParallelUsesGatherAndReduceScatter) {
   }
 }
 
+// Megatron-SP with many tokens and small weights: the q, k and v
+// projections still run column-parallel from ONE all_gather of the normed
+// activation that all three read. Before the partitioner shared that
+// gather's cost among them, each (priced alone, the gather whole) chose to
+// gather its weight instead and all_to_all its output to head shards.
+TEST(PartitionStructure, SequenceParallelGathersTheActivationOnceForQkv) {
+  for (const std::string model : {"gpt", "llama"}) {
+    // Hidden 256 and 2048 tokens (gpt_bytes_small's shape): a q weight
+    // is 1/8 of the activation, so gathering one weight and moving one
+    // output looks cheaper than the activation's gather to each projection alone.
+    json mj = model_json(model);
+    mj[model == "gpt" ? "n_embd" : "hidden_size"] = 256;
+    if (model == "llama") mj["intermediate_size"] = 512;
+    mj[model == "gpt" ? "n_positions" : "max_position_embeddings"] = 128;
+    json doc = {{"model", mj},
+                {"data", {{"dataset", "fortunes"}}},
+                {"train", {{"steps", 1}, {"batch_size", 16}, {"seq_len", 128}}},
+                {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
+                {"parallel", {{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron-sp"}}}};
+    RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+    const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+    const LocalProgram p =
+        value_or_throw(lower(m.graph, value_or_throw(annotate(m.graph, rc.parallel.mesh, o)), 0));
+    const int layers = 2;
+    EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "tp"), 0) << model;
+    EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "tp", true), 2 * layers) << model;
+    for (const CollectiveRecord& r : p.collectives) {
+      const bool block = r.value.rfind("h.", 0) == 0 || r.value.rfind("model.layers.", 0) == 0;
+      if (block && r.phase == Phase::kForward && r.kind == OpKind::kAllGather) {
+        EXPECT_EQ(r.value.find("weight"), std::string::npos) << model << ": " << r.value;
+      }
+    }
+  }
+}
+
 // Ulysses: q, k, v go from sequence shards to head shards and the output back.
 TEST(PartitionStructure, UlyssesUsesAllToAll) {
   LocalProgram p = lowered("llama", "cp=2", "ulysses");

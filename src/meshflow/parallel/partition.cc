@@ -165,6 +165,7 @@ class Annotator {
     };
     for (NodeId id = 0; id < g_.num_nodes(); ++id) {
       std::optional<Choice> c;
+      annotating_ = id;
       for (SourceFn source : kSources) {
         MF_ASSIGN_OR_RETURN(c, (this->*source)(id, g_.node(id)));
         if (c) break;
@@ -509,6 +510,32 @@ class Annotator {
     return std::nullopt;
   }
 
+  // Nodes of n's phase still to be annotated (n included) that read n's
+  // input `i` as their input `i` and are n's kind: the q, k and v
+  // projections of one normed activation (and their weight gradients in the
+  // backward), LLaMA's gate and up. Such siblings choose alike, so a
+  // reshard of that input is made once and shared by all of them (the
+  // lowering shares it per phase): each is charged its share. Charged whole
+  // to the first, an all_gather the three need lost to each one's own cheaper
+  // route, and megatron-sp's attention projections ran with gathered weights
+  // and an all_to_all each instead of Megatron's one all_gather.
+  int siblings(const Node& n, size_t i) {
+    if (n.phase == Phase::kOptimizer) return 1;
+    const ValueId v = n.inputs[i];
+    if (consumers_.empty()) {
+      consumers_.resize(static_cast<size_t>(g_.num_values()));
+      for (NodeId id = 0; id < g_.num_nodes(); ++id)
+        for (size_t k = 0; k < g_.node(id).inputs.size(); ++k)
+          consumers_[static_cast<size_t>(g_.node(id).inputs[k])].push_back({id, k});
+    }
+    int count = 0;
+    for (const auto& [id, k] : consumers_[static_cast<size_t>(v)]) {
+      const Node& m = g_.node(id);
+      count += k == i && m.kind == n.kind && m.phase == n.phase && id >= annotating_;
+    }
+    return std::max(1, count);
+  }
+
   // What candidate `c` costs node n: reshards from where its inputs are, plus
   // from where its outputs land to where they are wanted. Stops adding once
   // over `bound`.
@@ -523,7 +550,8 @@ class Annotator {
           n.phase == Phase::kOptimizer)
         continue;
       if (requested_.count({n.inputs[i], c.inputs[i].to_string(), n.phase})) continue;
-      total += cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]);
+      total +=
+          cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]) / double(siblings(n, i));
     }
     if (n.kind == OpKind::kReshape && total <= bound) total += reshape_cost(n, c);
     for (size_t i = 0; i < n.outputs.size() && total < bound; ++i) {
@@ -636,6 +664,8 @@ class Annotator {
   std::vector<std::string> source_why_;
   std::map<ValueId, Layout> update_reads_;
   std::set<std::tuple<ValueId, std::string, Phase>> requested_;
+  std::vector<std::vector<std::pair<NodeId, size_t>>> consumers_;  // per value: (node, input)
+  NodeId annotating_ = 0;                                          // the node run() is choosing for
   std::unordered_map<std::string, ReshapeRoutes> routes_;  // by (shape of x, layout, shape of y)
   Annotation a_;
 };
