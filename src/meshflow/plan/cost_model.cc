@@ -260,7 +260,9 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   };
   // ZeRO moves gradients, shards and gathers through the arena: its own
   // program (CostConstants::zero_arena_program), else the arena without it.
-  return program_arena(p, k_.zero_arena_program && p.zero > 0 && p.dp > 1);
+  // Weights grouping all_reduces whole gradients in the buckets, as ZeRO-0
+  // does: the program without ZeRO's.
+  return program_arena(p, k_.zero_arena_program && p.zero > 0 && p.dp > 1 && !p.group);
 }
 
 double CostModel::compute_time_s(double flops) const {
@@ -1109,14 +1111,14 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist
-    // with micro-batching, or when the buckets all_reduce gradients (ZeRO-0:
-    // over dp, or the program's chains over tp or cp); the fed inputs
+    // with micro-batching, or when the buckets all_reduce gradients (ZeRO-0
+    // and weights grouping: over dp, or the program's chains over tp or cp); the fed inputs
     // (an LM's i32 token and target ids, an MLP's f32 features and i32
     // labels: the program's input values) are the temporaries.
     MF_ASSIGN_OR_RETURN(const double arena,
                         arena_bytes(p, static_cast<int64_t>(std::llround(blocks))));
     bool buckets = p.num_micro_batches > 1;
-    if (!buckets && p.zero == 0) {
+    if (!buckets && (p.zero == 0 || p.group)) {
       MF_ASSIGN_OR_RETURN(buckets, grads_in_buckets(p, lc));
     }
     if (!buckets) mb.grads = 0;
