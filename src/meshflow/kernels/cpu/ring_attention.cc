@@ -133,13 +133,26 @@ std::vector<StepWork> step_work(const RingDims& d, const RingPlace& rp, const At
   return out;
 }
 
+// The ring kernels' buffers, per thread (each in-process rank runs its own)
+// and reused from call to call, not initialized: the k/v blocks and
+// accumulators in flight and the transposed keys. Fresh vectors were
+// zero-filled and page-faulted in on every call: 40% of the forward
+// kernel's time on 2 ranks (2026-11-27, gpt_bytes_small at cp=2).
+enum Slot { kKv0, kKv1, kMine, kSent, kGot, kKt, kVt, kSlots };
+float* scratch(Slot slot, int64_t n) {
+  thread_local std::vector<float> bufs[kSlots];
+  std::vector<float>& b = bufs[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
 // w's keys of every kv head of x ([B,Hkv,S,D]) transposed: [B*Hkv][D][cols]
-// (kernels/cpu/gemm.h transpose_to: the score GEMMs run NN).
-std::vector<float> transposed(const RingDims& d, const float* x, const StepWork& w) {
-  std::vector<float> xt(d.B * d.Hkv * d.D * w.cols);
+// (kernels/cpu/gemm.h transpose_to: the score GEMMs run NN), in `slot`.
+const float* transposed(const RingDims& d, const float* x, const StepWork& w, Slot slot) {
+  float* xt = scratch(slot, d.B * d.Hkv * d.D * w.cols);
   cpu::parallel_for(d.B * d.Hkv, w.cols * d.D, [&](int64_t lo, int64_t hi) {
     for (int64_t bg = lo; bg < hi; ++bg)
-      transpose_to(x + (bg * d.S + w.key0) * d.D, w.cols, d.D, xt.data() + bg * d.D * w.cols);
+      transpose_to(x + (bg * d.S + w.key0) * d.D, w.cols, d.D, xt + bg * d.D * w.cols);
   });
   return xt;
 }
@@ -149,7 +162,7 @@ std::vector<float> transposed(const RingDims& d, const float* x, const StepWork&
 void forward_block(const RingDims& d, const float* q, const float* k, const float* v,
                    const StepWork& w, float* m, float* l, float* acc) {
   const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
-  const std::vector<float> kt = transposed(d, k, w);
+  const float* kt = transposed(d, k, w, kKt);
   cpu::parallel_for(d.B * d.H, 4 * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
     std::vector<float> s(nq * nk);
     for (int64_t bh = lo; bh < hi; ++bh) {
@@ -157,7 +170,7 @@ void forward_block(const RingDims& d, const float* q, const float* k, const floa
       const float* qp = q + (bh * d.T + r0) * d.D;
       const float* vp = v + (bg * d.S + w.key0) * d.D;
       float* ap = acc + (bh * d.T + r0) * d.D;
-      small_sgemm(false, false, nq, nk, d.D, d.scale, qp, d.D, kt.data() + bg * d.D * nk, nk, 0.f,
+      small_sgemm(false, false, nq, nk, d.D, d.scale, qp, d.D, kt + bg * d.D * nk, nk, 0.f,
                   s.data(), nk);
       for (int64_t i = 0; i < nq; ++i) {
         float* row = s.data() + i * nk;
@@ -194,7 +207,7 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
                     const float* di, const float* k, const float* v, const StepWork& w, float* dq,
                     float* dk, float* dv) {
   const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
-  const std::vector<float> kt = transposed(d, k, w), vt = transposed(d, v, w);
+  const float *kt = transposed(d, k, w, kKt), *vt = transposed(d, v, w, kVt);
   cpu::parallel_for(d.B * d.Hkv, 10 * d.rep * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
     std::vector<float> p(nq * nk), ds(nq * nk);
     for (int64_t bg = lo; bg < hi; ++bg) {
@@ -205,10 +218,10 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
       for (int64_t hh = 0; hh < d.rep; ++hh) {
         const int64_t bh = (bg / d.Hkv) * d.H + (bg % d.Hkv) * d.rep + hh;
         const int64_t t0 = bh * d.T + r0, off = t0 * d.D;
-        small_sgemm(false, false, nq, nk, d.D, d.scale, q + off, d.D, kt.data() + bg * d.D * nk, nk,
-                    0.f, p.data(), nk);
-        small_sgemm(false, false, nq, nk, d.D, 1.f, dout + off, d.D, vt.data() + bg * d.D * nk, nk,
-                    0.f, ds.data(), nk);
+        small_sgemm(false, false, nq, nk, d.D, d.scale, q + off, d.D, kt + bg * d.D * nk, nk, 0.f,
+                    p.data(), nk);
+        small_sgemm(false, false, nq, nk, d.D, 1.f, dout + off, d.D, vt + bg * d.D * nk, nk, 0.f,
+                    ds.data(), nk);
         for (int64_t i = 0; i < nq; ++i) {
           float* pr = p.data() + i * nk;
           float* sr = ds.data() + i * nk;
@@ -241,16 +254,15 @@ void ring_attention(const KernelCall& c) {
   float* out = c.out_f(0);
   float* lse = c.out_f(1);
   std::fill(out, out + d.q_elems(), 0.f);
-  // Declared before any Work so they outlive the shifts on every path.
-  std::vector<float> kv[2] = {std::vector<float>(2 * nkv), std::vector<float>(2 * nkv)};
-  std::memcpy(kv[0].data(), c.in_f(1), nkv * sizeof(float));
-  std::memcpy(kv[0].data() + nkv, c.in_f(2), nkv * sizeof(float));
+  // Per-thread buffers: they outlive the shifts on every path.
+  float* kv[2] = {scratch(kKv0, 2 * nkv), scratch(kKv1, 2 * nkv)};
+  std::memcpy(kv[0], c.in_f(1), nkv * sizeof(float));
+  std::memcpy(kv[0] + nkv, c.in_f(2), nkv * sizeof(float));
   for (int s = 0, cur = 0; s < rp.n; ++s, cur ^= 1) {
     Work next;
-    if (s + 1 < rp.n)
-      next = rp.comm->ring_shift_async(kv[cur].data(), kv[cur ^ 1].data(), 2 * nkv, DType::F32);
+    if (s + 1 < rp.n) next = rp.comm->ring_shift_async(kv[cur], kv[cur ^ 1], 2 * nkv, DType::F32);
     for (const StepWork& w : step_work(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
-      forward_block(d, c.in_f(0), kv[cur].data(), kv[cur].data() + nkv, w, m.data(), l.data(), out);
+      forward_block(d, c.in_f(0), kv[cur], kv[cur] + nkv, w, m.data(), l.data(), out);
     check(next.wait(), c.n);
   }
   for (int64_t t = 0; t < rows; ++t) {
@@ -284,32 +296,31 @@ void ring_attention_grad(const KernelCall& c) {
                      c.out_f(2));
     return;
   }
-  // Buffers first: they outlive every Work below. mine: this step's share;
+  // Per-thread buffers: they outlive every Work below. mine: this step's share;
   // sent: the accumulator in flight to rank + 1; got: the one arriving from rank - 1.
-  std::vector<float> kv[2] = {std::vector<float>(2 * nkv), std::vector<float>(2 * nkv)};
-  std::vector<float> mine(2 * nkv), sent(2 * nkv), got(2 * nkv);
-  std::memcpy(kv[0].data(), c.in_f(2), nkv * sizeof(float));
-  std::memcpy(kv[0].data() + nkv, c.in_f(3), nkv * sizeof(float));
+  float* kv[2] = {scratch(kKv0, 2 * nkv), scratch(kKv1, 2 * nkv)};
+  float *mine = scratch(kMine, 2 * nkv), *sent = scratch(kSent, 2 * nkv);
+  float* got = scratch(kGot, 2 * nkv);
+  std::memcpy(kv[0], c.in_f(2), nkv * sizeof(float));
+  std::memcpy(kv[0] + nkv, c.in_f(3), nkv * sizeof(float));
   Work grads;  // the accumulator's shift issued at the previous step
   for (int s = 0, cur = 0; s < rp.n; ++s, cur ^= 1) {
     Work next;
-    if (s + 1 < rp.n)
-      next = rp.comm->ring_shift_async(kv[cur].data(), kv[cur ^ 1].data(), 2 * nkv, DType::F32);
-    std::fill(mine.begin(), mine.end(), 0.f);
+    if (s + 1 < rp.n) next = rp.comm->ring_shift_async(kv[cur], kv[cur ^ 1], 2 * nkv, DType::F32);
+    std::fill(mine, mine + 2 * nkv, 0.f);
     for (const StepWork& w : step_work(d, rp, c.attrs(), (rp.r - s + rp.n) % rp.n))
-      backward_block(d, dout, q, lse, di.data(), kv[cur].data(), kv[cur].data() + nkv, w, dq,
-                     mine.data(), mine.data() + nkv);
+      backward_block(d, dout, q, lse, di.data(), kv[cur], kv[cur] + nkv, w, dq, mine, mine + nkv);
     if (s > 0) {
       check(grads.wait(), c.n);
       for (int64_t i = 0; i < 2 * nkv; ++i) mine[i] += got[i];
     }
     std::swap(mine, sent);  // the old `sent` has arrived: it is free
-    grads = rp.comm->ring_shift_async(sent.data(), got.data(), 2 * nkv, DType::F32);
+    grads = rp.comm->ring_shift_async(sent, got, 2 * nkv, DType::F32);
     check(next.wait(), c.n);
   }
   check(grads.wait(), c.n);  // the n-th shift brings this rank's own block home
-  std::memcpy(c.out_f(1), got.data(), nkv * sizeof(float));
-  std::memcpy(c.out_f(2), got.data() + nkv, nkv * sizeof(float));
+  std::memcpy(c.out_f(1), got, nkv * sizeof(float));
+  std::memcpy(c.out_f(2), got + nkv, nkv * sizeof(float));
 }
 
 }  // namespace meshflow::cpu
