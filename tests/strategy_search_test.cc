@@ -220,6 +220,35 @@ TEST(StrategySearch, LongSequencesRunAttentionAsARingOverCp) {
   EXPECT_LE(r.objective_s, no_ring.objective_s + 1e-12);
 }
 
+// A weight replicated over cp has its gradient Partial over cp; the planner
+// sums it in the data-parallel reduction over dp x cp under the backward,
+// so the search charges that sum folded_scale of a standalone all_reduce
+// over cp (folded_axes). Over other axes (none here) it pays in full.
+TEST(StrategySearch, GradientSumsOverFoldedAxesCostTheirShare) {
+  nlohmann::json model = gpt(2, 128);
+  model["n_positions"] = 4096;
+  const Graph g = training_graph(model, 1, 4096);
+  const Mesh mesh = value_or_throw(Mesh::parse("dp=1,cp=4"));
+  StrategySearchOptions o;
+  o.batch_axes = {"dp"};
+  o.ring_axes = {"cp"};
+  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  const StrategySearch full = value_or_throw(search_strategies(g, mesh, o));
+  const StrategyDecision& fc = decision(full, "h.*.mlp.c_fc");
+  ASSERT_EQ(fc.splits, "((dp, cp, 1), (1, 1))");  // the weight whole on every cp rank
+  ASSERT_GT(fc.grad_reduce_s, 0);
+  o.folded_axes = {"cp"};
+  for (double scale : {1.0, 0.25, 0.0}) {
+    o.folded_scale = scale;
+    const StrategySearch r = value_or_throw(search_strategies(g, mesh, o));
+    const StrategyDecision& d = decision(r, "h.*.mlp.c_fc");
+    EXPECT_EQ(d.splits, fc.splits) << scale;
+    EXPECT_NEAR(d.grad_reduce_s, scale * fc.grad_reduce_s, 1e-12 + 1e-9 * fc.grad_reduce_s)
+        << scale;
+    EXPECT_LE(r.objective_s, full.objective_s + 1e-12) << scale;
+  }
+}
+
 TEST(StrategySearch, BatchAxesMustNotBeSearched) {
   const Graph g = training_graph(mlp(), 8, 1);
   StrategySearchOptions o;

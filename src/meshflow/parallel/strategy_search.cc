@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "meshflow/core/dtype.h"
@@ -125,6 +126,8 @@ class Search {
   Search(const Graph& g, const Mesh& mesh, const StrategySearchOptions& o)
       : g_(g), mesh_(mesh), o_(o) {
     if (!o_.node_time_s) o_.node_time_s = default_node_time;
+    for (const std::string& a : o_.folded_axes)
+      if (mesh_.axis_index(a) >= 0) folded_.insert(mesh_.axis_index(a));
   }
 
   Result<StrategySearch> run() {
@@ -230,7 +233,9 @@ class Search {
   }
 
   // ---- costs ----
-  double reshard_s(ValueId v, const Layout& from, const Layout& to) {
+  // `param_grad`: a parameter's gradient reduced to its stored layout; its
+  // steps over the folded axes cost folded_scale of theirs.
+  double reshard_s(ValueId v, const Layout& from, const Layout& to, bool param_grad = false) {
     if (from == to) return 0;
     const Shape& shape = g_.shape(v);
     if (shape.rank() == 0) return 0;
@@ -240,13 +245,20 @@ class Search {
     for (const Dim& d : shape.dims()) h = h * 0x100000001b3ull ^ size_t(d.size);
     std::vector<ReshardEntry>& bucket = reshard_cache_[h];
     for (const ReshardEntry& e : bucket)
-      if (e.dtype == dtype && e.from == from && e.to == to && *e.shape == shape) return e.cost_s;
+      if (e.dtype == dtype && e.from == from && e.to == to && *e.shape == shape)
+        return param_grad ? e.folded_s : e.cost_s;
     ReshardCostModel cost = o_.cost;
     cost.bytes_per_element = int64_t(dtype_size(dtype));
     Result<ReshardPlan> p = plan_reshard(shape, mesh_, from, to, cost);
     const double s = p.is_ok() ? p->cost_s : kUnreachableS;
-    bucket.push_back({&shape, from, to, dtype, s});
-    return s;
+    double folded = s;
+    if (p.is_ok() && !folded_.empty()) {
+      folded = 0;
+      for (const ReshardStep& st : p->steps)
+        folded += st.cost_s * (folded_.count(st.mesh_axis) ? o_.folded_scale : 1.0);
+    }
+    bucket.push_back({&shape, from, to, dtype, s, folded});
+    return param_grad ? folded : s;
   }
 
   void price_classes() {
@@ -328,7 +340,8 @@ class Search {
         for (size_t s = 0; s < c.st.size(); ++s) {
           c.mem[s] += o_.state_copies * local_bytes(g_, v, c.st[s].inputs[i], mesh_);
           if (grad)
-            c.reduce[s] += reshard_s(v, gradient_layout(c.st[s], i, mesh_), c.st[s].inputs[i]);
+            c.reduce[s] +=
+                reshard_s(v, gradient_layout(c.st[s], i, mesh_), c.st[s].inputs[i], true);
         }
         return;
       }
@@ -337,7 +350,7 @@ class Search {
       add_edge(cu, cv, [&](const ShardingStrategy& su, const ShardingStrategy& sv) {
         double t = reshard_s(v, su.inputs[iu], sv.inputs[i]);
         if (grad && prod.kind == OpKind::kParameter)
-          t += reshard_s(v, gradient_layout(sv, i, mesh_), su.inputs[iu]);
+          t += reshard_s(v, gradient_layout(sv, i, mesh_), su.inputs[iu], true);
         return t;
       });
       return;
@@ -658,8 +671,10 @@ class Search {
     Layout from, to;
     DType dtype;
     double cost_s;
+    double folded_s;  // as a parameter's gradient reduction (folded_axes)
   };
   std::unordered_map<size_t, std::vector<ReshardEntry>> reshard_cache_;
+  std::set<int> folded_;  // mesh axis indices of o_.folded_axes
 };
 
 }  // namespace

@@ -76,6 +76,14 @@ struct StrategySearchOptions {
   // less what the attention's own compute hides. Empty: attention's sequence
   // is never split.
   std::vector<std::string> ring_axes;
+  // Mesh axes whose parameter-gradient reductions are not collectives of
+  // their own where the plan runs: the planner folds a gradient's sum over
+  // cp into the data-parallel reduction over dp x cp, run in buckets under
+  // the backward. Their steps of a parameter gradient's reduction cost
+  // folded_scale of their standalone time (CostModel: the part of a bucket
+  // the backward does not hide; 1 where nothing overlaps).
+  std::vector<std::string> folded_axes;
+  double folded_scale = 1;
 };
 
 // One decision: a class of forward nodes and the strategy chosen for it.

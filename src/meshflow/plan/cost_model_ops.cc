@@ -205,6 +205,16 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
     o.state_copies = 2.0 + double(job_.optimizer_states);  // weights, gradients, the states
     o.batch_axes = {"dp"};
     if (cp > 1 && all_blocks > 0) o.ring_axes = {"cp"};
+    // A gradient Partial over cp is summed in the data-parallel reduction
+    // over dp x cp (data_parallel_time), in buckets under the last
+    // backward: what it adds is its exposed share (overlap_exposed_s while
+    // hidden), not a standalone all_reduce. (Over a dp ring it adds less
+    // still, about 1/dp; the search is not keyed by dp.)
+    if (cp > 1) {
+      o.folded_axes = {"cp"};
+      const double s = k_.overlap_compute_slowdown;
+      o.folded_scale = k_.overlap_grad_reduce ? s / (1 + s) : 1.0;
+    }
     Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
     if (!r.is_ok() && o.memory_budget_bytes > 0) {
       // The search's memory term is every stashed activation without
