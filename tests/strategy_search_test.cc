@@ -177,6 +177,22 @@ TEST(StrategySearch, TimeLimitReturnsTheBestFoundWithItsGap) {
   EXPECT_LE(cut.memory_bytes, o.memory_budget_bytes);        // that fits
 }
 
+// A 2-block GPT at batch 1 x seq 4096, and search options for a dp x cp
+// mesh whose cp runs ring attention over 100 GB/s links.
+Graph long_sequence_gpt() {
+  nlohmann::json model = gpt(2, 128);
+  model["n_positions"] = 4096;
+  return training_graph(model, 1, 4096);
+}
+
+StrategySearchOptions ring_options() {
+  StrategySearchOptions o;
+  o.batch_axes = {"dp"};
+  o.ring_axes = {"cp"};
+  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  return o;
+}
+
 // Ring attention in the search: over a cp axis the caller runs in zigzag
 // order (ring_axes), a long sequence at batch 1 splits its tokens over cp,
 // attention included, its k/v going round the ring. The shifts its compute
@@ -184,14 +200,9 @@ TEST(StrategySearch, TimeLimitReturnsTheBestFoundWithItsGap) {
 // alone; on slow ones the ring loses.
 // Without ring_axes attention's sequence is never split.
 TEST(StrategySearch, LongSequencesRunAttentionAsARingOverCp) {
-  nlohmann::json model = gpt(2, 128);
-  model["n_positions"] = 4096;
-  const Graph g = training_graph(model, 1, 4096);
+  const Graph g = long_sequence_gpt();
   const Mesh mesh = value_or_throw(Mesh::parse("dp=1,cp=4"));
-  StrategySearchOptions o;
-  o.batch_axes = {"dp"};
-  o.ring_axes = {"cp"};
-  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  StrategySearchOptions o = ring_options();
   const StrategySearch r = value_or_throw(search_strategies(g, mesh, o));
   EXPECT_TRUE(r.optimal) << r.summary();
   EXPECT_TRUE(r.ring);
@@ -225,14 +236,9 @@ TEST(StrategySearch, LongSequencesRunAttentionAsARingOverCp) {
 // so the search charges that sum folded_scale of a standalone all_reduce
 // over cp (folded_axes). Over other axes (none here) it pays in full.
 TEST(StrategySearch, GradientSumsOverFoldedAxesCostTheirShare) {
-  nlohmann::json model = gpt(2, 128);
-  model["n_positions"] = 4096;
-  const Graph g = training_graph(model, 1, 4096);
+  const Graph g = long_sequence_gpt();
   const Mesh mesh = value_or_throw(Mesh::parse("dp=1,cp=4"));
-  StrategySearchOptions o;
-  o.batch_axes = {"dp"};
-  o.ring_axes = {"cp"};
-  o.cost.default_link.bandwidth_bytes_per_s = 1e11;
+  StrategySearchOptions o = ring_options();
   const StrategySearch full = value_or_throw(search_strategies(g, mesh, o));
   const StrategyDecision& fc = decision(full, "h.*.mlp.c_fc");
   ASSERT_EQ(fc.splits, "((dp, cp, 1), (1, 1))");  // the weight whole on every cp rank
