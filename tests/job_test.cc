@@ -389,6 +389,39 @@ TEST_F(Job, SemiWithOnlyADpMeshIsPricedAsDataParallel) {
   }
 }
 
+// Offload to disk is not priced locally: --check-plan of a layout that
+// offloads is refused naming it (it priced the state in memory: 19% high
+// in memory, 27% low in time), auto mode says so at the start, and a refit
+// from such a run is refused.
+TEST_F(Job, OffloadIsNamedNotPricedByThePlanCheck) {
+  const std::string off = (dir_ / "off").string();
+  fs::create_directories(off);
+  auto with_offload = [&](const json& parallel) {
+    json j = value_or_throw(read_json_file(config(parallel, false, 8)));
+    j["offload"] = {{"optimizer", "disk"}, {"dir", off}};
+    const std::string path = (dir_ / ("off" + std::to_string(++n_) + ".json")).string();
+    std::ofstream(path) << j.dump(2);
+    return path;
+  };
+  CliRun r = run_cli("train " + with_offload({{"mode", "semi"}, {"mesh", "dp=2"}}) +
+                     " --ranks 2 --steps 2 --check-plan");
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("--check-plan: offload.optimizer \"disk\" is not priced"),
+            std::string::npos)
+      << r.output;
+  const std::string automatic = with_offload({{"mode", "auto"}, {"search", "full"}});
+  r = run_cli("train " + automatic + " --ranks 2 --steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("offload.optimizer \"disk\" is not priced: the plan was chosen"),
+            std::string::npos)
+      << r.output;
+  r = run_cli("train " + automatic + " --ranks 2 --steps 2 --calibrate-from-run " +
+              (dir_ / "refit.json").string());
+  EXPECT_TRUE(one_line_error(r)) << r.output;
+  EXPECT_NE(r.output.find("--calibrate-from-run: the run offloads to disk"), std::string::npos)
+      << r.output;
+}
+
 // The planner prices the optimizer the run uses: SGD keeps one f32 state per
 // parameter (its momentum buffer), AdamW two. The plan check's predicted
 // memory of an SGD run (the MLP split over tp, a ResNet over dp) is the

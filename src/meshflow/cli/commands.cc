@@ -101,6 +101,12 @@ Status prepare_plan_check(const TrainOptions& o, Job* job, const Result<plan::Cl
     if (Status s = price_job_plan(job, *local); !s.is_ok()) return s.with_context(flag);
   }
   if (o.calibrate_from_run.empty()) return Status::ok();
+  if (job->rc.offload.active())
+    return Status::invalid(
+        "--calibrate-from-run: the run offloads to disk (offload." +
+        std::string(job->rc.offload.optimizer ? "optimizer" : "params") +
+        "), which its prediction does not price: a refit would count the file streaming as "
+        "compute; calibrate from a run without offload");
   if (job->rc.train.steps < 2)
     return Status::invalid(
         "--calibrate-from-run needs at least two steps (the first one warms "

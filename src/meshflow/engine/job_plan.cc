@@ -66,6 +66,12 @@ Result<plan::Plan> layout_of(const Job& job) {
   if (!rcp.layers.empty())
     return Status::invalid("recompute of some blocks (train.recompute_layers) is not priced" +
                            prices);
+  if (rc.offload.active())
+    return Status::invalid(std::string("offload.") +
+                           (rc.offload.optimizer ? "optimizer" : "params") +
+                           " \"disk\" is not priced (the plan would hold that state in memory "
+                           "and stream no file)" +
+                           prices);
   plan::Plan p;
   for (int a = 0; a < job.mesh.num_axes(); ++a) {
     const std::string& axis = job.mesh.axis_name(a);
