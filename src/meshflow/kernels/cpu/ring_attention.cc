@@ -137,7 +137,11 @@ std::vector<StepWork> step_work(const RingDims& d, const RingPlace& rp, const At
 // and reused from call to call, not initialized: the k/v blocks and
 // accumulators in flight and the transposed keys. Fresh vectors were
 // zero-filled and page-faulted in on every call: 40% of the forward
-// kernel's time on 2 ranks (2026-11-27, gpt_bytes_small at cp=2).
+// kernel's time on 2 ranks (2026-11-27, gpt_bytes_small at cp=2: step 252
+// -> 215 ms); uninitialized ones freed after each call still ran 244-288 ms
+// against 217-223 kept. Kept for the run, they add nothing to the process's
+// peak: the executor's arena is laid out once, so a call's buffers sat on
+// top of all of it anyway.
 enum Slot { kKv0, kKv1, kMine, kSent, kGot, kKt, kVt, kSlots };
 float* scratch(Slot slot, int64_t n) {
   thread_local std::vector<float> bufs[kSlots];
