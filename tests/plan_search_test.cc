@@ -911,6 +911,43 @@ TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
   EXPECT_NE(r.output.find("hidden"), std::string::npos) << r.output;
 }
 
+// --optimizer: SGD keeps one f32 state per parameter where AdamW keeps two,
+// so the same plan holds a third less optimizer state under mixed precision
+// (4 + 4 against 4 + 8 bytes with the master weight) and streams 8 bytes
+// less per parameter in the update. The plan file names it; simulate
+// prices what it names, and refuses another optimizer by name.
+TEST_F(PlanCli, OptimizerSetsTheModelStates) {
+  auto best = [&](const std::string& opt, const std::string& out) {
+    CliRun r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() +
+                   " --gpus 8 --global-batch 64 --fix dp=8,tp=1,pp=1,zero=0 --top 0 --json" +
+                   " --optimizer " + opt + (out.empty() ? "" : " --out " + out));
+    EXPECT_EQ(r.code, 0) << r.output;
+    const json j = json::parse(r.output);
+    EXPECT_EQ(j["optimizer"], opt);
+    return j["plans"][0];
+  };
+  const std::string file = (dir_ / "sgd.json").string();
+  const json adamw = best("adamw", ""), sgd = best("sgd", file);
+  const double a = adamw["memory_bytes_per_device"]["optimizer"].get<double>();
+  const double b = sgd["memory_bytes_per_device"]["optimizer"].get<double>();
+  EXPECT_NEAR(b / a, 8.0 / 12.0, 1e-9);
+  EXPECT_LT(sgd["step_time_s"].get<double>(), adamw["step_time_s"].get<double>());
+  json f = value_or_throw(read_json_file(file));
+  EXPECT_EQ(f["optimizer"]["type"], "sgd");
+  CliRun r = run("simulate " + file);
+  ASSERT_EQ(r.code, 0) << r.output;
+  f["optimizer"]["type"] = "lamb";
+  std::ofstream(file) << f.dump();
+  r = run("simulate " + file);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.type must be \"adamw\" or \"sgd\", got \"lamb\""),
+            std::string::npos)
+      << r.output;
+  r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --optimizer lamb");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--optimizer: lamb not in {adamw,sgd}"), std::string::npos) << r.output;
+}
+
 TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   // `meshflow plan` on the MLP config, its --out written and trained: the
   // rules it writes are the ones the planner partitioned its program with.

@@ -14,6 +14,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/file_io.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/optim/optimizer.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/emit.h"
 #include "meshflow/plan/prediction_band.h"
@@ -174,6 +175,8 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   f["train"] = {{"batch_size", cm.job().global_batch}};
   if (lm) f["train"]["seq_len"] = cm.job().seq;
   f["train"]["micro_batches"] = p.pp > 1 ? 1 : p.num_micro_batches;
+  // The optimizer priced (`--optimizer`), with the run config's defaults.
+  f["optimizer"] = {{"type", cm.job().optimizer_states == 1 ? "sgd" : "adamw"}};
   MF_ASSIGN_OR_RETURN(json par, parallel_section(p, cm.job().model));
   f["parallel"] = ojson::parse(par.dump());
   ojson planner;
@@ -233,6 +236,9 @@ int run_plan(const PlanOptions& o) {
     job.seq = o.seq > 0 ? o.seq : dims->max_seq;
   }
   job.global_batch = o.global_batch > 0 ? o.global_batch : std::max<int64_t>(512, o.gpus);
+  OptimizerConfig opt;
+  opt.kind = o.optimizer == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  job.optimizer_states = optimizer_state_values(opt);
   CostModel cm(job, *cluster, k);
   if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
   if (emit) {  // only the plans the target runs as planned
@@ -292,6 +298,7 @@ int run_plan(const PlanOptions& o) {
     j["gpus"] = o.gpus;
     j["global_batch"] = job.global_batch;
     j["seq"] = job.seq;
+    j["optimizer"] = o.optimizer;
     j["dtype"] = std::string(dtype_name(cm.compute_dtype()));
     j["fixed"] = so.fixed.to_string();
     ojson plans = ojson::array();
@@ -318,8 +325,9 @@ int run_plan(const PlanOptions& o) {
                 cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
                 cluster->nodes, cluster->devices_per_node,
                 std::string(dtype_name(cm.compute_dtype())).c_str());
-    std::printf("job      global batch %lld x seq %lld%s\n",
+    std::printf("job      global batch %lld x seq %lld%s%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
+                o.optimizer == "adamw" ? "" : ("; optimizer " + o.optimizer).c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
     std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
@@ -420,6 +428,11 @@ void add_plan_commands(CLI::App& app) {
   p->add_option("--emit", po->emit,
                 "Print the best plan as another stack's launch config: megatron (Megatron-LM "
                 "arguments), deepspeed (config JSON) or torchtitan (job TOML tables)");
+  p->add_option("--optimizer", po->optimizer,
+                "The optimizer the job trains with: adamw (two f32 states per parameter, "
+                "default) or sgd (momentum: one); sets the model states' memory and the "
+                "update's traffic")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2), another fused kernel the cluster "
                 "file prices (flash1: FlashAttention-1 and its Triton port) or materialized "

@@ -40,6 +40,10 @@ struct PlanOptions {
   // megatron | deepspeed | torchtitan: print the best plan in that stack's
   // spelling (plan/emit.h) as the only output on stdout.
   std::string emit;
+  // The optimizer the job trains with: "adamw" (two f32 states per
+  // parameter) or "sgd" (momentum: one), for the model states' memory and
+  // the update's traffic.
+  std::string optimizer = "adamw";
 };
 
 // The most devices `plan --gpus` accepts (about ten times the largest clusters built).

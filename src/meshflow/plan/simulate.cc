@@ -138,6 +138,18 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   // (A model without a sequence, a ResNet or the MLP, is priced at seq 1.)
   const bool lm = is_language_model(r.job.model);
   MF_ASSIGN_OR_RETURN(r.job.seq, get_int(train, "train", "seq_len", lm ? 0 : 1, lm));
+  // The optimizer the plan was priced with (AdamW when the file names none).
+  if (f.contains("optimizer")) {
+    const json& opt = f.at("optimizer");
+    const std::string type = opt.is_object() && opt.contains("type") && opt.at("type").is_string()
+                                 ? opt.at("type").get<std::string>()
+                                 : std::string();
+    if (type != "adamw" && type != "sgd")
+      return Status::invalid(
+          "optimizer.type must be \"adamw\" or \"sgd\", got " +
+          (opt.is_object() && opt.contains("type") ? opt.at("type").dump() : std::string("none")));
+    r.job.optimizer_states = type == "sgd" ? 1 : 2;
+  }
   const json& planner = f.at("plan");
   if (!planner.is_object() || !planner.contains("cluster"))
     return Status::invalid("plan.cluster is required (the cluster the plan was made for)");
