@@ -74,7 +74,8 @@ struct TrainingJob {
   int64_t seq = 1;
   // f32 state values the optimizer keeps per parameter (optimizer_state_values:
   // AdamW's two moments, SGD's momentum buffer): the model states' memory and
-  // the update's memory traffic. `meshflow plan` prices AdamW.
+  // the update's memory traffic. Local plans take the run config's;
+  // `meshflow plan --optimizer` sets it (AdamW by default).
   int optimizer_states = 2;
 };
 
