@@ -940,7 +940,7 @@ TEST_F(PlanCli, OptimizerSetsTheModelStates) {
   std::ofstream(file) << f.dump();
   r = run("simulate " + file);
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("optimizer.type must be \"adamw\" or \"sgd\", got \"lamb\""),
+  EXPECT_NE(r.output.find("optimizer.type must be one of \"adamw\", \"sgd\", got \"lamb\""),
             std::string::npos)
       << r.output;
   r = run("plan " + model("gpt3_1.3b.json") + " --cluster " + dgx() + " --gpus 8 --optimizer lamb");

@@ -536,10 +536,11 @@ class Annotator {
     return std::max(1, count);
   }
 
-  // What candidate `c` costs node n: reshards from where its inputs are, plus
-  // from where its outputs land to where they are wanted. Stops adding once
-  // over `bound`.
-  double candidate_cost(const Node& n, const ShardingStrategy& c, double bound) {
+  // What candidate `c` costs node n: reshards from where its inputs are (each
+  // its share among `sibs` nodes), plus from where its outputs land to where
+  // they are wanted. Stops adding once over `bound`.
+  double candidate_cost(const Node& n, const ShardingStrategy& c, double bound,
+                        const std::vector<int>& sibs) {
     double total = 0;
     for (size_t i = 0; i < n.inputs.size() && total <= bound; ++i) {
       // Free when an optimizer update will read the value there anyway, or an
@@ -550,8 +551,7 @@ class Annotator {
           n.phase == Phase::kOptimizer)
         continue;
       if (requested_.count({n.inputs[i], c.inputs[i].to_string(), n.phase})) continue;
-      total +=
-          cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]) / double(siblings(n, i));
+      total += cost_(g_.shape(n.inputs[i]), current(n.inputs[i]), c.inputs[i]) / double(sibs[i]);
     }
     if (n.kind == OpKind::kReshape && total <= bound) total += reshape_cost(n, c);
     for (size_t i = 0; i < n.outputs.size() && total < bound; ++i) {
@@ -586,11 +586,13 @@ class Annotator {
     }
     for (ShardingStrategy& s : enumerate_strategies(g_, n, mesh_)) cands.push_back(std::move(s));
     if (n.kind == OpKind::kReshape) add_reshape_routes(n, &cands);
+    std::vector<int> sibs(n.inputs.size());  // per input: the nodes sharing its reshard
+    for (size_t i = 0; i < n.inputs.size(); ++i) sibs[i] = siblings(n, i);
     double best = kInf;
     int best_i = -1;
     bool best_partial = true;
     for (size_t c = 0; c < cands.size(); ++c) {
-      const double total = candidate_cost(n, cands[c], best);
+      const double total = candidate_cost(n, cands[c], best, sibs);
       bool partial = false;
       for (const Layout& l : cands[c].outputs) partial |= l.has_partial();
       partial &= n.phase == Phase::kForward;

@@ -8,7 +8,9 @@
 #include "meshflow/core/check.h"
 #include "meshflow/models/cells.h"
 #include "meshflow/models/from_config.h"
+#include "meshflow/optim/optimizer.h"
 #include "meshflow/pipeline/pipeline_config.h"
+#include "meshflow/runtime/run_config.h"
 
 namespace meshflow::plan {
 
@@ -138,17 +140,13 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   // (A model without a sequence, a ResNet or the MLP, is priced at seq 1.)
   const bool lm = is_language_model(r.job.model);
   MF_ASSIGN_OR_RETURN(r.job.seq, get_int(train, "train", "seq_len", lm ? 0 : 1, lm));
-  // The optimizer the plan was priced with (AdamW when the file names none).
+  // The optimizer the plan was priced with (AdamW when the file names none),
+  // read as `meshflow train` reads it.
   if (f.contains("optimizer")) {
-    const json& opt = f.at("optimizer");
-    const std::string type = opt.is_object() && opt.contains("type") && opt.at("type").is_string()
-                                 ? opt.at("type").get<std::string>()
-                                 : std::string();
-    if (type != "adamw" && type != "sgd")
-      return Status::invalid(
-          "optimizer.type must be \"adamw\" or \"sgd\", got " +
-          (opt.is_object() && opt.contains("type") ? opt.at("type").dump() : std::string("none")));
-    r.job.optimizer_states = type == "sgd" ? 1 : 2;
+    OptimizerConfig opt;
+    LrSchedule schedule;
+    MF_RETURN_IF_ERROR(parse_optimizer(f.at("optimizer"), &opt, &schedule, 1));
+    r.job.optimizer_states = optimizer_state_values(opt);
   }
   const json& planner = f.at("plan");
   if (!planner.is_object() || !planner.contains("cluster"))

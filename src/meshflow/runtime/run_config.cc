@@ -151,6 +151,8 @@ Status parse_train(const json& j, TrainConfig* t) {
   return Status::ok();
 }
 
+}  // namespace
+
 Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int steps) {
   JsonObjectReader r(j, "optimizer");
   std::string type = "adamw", schedule = "cosine";
@@ -203,8 +205,6 @@ Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int ste
                                    : LrSchedule::Kind::kCosine;
   return Status::ok();
 }
-
-}  // namespace
 
 Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir) {
   RunConfig rc;

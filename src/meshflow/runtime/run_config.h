@@ -98,6 +98,9 @@ struct RunConfig {
   OffloadOptions offload;
 };
 
+// Parses a run config's "optimizer" section (what a plan file carries too);
+// `steps` ends its learning-rate schedule.
+Status parse_optimizer(const json& j, OptimizerConfig* o, LrSchedule* s, int steps);
 // Parses a whole run config. base_dir resolves relative paths.
 Result<RunConfig> parse_run_config(const json& doc, const std::string& base_dir);
 // Reads CONFIG.json, applies --set overrides, parses.
