@@ -103,8 +103,7 @@ Status prepare_plan_check(const TrainOptions& o, Job* job, const Result<plan::Cl
   if (o.calibrate_from_run.empty()) return Status::ok();
   if (job->rc.offload.active())
     return Status::invalid(
-        "--calibrate-from-run: the run offloads to disk (offload." +
-        std::string(job->rc.offload.optimizer ? "optimizer" : "params") +
+        "--calibrate-from-run: the run offloads to disk (" + job->rc.offload.key() +
         "), which its prediction does not price: a refit would count the file streaming as "
         "compute; calibrate from a run without offload");
   if (job->rc.train.steps < 2)

@@ -237,9 +237,8 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     job.auto_plan = std::make_shared<const plan::LocalAutoPlan>(std::move(*chosen));
     job.plan_check = job.auto_plan;
     if (rc.offload.active())
-      job.notes.push_back(std::string("offload.") +
-                          (rc.offload.optimizer ? "optimizer" : "params") +
-                          " \"disk\" is not priced: the plan was chosen, and its check "
+      job.notes.push_back(rc.offload.key() +
+                          " is not priced: the plan was chosen, and its check "
                           "predicts, with that state in memory and no file streaming");
     const json* section = &job.auto_plan->parallel;
     MF_ASSIGN_OR_RETURN(par, parse_strategy_config(*section, "parallel (planned)"));

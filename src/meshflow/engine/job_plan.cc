@@ -67,9 +67,8 @@ Result<plan::Plan> layout_of(const Job& job) {
     return Status::invalid("recompute of some blocks (train.recompute_layers) is not priced" +
                            prices);
   if (rc.offload.active())
-    return Status::invalid(std::string("offload.") +
-                           (rc.offload.optimizer ? "optimizer" : "params") +
-                           " \"disk\" is not priced (the plan would hold that state in memory "
+    return Status::invalid(rc.offload.key() +
+                           " is not priced (the plan would hold that state in memory "
                            "and stream no file)" +
                            prices);
   plan::Plan p;

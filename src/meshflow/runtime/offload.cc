@@ -43,6 +43,10 @@ std::string what(const OffloadOptions& o) {
 
 }  // namespace
 
+std::string OffloadOptions::key() const {
+  return std::string("offload.") + (optimizer ? "optimizer" : "params") + " \"disk\"";
+}
+
 bool OffloadOptions::offloads(const Graph& g, ValueId v) const {
   const OpKind k = g.producer(v).kind;
   return (optimizer && k == OpKind::kState) || (params && k == OpKind::kParameter);

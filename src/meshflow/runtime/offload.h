@@ -36,6 +36,9 @@ struct OffloadOptions {
   std::string dir;         // where the files go (an existing, writable directory)
   int lookahead = 8;       // nodes ahead whose offloaded inputs are prefetched
   bool active() const { return optimizer || params; }
+  // The config key an active offload is named by in messages:
+  // offload.optimizer "disk" (or offload.params).
+  std::string key() const;
   // Is value v of g one this offload puts on disk?
   bool offloads(const Graph& g, ValueId v) const;
 };
