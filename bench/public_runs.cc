@@ -566,6 +566,13 @@ Mapped map_run(const json& runs, const json& run) {
     m.stack += "+flash1";
     m.inferred.push_back("attn=triton(flash1)");
   }
+  // PyTorch FSDP (Composer, TorchTitan, metaseq): the activation checkpoint
+  // inside each sharded unit recomputes with the weights its pre-backward
+  // unshard gathered, so full recompute adds no ZeRO-3 gather.
+  if (has(fw, "fsdp") || has(fw, "llm-foundry") || has(fw, "torchtitan")) {
+    m.k.zero3_gather_for_recompute = false;
+    m.stack += "+fsdp-recompute";
+  }
   // FSDP's SHARD_GRAD_OP gathers each unit's weights before its forward and
   // reduce-scatters its gradients after its backward (ZeRO-2 by unit).
   if (m.fsdp_shard_grad_op) {

@@ -312,6 +312,33 @@ TEST(PlanCostModel, OverlappedParamGatherHidesUnderTheForward) {
   EXPECT_DOUBLE_EQ(price(0, true).step_time_s, price(0, false).step_time_s);
 }
 
+// ZeRO-3 with full recompute (CostConstants::zero3_gather_for_recompute):
+// DeepSpeed gathers a layer's weights for its recomputed forward and again
+// for its backward; PyTorch FSDP's one pre-backward gather serves both, so a
+// step moves a third fewer gather bytes (2 gathers + 1 reduce_scatter of
+// the same size per layer, against 3 + 1). Without recompute both gather
+// once per pass.
+TEST(PlanCostModel, FsdpRecomputesWithTheBackwardsGather) {
+  auto price = [](Recompute rc, bool regather) {
+    CostConstants k;
+    k.zero3_gather_for_recompute = regather;
+    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 64, 2048},
+                 cluster("a100_40gb.json", 64), k);
+    Plan p;
+    p.dp = 64, p.micro_batch = 8, p.num_micro_batches = 1, p.zero = 3;
+    p.recompute = rc;
+    return value_or_throw(cm.price(p));
+  };
+  const StepCost ds = price(Recompute::kFull, true), fsdp = price(Recompute::kFull, false);
+  EXPECT_NEAR(fsdp.comm.data_parallel / ds.comm.data_parallel, 3.0 / 4.0, 1e-9);
+  EXPECT_LE(fsdp.dp_comm_s, ds.dp_comm_s);
+  EXPECT_LE(fsdp.step_time_s, ds.step_time_s);
+  const StepCost ds_none = price(Recompute::kNone, true),
+                 fsdp_none = price(Recompute::kNone, false);
+  EXPECT_DOUBLE_EQ(fsdp_none.step_time_s, ds_none.step_time_s);
+  EXPECT_NEAR(fsdp.comm.data_parallel / fsdp_none.comm.data_parallel, 1.0, 1e-12);
+}
+
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
                cluster("dgx_a100_80gb.json", 1024));

@@ -160,6 +160,13 @@ struct CostConstants {
   // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
   // stage 3 does; false: the collectives run between the layers' compute.
   bool zero3_prefetch = true;
+  // ZeRO-3 with full recompute gathers a layer's weights again for its
+  // recomputed forward, then for its backward, as DeepSpeed stage 3 does (its
+  // forward hooks fetch and release them around the recompute). false: one
+  // gather serves both, as in PyTorch FSDP, whose activation checkpoint sits
+  // inside the sharded unit, so the unit's pre-backward unshard holds the
+  // weights the recompute and the backward use (llm-foundry, TorchTitan).
+  bool zero3_gather_for_recompute = true;
   // ZeRO-2 as PyTorch FSDP's SHARD_GRAD_OP runs it: each unit (a block; the
   // embedding and head as one more) all_gathers its weights right before its
   // forward in every micro-batch and keeps them for the backward, and

@@ -92,8 +92,9 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       // ZeRO-3 (DeepSpeed stage 3): a layer's weights are all_gathered right
       // before it runs and freed after it, its gradients reduce-scattered after
       // its backward, every micro-batch: one gather per layer in the forward,
-      // one before the recomputed forward (full recompute), one before the
-      // backward, and one reduce_scatter (the embedding/head count as one more
+      // one before the recomputed forward (full recompute, unless the stack
+      // keeps the backward's gather for it: zero3_gather_for_recompute), one
+      // before the backward, and one reduce_scatter (the embedding/head count as one more
       // layer). The collectives share one communication stream, so a layer's
       // run one after another; with the next layer's collectives prefetched
       // while this one computes (depth 1), each layer of a pass takes
@@ -109,7 +110,10 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
                                                         params * act / calls / per_call, dp_link);
       const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
                                                         grad_bytes / calls / per_call, dp_link);
-      const double bwd_gathers = p.zero < 3 ? 0.0 : p.recompute == Recompute::kFull ? 2.0 : 1.0;
+      const double bwd_gathers = p.zero < 3 ? 0.0
+                                 : p.recompute == Recompute::kFull && k_.zero3_gather_for_recompute
+                                     ? 2.0
+                                     : 1.0;
       double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
       if (k_.zero3_prefetch) {
         fwd = calls * overlap_exposed_s(ag, F / calls) + ag;
