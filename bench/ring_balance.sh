@@ -9,7 +9,9 @@
 # scores in contiguous blocks (T the local rows; the diagonal block as a whole
 # square, masked) against 1.25T^2 in zigzag order (half of the other block,
 # three of the diagonal's four quarter squares), so the attention is up to
-# 1.6x faster; the rest of the step is the same.
+# 1.6x faster; the rest of the step is the same. Last, the same model under
+# Ulysses (all_to_all to heads, the one-rank attention kernel on whole
+# sequences): the ring's kernels against the blocked kernel, side by side.
 #   bash bench/ring_balance.sh        (BUILD=build STEPS=5 SEQ=2048 CP=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,13 +30,13 @@ cat > "$work/model.json" <<JSON
 {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": $SEQ,
  "vocab_size": 256, "tie_word_embeddings": true}
 JSON
-run() {  # name, ring_order
-  local name=$1 order=$2 cfg="$work/$1.json"
+run() {  # name, ring_order, preset
+  local name=$1 order=$2 preset=${3:-ring} cfg="$work/$1.json"
   cat > "$cfg" <<JSON
 {"model": "model.json", "data": {"dataset": "fortunes"},
  "train": {"steps": $STEPS, "batch_size": 2, "seq_len": $SEQ, "log_every": 1, "threads": $(nproc)},
  "optimizer": {"type": "adamw", "lr": 1e-3},
- "parallel": {"mode": "semi", "mesh": "cp=$CP", "preset": "ring", "ring_order": "$order"}}
+ "parallel": {"mode": "semi", "mesh": "cp=$CP", "preset": "$preset", "ring_order": "$order"}}
 JSON
   "$BIN" train "$cfg" --ranks "$CP" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
   # step lines: "step k/N loss L lr X tok/s T ..."; mean tok/s after the first step
@@ -48,5 +50,8 @@ echo "machine: $(nproc) cores; GPT 2x64, seq $SEQ, batch 2, ring attention over 
 printf "%-12s %10s   %s\n" "order" "tok/s" "losses"
 run contiguous contiguous
 run zigzag zigzag
+run ulysses contiguous ulysses
 awk -v a="$(cat "$work/zigzag.tps")" -v b="$(cat "$work/contiguous.tps")" \
   'BEGIN {printf "zigzag / contiguous: %.2fx tokens per second\n", a / b}'
+awk -v a="$(cat "$work/zigzag.tps")" -v b="$(cat "$work/ulysses.tps")" \
+  'BEGIN {printf "ring (zigzag) / ulysses: %.2fx tokens per second\n", a / b}'

@@ -912,6 +912,32 @@ TEST(ParallelShardingNumeric, RingAttentionSequenceSplits) {
     }
   // Every case has splits of t over x=2, x=4 and one axis of x=2,y=2.
   EXPECT_GE(g_ring_checked - before, 16 * 4);
+  // A long sequence: 160 and 80 local rows, more than one of the ring
+  // kernels' tiles of 64 query rows (ops/zigzag.h kRingTileRows), the last
+  // partial, each tile against the keys its rows see.
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE("long sequence, causal " + std::to_string(causal));
+    const Shape q = S({{"b", 1}, {"h", 2}, {"t", 320}, {"d", 4}});
+    const Shape kv = S({{"b", 1}, {"hkv", 1}, {"t", 320}, {"d", 4}});
+    OpCase c;
+    c.in(q), c.in(kv), c.in(kv);
+    Attrs a;
+    a.causal = causal;
+    a.alpha = 0.f;
+    const int checked = g_ring_checked;
+    check_op(c, c.op(OpKind::kAttention, a), 64);
+    if (HasFatalFailure()) return;
+    std::vector<Tensor> fw = run_node(c.g, c.g.num_nodes() - 1, c.vals);
+    OpCase d;
+    d.in(q), d.in(q), d.in(kv), d.in(kv), d.in(q);
+    d.in(S({{"b", 1}, {"h", 2}, {"t", 320}}));
+    for (int i = 0; i < 3; ++i) d.vals[1 + i] = c.vals[i];
+    d.vals[4] = fw[0];
+    d.vals[5] = fw[1];
+    check_op(d, d.op(OpKind::kAttentionGrad, a), 64);
+    if (HasFatalFailure()) return;
+    EXPECT_GE(g_ring_checked - checked, 4);
+  }
 }
 
 TEST(ParallelShardingNumeric, SumSquaresAndAdamW) {

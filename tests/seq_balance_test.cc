@@ -96,60 +96,66 @@ TEST(Zigzag, OpRefusesADimThatDoesNotCut) {
 
 // The position-dependent kernels on a whole sequence in zigzag order equal
 // the natural order's results, reordered: causal attention and its backward
-// (GQA), rope and dropout.
+// (GQA), rope and dropout. At 320 positions over 2 ranks each chunk of 80
+// rows is more than one of the ring kernel's tiles (ops/zigzag.h
+// kRingTileRows), the last one partial.
 TEST(Zigzag, KernelsReadTruePositions) {
-  const int64_t B = 2, H = 4, Hkv = 2, T = 12, D = 8, n = 3;
-  const Shape qs{{"batch", B}, {"heads", H}, {"seq", T}, {"head_dim", D}};
-  const Shape ks{{"batch", B}, {"kv_heads", Hkv}, {"seq", T}, {"head_dim", D}};
-  const Shape xs{{"batch", B}, {"seq", T}, {"heads", H}, {"head_dim", D}};
-  auto build = [&](Graph& g, int64_t zigzag, std::vector<ValueId>* ys) {
-    Builder b(g);
-    ValueId q = b.input("q", qs), k = b.input("k", ks), v = b.input("v", ks);
-    ValueId dout = b.input("dout", qs), x = b.input("x", xs);
-    Attrs at;
-    at.seq_zigzag = zigzag;
-    at.seq_dim = 2;
-    std::vector<ValueId> o = b.op(OpKind::kAttention, {q, k, v}, at, "attn");
-    std::vector<ValueId> d =
-        b.op(OpKind::kAttentionGrad, {dout, q, k, v, o[0], o[1]}, at, "attn_grad");
-    Attrs rope;
-    rope.seq_zigzag = zigzag;
-    rope.seq_dim = 1;
-    Attrs drop = rope;
-    drop.p = 0.3f;
-    drop.seed = 11;
-    *ys = {o[0],
-           d[0],
-           d[1],
-           d[2],
-           b.op1(OpKind::kRope, {x}, rope, "rope"),
-           b.op1(OpKind::kDropout, {x, b.rng_offset()}, drop, "drop")};
-  };
-  Graph natural, zig;
-  std::vector<ValueId> yn, yz;
-  build(natural, 0, &yn);
-  build(zig, n, &yz);
-  std::map<std::string, Tensor> feeds = {{"q", random_tensor(qs, 1)},
-                                         {"k", random_tensor(ks, 2)},
-                                         {"v", random_tensor(ks, 3)},
-                                         {"dout", random_tensor(qs, 4)},
-                                         {"x", random_tensor(xs, 5)}};
-  Tensor rng(Shape{{"rng", 2}}, DType::I32);
-  rng.data<int32_t>()[0] = 5;
-  rng.data<int32_t>()[1] = 0;
-  feeds["rng_offset"] = rng;
-  std::map<std::string, Tensor> zfeeds = feeds;
-  for (const char* name : {"q", "k", "v", "dout"}) zfeeds[name] = zigzag_tensor(feeds[name], 2, n);
-  zfeeds["x"] = zigzag_tensor(feeds["x"], 1, n);
-  const auto a = testing::run_forward(natural, yn, feeds);
-  const auto z = testing::run_forward(zig, yz, zfeeds);
-  const int seq_dims[] = {2, 2, 2, 2, 1, 1};
-  for (size_t i = 0; i < yn.size(); ++i) {
-    Tensor t(natural.shape(yn[i]), DType::F32);
-    t.copy_from(a[i].data());
-    const Tensor want = zigzag_tensor(t, seq_dims[i], n);
-    EXPECT_LT(testing::max_rel_diff(z[i].data(), want.data<float>(), want.numel()), 1e-5)
-        << "output " << i;
+  for (const auto& [T, n] : {std::pair<int64_t, int64_t>{12, 3}, {320, 2}}) {
+    SCOPED_TRACE("T " + std::to_string(T) + " over " + std::to_string(n));
+    const int64_t B = 2, H = 4, Hkv = 2, D = 8;
+    const Shape qs{{"batch", B}, {"heads", H}, {"seq", T}, {"head_dim", D}};
+    const Shape ks{{"batch", B}, {"kv_heads", Hkv}, {"seq", T}, {"head_dim", D}};
+    const Shape xs{{"batch", B}, {"seq", T}, {"heads", H}, {"head_dim", D}};
+    auto build = [&](Graph& g, int64_t zigzag, std::vector<ValueId>* ys) {
+      Builder b(g);
+      ValueId q = b.input("q", qs), k = b.input("k", ks), v = b.input("v", ks);
+      ValueId dout = b.input("dout", qs), x = b.input("x", xs);
+      Attrs at;
+      at.seq_zigzag = zigzag;
+      at.seq_dim = 2;
+      std::vector<ValueId> o = b.op(OpKind::kAttention, {q, k, v}, at, "attn");
+      std::vector<ValueId> d =
+          b.op(OpKind::kAttentionGrad, {dout, q, k, v, o[0], o[1]}, at, "attn_grad");
+      Attrs rope;
+      rope.seq_zigzag = zigzag;
+      rope.seq_dim = 1;
+      Attrs drop = rope;
+      drop.p = 0.3f;
+      drop.seed = 11;
+      *ys = {o[0],
+             d[0],
+             d[1],
+             d[2],
+             b.op1(OpKind::kRope, {x}, rope, "rope"),
+             b.op1(OpKind::kDropout, {x, b.rng_offset()}, drop, "drop")};
+    };
+    Graph natural, zig;
+    std::vector<ValueId> yn, yz;
+    build(natural, 0, &yn);
+    build(zig, n, &yz);
+    std::map<std::string, Tensor> feeds = {{"q", random_tensor(qs, 1)},
+                                           {"k", random_tensor(ks, 2)},
+                                           {"v", random_tensor(ks, 3)},
+                                           {"dout", random_tensor(qs, 4)},
+                                           {"x", random_tensor(xs, 5)}};
+    Tensor rng(Shape{{"rng", 2}}, DType::I32);
+    rng.data<int32_t>()[0] = 5;
+    rng.data<int32_t>()[1] = 0;
+    feeds["rng_offset"] = rng;
+    std::map<std::string, Tensor> zfeeds = feeds;
+    for (const char* name : {"q", "k", "v", "dout"})
+      zfeeds[name] = zigzag_tensor(feeds[name], 2, n);
+    zfeeds["x"] = zigzag_tensor(feeds["x"], 1, n);
+    const auto a = testing::run_forward(natural, yn, feeds);
+    const auto z = testing::run_forward(zig, yz, zfeeds);
+    const int seq_dims[] = {2, 2, 2, 2, 1, 1};
+    for (size_t i = 0; i < yn.size(); ++i) {
+      Tensor t(natural.shape(yn[i]), DType::F32);
+      t.copy_from(a[i].data());
+      const Tensor want = zigzag_tensor(t, seq_dims[i], n);
+      EXPECT_LT(testing::max_rel_diff(z[i].data(), want.data<float>(), want.numel()), 1e-5)
+          << "output " << i;
+    }
   }
 }
 

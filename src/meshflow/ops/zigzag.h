@@ -56,21 +56,33 @@ inline std::vector<PositionRun> position_runs(int64_t offset, int64_t rows, int6
 // (the first `cols`: a rank's block holds increasing true positions, chunk r
 // before chunk 2n-1-r, so the keys a row sees are a prefix). Runs that see
 // nothing are left out. Without the mask: the whole block.
+// tile_rows > 0: each block cut further into tiles of that many query rows,
+// each against the keys its own last row sees, as the ring kernels compute
+// them (kRingTileRows: the scores of a tile stay in cache, and the causal
+// triangle inside a block is computed to a tile's edge, not the block's).
 struct RingBlock {
   int64_t row0 = 0, rows = 0, cols = 0;
 };
+inline constexpr int64_t kRingTileRows = 64;
 inline std::vector<RingBlock> ring_step_blocks(int64_t T, int64_t Tg, int64_t n, int64_t q_block,
-                                               int64_t k_block, bool causal) {
-  if (!causal) return {{0, T, T}};
-  const std::vector<PositionRun> k = position_runs(k_block * T, T, Tg, n);
+                                               int64_t k_block, bool causal,
+                                               int64_t tile_rows = 0) {
+  const int64_t tile = tile_rows > 0 ? tile_rows : T;
   std::vector<RingBlock> out;
+  if (!causal) {
+    for (int64_t i = 0; i < T; i += tile) out.push_back({i, std::min(tile, T - i), T});
+    return out;
+  }
+  const std::vector<PositionRun> k = position_runs(k_block * T, T, Tg, n);
   for (const PositionRun& qr : position_runs(q_block * T, T, Tg, n)) {
     const int64_t skip = std::max<int64_t>(0, k.front().pos0 - qr.pos0);
     if (skip >= qr.rows) continue;
-    const int64_t last = qr.pos0 + qr.rows - 1;
-    RingBlock b{qr.row0 + skip, qr.rows - skip, 0};
-    for (const PositionRun& kr : k) b.cols += std::clamp<int64_t>(last - kr.pos0 + 1, 0, kr.rows);
-    out.push_back(b);
+    for (int64_t i = skip; i < qr.rows; i += tile) {
+      const int64_t rows = std::min(tile, qr.rows - i), last = qr.pos0 + i + rows - 1;
+      RingBlock b{qr.row0 + i, rows, 0};
+      for (const PositionRun& kr : k) b.cols += std::clamp<int64_t>(last - kr.pos0 + 1, 0, kr.rows);
+      out.push_back(b);
+    }
   }
   return out;
 }

@@ -73,13 +73,14 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       const int64_t ring = n.attrs.mesh_axis >= 0 ? n.attrs.group_size : 1;
       if (ring > 1 && tq == tk) {
         // Ring attention (kernels/cpu/ring_attention.cc): at each of its
-        // steps one GEMM block of the visiting k/v block (ops/zigzag.h
+        // steps the visiting k/v block's GEMMs in tiles of kRingTileRows
+        // query rows, each against the keys its rows see (ops/zigzag.h
         // ring_step_blocks); the step waits for the rank with the most.
         for (int64_t r = 0; r < ring; ++r) {
           double rank_t = 0;
           for (int64_t src = 0; src < ring; ++src) {
-            for (const RingBlock& b :
-                 ring_step_blocks(tq, tq * ring, n.attrs.seq_zigzag, r, src, n.attrs.causal))
+            for (const RingBlock& b : ring_step_blocks(tq, tq * ring, n.attrs.seq_zigzag, r, src,
+                                                       n.attrs.causal, kRingTileRows))
               rank_t += compute_time_s(2.0 * double(b.rows) * double(b.cols) * double(d_head));
           }
           gemm_t = std::max(gemm_t, rank_t);

@@ -105,8 +105,9 @@ struct StepWork {
 // A step's work as few GEMMs of useful size: where the visiting block's true
 // positions increase along its rows, one per query run (ops/zigzag.h
 // ring_step_blocks: the run's rows that see any key against the keys its
-// last row sees; the pairs the mask hides inside are computed and dropped,
-// as the one-rank kernel does on its diagonal blocks); otherwise (a whole
+// last row sees; forward_block and backward_block cut it into tiles of
+// kRingTileRows rows, and the pairs the mask hides inside a tile are computed
+// and dropped, as the one-rank kernel does on its diagonal blocks); otherwise (a whole
 // zigzag sequence on one rank) one per (query run, key run) pair.
 std::vector<StepWork> step_work(const RingDims& d, const RingPlace& rp, const Attrs& at, int src) {
   const std::vector<PositionRun> q = block_runs(d, rp, at, rp.r), k = block_runs(d, rp, at, src);
@@ -161,50 +162,65 @@ const float* transposed(const RingDims& d, const float* x, const StepWork& w, Sl
   return xt;
 }
 
+// The keys rows [i0, i0 + rows) of w see: the most any of them sees (a
+// row's keys are a prefix of the block's, ops/zigzag.h ring_step_blocks).
+int64_t tile_keys(const StepWork& w, int64_t i0, int64_t rows) {
+  int64_t keys = 0;
+  for (int64_t i = i0; i < i0 + rows; ++i) keys = std::max(keys, w.seen[w.row0 + i]);
+  return std::min(keys, w.cols);
+}
+
 // Merges w's keys of the block (k, v) into w's query rows: their running
-// max m, sum l and unnormalized out acc (rows of [B,H,T]).
+// max m, sum l and unnormalized out acc (rows of [B,H,T]). In tiles of
+// kRingTileRows query rows, each against the keys its rows see: a tile's
+// scores stay in cache between the two GEMMs, and the causal triangle is
+// computed to the tile's edge (the cost model prices the same tiles).
 void forward_block(const RingDims& d, const float* q, const float* k, const float* v,
                    const StepWork& w, float* m, float* l, float* acc) {
   const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
   const float* kt = transposed(d, k, w, kKt);
   cpu::parallel_for(d.B * d.H, 4 * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
-    std::vector<float> s(nq * nk);
+    std::vector<float> s(std::min(nq, kRingTileRows) * nk);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t bg = (bh / d.H) * d.Hkv + (bh % d.H) / d.rep;
-      const float* qp = q + (bh * d.T + r0) * d.D;
       const float* vp = v + (bg * d.S + w.key0) * d.D;
-      float* ap = acc + (bh * d.T + r0) * d.D;
-      small_sgemm(false, false, nq, nk, d.D, d.scale, qp, d.D, kt + bg * d.D * nk, nk, 0.f,
-                  s.data(), nk);
-      for (int64_t i = 0; i < nq; ++i) {
-        float* row = s.data() + i * nk;
-        const int64_t seen = std::min(nk, w.seen[r0 + i]);
-        std::fill(row + seen, row + nk, 0.f);
-        if (seen == 0) continue;
-        float bm = row[0];
+      for (int64_t i0 = 0; i0 < nq; i0 += kRingTileRows) {
+        const int64_t rows = std::min(kRingTileRows, nq - i0), keys = tile_keys(w, i0, rows);
+        if (keys == 0) continue;
+        const float* qp = q + (bh * d.T + r0 + i0) * d.D;
+        float* ap = acc + (bh * d.T + r0 + i0) * d.D;
+        small_sgemm(false, false, rows, keys, d.D, d.scale, qp, d.D, kt + bg * d.D * nk, nk, 0.f,
+                    s.data(), keys);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* row = s.data() + i * keys;
+          const int64_t seen = std::min(keys, w.seen[r0 + i0 + i]);
+          std::fill(row + seen, row + keys, 0.f);
+          if (seen == 0) continue;
+          float bm = row[0];
 #pragma omp simd reduction(max : bm)
-        for (int64_t j = 1; j < seen; ++j) bm = std::max(bm, row[j]);
-        const int64_t t = bh * d.T + r0 + i;
-        const float mn = std::max(m[t], bm);
-        const float corr = m[t] == kNegInf ? 0.f : std::exp(m[t] - mn);
-        float sum = 0.f;
+          for (int64_t j = 1; j < seen; ++j) bm = std::max(bm, row[j]);
+          const int64_t t = bh * d.T + r0 + i0 + i;
+          const float mn = std::max(m[t], bm);
+          const float corr = m[t] == kNegInf ? 0.f : std::exp(m[t] - mn);
+          float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < seen; ++j) {
-          const float e = exp_approx(row[j] - mn);
-          row[j] = e;
-          sum += e;
+          for (int64_t j = 0; j < seen; ++j) {
+            const float e = exp_approx(row[j] - mn);
+            row[j] = e;
+            sum += e;
+          }
+          l[t] = l[t] * corr + sum;
+          m[t] = mn;
+          for (int64_t j = 0; j < d.D; ++j) ap[i * d.D + j] *= corr;
         }
-        l[t] = l[t] * corr + sum;
-        m[t] = mn;
-        for (int64_t j = 0; j < d.D; ++j) ap[i * d.D + j] *= corr;
+        small_sgemm(false, false, rows, d.D, keys, 1.f, s.data(), keys, vp, d.D, 1.f, ap, d.D);
       }
-      small_sgemm(false, false, nq, d.D, nk, 1.f, s.data(), nk, vp, d.D, 1.f, ap, d.D);
     }
   });
 }
 
 // Adds w's share of the block (k, v) with w's query rows to dq and to the
-// block's accumulators dk, dv:
+// block's accumulators dk, dv, in the forward's tiles:
 //   P = exp(scale*QK^T - lse) (masked); dV += P^T dO; dS = P*(dO V^T - Di);
 //   dQ += scale*dS K; dK += scale*dS^T Q.   di = rowsum(dO * O) per query row.
 void backward_block(const RingDims& d, const float* dout, const float* q, const float* lse,
@@ -213,7 +229,8 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
   const int64_t nq = w.rows, nk = w.cols, r0 = w.row0;
   const float *kt = transposed(d, k, w, kKt), *vt = transposed(d, v, w, kVt);
   cpu::parallel_for(d.B * d.Hkv, 10 * d.rep * nq * nk * d.D, [&](int64_t lo, int64_t hi) {
-    std::vector<float> p(nq * nk), ds(nq * nk);
+    const int64_t tile = std::min(nq, kRingTileRows);
+    std::vector<float> p(tile * nk), ds(tile * nk);
     for (int64_t bg = lo; bg < hi; ++bg) {
       const int64_t koff = (bg * d.S + w.key0) * d.D;
       const float* kp = k + koff;
@@ -221,28 +238,35 @@ void backward_block(const RingDims& d, const float* dout, const float* q, const 
       float* dvp = dv + koff;
       for (int64_t hh = 0; hh < d.rep; ++hh) {
         const int64_t bh = (bg / d.Hkv) * d.H + (bg % d.Hkv) * d.rep + hh;
-        const int64_t t0 = bh * d.T + r0, off = t0 * d.D;
-        small_sgemm(false, false, nq, nk, d.D, d.scale, q + off, d.D, kt + bg * d.D * nk, nk, 0.f,
-                    p.data(), nk);
-        small_sgemm(false, false, nq, nk, d.D, 1.f, dout + off, d.D, vt + bg * d.D * nk, nk, 0.f,
-                    ds.data(), nk);
-        for (int64_t i = 0; i < nq; ++i) {
-          float* pr = p.data() + i * nk;
-          float* sr = ds.data() + i * nk;
-          const float lv = lse[t0 + i], dr = di[t0 + i];
-          const int64_t seen = lv == kNegInf ? 0 : std::min(nk, w.seen[r0 + i]);
+        for (int64_t i0 = 0; i0 < nq; i0 += kRingTileRows) {
+          const int64_t rows = std::min(kRingTileRows, nq - i0), keys = tile_keys(w, i0, rows);
+          if (keys == 0) continue;
+          const int64_t t0 = bh * d.T + r0 + i0, off = t0 * d.D;
+          small_sgemm(false, false, rows, keys, d.D, d.scale, q + off, d.D, kt + bg * d.D * nk, nk,
+                      0.f, p.data(), keys);
+          small_sgemm(false, false, rows, keys, d.D, 1.f, dout + off, d.D, vt + bg * d.D * nk, nk,
+                      0.f, ds.data(), keys);
+          for (int64_t i = 0; i < rows; ++i) {
+            float* pr = p.data() + i * keys;
+            float* sr = ds.data() + i * keys;
+            const float lv = lse[t0 + i], dr = di[t0 + i];
+            const int64_t seen = lv == kNegInf ? 0 : std::min(keys, w.seen[r0 + i0 + i]);
 #pragma omp simd
-          for (int64_t j = 0; j < seen; ++j) {
-            const float pj = exp_approx(pr[j] - lv);
-            pr[j] = pj;
-            sr[j] = d.scale * pj * (sr[j] - dr);
+            for (int64_t j = 0; j < seen; ++j) {
+              const float pj = exp_approx(pr[j] - lv);
+              pr[j] = pj;
+              sr[j] = d.scale * pj * (sr[j] - dr);
+            }
+            std::fill(pr + seen, pr + keys, 0.f);
+            std::fill(sr + seen, sr + keys, 0.f);
           }
-          std::fill(pr + seen, pr + nk, 0.f);
-          std::fill(sr + seen, sr + nk, 0.f);
+          small_sgemm(true, false, keys, d.D, rows, 1.f, p.data(), keys, dout + off, d.D, 1.f, dvp,
+                      d.D);
+          small_sgemm(false, false, rows, d.D, keys, 1.f, ds.data(), keys, kp, d.D, 1.f, dq + off,
+                      d.D);
+          small_sgemm(true, false, keys, d.D, rows, 1.f, ds.data(), keys, q + off, d.D, 1.f, dkp,
+                      d.D);
         }
-        small_sgemm(true, false, nk, d.D, nq, 1.f, p.data(), nk, dout + off, d.D, 1.f, dvp, d.D);
-        small_sgemm(false, false, nq, d.D, nk, 1.f, ds.data(), nk, kp, d.D, 1.f, dq + off, d.D);
-        small_sgemm(true, false, nk, d.D, nq, 1.f, ds.data(), nk, q + off, d.D, 1.f, dkp, d.D);
       }
     }
   });
