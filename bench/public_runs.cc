@@ -133,7 +133,27 @@ struct Mapped {
   int64_t global_batch = 0, seq = 0;
   double published_s = 0;
   std::string published_how;
+  // The peak memory per GPU the source reports (GiB), where it gives one:
+  // TorchTitan's logged peak (peak_memory_gib), BigScience's chronicles'
+  // "peak GPU mem" column ("59GB", read as GiB).
+  std::optional<double> published_mem_gib;
 };
+
+// measured.also's peak memory per GPU in GiB, where the run states one.
+std::optional<double> published_memory_gib(const json& run) {
+  const json& m = run.at("measured");
+  if (!m.contains("also") || !m.at("also").is_object()) return std::nullopt;
+  const json& also = m.at("also");
+  if (also.contains("peak_memory_gib") && also.at("peak_memory_gib").is_number())
+    return also.at("peak_memory_gib").get<double>();
+  if (also.contains("peak_gpu_mem") && also.at("peak_gpu_mem").is_string()) {
+    const std::string v = also.at("peak_gpu_mem").get<std::string>();
+    char* end = nullptr;
+    const double gb = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() && gb > 0 && std::string(end) == "GB") return gb;
+  }
+  return std::nullopt;
+}
 
 // GPU -> cluster file (configs/clusters/). A GPU without a file is skipped.
 // An H100 or A100 whose memory the source leaves open (or states two ways) is
@@ -529,6 +549,7 @@ Mapped map_run(const json& runs, const json& run) {
     m.skip.push_back("global batch not stated");
   }
   m.seq = get_int(run.at("model"), "seq_len").value_or(0);
+  m.published_mem_gib = published_memory_gib(run);
   if (m.skip.empty()) {
     if (auto t = published_iteration_s(run, &m)) {
       m.published_s = *t;
@@ -587,6 +608,12 @@ Mapped map_run(const json& runs, const json& run) {
     m.k.grad_reduce_bytes = 4;
     m.stack += "+f32-reduce";
   }
+  // Gradients accumulated in f32 where the run states it (BLOOM's runs with
+  // DeepSpeed's BF16_Optimizer): 4 bytes per gradient held.
+  if (has(precision, "fp32 grad accumulation")) {
+    m.k.grad_accumulation_bytes = 4;
+    m.stack += "+f32-grads";
+  }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.
   if (has(get_str(par, "comm_overlap"), "overlap-param-gather")) {
@@ -607,6 +634,10 @@ Mapped map_run(const json& runs, const json& run) {
 struct Priced {
   Mapped m;
   double predicted_s = 0, err = 0, params_b = 0;
+  std::optional<double> mem_err;  // predicted / published peak memory - 1
+  // The same with the device memory the plan leaves unused (its reserve for
+  // the allocator, NCCL and the CUDA context) added: the device's view.
+  std::optional<double> mem_err_device;
   bool fits = true;
   StepCost cost;
 };
@@ -748,6 +779,12 @@ int main(int argc, char** argv) {
     r.err = r.predicted_s / m.published_s - 1;
     r.params_b = cm.num_parameters() / 1e9;
     r.fits = cost->fits;
+    if (m.published_mem_gib) {
+      const double gib = double(1ull << 30);
+      const double reserve = double(cluster->device.memory_bytes) - cost->usable_memory;
+      r.mem_err = cost->memory.total / gib / *m.published_mem_gib - 1;
+      r.mem_err_device = (cost->memory.total + reserve) / gib / *m.published_mem_gib - 1;
+    }
     std::vector<std::string> notes = m.inferred;
     if (m.stack != "default") notes.insert(notes.begin(), m.stack);
     if (!r.fits) notes.insert(notes.begin(), "OOM-predicted");
@@ -759,10 +796,13 @@ int main(int argc, char** argv) {
       std::printf(
           "      %s on %s (%d/node): compute %.3f recompute %.3f tp %.3f cp %.3f pp %.3f bubble "
           "%.3f "
-          "dp %.3f opt %.3f s; mem %.1f/%.1f GiB; published from %s\n",
+          "dp %.3f opt %.3f s; mem %.1f/%.1f GiB%s; published from %s\n",
           m.model_key.c_str(), m.cluster_file.c_str(), (int)m.gpus_per_node, c.compute_s,
           c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s, c.dp_comm_s,
           c.optimizer_s, c.memory.total / double(1ull << 30), c.usable_memory / double(1ull << 30),
+          m.published_mem_gib
+              ? (" (published " + std::to_string(*m.published_mem_gib).substr(0, 5) + ")").c_str()
+              : "",
           m.published_how.c_str());
     }
     priced.push_back(std::move(r));
@@ -843,8 +883,33 @@ int main(int argc, char** argv) {
         100 * r.err, c.compute_s, c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s,
         c.dp_comm_s, c.optimizer_s, r.fits ? "" : " OOM", join(r.m.inferred, ",").c_str());
   }
+  // Peak memory where the source reports it: the planner's memory.total per
+  // GPU against the logged peak (an allocator's or the device's view; the
+  // sources do not say which, so the comparison is a check, not a fit).
+  std::vector<double> mem_errs, mem_device;
+  std::map<std::string, std::vector<double>> mem_by_group, device_by_group;
+  for (const Priced& r : priced) {
+    if (!r.mem_err) continue;
+    mem_errs.push_back(*r.mem_err), mem_by_group[r.m.group].push_back(*r.mem_err);
+    mem_device.push_back(*r.mem_err_device);
+    device_by_group[r.m.group].push_back(*r.mem_err_device);
+  }
+  if (!mem_errs.empty()) {
+    std::printf("\npeak memory per GPU, predicted / published - 1 (runs that report it):\n");
+    std::printf("  %-38s %4s  %7s  %8s  %6s\n", "", "n", "MAE", "median", "<=10%");
+    print_stats_row("all with a published peak", stats_of(mem_errs));
+    for (const auto& [g, e] : mem_by_group) print_stats_row(g, stats_of(e));
+    std::printf("with the plan's unused reserve (allocator, NCCL, context) added:\n");
+    print_stats_row("all with a published peak", stats_of(mem_device));
+    for (const auto& [g, e] : device_by_group) print_stats_row(g, stats_of(e));
+  }
   std::printf("\nwithin +-10%%: %d/%d (%.0f%%); MAE %.1f%%; signed median %+.1f%%\n", all.within10,
               all.n, 100.0 * all.within10 / all.n, 100 * all.mae, 100 * all.med);
+  if (!mem_errs.empty()) {
+    const Stats ms = stats_of(mem_errs);
+    std::printf("peak memory: %d/%d within +-10%% (%.0f%%); MAE %.1f%%; signed median %+.1f%%\n",
+                ms.within10, ms.n, 100.0 * ms.within10 / ms.n, 100 * ms.mae, 100 * ms.med);
+  }
   if (!write_bands.empty()) {
     // Each cluster file's spread of published / predicted, by GPU-count range
     // (plan/prediction_band.h), for `meshflow plan` to print with a prediction.

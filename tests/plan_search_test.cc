@@ -339,6 +339,33 @@ TEST(PlanCostModel, FsdpRecomputesWithTheBackwardsGather) {
   EXPECT_NEAR(fsdp.comm.data_parallel / fsdp_none.comm.data_parallel, 1.0, 1e-12);
 }
 
+// Gradients accumulated in f32 (CostConstants::grad_accumulation_bytes, as
+// DeepSpeed's BF16_Optimizer and Megatron's main_grad hold them): twice the
+// 16-bit gradients' memory, the rest of the model states and the step time
+// unchanged; under ZeRO-2 the f32 gradients are sharded like the 16-bit ones.
+TEST(PlanCostModel, F32GradientAccumulationHoldsFourBytesPerGradient) {
+  auto price = [](int zero, double grad_b) {
+    CostConstants k;
+    k.grad_accumulation_bytes = grad_b;
+    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 8, 2048},
+                 cluster("dgx_a100_80gb.json", 64), k);
+    Plan p;
+    p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = zero;
+    return value_or_throw(cm.price(p));
+  };
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const StepCost bf16 = price(zero, 0), f32 = price(zero, 4);
+    EXPECT_NEAR(f32.memory.grads / bf16.memory.grads, 2.0, 1e-12);
+    EXPECT_DOUBLE_EQ(f32.memory.params, bf16.memory.params);
+    EXPECT_DOUBLE_EQ(f32.memory.optimizer, bf16.memory.optimizer);
+    EXPECT_NEAR(f32.memory.total - bf16.memory.total, bf16.memory.grads, 1e-6 * bf16.memory.total);
+    EXPECT_DOUBLE_EQ(f32.step_time_s, bf16.step_time_s);
+  }
+  EXPECT_NEAR(price(2, 4).memory.grads * 8, price(1, 4).memory.grads,
+              1e-6 * price(1, 4).memory.grads);
+}
+
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
                cluster("dgx_a100_80gb.json", 1024));

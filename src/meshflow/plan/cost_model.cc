@@ -1026,11 +1026,12 @@ namespace {
 // 1 - cp_share, over dp alone), `o_b` bytes of optimizer state each. Mixed
 // precision with AdamW: 16-bit weights (2) and gradients (2), f32 master
 // weights and Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
+// grad_b: bytes per gradient element (0: act; 4 where they accumulate in f32).
 void model_states(double params, const Plan& p, double o_b, double act, MemoryBreakdown* mb,
-                  double cp_share = 1.0) {
+                  double cp_share = 1.0, double grad_b = 0) {
   const double sharded = params * (cp_share / double(p.dp * p.cp) + (1 - cp_share) / double(p.dp));
   mb->params = (p.zero >= 3 ? sharded : params) * act;
-  mb->grads = (p.zero >= 2 ? sharded : params) * act;
+  mb->grads = (p.zero >= 2 ? sharded : params) * (grad_b > 0 ? grad_b : act);
   mb->optimizer = (p.zero >= 1 ? sharded : params) * o_b;
 }
 
@@ -1107,7 +1108,7 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
       2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
   MemoryBreakdown mb;
   model_states(stage_params(p, lc, stage, blocks), p, optimizer_state_bytes_per_param(mixed), act,
-               &mb, cp_replicated_share(p, lc, blocks));
+               &mb, cp_replicated_share(p, lc, blocks), k_.grad_accumulation_bytes);
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist

@@ -156,6 +156,11 @@ struct CostConstants {
   // with reduce_dtype=float32: Composer's "DEFAULT" mode, TorchTitan's
   // default).
   double grad_reduce_bytes = 0;
+  // Bytes per gradient element the stack holds between backward and update;
+  // 0: the compute dtype's. 4 where gradients accumulate in f32 (Megatron's
+  // main_grad with --accumulate-allreduce-grads-in-fp32, DeepSpeed's
+  // BF16_Optimizer): memory only; what crosses the wire is grad_reduce_bytes.
+  double grad_accumulation_bytes = 0;
   // ZeRO-3 prefetches the next layer's weight gather (and runs the previous
   // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
   // stage 3 does; false: the collectives run between the layers' compute.
