@@ -366,6 +366,49 @@ TEST(PlanCostModel, F32GradientAccumulationHoldsFourBytesPerGradient) {
               1e-6 * price(1, 4).memory.grads);
 }
 
+// Recompute of the first N blocks of each chunk (Plan::recompute_layers,
+// Megatron's --recompute-method block): between none and full in time and in
+// memory, each linear in N: a block that recomputes costs its forward again
+// and keeps its input alone; the others keep every activation.
+TEST(PlanCostModel, RecomputingSomeBlocksIsBetweenNoneAndFull) {
+  CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
+               cluster("dgx_a100_80gb.json", 1024));
+  Plan p;
+  p.dp = 16, p.tp = 8, p.pp = 8, p.micro_batch = 1, p.num_micro_batches = 96;
+  auto price = [&](Recompute rc, int64_t n) {
+    Plan q = p;
+    q.recompute = rc, q.recompute_layers = n;
+    return value_or_throw(cm.price(q));
+  };
+  const StepCost none = price(Recompute::kNone, 0), full = price(Recompute::kFull, 0);
+  const int64_t blocks = 96 / 8;
+  std::vector<StepCost> some;
+  for (int64_t n = 1; n < blocks; ++n) some.push_back(price(Recompute::kFull, n));
+  for (size_t i = 0; i < some.size(); ++i) {
+    const double share = double(i + 1) / double(blocks);
+    SCOPED_TRACE("recompute_layers " + std::to_string(i + 1));
+    EXPECT_NEAR(some[i].recompute_s, share * full.recompute_s, 1e-9 * full.recompute_s);
+    EXPECT_NEAR(some[i].memory.activations,
+                share * full.memory.activations + (1 - share) * none.memory.activations,
+                1e-6 * none.memory.activations);
+    EXPECT_GT(some[i].memory.activations, full.memory.activations);
+    EXPECT_LT(some[i].memory.activations, none.memory.activations);
+    EXPECT_LT(some[i].step_time_s, full.step_time_s);
+    EXPECT_GE(some[i].step_time_s, none.step_time_s);
+    EXPECT_LT(some[i].hardware_flops, full.hardware_flops);
+    EXPECT_EQ(plan_label(some[i].plan).find("full:" + std::to_string(i + 1)) != std::string::npos,
+              true);
+  }
+  // What is not a partial recompute is refused by name.
+  Plan q = p;
+  q.recompute_layers = 2;
+  EXPECT_NE(cm.invalid_reason(q).find("needs recompute=full"), std::string::npos);
+  q.recompute = Recompute::kFull, q.recompute_layers = blocks;
+  EXPECT_NE(cm.invalid_reason(q).find("use recompute_layers=0"), std::string::npos);
+  q.recompute_layers = -1;
+  EXPECT_NE(cm.invalid_reason(q).find("must be >= 0"), std::string::npos);
+}
+
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
                cluster("dgx_a100_80gb.json", 1024));

@@ -840,6 +840,25 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   }
   if (p.ring && (p.cp < 2 || p.sp || p.ops))
     return "ring attention (cp over the keys, preset \"ring\") needs cp >= 2, and no sp or ops";
+  if (p.recompute_layers != 0) {
+    const std::string n = "recompute_layers=" + str(p.recompute_layers);
+    if (p.recompute_layers < 0) return n + " must be >= 0 (0: every block recomputes)";
+    if (p.recompute != Recompute::kFull || !has_blocks())
+      return n +
+             " recomputes the first blocks of each pipeline chunk under full recompute; "
+             "it needs recompute=full and a model with transformer blocks";
+    if (k_.memory_model == MemoryModel::kStaticArena)
+      return n +
+             ": recompute of some blocks is priced on the Megatron memory model (GPU "
+             "clusters); meshflow's executor is priced with every block or none";
+    const int64_t chunk =
+        p.layers_per_stage.empty()
+            ? d.layers / (p.pp * p.vp)
+            : *std::min_element(p.layers_per_stage.begin(), p.layers_per_stage.end()) / p.vp;
+    if (p.recompute_layers >= chunk)
+      return n + " covers every block of a chunk of " + str(chunk) +
+             ": use recompute_layers=0 (all) or fewer than " + str(chunk);
+  }
   if (p.ring && job_.seq % (2 * p.cp) != 0)
     return "ring attention's zigzag order (its causal load balance) cuts seq=" + str(job_.seq) +
            " into 2*cp = " + str(2 * p.cp) + " chunks, which must divide it";
@@ -862,35 +881,6 @@ std::string CostModel::invalid_reason(const Plan& p) const {
       return o + " needs host.nvme_bandwidth_bytes_per_s and host.nvme_bytes in the cluster file";
   }
   return "";
-}
-
-double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
-                              AttentionKernel attention, double act_bytes) {
-  // Korthikanti et al. 2022, in units of 2 bytes (16-bit) per element, for s
-  // local tokens (seq / cp), b sequences, h hidden, t = tp.
-  const double s = double(seq) / double(p.cp), b = double(p.micro_batch), h = double(d.hidden),
-               t = double(p.tp), a = double(d.heads), f = double(d.ffn),
-               kv = double(d.kv_heads) * double(d.head_dim);
-  const double sbh = s * b * h, e = act_bytes / 2.0;  // e scales 16-bit counts to act_bytes
-  if (p.recompute == Recompute::kFull) return 2 * sbh * e / (p.sp ? t : 1.0);
-  // Replicated region: two norm inputs (4), the QKV and MLP inputs (2 + 2),
-  // and 1-byte dropout masks after attention and the MLP (1 + 1).
-  const double masks = d.dropout ? 2 * sbh : 0;
-  const double replicated = (8 * sbh) * e + masks;
-  // Tensor-parallel region: Q (2sbh), K and V (2 x 2 s b kv), the output
-  // projection's input (2sbh); the MLP's ffn-wide tensors: GeLU input and
-  // output (2 x 2sbf) for GPT, gate, up and their product (3 x 2sbf) for SwiGLU.
-  const double ffn_tensors = d.llama ? 3 : 2;
-  const double split = (4 * sbh + 4 * s * b * kv + ffn_tensors * 2 * s * b * f) * e;
-  // Attention scores: softmax output (2), dropout mask (1) and output (2) per
-  // element when materialized (the dropout ones only with dropout); fused
-  // attention keeps only the f32 log-sum-exp per row.
-  const double score_bytes = d.dropout ? 5 : 2;
-  double scores = attention == AttentionKernel::kMaterialized
-                      ? score_bytes * e * a * s * double(seq) * b
-                      : 4 * a * s * b;
-  if (p.recompute == Recompute::kSelective) scores = 0;
-  return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
 }
 
 int64_t CostModel::blocks_per_stage(const Plan& p) const {
@@ -971,13 +961,17 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     recompute_layer = k_.recompute_from_pass ? lc.recompute_full_s : f_layer + tp_fwd + cp_fwd;
   if (p.recompute == Recompute::kSelective)
     recompute_layer = k_.recompute_from_pass ? lc.recompute_selective_s : lc.attention_core_s;
+  // Blocks that recompute: all, or under full recompute the first
+  // recompute_layers of each chunk (full_recompute_share).
+  const bool full = p.recompute == Recompute::kFull;
+  const double rc_blocks = full ? ls * full_recompute_share(p, ls) : ls;
   StageTimes base;
   base.forward_s = ls * (f_layer + tp_fwd + cp_fwd);
-  base.backward_s = ls * (b_layer + tp_bwd + cp_bwd + recompute_layer);
+  base.backward_s = ls * (b_layer + tp_bwd + cp_bwd) + rc_blocks * recompute_layer;
   base.weight_grad_s = ls * w_layer;
-  base.recompute_s = ls * recompute_layer;
-  base.tp_comm_s = ls * (tp_fwd + tp_bwd + (p.recompute == Recompute::kFull ? tp_fwd : 0));
-  base.cp_comm_s = ls * (cp_fwd + cp_bwd + (p.recompute == Recompute::kFull ? cp_fwd : 0));
+  base.recompute_s = rc_blocks * recompute_layer;
+  base.tp_comm_s = ls * (tp_fwd + tp_bwd) + (full ? rc_blocks * tp_fwd : 0);
+  base.cp_comm_s = ls * (cp_fwd + cp_bwd) + (full ? rc_blocks * cp_fwd : 0);
   StageTimes st = base;
   if (stage == 0) {  // the embedding
     st.forward_s += lc.embed_fwd_s;
@@ -1126,7 +1120,13 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
     mb.activations = in_flight * arena;
     mb.temporaries = lc.input_bytes;
   } else {
-    MF_ASSIGN_OR_RETURN(const double act_layer, layer_activations(p));
+    MF_ASSIGN_OR_RETURN(double act_layer, layer_activations(p));
+    const double share = full_recompute_share(p, blocks);
+    if (p.recompute == Recompute::kFull && share < 1) {
+      // The blocks that do not recompute keep all their activations.
+      MF_ASSIGN_OR_RETURN(const double kept, layer_activations(no_rc));
+      act_layer = share * act_layer + (1 - share) * kept;
+    }
     mb.activations = in_flight * (blocks * act_layer + (first ? embed_act : 0.0));
     mb.temporaries = rc_ws + z3_ws + (last ? logits : 0.0);
   }
@@ -1456,7 +1456,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   }
 
   // ---- communication bytes per device per step
-  const double full = p.recompute == Recompute::kFull ? 1.0 : 0.0;
+  const double full = full_recompute_share(p, ls);
   r.comm.tensor_parallel = m * (ls * (lc.tp_fwd_bytes * (1 + full) + lc.tp_bwd_bytes) +
                                 lc.embed_comm_bytes + lc.head_comm_bytes);
   r.comm.context_parallel =
@@ -1475,7 +1475,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   const double layers_fwd_token = fwd_token - head_token;
   r.model_flops = 3 * fwd_token * tokens;
   double extra = 0;
-  if (p.recompute == Recompute::kFull) extra = layers_fwd_token;
+  if (p.recompute == Recompute::kFull) extra = layers_fwd_token * full;
   if (p.recompute == Recompute::kSelective)
     extra = 4.0 * double(d.layers) * double(job_.seq) * double(d.hidden);
   r.hardware_flops = r.model_flops + extra * tokens;

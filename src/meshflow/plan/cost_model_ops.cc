@@ -1,7 +1,9 @@
 // The cost model's per-operator layout (Plan::ops): the strategy search
-// (parallel/strategy_search.h) of a job's program on the tp axis, and the
-// activations such a plan keeps under the Megatron memory model. Pricing
-// itself is in cost_model.cc, like every other layout's.
+// (parallel/strategy_search.h) of a job's program on the tp axis, the
+// activations a block keeps under the Megatron memory model (Korthikanti's
+// count, layer_activation_bytes; a per-operator plan's scaled by its
+// program's), and a node's time on the device. Pricing itself is in
+// cost_model.cc, like every other layout's.
 #include <algorithm>
 #include <exception>
 #include <future>
@@ -107,6 +109,35 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);
   }
   return t;
+}
+
+double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
+                              AttentionKernel attention, double act_bytes) {
+  // Korthikanti et al. 2022, in units of 2 bytes (16-bit) per element, for s
+  // local tokens (seq / cp), b sequences, h hidden, t = tp.
+  const double s = double(seq) / double(p.cp), b = double(p.micro_batch), h = double(d.hidden),
+               t = double(p.tp), a = double(d.heads), f = double(d.ffn),
+               kv = double(d.kv_heads) * double(d.head_dim);
+  const double sbh = s * b * h, e = act_bytes / 2.0;  // e scales 16-bit counts to act_bytes
+  if (p.recompute == Recompute::kFull) return 2 * sbh * e / (p.sp ? t : 1.0);
+  // Replicated region: two norm inputs (4), the QKV and MLP inputs (2 + 2),
+  // and 1-byte dropout masks after attention and the MLP (1 + 1).
+  const double masks = d.dropout ? 2 * sbh : 0;
+  const double replicated = (8 * sbh) * e + masks;
+  // Tensor-parallel region: Q (2sbh), K and V (2 x 2 s b kv), the output
+  // projection's input (2sbh); the MLP's ffn-wide tensors: GeLU input and
+  // output (2 x 2sbf) for GPT, gate, up and their product (3 x 2sbf) for SwiGLU.
+  const double ffn_tensors = d.llama ? 3 : 2;
+  const double split = (4 * sbh + 4 * s * b * kv + ffn_tensors * 2 * s * b * f) * e;
+  // Attention scores: softmax output (2), dropout mask (1) and output (2) per
+  // element when materialized (the dropout ones only with dropout); fused
+  // attention keeps only the f32 log-sum-exp per row.
+  const double score_bytes = d.dropout ? 5 : 2;
+  double scores = attention == AttentionKernel::kMaterialized
+                      ? score_bytes * e * a * s * double(seq) * b
+                      : 4 * a * s * b;
+  if (p.recompute == Recompute::kSelective) scores = 0;
+  return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
 }
 
 Result<double> CostModel::layer_activations(const Plan& p) const {

@@ -110,10 +110,9 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
                                                         params * act / calls / per_call, dp_link);
       const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
                                                         grad_bytes / calls / per_call, dp_link);
-      const double bwd_gathers = p.zero < 3 ? 0.0
-                                 : p.recompute == Recompute::kFull && k_.zero3_gather_for_recompute
-                                     ? 2.0
-                                     : 1.0;
+      const double bwd_gathers =
+          p.zero < 3 ? 0.0
+                     : 1.0 + (k_.zero3_gather_for_recompute ? full_recompute_share(p, ls) : 0.0);
       double fwd = calls * ag, bwd = calls * (bwd_gathers * ag + rs);
       if (k_.zero3_prefetch) {
         fwd = calls * overlap_exposed_s(ag, F / calls) + ag;

@@ -51,8 +51,10 @@ std::string plan_label(const Plan& p) {
       s += (i ? "/" : "") + std::to_string(p.layers_per_stage[i]);
   }
   s += " mb=" + std::to_string(p.micro_batch) + "x" + std::to_string(p.num_micro_batches);
-  s += " " + std::string(schedule_name(p.schedule)) + " " + recompute_name(p.recompute) + " zero" +
-       std::to_string(p.zero);
+  s += " " + std::string(schedule_name(p.schedule)) + " " + recompute_name(p.recompute);
+  if (p.recompute == Recompute::kFull && p.recompute_layers > 0)
+    s += ":" + std::to_string(p.recompute_layers);
+  s += " zero" + std::to_string(p.zero);
   if (p.group) s += " group";
   if (p.offload != Offload::kNone) s += " offload=" + std::string(offload_name(p.offload));
   return s;

@@ -7,12 +7,14 @@
 //   p.micro_batch = 1; p.num_micro_batches = 96;
 //   p.schedule = ScheduleKind::kInterleaved; p.recompute = Recompute::kFull;
 //   std::string s = plan_label(p);   // "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0"
+//   (recompute_layers = 3: "... interleaved full:3 zero0")
 //
 // Invariant (the search only makes such plans; validate_plan says why not):
 // dp * tp * pp * cp = the number of devices; vp > 1 only with kInterleaved;
 // pp == 1 uses k1F1B (no pipeline: one stage, micro-batches accumulate).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,6 +57,11 @@ struct Plan {
   // (parse_schedule_kind), one generator of the per-rank orders.
   ScheduleKind schedule = ScheduleKind::k1F1B;
   Recompute recompute = Recompute::kNone;
+  // With kFull: the first recompute_layers blocks of each pipeline chunk
+  // recompute their forward, the rest keep their activations (Megatron-LM's
+  // --recompute-method block --recompute-num-layers N; MindSpore's
+  // recompute by cell). 0: every block.
+  int64_t recompute_layers = 0;
   int zero = 0;                      // ZeRO stage 0..3, over the dp * cp replicas
   Offload offload = Offload::kNone;  // the optimizer state off the device (zero >= 1)
   // ZeRO-1 as weights grouping (parallel.zero_style "group"): whole
@@ -80,6 +87,15 @@ struct Plan {
   int64_t devices() const { return dp * tp * pp * cp; }
   bool operator==(const Plan&) const = default;
 };
+
+// The share of a stage's `blocks` blocks that recompute their forward under
+// full recompute: all of them, or the first recompute_layers of each of its
+// vp chunks; 0 without full recompute.
+inline double full_recompute_share(const Plan& p, double blocks) {
+  if (p.recompute != Recompute::kFull) return 0;
+  if (p.recompute_layers <= 0 || blocks <= 0) return 1;
+  return std::min(1.0, double(p.vp * p.recompute_layers) / blocks);
+}
 
 // One line: "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0" (cp, sp only when used).
 std::string plan_label(const Plan& p);
