@@ -285,4 +285,52 @@ TEST_F(PipelineCli, PlanFileTrains) {
   EXPECT_NE(r.output.find("run with --ranks 4"), std::string::npos) << r.output;
 }
 
+// A GPU plan that recomputes the first blocks of each stage (Plan::
+// recompute_layers, Megatron's block method) is written as
+// parallel.recompute_layers over explicit stages: `meshflow simulate` reads it
+// back as the same plan, and `meshflow train` runs those blocks recomputed.
+// A list that is not the first blocks of each stage, or without full
+// recompute, is refused by name.
+TEST_F(PipelineCli, PlanWithSomeBlocksRecomputedTrains) {
+  const std::string model = source_dir() + "/configs/models/gpt_bytes_small.json";
+  const std::string cluster = source_dir() + "/configs/clusters/dgx_a100_80gb.json";
+  CliRun r = run("plan " + model + " --cluster " + cluster +
+                 " --gpus 2 --global-batch 4 --seq 32 --fix pp=2,tp=1,dp=1,recompute=full,"
+                 "recompute_layers=1,schedule=1f1b,micro_batch=1 --out " +
+                 path("partial.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("1f1b full:1 zero0"), std::string::npos) << r.output;
+  json plan = json::parse(std::ifstream(path("partial.json")));
+  EXPECT_EQ(plan["parallel"]["recompute_layers"], json::array({0, 2})) << plan.dump();
+  EXPECT_EQ(plan["parallel"]["pipeline"]["layers_per_stage"], json::array({2, 2}));
+  r = run("simulate " + path("partial.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("full:1 zero0"), std::string::npos) << r.output;
+  r = run("train " + path("partial.json") + " --ranks 2 --steps 1 --set train.eval_batches=1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 1/1"), std::string::npos) << r.output;
+
+  plan["parallel"]["recompute_layers"] = {0, 1};
+  write(plan, "other.json");
+  r = run("simulate " + path("other.json"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the first N blocks of each pipeline chunk"), std::string::npos)
+      << r.output;
+  plan["parallel"]["recompute"] = "none";
+  write(plan, "other.json");
+  r = run("train " + path("other.json") + " --ranks 2 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.recompute_layers recomputes those blocks whole"),
+            std::string::npos)
+      << r.output;
+  plan["parallel"]["recompute"] = "full";
+  plan["parallel"]["recompute_layers"] = "all";
+  write(plan, "other.json");
+  r = run("train " + path("other.json") + " --ranks 2 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.recompute_layers must be a list of block numbers"),
+            std::string::npos)
+      << r.output;
+}
+
 }  // namespace

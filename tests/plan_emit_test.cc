@@ -129,6 +129,32 @@ TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
   expect_refused(p, job, EmitTarget::kMegatron, "--use-torch-fsdp2");
 }
 
+// Full recompute of the first N blocks of each (virtual) stage
+// (Plan::recompute_layers) is Megatron-LM's block method
+// (arguments.py: --recompute-method choices uniform, block); DeepSpeed's and
+// TorchTitan's configs have no such count and refuse it by name.
+TEST(PlanEmit, RecomputeOfSomeBlocksIsMegatronsBlockMethod) {
+  const TrainingJob job{model("llama3_8b.json"), 256, 8192};
+  Plan p;
+  p.dp = 8, p.tp = 4, p.pp = 2, p.sp = true;
+  p.micro_batch = 1, p.num_micro_batches = 32;
+  p.recompute = Recompute::kFull, p.recompute_layers = 5;
+  const auto f = megatron_flags(value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron)));
+  EXPECT_EQ(f.at("--recompute-granularity"), "full");
+  EXPECT_EQ(f.at("--recompute-method"), "block");
+  EXPECT_EQ(f.at("--recompute-num-layers"), "5");
+  p.recompute_layers = 0;
+  const auto all = megatron_flags(value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron)));
+  EXPECT_EQ(all.at("--recompute-method"), "uniform");
+  EXPECT_EQ(all.at("--recompute-num-layers"), "1");
+  Plan q;
+  q.dp = 32, q.micro_batch = 1, q.num_micro_batches = 8, q.zero = 3;
+  q.recompute = Recompute::kFull, q.recompute_layers = 16;
+  expect_refused(q, job, EmitTarget::kTorchTitan, "pin recompute_layers=0");
+  q.zero = 2;
+  expect_refused(q, job, EmitTarget::kDeepSpeed, "pin recompute_layers=0");
+}
+
 TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
   const TrainingJob job{model("llama3_8b.json"), 512, 4096};
   Plan p;

@@ -765,6 +765,38 @@ TEST(PlanSearch, FixPinsEveryChoice) {
   }
 }
 
+// Each fitting leader with full recompute is priced again recomputing the
+// fewest blocks per chunk that still fit (Plan::recompute_layers): such a
+// plan is returned, fits, recomputes less than its all-blocks parent and is
+// faster; one block fewer does not fit. Pinned to 0, none is returned.
+TEST(PlanSearch, FullRecomputeOfFewerBlocksWhereTheyFit) {
+  CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
+               cluster("a100_40gb.json", 256));
+  SearchOptions o;
+  o.fixed = value_or_throw(parse_fixed("cp=1,recompute=full"));
+  o.top_k = 8;
+  const SearchResult r = value_or_throw(search_plans(cm, 256, o));
+  const StepCost* some = nullptr;
+  for (const StepCost& c : r.plans)
+    if (c.plan.recompute_layers > 0 && !some) some = &c;
+  ASSERT_NE(some, nullptr) << "no plan recomputes some blocks";
+  EXPECT_TRUE(some->fits);
+  EXPECT_EQ(some->plan.recompute, Recompute::kFull);
+  Plan all = some->plan;
+  all.recompute_layers = 0;
+  const StepCost parent = value_or_throw(cm.price(all));
+  EXPECT_LT(some->recompute_s, parent.recompute_s);
+  EXPECT_LT(some->step_time_s, parent.step_time_s);
+  Plan fewer = some->plan;
+  --fewer.recompute_layers;
+  if (fewer.recompute_layers > 0) {
+    EXPECT_FALSE(value_or_throw(cm.price(fewer)).fits);
+  }
+  o.fixed = value_or_throw(parse_fixed("cp=1,recompute=full,recompute_layers=0"));
+  for (const StepCost& c : value_or_throw(search_plans(cm, 256, o)).plans)
+    EXPECT_EQ(c.plan.recompute_layers, 0) << plan_label(c.plan);
+}
+
 TEST(PlanSearch, FixErrorsNameTheKey) {
   auto msg = [](const std::string& text) {
     Result<FixedChoices> f = parse_fixed(text);
@@ -779,6 +811,9 @@ TEST(PlanSearch, FixErrorsNameTheKey) {
   EXPECT_NE(msg("tp").find("key=value"), std::string::npos);
   EXPECT_NE(msg("ops=maybe").find("--fix ops must be true or false"), std::string::npos);
   EXPECT_EQ(value_or_throw(parse_fixed("tp=2,ops=true")).to_string(), "tp=2,ops=true");
+  EXPECT_NE(msg("recompute_layers=-1").find("--fix recompute_layers must be an integer >= 0"),
+            std::string::npos);
+  EXPECT_EQ(value_or_throw(parse_fixed("recompute_layers=3")).to_string(), "recompute_layers=3");
 }
 
 TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {

@@ -64,6 +64,7 @@ ojson plan_json(const StepCost& c, const std::vector<MemoryBreakdown>& stages) {
   j["num_micro_batches"] = p.num_micro_batches;
   j["schedule"] = std::string(schedule_name(p.schedule));
   j["recompute"] = recompute_name(p.recompute);
+  if (p.recompute_layers > 0) j["recompute_layers_per_chunk"] = p.recompute_layers;
   j["zero"] = p.zero;
   j["offload"] = offload_name(p.offload);
   j["step_time_s"] = c.step_time_s;

@@ -35,6 +35,18 @@ Status fold_recompute(RunConfig* rc) {
     return Status::invalid("parallel.recompute \"" + prc +
                            "\" differs from train.recompute; give one of them");
   tr.mode = mode;
+  const std::vector<int>& blocks = rc->parallel.recompute_layers;
+  if (!blocks.empty()) {
+    std::vector<int> given = tr.layers, want = blocks;
+    std::sort(given.begin(), given.end());
+    std::sort(want.begin(), want.end());
+    if (!given.empty() || !rc->train.recompute_cells.empty()) {
+      if (given != want || !rc->train.recompute_cells.empty())
+        return Status::invalid(
+            "parallel.recompute_layers differs from train.recompute_layers; give one of them");
+    }
+    tr.layers = want;
+  }
   return Status::ok();
 }
 

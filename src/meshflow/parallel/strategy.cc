@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <set>
 
 #include "meshflow/config/json_reader.h"
@@ -489,9 +490,24 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   r.choice("zero_style", &c.zero_style, {"shard", "group"});
   r.choice("ring_order", &c.ring_order, {"zigzag", "contiguous"});
   c.ring_order_set = j.contains("ring_order");
-  r.ignore({"mesh", "rules", "strategies", "pipeline"});
+  r.ignore({"mesh", "rules", "strategies", "pipeline", "recompute_layers"});
   r.choice("recompute", &c.recompute, {"", "none", "full", "selective"});
   MF_RETURN_IF_ERROR(r.finish());
+  if (j.contains("recompute_layers")) {
+    const json& l = j.at("recompute_layers");
+    const std::string want = "a list of block numbers >= 0 (as a plan writes them)";
+    if (!l.is_array())
+      return Status::invalid(where + ".recompute_layers must be " + want + ", got " +
+                             json_type_name(l));
+    for (const json& b : l) {
+      if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > INT32_MAX)
+        return Status::invalid(where + ".recompute_layers must be " + want + ", got " + b.dump());
+      c.recompute_layers.push_back(b.get<int>());
+    }
+    if (c.recompute != "full")
+      return Status::invalid(where + ".recompute_layers recomputes those blocks whole: it needs " +
+                             where + ".recompute \"full\"");
+  }
 
   if (j.contains("mesh")) {
     const json& m = j.at("mesh");

@@ -143,6 +143,10 @@ struct StrategyConfig {
   // "recompute": "none" | "full" | "selective" as a plan writes it (the same
   // as train.recompute; "" when absent).
   std::string recompute;
+  // "recompute_layers": [blocks] as a plan writes it for full recompute of
+  // some blocks (the first N of each pipeline chunk): the same as
+  // train.recompute_layers' block numbers.
+  std::vector<int> recompute_layers;
   Mesh mesh = Mesh::line(1, "dp");
   bool has_mesh = false;
   DimRules rules;

@@ -81,6 +81,11 @@ Status check_deepspeed(const Plan& p) {
     return cannot(t, p,
                   "DeepSpeed checkpoints whole layers (activation_checkpointing), not selected "
                   "ops; pin recompute=full or none");
+  if (p.recompute_layers > 0)
+    return cannot(t, p,
+                  "DeepSpeed's activation_checkpointing config has no count of blocks to "
+                  "recompute (the model's code checkpoints the layers it wraps); pin "
+                  "recompute_layers=0 or emit megatron (--recompute-method block)");
   return Status::ok();
 }
 
@@ -107,6 +112,11 @@ Status check_torchtitan(const Plan& p, const TransformerDims& d) {
     return cannot(t, p,
                   "TorchTitan's CPU offload (FSDP2's CPUOffloadPolicy) moves the parameters and "
                   "gradients with the optimizer state, which is not this plan; pin offload=none");
+  if (p.recompute_layers > 0)
+    return cannot(t, p,
+                  "TorchTitan's activation checkpointing takes every block (mode full) or every "
+                  "n-th (selective_ac_option n), not the first blocks of each stage; pin "
+                  "recompute_layers=0 or emit megatron");
   return Status::ok();
 }
 
@@ -163,7 +173,12 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
   // The batch (training).
   arg("--micro-batch-size", str(p.micro_batch));
   arg("--global-batch-size", str(job.global_batch));
-  if (p.recompute == Recompute::kFull) {
+  if (p.recompute == Recompute::kFull && p.recompute_layers > 0) {
+    // The first N layers of each (virtual) pipeline stage.
+    arg("--recompute-granularity", "full");
+    arg("--recompute-method", "block");
+    arg("--recompute-num-layers", str(p.recompute_layers));
+  } else if (p.recompute == Recompute::kFull) {
     arg("--recompute-granularity", "full");
     arg("--recompute-method", "uniform");
     arg("--recompute-num-layers", "1");

@@ -54,6 +54,7 @@ bool FixedChoices::matches(const Plan& p) const {
          (!cp || *cp == p.cp) && (!vp || *vp == p.vp) &&
          (!micro_batch || *micro_batch == p.micro_batch) && (!sp || *sp == p.sp) &&
          (!schedule || *schedule == p.schedule) && (!recompute || *recompute == p.recompute) &&
+         (!recompute_layers || *recompute_layers == p.recompute_layers) &&
          (!zero || *zero == p.zero) && (!ops || *ops == p.ops) &&
          (!offload || *offload == p.offload) && (!group || *group == p.group) &&
          (!ring || *ring == p.ring);
@@ -71,6 +72,7 @@ std::string FixedChoices::to_string() const {
   if (micro_batch) add("micro_batch=" + str(*micro_batch));
   if (schedule) add("schedule=" + std::string(schedule_name(*schedule)));
   if (recompute) add(std::string("recompute=") + recompute_name(*recompute));
+  if (recompute_layers) add("recompute_layers=" + str(*recompute_layers));
   if (zero) add("zero=" + str(*zero));
   if (ops) add(std::string("ops=") + (*ops ? "true" : "false"));
   if (offload) add(std::string("offload=") + offload_name(*offload));
@@ -107,6 +109,8 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
        : key == "cp" ? f.cp
        : key == "vp" ? f.vp
                      : f.micro_batch) = x;
+    } else if (key == "recompute_layers") {
+      MF_ASSIGN_OR_RETURN(f.recompute_layers, parse_int(key, v, 0));
     } else if (key == "zero") {
       MF_ASSIGN_OR_RETURN(int64_t x, parse_int(key, v, 0));
       if (x > 3) return Status::invalid("--fix zero must be 0, 1, 2 or 3, got " + v);
@@ -134,7 +138,8 @@ Result<FixedChoices> parse_fixed(const std::string& text) {
     } else {
       return Status::invalid("--fix: unknown key '" + key +
                              "'; valid: dp, tp, pp, cp, sp, vp, micro_batch, schedule, "
-                             "recompute, zero, zero_style, ops, ring, offload");
+                             "recompute, recompute_layers, zero, zero_style, ops, ring, "
+                             "offload");
     }
   }
   return f;
@@ -235,6 +240,9 @@ void enumerate(const CostModel& cm, int64_t devices, int64_t tp, int64_t cp, con
           p.ops = !p.ring && layout == 2;
           for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
             p.recompute = rc;
+            // Pinned, full recompute of that many blocks per chunk.
+            p.recompute_layers =
+                rc == Recompute::kFull ? fx.recompute_layers.value_or(int64_t{0}) : 0;
             const int max_zero = dp * cp > 1 ? 3 : 0;
             for (int z = 0; z <= max_zero; ++z) {
               p.zero = z;
@@ -425,6 +433,49 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       ++r.fitting;
       auto at = std::upper_bound(r.plans.begin(), r.plans.end(), **c, faster);
       r.plans.insert(at, **c);
+    }
+  }
+  // Full recompute of fewer blocks (Plan::recompute_layers, Megatron's
+  // block method): each fitting leader that recomputes every block is priced
+  // again recomputing the first N of each chunk, N the fewest that still
+  // fit (memory falls and time grows with N: a bisection), kept when it
+  // fits. The sweep's plans recompute all blocks or none.
+  if (!options.fixed.recompute_layers && !r.timed_out && cm.has_blocks() &&
+      cm.constants().memory_model == MemoryModel::kMegatron) {
+    std::vector<Plan> fulls;
+    for (const StepCost& c : r.plans)
+      if (c.plan.recompute == Recompute::kFull && c.plan.recompute_layers == 0)
+        fulls.push_back(c.plan);
+    std::vector<std::optional<StepCost>> fewer(fulls.size());
+    for_each_index(fulls.size(), options.threads, [&](size_t i) {
+      Plan q = fulls[i];
+      // The most blocks a chunk holds less one: the largest N priced.
+      int64_t lo = 1, hi = 0;
+      for (int64_t n = 1;; ++n) {
+        q.recompute_layers = n;
+        if (!cm.invalid_reason(q).empty()) break;
+        hi = n;
+      }
+      std::optional<StepCost> best;
+      while (lo <= hi) {
+        const int64_t mid = (lo + hi) / 2;
+        q.recompute_layers = mid;
+        if (options.reject && !options.reject(q).empty()) return;
+        Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
+        if (c.is_ok() && c->fits) {
+          best = std::move(*c);
+          hi = mid - 1;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      fewer[i] = std::move(best);
+    });
+    for (std::optional<StepCost>& c : fewer) {
+      ++r.evaluated;
+      if (!c) continue;
+      ++r.valid, ++r.fitting;
+      r.plans.insert(std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster), *c);
     }
   }
   std::vector<Status> simulated(r.plans.size());

@@ -36,6 +36,10 @@ struct FixedChoices {
   std::optional<bool> sp;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
+  // Plan::recompute_layers (0: every block). Unpinned, the fitting leaders
+  // with full recompute are also priced recomputing the fewest blocks that
+  // still fit.
+  std::optional<int64_t> recompute_layers;
   std::optional<int> zero;
   std::optional<bool> ops;  // the strategy search's per-operator layout (Plan::ops)
   // Unpinned, offload (Plan::offload) is searched only when no plan fits
@@ -48,8 +52,8 @@ struct FixedChoices {
 };
 
 // "tp=8,pp=4,schedule=1f1b,sp=true,recompute=full,zero=1". Keys: dp, tp, pp,
-// cp, sp, vp, micro_batch, schedule, recompute, zero, ops, offload. Errors name
-// the key and what is valid.
+// cp, sp, vp, micro_batch, schedule, recompute, recompute_layers, zero,
+// zero_style, ops, ring, offload. Errors name the key and what is valid.
 Result<FixedChoices> parse_fixed(const std::string& text);
 
 // The largest global batch (sequences per step) the search accepts: far

@@ -1,6 +1,7 @@
 #include "meshflow/plan/simulate.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "meshflow/models/cells.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/optim/optimizer.h"
+#include "meshflow/parallel/strategy.h"
 #include "meshflow/pipeline/pipeline_config.h"
 #include "meshflow/runtime/run_config.h"
 
@@ -218,6 +220,36 @@ Result<PlannedRun> parse_plan_file(const json& f) {
         return Status::invalid("parallel.pipeline.layers_per_stage entries are block counts >= 1");
       p.layers_per_stage.push_back(n.get<int64_t>());
     }
+  }
+  if (par.contains("recompute_layers")) {
+    // Full recompute of some blocks, as `meshflow plan --out` writes it: the
+    // first N of each pipeline chunk, by number.
+    MF_ASSIGN_OR_RETURN(const StrategyConfig sc, parse_strategy_config(par, "parallel"));
+    MF_ASSIGN_OR_RETURN(const TransformerDims d, transformer_dims(r.job.model));
+    const int64_t chunks = p.pp * p.vp;
+    std::vector<int64_t> sizes = p.layers_per_stage;
+    if (sizes.empty())
+      for (int64_t c = 0; c < chunks; ++c)
+        sizes.push_back(d.layers / chunks + (c < d.layers % chunks ? 1 : 0));
+    std::vector<int> given = sc.recompute_layers;
+    std::sort(given.begin(), given.end());
+    given.erase(std::unique(given.begin(), given.end()), given.end());
+    int64_t n = 0, first = 0;
+    for (int b : given)
+      if (b < sizes.front()) n = std::max<int64_t>(n, b + 1);
+    std::vector<int> want;
+    for (size_t c = 0; c < sizes.size(); first += sizes[c], ++c)
+      for (int64_t k = 0; k < std::min(n, sizes[c]); ++k) want.push_back(int(first + k));
+    if (given != want || n == 0)
+      return Status::invalid(
+          "parallel.recompute_layers: the planner prices full recompute of the first N blocks of "
+          "each pipeline chunk (Megatron-LM's block method), as `meshflow plan --out` writes "
+          "them; these blocks are another choice");
+    p.recompute_layers = n;
+    // Equal interleaved chunks are what the planner's balanced split prices.
+    if (p.vp > 1 &&
+        std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
+      p.layers_per_stage.clear();
   }
   const int64_t per_mb = p.dp * std::max<int64_t>(1, p.num_micro_batches);
   if (p.num_micro_batches < 1 || r.job.global_batch % per_mb != 0)
