@@ -78,6 +78,7 @@ RowResult price_row(const json& row, const CostConstants& k, bool with_best = tr
   o.fixed.sp = false;
   o.fixed.ops = false;  // Megatron's own layout, as the paper ran it
   o.fixed.recompute = Recompute::kFull;
+  o.fixed.recompute_layers = 0;  // every block, as the paper ran it
   o.fixed.zero = 0;
   o.fixed.schedule = pp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
   Result<SearchResult> pinned = search_plans(cm, gpus, o);
@@ -153,7 +154,8 @@ TEST(PlanReference, MegatronTable2) {
     const int64_t zgpus = t2[1]["gpus"][i], zmb = t2[1]["micro_batch"][i];
     CostModel zcm(TrainingJob{g, 1536, 2048}, dgx(zgpus), k);
     Result<FixedChoices> zf =
-        parse_fixed("tp=1,pp=1,cp=1,zero=3,recompute=full,micro_batch=" + std::to_string(zmb));
+        parse_fixed("tp=1,pp=1,cp=1,zero=3,recompute=full,recompute_layers=0,micro_batch=" +
+                    std::to_string(zmb));
     ASSERT_TRUE(zf.is_ok());
     o.fixed = *zf;
     Result<SearchResult> z = search_plans(zcm, zgpus, o);

@@ -419,8 +419,8 @@ void add_plan_commands(CLI::App& app) {
   p->add_flag("--json", po->json, "Print one JSON object (plans, search_time_s, ...)");
   p->add_option("--out", po->out, "Write the best plan as a run config fragment");
   p->add_option("--fix", po->fix,
-                "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, zero, "
-                "zero_style, ops, ring, offload "
+                "Pin choices: tp, pp, dp, cp, sp, vp, micro_batch, schedule, recompute, "
+                "recompute_layers, zero, zero_style, ops, ring, offload "
                 "(e.g. tp=8,pp=4,schedule=1f1b)")
       ->check([](const std::string& v) {
         return v.empty() ? std::string("empty; give key=value items, e.g. tp=8,pp=4")
