@@ -300,6 +300,9 @@ TEST_F(PipelineCli, PlanWithSomeBlocksRecomputedTrains) {
                  path("partial.json"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("1f1b full:1 zero0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("full, on the first 1 block(s) of each pipeline chunk"),
+            std::string::npos)
+      << r.output;
   json plan = json::parse(std::ifstream(path("partial.json")));
   EXPECT_EQ(plan["parallel"]["recompute_layers"], json::array({0, 2})) << plan.dump();
   EXPECT_EQ(plan["parallel"]["pipeline"]["layers_per_stage"], json::array({2, 2}));

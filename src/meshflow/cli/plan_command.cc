@@ -125,6 +125,11 @@ void print_plan(const StepCost& c, const std::vector<MemoryBreakdown>& stages, b
     std::printf("  band            none: %s\n", band.why_none.c_str());
   std::printf("  throughput      %.0f %s/s, %.1f TFLOP/s per GPU, MFU %.1f%%\n", c.tokens_per_s,
               lm ? "tokens" : "examples", c.tflops_per_gpu, 100 * c.mfu);
+  if (c.plan.recompute == Recompute::kFull && c.plan.recompute_layers > 0)
+    std::printf(
+        "  recompute       full, on the first %lld block(s) of each pipeline chunk "
+        "(Megatron-LM's --recompute-method block); the others keep their activations\n",
+        static_cast<long long>(c.plan.recompute_layers));
   if (c.plan.offload != Offload::kNone)
     std::printf(
         "  offload         %s GiB of optimizer state per device on the %s; %s per step "

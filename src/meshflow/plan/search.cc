@@ -451,7 +451,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       Plan q = fulls[i];
       // The most blocks a chunk holds less one: the largest N priced.
       int64_t lo = 1, hi = 0;
-      for (int64_t n = 1;; ++n) {
+      for (int64_t n = 1; n <= cm.dims().layers; ++n) {
         q.recompute_layers = n;
         if (!cm.invalid_reason(q).empty()) break;
         hi = n;
