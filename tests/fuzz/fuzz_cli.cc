@@ -171,6 +171,7 @@ class Gen {
     }
     if (coin(0.2))
       p["recompute"] = coin(0.8) ? json(one<std::string>({"none", "full", "selective"})) : junk();
+    if (coin(0.1)) p["recompute_layers"] = coin(0.7) ? json::array({pick(3), pick(3)}) : junk();
     if (coin(0.05)) p["bogus"] = 1;
     return coin(0.97) ? p : junk();
   }
@@ -290,6 +291,8 @@ class Gen {
                                                    "tp=x",
                                                    "=",
                                                    "recompute=full,micro_batch=1",
+                                                   "recompute=full,recompute_layers=1",
+                                                   "recompute_layers=-2",
                                                    "schedule=zb-v",
                                                    "dp=3",
                                                    "tp=99999999999999999999"};
@@ -440,7 +443,8 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
           f.erase(gen.one<std::string>({"plan", "model", "parallel", "train"}));
           break;
         case 8:
-          par[gen.one<std::string>({"zero", "recompute", "preset", "zero_style"})] = gen.junk();
+          par[gen.one<std::string>(
+              {"zero", "recompute", "preset", "zero_style", "recompute_layers"})] = gen.junk();
           break;
         default:  // the planner's split dropped (the runtime's then), or a two-stage split
           if (par.contains("pipeline")) {
