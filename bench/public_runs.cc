@@ -792,6 +792,10 @@ int main(int argc, char** argv) {
                 r.params_b, (long long)m.gpus, plan_label(m.plan).c_str(), m.published_s,
                 r.predicted_s, 100 * r.err, join(notes, ",").c_str());
     if (verbose) {
+      char published_mem[48] = "";
+      if (m.published_mem_gib)
+        std::snprintf(published_mem, sizeof published_mem, " (published %.1f)",
+                      *m.published_mem_gib);
       const StepCost& c = *cost;
       std::printf(
           "      %s on %s (%d/node): compute %.3f recompute %.3f tp %.3f cp %.3f pp %.3f bubble "
@@ -800,10 +804,7 @@ int main(int argc, char** argv) {
           m.model_key.c_str(), m.cluster_file.c_str(), (int)m.gpus_per_node, c.compute_s,
           c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s, c.dp_comm_s,
           c.optimizer_s, c.memory.total / double(1ull << 30), c.usable_memory / double(1ull << 30),
-          m.published_mem_gib
-              ? (" (published " + std::to_string(*m.published_mem_gib).substr(0, 5) + ")").c_str()
-              : "",
-          m.published_how.c_str());
+          published_mem, m.published_how.c_str());
     }
     priced.push_back(std::move(r));
   }

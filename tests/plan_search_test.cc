@@ -290,6 +290,19 @@ TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
   EXPECT_NEAR(b_fsdp / b_ds, 1.0, 1e-9);
 }
 
+// A data-parallel plan of `model` on `gpus` GPUs of `cluster_file` (its
+// global batch: gpus x micro_batch sequences in one micro-batch), priced with
+// constants `k`: the stack constants' tests vary one field of k.
+StepCost price_dp(const CostConstants& k, const char* model, const char* cluster_file, int64_t gpus,
+                  int64_t micro_batch, int zero, Recompute recompute = Recompute::kNone) {
+  CostModel cm(TrainingJob{load_model(model), micro_batch * gpus, 2048},
+               cluster(cluster_file, gpus), k);
+  Plan p;
+  p.dp = gpus, p.micro_batch = micro_batch, p.num_micro_batches = 1, p.zero = zero;
+  p.recompute = recompute;
+  return value_or_throw(cm.price(p));
+}
+
 // Megatron-LM's --overlap-param-gather (CostConstants::overlap_param_gather):
 // ZeRO-1's gather after the update runs under the next step's first forward,
 // so it costs what that forward does not hide; without it the gather is
@@ -298,11 +311,7 @@ TEST(PlanCostModel, OverlappedParamGatherHidesUnderTheForward) {
   auto price = [](int zero, bool overlap) {
     CostConstants k;
     k.overlap_param_gather = overlap;
-    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 4 * 64, 2048},
-                 cluster("h100_sxm.json", 64), k);
-    Plan p;
-    p.dp = 64, p.micro_batch = 4, p.num_micro_batches = 1, p.zero = zero;
-    return value_or_throw(cm.price(p));
+    return price_dp(k, "gpt3_6.7b.json", "h100_sxm.json", 64, 4, zero);
   };
   const StepCost exposed = price(1, false), hidden = price(1, true);
   EXPECT_LT(hidden.dp_comm_s, exposed.dp_comm_s);
@@ -322,12 +331,7 @@ TEST(PlanCostModel, FsdpRecomputesWithTheBackwardsGather) {
   auto price = [](Recompute rc, bool regather) {
     CostConstants k;
     k.zero3_gather_for_recompute = regather;
-    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 64, 2048},
-                 cluster("a100_40gb.json", 64), k);
-    Plan p;
-    p.dp = 64, p.micro_batch = 8, p.num_micro_batches = 1, p.zero = 3;
-    p.recompute = rc;
-    return value_or_throw(cm.price(p));
+    return price_dp(k, "gpt3_6.7b.json", "a100_40gb.json", 64, 8, 3, rc);
   };
   const StepCost ds = price(Recompute::kFull, true), fsdp = price(Recompute::kFull, false);
   EXPECT_NEAR(fsdp.comm.data_parallel / ds.comm.data_parallel, 3.0 / 4.0, 1e-9);

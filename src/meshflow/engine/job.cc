@@ -40,11 +40,10 @@ Status fold_recompute(RunConfig* rc) {
     std::vector<int> given = tr.layers, want = blocks;
     std::sort(given.begin(), given.end());
     std::sort(want.begin(), want.end());
-    if (!given.empty() || !rc->train.recompute_cells.empty()) {
-      if (given != want || !rc->train.recompute_cells.empty())
-        return Status::invalid(
-            "parallel.recompute_layers differs from train.recompute_layers; give one of them");
-    }
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    if (!rc->train.recompute_cells.empty() || (!given.empty() && given != want))
+      return Status::invalid(
+          "parallel.recompute_layers differs from train.recompute_layers; give one of them");
     tr.layers = want;
   }
   return Status::ok();

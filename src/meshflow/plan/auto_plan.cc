@@ -322,16 +322,8 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
       return Status::invalid("plan " + plan_label(p) +
                              ": recompute of some blocks is priced for transformer blocks");
     MF_ASSIGN_OR_RETURN(const TransformerDims d, transformer_dims(model));
-    const int64_t chunks = p.pp * p.vp;
-    std::vector<int64_t> sizes = p.layers_per_stage;
-    if (sizes.empty())
-      for (int64_t c = 0; c < chunks; ++c)
-        sizes.push_back(d.layers / chunks + (c < d.layers % chunks ? 1 : 0));
-    std::vector<int64_t> blocks;
-    for (int64_t c = 0, first = 0; c < int64_t(sizes.size()); first += sizes[size_t(c)], ++c)
-      for (int64_t k = 0; k < std::min(p.recompute_layers, sizes[size_t(c)]); ++k)
-        blocks.push_back(first + k);
-    par["recompute_layers"] = blocks;
+    const std::vector<int64_t> sizes = chunk_blocks(p, d.layers);
+    par["recompute_layers"] = first_blocks_of_chunks(sizes, p.recompute_layers);
     if (p.pp > 1) par["pipeline"]["layers_per_stage"] = sizes;
   }
   return par;

@@ -851,10 +851,8 @@ std::string CostModel::invalid_reason(const Plan& p) const {
       return n +
              ": recompute of some blocks is priced on the Megatron memory model (GPU "
              "clusters); meshflow's executor is priced with every block or none";
-    const int64_t chunk =
-        p.layers_per_stage.empty()
-            ? d.layers / (p.pp * p.vp)
-            : *std::min_element(p.layers_per_stage.begin(), p.layers_per_stage.end()) / p.vp;
+    const std::vector<int64_t> chunks = chunk_blocks(p, d.layers);
+    const int64_t chunk = *std::min_element(chunks.begin(), chunks.end());
     if (p.recompute_layers >= chunk)
       return n + " covers every block of a chunk of " + str(chunk) +
              ": use recompute_layers=0 (all) or fewer than " + str(chunk);

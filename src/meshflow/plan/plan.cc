@@ -1,5 +1,7 @@
 #include "meshflow/plan/plan.h"
 
+#include <algorithm>
+
 namespace meshflow::plan {
 
 const char* recompute_name(Recompute r) {
@@ -58,6 +60,25 @@ std::string plan_label(const Plan& p) {
   if (p.group) s += " group";
   if (p.offload != Offload::kNone) s += " offload=" + std::string(offload_name(p.offload));
   return s;
+}
+
+std::vector<int64_t> chunk_blocks(const Plan& p, int64_t layers) {
+  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
+  const int64_t chunks = std::max<int64_t>(1, p.pp * p.vp);
+  std::vector<int64_t> sizes;
+  for (int64_t c = 0; c < chunks; ++c)
+    sizes.push_back(layers / chunks + (c < layers % chunks ? 1 : 0));
+  return sizes;
+}
+
+std::vector<int64_t> first_blocks_of_chunks(const std::vector<int64_t>& chunks, int64_t n) {
+  std::vector<int64_t> blocks;
+  int64_t first = 0;
+  for (int64_t size : chunks) {
+    for (int64_t k = 0; k < std::min(n, size); ++k) blocks.push_back(first + k);
+    first += size;
+  }
+  return blocks;
 }
 
 std::string plan_mesh(const Plan& p) {

@@ -97,6 +97,14 @@ inline double full_recompute_share(const Plan& p, double blocks) {
   return std::min(1.0, double(p.vp * p.recompute_layers) / blocks);
 }
 
+// The blocks of each of the plan's pp * vp pipeline chunks: its
+// layers_per_stage, or `layers` split evenly (the first chunks one more
+// where they do not divide), as the planner prices a balanced split.
+std::vector<int64_t> chunk_blocks(const Plan& p, int64_t layers);
+// The block numbers full recompute of the first `n` blocks of each chunk of
+// `chunks` (chunk_blocks) recomputes, in increasing order.
+std::vector<int64_t> first_blocks_of_chunks(const std::vector<int64_t>& chunks, int64_t n);
+
 // One line: "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0" (cp, sp only when used).
 std::string plan_label(const Plan& p);
 // The mesh string of `meshflow train`'s parallel config: "dp=16,tp=8,pp=8" (size-1 axes

@@ -449,13 +449,9 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     std::vector<std::optional<StepCost>> fewer(fulls.size());
     for_each_index(fulls.size(), options.threads, [&](size_t i) {
       Plan q = fulls[i];
-      // The most blocks a chunk holds less one: the largest N priced.
-      int64_t lo = 1, hi = 0;
-      for (int64_t n = 1; n <= cm.dims().layers; ++n) {
-        q.recompute_layers = n;
-        if (!cm.invalid_reason(q).empty()) break;
-        hi = n;
-      }
+      // The fewest blocks a chunk holds less one: the largest N priced.
+      const std::vector<int64_t> chunks = chunk_blocks(q, cm.dims().layers);
+      int64_t lo = 1, hi = *std::min_element(chunks.begin(), chunks.end()) - 1;
       std::optional<StepCost> best;
       while (lo <= hi) {
         const int64_t mid = (lo + hi) / 2;

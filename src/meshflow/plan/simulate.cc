@@ -226,21 +226,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
     // first N of each pipeline chunk, by number.
     MF_ASSIGN_OR_RETURN(const StrategyConfig sc, parse_strategy_config(par, "parallel"));
     MF_ASSIGN_OR_RETURN(const TransformerDims d, transformer_dims(r.job.model));
-    const int64_t chunks = p.pp * p.vp;
-    std::vector<int64_t> sizes = p.layers_per_stage;
-    if (sizes.empty())
-      for (int64_t c = 0; c < chunks; ++c)
-        sizes.push_back(d.layers / chunks + (c < d.layers % chunks ? 1 : 0));
-    std::vector<int> given = sc.recompute_layers;
+    const std::vector<int64_t> sizes = chunk_blocks(p, d.layers);
+    std::vector<int64_t> given(sc.recompute_layers.begin(), sc.recompute_layers.end());
     std::sort(given.begin(), given.end());
     given.erase(std::unique(given.begin(), given.end()), given.end());
-    int64_t n = 0, first = 0;
-    for (int b : given)
-      if (b < sizes.front()) n = std::max<int64_t>(n, b + 1);
-    std::vector<int> want;
-    for (size_t c = 0; c < sizes.size(); first += sizes[c], ++c)
-      for (int64_t k = 0; k < std::min(n, sizes[c]); ++k) want.push_back(int(first + k));
-    if (given != want || n == 0)
+    // N: how many of the first chunk's blocks are listed.
+    const int64_t n =
+        std::count_if(given.begin(), given.end(), [&](int64_t b) { return b < sizes.front(); });
+    if (n == 0 || given != first_blocks_of_chunks(sizes, n))
       return Status::invalid(
           "parallel.recompute_layers: the planner prices full recompute of the first N blocks of "
           "each pipeline chunk (Megatron-LM's block method), as `meshflow plan --out` writes "
