@@ -327,6 +327,11 @@ TEST_F(PipelineCli, PlanWithSomeBlocksRecomputedTrains) {
   plan["parallel"]["recompute"] = "full";
   plan["parallel"]["recompute_layers"] = "all";
   refused("train", "parallel.recompute_layers must be a list of block numbers");
+  plan["parallel"]["recompute_layers"] = {0, -2};
+  refused("train", "parallel.recompute_layers must be a list of block numbers >= 0");
+  plan["parallel"]["recompute_layers"] = {0, 2};
+  plan["train"]["recompute_layers"] = {1};
+  refused("train", "parallel.recompute_layers differs from train.recompute_layers");
 }
 
 }  // namespace
