@@ -104,6 +104,7 @@ ShardingRule sharding_embedding(const Graph& g, const Node& n) {
                 grad ? ShardingRule::Factor::kPassThrough : ShardingRule::Factor::kReduction);
   int c = r.add(table.name(1), table.size(1));
   if (grad) {
+    r.factors[static_cast<size_t>(v)].output_split = true;  // a shard writes its rows
     r.out(v, 0, 0).out(c, 0, 1).in(c, 0, ids.rank());
   } else {
     r.in(v, 0, 0).in(c, 0, 1).out(c, 0, ids.rank());

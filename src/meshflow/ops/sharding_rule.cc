@@ -233,9 +233,76 @@ Result<std::vector<Layout>> derive_output_layouts(const Graph& g, const Node& n,
   return outs;
 }
 
+namespace {
+
+// A factor no input carries that the op can split (Factor::output_split).
+bool output_only(const Factor& f) {
+  return f.output_split && f.kind == Factor::kPassThrough &&
+         std::all_of(f.input_dim.begin(), f.input_dim.end(), [](int d) { return d < 0; }) &&
+         std::any_of(f.output_dim.begin(), f.output_dim.end(), [](int d) { return d >= 0; });
+}
+
+// derive_output_layouts, with the output-only factor split_by[a] (or -1) on
+// each mesh axis a: the inputs must be whole there; the outputs that carry
+// the factor are split over those axes (in axis order).
+Result<std::vector<Layout>> derive_with_output_only(const Graph& g, const Node& n, const Mesh& mesh,
+                                                    const std::vector<Layout>& inputs,
+                                                    const std::vector<int>& split_by) {
+  MF_ASSIGN_OR_RETURN(std::vector<Layout> outs, derive_output_layouts(g, n, mesh, inputs));
+  if (std::all_of(split_by.begin(), split_by.end(), [](int f) { return f < 0; })) return outs;
+  const ShardingRule r = sharding_rule(g, n);
+  std::vector<int64_t> count(r.factors.size(), 1);
+  std::vector<int> order(r.factors.size(), 0);
+  std::vector<std::vector<Placement>> p(outs.size());
+  for (size_t o = 0; o < outs.size(); ++o)
+    for (int a = 0; a < mesh.num_axes(); ++a) p[o].push_back(outs[o].at(a));
+  for (int a = 0; a < mesh.num_axes(); ++a) {
+    const int f = split_by[static_cast<size_t>(a)];
+    if (f < 0) continue;
+    const Factor& fa = r.factors[static_cast<size_t>(f)];
+    for (const Layout& l : inputs)
+      if (!l.at(a).is_replicate())
+        return Status::invalid(node_label(n) + ": mesh axis " + mesh.axis_name(a) +
+                               " splits an input and the outputs' own dim " + fa.name +
+                               "; one factor per mesh axis");
+    count[static_cast<size_t>(f)] *= mesh.size(a);
+    const int k = order[static_cast<size_t>(f)]++;
+    for (size_t o = 0; o < outs.size(); ++o)
+      if (fa.output_dim[o] >= 0)
+        p[o][static_cast<size_t>(a)] = Placement::Shard(fa.output_dim[o], k);
+  }
+  for (size_t f = 0; f < r.factors.size(); ++f)
+    if (r.factors[f].size % count[f] != 0)
+      return Status::invalid(node_label(n) + ": dim " + r.factors[f].name + "=" +
+                             std::to_string(r.factors[f].size) + " cannot be split " +
+                             std::to_string(count[f]) + " ways; valid splits of " +
+                             r.factors[f].name + ": " + mesh_splits(r.factors[f].size, mesh));
+  for (size_t o = 0; o < outs.size(); ++o) {
+    MF_ASSIGN_OR_RETURN(outs[o], Layout::make(p[o]));
+  }
+  return outs;
+}
+
+}  // namespace
+
 Status validate_strategy(const Graph& g, const Node& n, const Mesh& mesh,
                          const std::vector<Layout>& inputs, const std::vector<Layout>& outputs) {
   MF_ASSIGN_OR_RETURN(std::vector<Layout> want, derive_output_layouts(g, n, mesh, inputs));
+  // An output split where the inputs leave it whole, on a factor only the
+  // outputs carry: that factor split there.
+  if (outputs.size() == want.size()) {
+    const ShardingRule r = sharding_rule(g, n);
+    std::vector<int> split_by(static_cast<size_t>(mesh.num_axes()), -1);
+    for (size_t o = 0; o < want.size(); ++o)
+      for (int a = 0; a < mesh.num_axes(); ++a) {
+        const Placement& given = outputs[o].at(a);
+        if (!given.is_shard() || !want[o].at(a).is_replicate()) continue;
+        const int f = r.output_factor(static_cast<int>(o), given.dim());
+        if (f >= 0 && output_only(r.factors[static_cast<size_t>(f)]))
+          split_by[static_cast<size_t>(a)] = f;
+      }
+    MF_ASSIGN_OR_RETURN(want, derive_with_output_only(g, n, mesh, inputs, split_by));
+  }
   if (outputs.size() != want.size())
     return Status::invalid(node_label(n) + ": " + std::to_string(outputs.size()) +
                            " output layouts for " + std::to_string(want.size()) + " outputs");
@@ -281,7 +348,13 @@ std::vector<ShardingStrategy> enumerate_strategies(const Graph& g, const Node& n
         if (ok) st.inputs.push_back(l.value());
       }
       if (ok) {
-        Result<std::vector<Layout>> outs = derive_output_layouts(g, n, mesh, st.inputs);
+        std::vector<int> split_by(static_cast<size_t>(naxes), -1);
+        for (int a = 0; a < naxes; ++a) {
+          const int f = options[pick[a]];
+          if (f >= 0 && output_only(r.factors[static_cast<size_t>(f)]))
+            split_by[static_cast<size_t>(a)] = f;
+        }
+        Result<std::vector<Layout>> outs = derive_with_output_only(g, n, mesh, st.inputs, split_by);
         ok = outs.is_ok();
         for (int o = 0; ok && o < r.num_outputs; ++o)
           ok = validate(outs.value()[o], mesh, g.shape(n.outputs[o])).is_ok();

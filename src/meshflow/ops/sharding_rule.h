@@ -49,6 +49,11 @@ struct ShardingRule {
     // kCollective run as a ring on one mesh axis (ring attention's sequence):
     // split over several axes is an error.
     bool ring = false;
+    // A factor no input carries (embedding_grad's vocabulary rows) is whole
+    // when derived from the inputs; set where the op's kernel can compute one
+    // block of it (it learns the block's offset), so a strategy may split it
+    // on an axis that splits no input.
+    bool output_split = false;
     std::vector<int> input_dim;   // per input: the dim this factor is, -1 if absent
     std::vector<int> output_dim;  // per output
     Kind kind = kPassThrough;

@@ -396,7 +396,25 @@ class Annotator {
   std::optional<Choice> derived(const Node& n, std::vector<Layout> ins, StrategySource source) {
     auto outs = derive_output_layouts(g_, n, mesh_, ins);
     if (!outs.is_ok()) return std::nullopt;
+    split_output_only_factors(n, ins, &*outs);
     return choice(std::move(ins), std::move(*outs), source);
+  }
+
+  // A factor only the outputs carry (embedding_grad's vocabulary rows) is
+  // whole when derived from the inputs. Where the rules want the output split
+  // on an axis no input uses, split it there: each rank computes and holds
+  // its block (Megatron's vocab-parallel embedding gradient) instead of the
+  // whole table, sliced afterwards.
+  void split_output_only_factors(const Node& n, const std::vector<Layout>& ins,
+                                 std::vector<Layout>* outs) const {
+    if (o_.rules.rules.empty()) return;
+    std::vector<Layout> want = *outs;
+    for (size_t i = 0; i < outs->size(); ++i)
+      for (int ax = 0; ax < na_; ++ax)
+        if (want[i].at(ax).is_replicate() && desired_[n.outputs[i]].at(ax).is_shard())
+          want[i] = want[i].with(ax, desired_[n.outputs[i]].at(ax));
+    if (!(want == *outs) && validate_strategy(g_, n, mesh_, ins, want).is_ok())
+      *outs = std::move(want);
   }
 
   // ---- the strategy sources, in the order kSources asks them ----
@@ -477,16 +495,32 @@ class Annotator {
   // reduction is deferred to where a value must be whole (three partial
   // gradient sums added first cost one all_reduce, not three). Not in the
   // forward: a Partial activation would be reduced again for the backward.
+  // Not where the outputs to reduce later hold more than twice the elements
+  // of the inputs now (a deferral merges two partial sums or more; a layer
+  // norm's gradient, the input's size plus two vectors, still defers):
+  // embedding_grad turns a Partial [tokens, C] into a Partial [vocab, C]
+  // table, for a real vocabulary far larger (BLOOM's 250,880 rows against
+  // 2,048 tokens a micro-batch). The input is then made whole and each rank
+  // writes its shard of the table, Megatron's VocabParallelEmbedding backward.
   Found from_deferred_reduction(NodeId, const Node& n) {
     if (n.phase == Phase::kForward) return std::optional<Choice>();
     bool partial_in = false;
     std::vector<Layout> ins;
+    int64_t now = 0;
     for (ValueId v : n.inputs) {
       ins.push_back(current(v));
-      partial_in |= ins.back().has_partial();
+      if (!ins.back().has_partial()) continue;
+      partial_in = true;
+      now += g_.shape(v).numel();
     }
     if (!partial_in) return std::optional<Choice>();
-    return derived(n, std::move(ins), StrategySource::kDeferredReduction);
+    std::optional<Choice> c = derived(n, std::move(ins), StrategySource::kDeferredReduction);
+    if (!c) return c;
+    int64_t later = 0;
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      if (c->strategy.outputs[i].has_partial()) later += g_.shape(n.outputs[i]).numel();
+    if (later > 2 * now) return std::optional<Choice>();
+    return c;
   }
 
   // The rules' wish: every input in its dim-name layout.
