@@ -48,6 +48,7 @@
 #include "meshflow/plan/calibrate.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
+#include "meshflow/plan/rank_program.h"
 
 using namespace meshflow;
 using plan::cpu_sample;
@@ -69,6 +70,7 @@ struct Case {
   // memory (CostModel::stage_split); neither: the runtime's own split.
   std::vector<int64_t> layers = {};
   bool planned = false;
+  int recompute_layers = 0;  // with "full": only the first N blocks of each chunk recompute
 };
 
 struct Measured {
@@ -132,6 +134,11 @@ json parallel_of(const ModelConfig& mc, const Case& c, const plan::Plan& p) {
   if (std::holds_alternative<ResNetConfig>(mc) || p.ops || p.pp > 1)
     return value_or_throw(plan::parallel_section(p, mc));
   json par = {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}, {"zero", c.zero}};
+  if (p.recompute_layers > 0) {  // the blocks parallel_section names
+    par["recompute"] = "full";
+    par["recompute_layers"] = plan::first_blocks_of_chunks(
+        plan::chunk_blocks(p, plan::num_blocks(mc)), p.recompute_layers);
+  }
   if (!is_language_model(mc) && p.tp > 1) {
     par = value_or_throw(plan::parallel_section(p, mc));
     par["mesh"] = c.mesh;
@@ -264,6 +271,7 @@ plan::Plan plan_of(const Case& c, int batch) {
   p.micro_batch = batch / (p.dp * c.micro_batches);
   p.zero = c.zero;
   p.recompute = value_or_throw(plan::parse_recompute(c.recompute));
+  p.recompute_layers = c.recompute_layers;
   p.layers_per_stage = c.layers;
   return p;
 }
@@ -360,6 +368,9 @@ int main(int argc, char** argv) {
       {"dp4-zero1", 4, "dp=4", "dp", 1},
       {"dp4-zero3", 4, "dp=4", "dp", 3},
       {"dp2-full-zero1", 2, "dp=2", "dp", 1, "full"},
+      // Full recompute of the first blocks only (Plan::recompute_layers).
+      {"dp1-full:1", 1, "dp=1", "dp", 0, "full", 1, 1, "1f1b", {}, false, 1},
+      {"dp2-full:2", 2, "dp=2", "dp", 0, "full", 1, 1, "1f1b", {}, false, 2},
       // The per-operator strategy search's plans (auto mode's third layout).
       {"tp2-ops", 2, "dp=1,tp=2", "ops"},
       {"dp2-tp2-ops", 4, "dp=2,tp=2", "ops"},
@@ -378,6 +389,7 @@ int main(int argc, char** argv) {
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
+      {"pp2-1f1b-mb4-full:1", 2, "dp=1", "", 0, "full", 4, 2, "1f1b", {}, false, 1},
       {"pp2-gpipe-mb4", 2, "dp=1", "", 0, "none", 4, 2, "gpipe"},
       {"pp4-1f1b-mb4", 4, "dp=1", "", 0, "none", 4, 4, "1f1b"},
       {"pp4-1f1b-mb4-planned", 4, "dp=1", "", 0, "none", 4, 4, "1f1b", {}, true},

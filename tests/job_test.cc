@@ -499,6 +499,58 @@ TEST_F(Job, ZeroPlansHoldThePredictedMemory) {
   }
 }
 
+// Full recompute of the first blocks only (train.recompute_layers, or a plan
+// file's parallel.recompute_layers) is priced on meshflow's executor too:
+// the arena of the two-block program whose first block recomputes, each
+// further block as a block with or without recompute. The held peak within
+// 4% of the prediction; between every block and none; and blocks that are
+// not the first of each chunk are refused by name.
+TEST_F(Job, SomeBlocksRecomputedHoldThePredictedMemory) {
+  auto predicted_measured = [&](const json& parallel, int ranks) {
+    CliRun r = run_cli("train " + config(parallel, false, 16, 128) + " --ranks " +
+                       std::to_string(ranks) + " --steps 2 --check-plan");
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(
+        r.output, m,
+        std::regex("memory[, st0-9]* +predicted +([0-9.]+) MiB measured +([0-9.]+) MiB")))
+        << r.output;
+    return m.size() > 2 ? std::make_pair(std::stod(m[1]), std::stod(m[2]))
+                        : std::make_pair(0.0, 0.0);
+  };
+  const json dp = {{"mode", "semi"}, {"mesh", "dp=2"}, {"preset", "dp"}};
+  json some = dp, all = dp;
+  some["recompute"] = "full", some["recompute_layers"] = {0, 1};  // 2 of the 4 blocks
+  all["recompute"] = "full";
+  const auto [p_some, m_some] = predicted_measured(some, 2);
+  EXPECT_NEAR(m_some / p_some, 1.0, 0.04);
+  const auto [p_all, m_all] = predicted_measured(all, 2);
+  const auto [p_none, m_none] = predicted_measured(dp, 2);
+  EXPECT_GT(p_some, p_all);
+  EXPECT_LT(p_some, p_none);
+  EXPECT_GT(m_some, m_all);
+  EXPECT_LT(m_some, m_none);
+  // A pipeline: the first block of each stage's chunk (blocks 0 and 2).
+  json pp = {
+      {"mode", "semi"},
+      {"mesh", "dp=1,pp=2"},
+      {"preset", "dp"},
+      {"recompute", "full"},
+      {"recompute_layers", {0, 2}},
+      {"pipeline",
+       {{"stages", 2}, {"schedule", "1f1b"}, {"micro_batches", 4}, {"layers_per_stage", {2, 2}}}}};
+  const auto [p_pp, m_pp] = predicted_measured(pp, 2);
+  EXPECT_NEAR(m_pp / p_pp, 1.0, 0.04);
+  // Not the first blocks of each chunk: not priced, said by name.
+  json later = dp;
+  later["recompute"] = "full", later["recompute_layers"] = {1};
+  CliRun r = run_cli("train " + config(later) + " --ranks 2 --steps 1 --check-plan");
+  EXPECT_NE(r.output.find("train.recompute_layers [1] is not priced: the planner prices full "
+                          "recompute of the first N blocks of each pipeline chunk (N = 1: [0])"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Job, AnAxisThatSplitsNothingIsAnError) {
   CliRun r = run_cli(
       "train " + config(json{{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron"}}, true) +

@@ -6,10 +6,6 @@
 namespace meshflow {
 namespace {
 
-bool is_source(OpKind k) {
-  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
-}
-
 TEST(OpRegistry, EveryOpHasAShapeRuleAndACpuKernel) {
   for (int i = 0; i < kNumOpKinds; ++i) {
     auto k = static_cast<OpKind>(i);

@@ -753,8 +753,12 @@ TEST(PlanAuto, LayoutsThePlannerDoesNotPriceAreNamed) {
        json::object(),
        "parallel.strategies or parallel.rules of your own (priced on a mesh with tp or cp"},
       {{{"mode", "data"}},
-       {{"recompute", "full"}, {"recompute_layers", {0}}},
-       "recompute of some blocks (train.recompute_layers) is not priced"},
+       {{"recompute", "full"}, {"recompute_layers", {1}}},
+       "train.recompute_layers [1] is not priced: the planner prices full recompute of the "
+       "first N blocks of each pipeline chunk"},
+      {{{"mode", "data"}},
+       {{"recompute", "selective"}, {"recompute_layers", {0}}},
+       "selective recompute of some blocks (train.recompute_layers) is not priced"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.parallel.dump() + " " + c.train.dump());

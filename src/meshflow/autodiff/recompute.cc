@@ -14,10 +14,6 @@ namespace {
 
 constexpr const char* kSuffix = "@recompute";
 
-bool is_source(OpKind k) {
-  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
-}
-
 // A forward node the pass may clone: computed, not a source, updates nothing.
 bool recomputable(const Node& n) {
   return n.phase == Phase::kForward && !is_source(n.kind) && !n.outputs.empty() &&

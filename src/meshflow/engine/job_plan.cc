@@ -9,6 +9,7 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/schedule.h"
+#include "meshflow/plan/rank_program.h"
 
 namespace meshflow {
 
@@ -46,13 +47,19 @@ std::string layout_key(const Job& j) {
   for (const auto& [pattern, splits] : par.strategies) k += " " + pattern + "=" + splits;
   const RecomputePolicy& rcp = j.rc.train.recompute;
   k += " recompute " + str(rcp.mode);
+  if (!rcp.layers.empty()) {
+    k += " of blocks [";
+    for (int b : rcp.layers) k += str(b) + " ";
+    k += "]";
+  }
   return k;
 }
 
 const char* const kPrices =
     "; the planner prices data parallel, the presets dp, megatron, megatron-sp, ulysses and "
     "ring on a mesh of dp, tp and cp, split tuples and named-dim rules (the search's or your "
-    "own) on tp or cp, ZeRO, pipelines, and recompute none, selective or full of every block";
+    "own) on tp or cp, ZeRO, pipelines, and recompute none, selective or full of every block "
+    "or of the first N blocks of each pipeline chunk";
 
 // The plan's degrees, schedule, ZeRO and recompute read off the job (not
 // yet checked to run it: runs_as).
@@ -63,9 +70,11 @@ Result<plan::Plan> layout_of(const Job& job) {
   const RecomputePolicy& rcp = rc.train.recompute;
   if (rcp.mode == RecomputePolicy::kOps)
     return Status::invalid("recompute of named ops (train.recompute_ops) is not priced" + prices);
-  if (!rcp.layers.empty())
-    return Status::invalid("recompute of some blocks (train.recompute_layers) is not priced" +
-                           prices);
+  if (!rcp.layers.empty() && rcp.mode != RecomputePolicy::kFull)
+    return Status::invalid(
+        "selective recompute of some blocks (train.recompute_layers) is not "
+        "priced" +
+        prices);
   if (rc.offload.active())
     return Status::invalid(rc.offload.key() +
                            " is not priced (the plan would hold that state in memory "
@@ -106,6 +115,30 @@ Result<plan::Plan> layout_of(const Job& job) {
   p.recompute = rcp.mode == RecomputePolicy::kFull        ? plan::Recompute::kFull
                 : rcp.mode == RecomputePolicy::kSelective ? plan::Recompute::kSelective
                                                           : plan::Recompute::kNone;
+  if (!rcp.layers.empty()) {
+    // Priced: the first N blocks of each pipeline chunk (Plan::recompute_layers).
+    MF_ASSIGN_OR_RETURN(const ModelConfig model, parse_model_config(rc.model));
+    const std::vector<int64_t> chunks = plan::chunk_blocks(p, plan::num_blocks(model));
+    std::vector<int64_t> given(rcp.layers.begin(), rcp.layers.end());
+    std::sort(given.begin(), given.end());
+    given.erase(std::unique(given.begin(), given.end()), given.end());
+    const int64_t blocks = plan::num_blocks(model);
+    const int64_t n = std::count_if(given.begin(), given.end(),
+                                    [&](int64_t b) { return !chunks.empty() && b < chunks[0]; });
+    const bool all = int64_t(given.size()) == blocks && given.back() == blocks - 1;
+    if (!all && (n == 0 || given != plan::first_blocks_of_chunks(chunks, n))) {
+      std::string mine;
+      for (int64_t b : given) mine += (mine.empty() ? "" : ", ") + str(b);
+      std::string first;
+      for (int64_t b : plan::first_blocks_of_chunks(chunks, std::max<int64_t>(n, 1)))
+        first += (first.empty() ? "" : ", ") + str(b);
+      return Status::invalid("train.recompute_layers [" + mine +
+                             "] is not priced: the planner prices full recompute of the first N "
+                             "blocks of each pipeline chunk (N = " +
+                             str(std::max<int64_t>(n, 1)) + ": [" + first + "])" + prices);
+    }
+    p.recompute_layers = all ? 0 : n;
+  }
   return p;
 }
 

@@ -118,6 +118,9 @@ std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n);
 // all_gather, reduce_scatter, all_reduce, all_to_all, broadcast: the ops that
 // move data between ranks (shard_slice and partial_mask are local).
 bool is_collective(OpKind k);
+// parameter, input, state: the nodes without inputs, whose values have their
+// own storage (outside the executor's arena).
+bool is_source(OpKind k);
 
 // Helpers shared by the shape rules.
 std::string node_label(const Node& n);  // "matmul 'h.0.mlp.fc1'"

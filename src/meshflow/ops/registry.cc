@@ -88,6 +88,10 @@ std::vector<InnerCollective> inner_collectives(const Graph& g, const Node& n) {
   return d.inner_collectives ? d.inner_collectives(g, n) : std::vector<InnerCollective>{};
 }
 
+bool is_source(OpKind k) {
+  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
+}
+
 std::string node_label(const Node& n) {
   return std::string(op_name(n.kind)) + " '" + n.name + "'";
 }

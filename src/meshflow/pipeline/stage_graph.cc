@@ -13,10 +13,6 @@ namespace meshflow {
 
 namespace {
 
-bool is_source(OpKind k) {
-  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
-}
-
 // Inputs fed once per step (not per micro-batch): never stashed.
 bool step_constant(const std::string& name) {
   return name == "loss_scale" || name == "lr" || name == "step" || name.rfind("pp.sumsq.", 0) == 0;

@@ -14,7 +14,6 @@
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/pipeline/stage_graph.h"
 #include "meshflow/runtime/grad_buckets.h"
-#include "meshflow/runtime/memory_plan.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow::plan {
@@ -23,10 +22,6 @@ namespace {
 
 std::string str(int64_t x) {
   return std::to_string(x);
-}
-
-bool is_source(OpKind k) {
-  return k == OpKind::kParameter || k == OpKind::kInput || k == OpKind::kState;
 }
 
 bool ends_with(const std::string& s, const std::string& tail) {
@@ -167,44 +162,14 @@ Status set_attention_kernel(const std::string& name, const Cluster& cluster,
                          ": the cluster file's device.attention_efficiency), got '" + name + "'");
 }
 
-namespace {
-
-// The executor's arena for a local program (runtime/executor.cc): sources have
-// their own storage, the loss and the parameter gradients stay alive to the
-// end, everything else is planned over the graph order.
-double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {}) {
-  std::vector<char> persistent(g.num_values(), 0), keep(g.num_values(), 0);
-  std::vector<char> elsewhere(g.num_nodes(), 0);  // the gradient all_reduces the buckets run
-  for (const GradientSync& s : gradient_syncs(g))
-    for (NodeId id : s.reduce) {
-      elsewhere[id] = 1;
-      persistent[g.node(id).outputs[0]] = 1;
-    }
-  std::vector<NodeId> order;
-  for (NodeId i = 0; i < g.num_nodes(); ++i) {
-    const Node& n = g.node(i);
-    if (elsewhere[i]) continue;
-    order.push_back(i);
-    if (is_source(n.kind))
-      for (ValueId v : n.outputs) persistent[v] = 1;
-  }
-  if (g.loss != kNoValue) keep[g.loss] = 1;
-  for (ValueId v : kept)
-    if (!persistent[v]) keep[v] = 1;
-  for (const auto& [param, grad] : g.grad_of_param)
-    if (!persistent[grad]) keep[grad] = 1;
-  return double(plan_memory(g, order, persistent, keep).arena_bytes);
-}
-
-}  // namespace
-
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
   // and lowered at each micro-batch (rank_program.h says why that is the same).
   const auto key = std::make_tuple(s.tp, s.cp, s.sp,
                                    int(s.recompute) + (s.optimizer ? 8 : 0) +
                                        (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0) + 64 * s.zero,
-                                   s.blocks, s.ops.get(), s.zero > 0 || s.with_dp ? s.dp : 1);
+                                   s.blocks, s.ops.get(), s.zero > 0 || s.with_dp ? s.dp : 1,
+                                   s.recompute_blocks);
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -218,51 +183,6 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
     strategy_cache_.emplace(key, strategy);
   }
   return lp;
-}
-
-Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
-  MF_RETURN_IF_ERROR(status_);
-  // The arena of the rank program at p's shapes, without ZeRO or with it
-  // (`zero`: the program of one of dp replicas with the optimizer phase, as
-  // the runtime runs ZeRO: gradients reduced to shards in the backward or
-  // kept whole for the optimizer phase's reduce_scatter, the gathers after).
-  auto program_arena = [&](const Plan& q, bool zero) -> Result<double> {
-    const auto key =
-        std::make_tuple(q.tp, q.cp, q.micro_batch, int(q.sp) + (q.ops ? 2 : 0) + (q.ring ? 4 : 0),
-                        int(q.recompute), zero ? q.zero : 0, zero ? q.dp : 1);
-    std::pair<double, double> a;
-    bool cached = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = arena_cache_.find(key);
-      if (it != arena_cache_.end()) a = it->second, cached = true;
-    }
-    if (!cached) {
-      double bytes[2] = {0, 0};
-      // A model without blocks: its one whole program (nothing to extrapolate).
-      const int64_t programs = has_blocks() ? 2 : 1;
-      for (int64_t n = 1; n <= programs; ++n) {
-        RankShape shape{q.micro_batch, job_.seq, q.tp, q.cp, q.sp, q.recompute, n};
-        shape.ring = q.ring;
-        if (zero) shape.dp = q.dp, shape.zero = q.zero, shape.optimizer = true;
-        if (q.ops) {
-          MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.cp, q.micro_batch));
-        }
-        MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
-        bytes[n - 1] = static_arena_bytes(lp.graph);
-      }
-      if (programs == 1) bytes[1] = bytes[0];
-      a = {bytes[0], bytes[1]};
-      std::lock_guard<std::mutex> lock(mu_);
-      arena_cache_.emplace(key, a);
-    }
-    return a.first + double(std::max<int64_t>(layers, 1) - 1) * (a.second - a.first);
-  };
-  // ZeRO moves gradients, shards and gathers through the arena: its own
-  // program (CostConstants::zero_arena_program), else the arena without it.
-  // Weights grouping all_reduces whole gradients in the buckets, as ZeRO-0
-  // does: the program without ZeRO's.
-  return program_arena(p, k_.zero_arena_program && p.zero > 0 && p.dp > 1 && !p.group);
 }
 
 double CostModel::compute_time_s(double flops) const {
@@ -652,9 +572,19 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
                                                       int64_t chunks, bool sp, Recompute recompute,
                                                       const std::vector<int64_t>& layers,
                                                       std::shared_ptr<const StrategySearch> ops,
-                                                      bool ring) const {
+                                                      bool ring, int64_t recompute_first) const {
   MF_RETURN_IF_ERROR(status_);
-  const int variant = int(sp) + 2 * int(recompute) + (ring ? 8 : 0);
+  if (recompute != Recompute::kFull || !has_blocks()) recompute_first = 0;
+  // The blocks that recompute: the first recompute_first of each chunk.
+  std::vector<int> rc_blocks;
+  if (recompute_first > 0) {
+    Plan q;
+    q.pp = chunks, q.layers_per_stage = layers;
+    for (int64_t b : first_blocks_of_chunks(chunk_blocks(q, dims_.layers), recompute_first))
+      rc_blocks.push_back(static_cast<int>(b));
+  }
+  const int variant =
+      int(sp) + 2 * int(recompute) + (ring ? 8 : 0) + 16 * static_cast<int>(recompute_first);
   const auto key = std::make_tuple(tp, cp, micro_batch, chunks, variant, layers, ops.get());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -665,7 +595,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
     // optimizer (its collectives over tp), partitioned on the stage's mesh.
     // Built once per (tp, cp, micro_batch) and split for each chunk count.
     std::shared_ptr<const LocalProgram> program;
-    const auto pkey = std::make_tuple(tp, cp, micro_batch, variant, ops.get());
+    const auto pkey = std::make_tuple(tp, cp, micro_batch, variant, ops.get(), rc_blocks);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = pipeline_programs_.find(pkey); it != pipeline_programs_.end())
@@ -679,6 +609,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
       shape.pipeline = true;
       shape.ops = ops;
       shape.ring = ring;
+      shape.recompute_blocks = rc_blocks;
       MF_ASSIGN_OR_RETURN(LocalProgram built, rank_program(shape));
       program = std::make_shared<const LocalProgram>(std::move(built));
       std::lock_guard<std::mutex> lock(mu_);
@@ -847,10 +778,6 @@ std::string CostModel::invalid_reason(const Plan& p) const {
       return n +
              " recomputes the first blocks of each pipeline chunk under full recompute; "
              "it needs recompute=full and a model with transformer blocks";
-    if (k_.memory_model == MemoryModel::kStaticArena)
-      return n +
-             ": recompute of some blocks is priced on the Megatron memory model (GPU "
-             "clusters); meshflow's executor is priced with every block or none";
     const std::vector<int64_t> chunks = chunk_blocks(p, d.layers);
     const int64_t chunk = *std::min_element(chunks.begin(), chunks.end());
     if (p.recompute_layers >= chunk)
@@ -1345,8 +1272,9 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
     MF_ASSIGN_OR_RETURN(searched, op_search(p.tp, p.cp, p.micro_batch));
   }
   if (by_chunk) {
-    MF_ASSIGN_OR_RETURN(chunks, chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp,
-                                            p.recompute, p.layers_per_stage, searched, p.ring));
+    MF_ASSIGN_OR_RETURN(chunks,
+                        chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute,
+                                    p.layers_per_stage, searched, p.ring, p.recompute_layers));
   } else {
     MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
   }

@@ -464,6 +464,8 @@ class CostModel {
   // The chunks the pipeline runtime splits a model without uniform blocks (a
   // ResNet) into, `chunks` = pp x vp of them, priced at these local shapes
   // (built and split once per (tp, cp, micro_batch, chunks), then cached).
+  // `recompute_first` > 0 under full recompute: only the first that many
+  // blocks of each chunk recompute (Plan::recompute_layers).
   // Errors: the model has fewer blocks than chunks, or its program does not
   // partition at these degrees.
   Result<std::vector<ChunkCost>> chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
@@ -471,7 +473,7 @@ class CostModel {
                                              Recompute recompute = Recompute::kNone,
                                              const std::vector<int64_t>& layers = {},
                                              std::shared_ptr<const StrategySearch> ops = {},
-                                             bool ring = false) const;
+                                             bool ring = false, int64_t recompute_first = 0) const;
   // Blocks per stage for p's pipeline chosen by time and memory together:
   // the split that minimizes the slowest stage's work per micro-batch with
   // every stage's predicted peak within the device's usable memory (a 1F1B
@@ -627,13 +629,14 @@ class CostModel {
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
   // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
   mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 9>> opt_cache_;
-  // (tp, cp, sp, recompute + flags + zero, blocks, ops, dp under ZeRO) -> the
-  // partitioner's strategy for the rank program.
-  mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, const StrategySearch*, int64_t>,
+  // (tp, cp, sp, recompute + flags + zero, blocks, ops, dp under ZeRO, the
+  // blocks that recompute) -> the partitioner's strategy for the rank program.
+  mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, const StrategySearch*, int64_t,
+                              std::vector<int>>,
                    std::shared_ptr<const Annotation>>
       strategy_cache_;
   // (tp, cp, micro_batch, sp, recompute, zero, dp under ZeRO) -> arena bytes of
-  // one and of two blocks.
+  // one and of two blocks (recompute 3: two blocks, the first recomputing).
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int64_t>,
                    std::pair<double, double>>
       arena_cache_;
@@ -642,12 +645,19 @@ class CostModel {
                               const StrategySearch*>,
                    std::shared_ptr<const Result<std::vector<ChunkCost>>>>
       chunk_cache_;
-  // (tp, cp, micro_batch, sp + 2 x recompute, ops) -> the program chunk_costs splits.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int, const StrategySearch*>,
-                   std::shared_ptr<const LocalProgram>>
+  // (tp, cp, micro_batch, sp + 2 x recompute, ops, the blocks that recompute)
+  // -> the program chunk_costs splits.
+  mutable std::map<
+      std::tuple<int64_t, int64_t, int64_t, int, const StrategySearch*, std::vector<int>>,
+      std::shared_ptr<const LocalProgram>>
       pipeline_programs_;
   int64_t pipeline_layers_ = 0;
 };
+
+// The executor's arena for a local program (runtime/executor.cc): sources
+// have their own storage, the loss, the parameter gradients and `kept` stay
+// alive to the end, everything else is planned over the graph order.
+double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {});
 
 // Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,
 // generalized to the model's ffn and kv heads; see docs/planner.md).

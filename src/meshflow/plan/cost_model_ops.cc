@@ -2,11 +2,15 @@
 // (parallel/strategy_search.h) of a job's program on the tp axis, the
 // activations a block keeps under the Megatron memory model (Korthikanti's
 // count, layer_activation_bytes; a per-operator plan's scaled by its
-// program's), and a node's time on the device. Pricing itself is in
+// program's), the arena of meshflow's executor (static_arena_bytes,
+// arena_bytes), and a node's time on the device. Pricing itself is in
 // cost_model.cc, like every other layout's.
 #include <algorithm>
 #include <exception>
 #include <future>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "meshflow/autodiff/autodiff.h"
 #include "meshflow/ops/op_def.h"
@@ -15,6 +19,8 @@
 #include "meshflow/parallel/seq_balance.h"
 #include "meshflow/parallel/strategy_search.h"
 #include "meshflow/plan/cost_model.h"
+#include "meshflow/runtime/grad_buckets.h"
+#include "meshflow/runtime/memory_plan.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow::plan {
@@ -138,6 +144,92 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
                       : 4 * a * s * b;
   if (p.recompute == Recompute::kSelective) scores = 0;
   return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
+}
+
+// The executor's arena for a local program (runtime/executor.cc): sources have
+// their own storage, the loss and the parameter gradients stay alive to the
+// end, everything else is planned over the graph order.
+double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept) {
+  std::vector<char> persistent(g.num_values(), 0), keep(g.num_values(), 0);
+  std::vector<char> elsewhere(g.num_nodes(), 0);  // the gradient all_reduces the buckets run
+  for (const GradientSync& s : gradient_syncs(g))
+    for (NodeId id : s.reduce) {
+      elsewhere[id] = 1;
+      persistent[g.node(id).outputs[0]] = 1;
+    }
+  std::vector<NodeId> order;
+  for (NodeId i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(i);
+    if (elsewhere[i]) continue;
+    order.push_back(i);
+    if (is_source(n.kind))
+      for (ValueId v : n.outputs) persistent[v] = 1;
+  }
+  if (g.loss != kNoValue) keep[g.loss] = 1;
+  for (ValueId v : kept)
+    if (!persistent[v]) keep[v] = 1;
+  for (const auto& [param, grad] : g.grad_of_param)
+    if (!persistent[grad]) keep[grad] = 1;
+  return double(plan_memory(g, order, persistent, keep).arena_bytes);
+}
+
+Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
+  MF_RETURN_IF_ERROR(status_);
+  // The arenas of the rank programs of one and of two blocks at p's shapes,
+  // without ZeRO or with it (`zero`: the program of one of dp replicas with
+  // the optimizer phase, as the runtime runs ZeRO: gradients reduced to
+  // shards in the backward or kept whole for the optimizer phase's
+  // reduce_scatter, the gathers after). `mixed`: the second is the two-block
+  // program whose first block alone recomputes (cached as recompute 3).
+  auto program_arenas = [&](const Plan& q, bool zero,
+                            bool mixed) -> Result<std::pair<double, double>> {
+    const auto key =
+        std::make_tuple(q.tp, q.cp, q.micro_batch, int(q.sp) + (q.ops ? 2 : 0) + (q.ring ? 4 : 0),
+                        mixed ? 3 : int(q.recompute), zero ? q.zero : 0, zero ? q.dp : 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = arena_cache_.find(key);
+      if (it != arena_cache_.end()) return it->second;
+    }
+    double bytes[2] = {0, 0};
+    // A model without blocks: its one whole program (nothing to extrapolate).
+    const int64_t programs = has_blocks() ? 2 : 1;
+    for (int64_t n = mixed ? 2 : 1; n <= programs; ++n) {
+      RankShape shape{q.micro_batch, job_.seq, q.tp, q.cp, q.sp, q.recompute, n};
+      shape.ring = q.ring;
+      if (mixed) shape.recompute_blocks = {0};
+      if (zero) shape.dp = q.dp, shape.zero = q.zero, shape.optimizer = true;
+      if (q.ops) {
+        MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.cp, q.micro_batch));
+      }
+      MF_ASSIGN_OR_RETURN(LocalProgram lp, rank_program(shape));
+      bytes[n - 1] = static_arena_bytes(lp.graph);
+    }
+    if (programs == 1) bytes[1] = bytes[0];
+    const std::pair<double, double> a = {bytes[0], bytes[1]};
+    std::lock_guard<std::mutex> lock(mu_);
+    arena_cache_.emplace(key, a);
+    return a;
+  };
+  // ZeRO moves gradients, shards and gathers through the arena: its own
+  // program (CostConstants::zero_arena_program), else the arena without it.
+  // Weights grouping all_reduces whole gradients in the buckets, as ZeRO-0
+  // does: the program without ZeRO's.
+  const bool zero = k_.zero_arena_program && p.zero > 0 && p.dp > 1 && !p.group;
+  layers = std::max<int64_t>(layers, 1);
+  MF_ASSIGN_OR_RETURN(const auto a, program_arenas(p, zero, false));
+  const int64_t n = p.recompute == Recompute::kFull && has_blocks() ? p.recompute_layers : 0;
+  if (n <= 0 || n >= layers) return a.first + double(layers - 1) * (a.second - a.first);
+  // Only the first n of the blocks recompute (Plan::recompute_layers): from
+  // the two-block program whose first block recomputes, each further block
+  // adds what a block adds with recompute (n - 1 of them) or without it
+  // (layers - n - 1).
+  Plan none = p;
+  none.recompute = Recompute::kNone;
+  MF_ASSIGN_OR_RETURN(const auto mixed, program_arenas(p, zero, true));
+  MF_ASSIGN_OR_RETURN(const auto kept, program_arenas(none, zero, false));
+  return mixed.second + double(n - 1) * (a.second - a.first) +
+         double(layers - n - 1) * (kept.second - kept.first);
 }
 
 Result<double> CostModel::layer_activations(const Plan& p) const {

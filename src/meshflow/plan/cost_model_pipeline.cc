@@ -332,7 +332,7 @@ Result<std::vector<MemoryBreakdown>> CostModel::memory_by_stage(const Plan& p) c
   if (prices_by_chunk(p)) {
     MF_ASSIGN_OR_RETURN(const std::vector<ChunkCost> chunks,
                         chunk_costs(p.tp, p.cp, p.micro_batch, p.pp * p.vp, p.sp, p.recompute,
-                                    p.layers_per_stage, searched, p.ring));
+                                    p.layers_per_stage, searched, p.ring, p.recompute_layers));
     StageTimes st;
     LayerCost lc;
     double p2p_bytes = 0;

@@ -58,6 +58,7 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
     RecomputePolicy rp;
     rp.mode =
         s.recompute == Recompute::kFull ? RecomputePolicy::kFull : RecomputePolicy::kSelective;
+    if (s.recompute == Recompute::kFull) rp.layers = s.recompute_blocks;
     MF_RETURN_IF_ERROR(apply_recompute(g, rp).with_context("pricing recompute"));
   }
   if (s.optimizer) append_optimizer(g, RunConfig{}.optimizer);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshflow/core/status.h"
 #include "meshflow/models/from_config.h"
@@ -62,6 +63,9 @@ struct RankShape {
   // The program of one of dp replicas without ZeRO too (zero 0): how its
   // gradients reduce over dp and the rest (CostModel::grads_in_buckets).
   bool with_dp = false;
+  // Under full recompute, the blocks (node.layer) that recompute; empty:
+  // every block (Plan::recompute_layers: the first N of each chunk).
+  std::vector<int> recompute_blocks = {};
 };
 
 // The model with `blocks` transformer blocks (GPT n_layer, LLaMA
