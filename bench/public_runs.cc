@@ -613,6 +613,21 @@ Mapped map_run(const json& runs, const json& run) {
   if (has(precision, "fp32 grad accumulation")) {
     m.k.grad_accumulation_bytes = 4;
     m.stack += "+f32-grads";
+    // DeepSpeed's 2022 BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py
+    // as BigScience ran it): its bf16 gradients kept beside the f32 ones, and
+    // a whole f32 copy of the weights, only the moments sharded.
+    if (has(fw, "deepspeed")) {
+      m.k.grad_copy_bytes = 2;
+      m.k.whole_master_weights = true;
+      m.stack += "+bf16-optimizer";
+    }
+  } else if (has(fw, "deepspeed") && (m.plan.zero == 1 || m.plan.zero == 2)) {
+    // DeepSpeed's ZeRO-1/2 optimizer (stage_1_and_2.py): the step's f32
+    // gradient partition and the contiguous reduce bucket (reduce_bucket_size,
+    // 5e8 elements by default).
+    m.k.zero_grad_partition_bytes = 4;
+    m.k.zero_reduce_bucket_elements = 5e8;
+    m.stack += "+ds-zero-buffers";
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.

@@ -370,6 +370,52 @@ TEST(PlanCostModel, F32GradientAccumulationHoldsFourBytesPerGradient) {
               1e-6 * price(1, 4).memory.grads);
 }
 
+// What DeepSpeed's optimizers allocate beside the model states
+// (CostConstants): the 2022 BF16_Optimizer keeps its bf16 gradients beside
+// the f32 ones (+2 B per parameter) and a whole f32 copy of the weights, only
+// the moments sharded (+4 B per parameter less its shard); the ZeRO-1/2
+// optimizer's step holds an f32 gradient partition (4 B per sharded
+// parameter) and its contiguous reduce bucket (elements x the 16-bit size).
+// Memory only: the step time does not move.
+TEST(PlanCostModel, DeepSpeedOptimizersHoldWhatTheirCodeAllocates) {
+  auto price = [](const CostConstants& k, int zero) {
+    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 8, 2048},
+                 cluster("dgx_a100_80gb.json", 64), k);
+    Plan p;
+    p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = zero;
+    return value_or_throw(cm.price(p));
+  };
+  CostConstants f32_grads;
+  f32_grads.grad_accumulation_bytes = 4;
+  CostConstants bf16_optimizer = f32_grads;
+  bf16_optimizer.grad_copy_bytes = 2;
+  bf16_optimizer.whole_master_weights = true;
+  const StepCost base = price(f32_grads, 1), bf16 = price(bf16_optimizer, 1);
+  const double params = base.memory.params / 2;  // bf16 weights: 2 B each
+  EXPECT_NEAR(bf16.memory.grads - base.memory.grads, 2 * params, 1e-6 * params);
+  EXPECT_NEAR(bf16.memory.optimizer - base.memory.optimizer, 4 * params * (1 - 1.0 / 8),
+              1e-6 * params);
+  EXPECT_DOUBLE_EQ(bf16.step_time_s, base.step_time_s);
+  // Without ZeRO the master copy is whole anyway.
+  EXPECT_DOUBLE_EQ(price(bf16_optimizer, 0).memory.optimizer, price(f32_grads, 0).memory.optimizer);
+
+  CostConstants zero_optimizer;
+  zero_optimizer.zero_grad_partition_bytes = 4;
+  zero_optimizer.zero_reduce_bucket_elements = 5e8;
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    const StepCost plain = price(CostConstants{}, zero), ds = price(zero_optimizer, zero);
+    EXPECT_NEAR(ds.memory.grads - plain.memory.grads, 4 * params / 8, 1e-6 * params);
+    EXPECT_NEAR(ds.memory.temporaries - plain.memory.temporaries, 5e8 * 2, 1.0);
+    EXPECT_DOUBLE_EQ(ds.memory.optimizer, plain.memory.optimizer);
+    EXPECT_DOUBLE_EQ(ds.step_time_s, plain.step_time_s);
+  }
+  // ZeRO-3 and ZeRO-0 have neither.
+  for (int zero : {0, 3})
+    EXPECT_DOUBLE_EQ(price(zero_optimizer, zero).memory.total,
+                     price(CostConstants{}, zero).memory.total);
+}
+
 // Recompute of the first N blocks of each chunk (Plan::recompute_layers,
 // Megatron's --recompute-method block): between none and full in time and in
 // memory, each linear in N: a block that recomputes costs its forward again

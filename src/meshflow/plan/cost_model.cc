@@ -947,11 +947,18 @@ namespace {
 // weights and Adam moments (12) = 16 B/param; f32 training: 4 + 4 + 8 = 16.
 // grad_b: bytes per gradient element (0: act; 4 where they accumulate in f32).
 void model_states(double params, const Plan& p, double o_b, double act, MemoryBreakdown* mb,
-                  double cp_share = 1.0, double grad_b = 0) {
+                  double cp_share = 1.0, const CostConstants* k = nullptr) {
   const double sharded = params * (cp_share / double(p.dp * p.cp) + (1 - cp_share) / double(p.dp));
+  const double grad_b = k && k->grad_accumulation_bytes > 0 ? k->grad_accumulation_bytes : act;
   mb->params = (p.zero >= 3 ? sharded : params) * act;
-  mb->grads = (p.zero >= 2 ? sharded : params) * (grad_b > 0 ? grad_b : act);
+  mb->grads = (p.zero >= 2 ? sharded : params) * (grad_b + (k ? k->grad_copy_bytes : 0.0));
   mb->optimizer = (p.zero >= 1 ? sharded : params) * o_b;
+  if (!k || p.zero < 1 || p.zero > 2) return;
+  // ZeRO-1/2 as the stack keeps it (CostConstants): a whole f32 master copy
+  // (its moments alone sharded), the step's f32 gradient partition.
+  const double master = act < 4 ? 4.0 : 0.0;
+  if (k->whole_master_weights) mb->optimizer += (params - sharded) * master;
+  mb->grads += sharded * k->zero_grad_partition_bytes;
 }
 
 }  // namespace
@@ -1027,7 +1034,7 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
       2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
   MemoryBreakdown mb;
   model_states(stage_params(p, lc, stage, blocks), p, optimizer_state_bytes_per_param(mixed), act,
-               &mb, cp_replicated_share(p, lc, blocks), k_.grad_accumulation_bytes);
+               &mb, cp_replicated_share(p, lc, blocks), &k_);
   if (k_.memory_model == MemoryModel::kStaticArena) {
     // meshflow's executor: the arena holds activations, gradients and
     // temporaries together (activations); persistent gradient buckets exist
@@ -1053,7 +1060,10 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
       act_layer = share * act_layer + (1 - share) * kept;
     }
     mb.activations = in_flight * (blocks * act_layer + (first ? embed_act : 0.0));
-    mb.temporaries = rc_ws + z3_ws + (last ? logits : 0.0);
+    // DeepSpeed ZeRO-1/2's contiguous reduce bucket (CostConstants).
+    const double bucket =
+        p.zero >= 1 && p.zero <= 2 && p.dp * p.cp > 1 ? k_.zero_reduce_bucket_elements * act : 0.0;
+    mb.temporaries = rc_ws + z3_ws + bucket + (last ? logits : 0.0);
   }
   mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
   return mb;

@@ -161,6 +161,24 @@ struct CostConstants {
   // main_grad with --accumulate-allreduce-grads-in-fp32, DeepSpeed's
   // BF16_Optimizer): memory only; what crosses the wire is grad_reduce_bytes.
   double grad_accumulation_bytes = 0;
+  // Bytes per parameter a stack holds beside those gradients: where it
+  // accumulates into a wider copy and keeps the compute dtype's gradients too
+  // (2 for DeepSpeed's 2022 BF16_Optimizer, which adds each backward's bf16
+  // gradients into its f32 ones and frees neither: backward(clear_lp_grads=False)).
+  double grad_copy_bytes = 0;
+  // The f32 master weights a stack keeps whole under ZeRO-1/2, sharding only
+  // the optimizer's moments: DeepSpeed's 2022 BF16_Optimizer ("TODO: Need to
+  // only track fp32 params of this partition": its flat f32 copy of every
+  // parameter, the rank's partition a view of it). false: sharded with the
+  // moments (DeepSpeed's ZeRO optimizer, Megatron's distributed optimizer).
+  bool whole_master_weights = false;
+  // DeepSpeed's ZeRO-1/2 optimizer (stage_1_and_2.py): the f32 gradient
+  // partition its step allocates (4 bytes per sharded parameter) and the
+  // contiguous reduce bucket (reduce_bucket_size elements in the compute
+  // dtype, 5e8 by default). 0: neither (Megatron's distributed optimizer
+  // reduces into its grad buffer).
+  double zero_grad_partition_bytes = 0;
+  double zero_reduce_bucket_elements = 0;
   // ZeRO-3 prefetches the next layer's weight gather (and runs the previous
   // layer's gradient reduce_scatter) while a layer computes, as DeepSpeed
   // stage 3 does; false: the collectives run between the layers' compute.
