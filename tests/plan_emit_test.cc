@@ -261,6 +261,49 @@ TEST(PlanEmit, TorchTitanTomlTables) {
   expect_refused(g, gpt, EmitTarget::kTorchTitan, "LLaMA-style");
 }
 
+// --emit prices the program of the stack that runs the plan
+// (stack_constants): Megatron-LM's bf16 gradients are accumulated and
+// all-reduced in f32 (6 + 12/dp bytes per parameter under its distributed
+// optimizer: twice the 16-bit gradients' memory), DeepSpeed's ZeRO-1/2 holds
+// the step's f32 gradient partition and its reduce bucket, TorchTitan
+// reduces in f32 and regathers nothing for the recompute.
+TEST(PlanEmit, PricedAsTheTargetStackRunsIt) {
+  const TrainingJob job{model("llama3_8b.json"), 512, 4096};
+  const Cluster cl = value_or_throw(with_devices(
+      value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json")), 64));
+  Plan p;
+  p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 64, p.zero = 1;
+  auto price = [&](const CostConstants& k, const Plan& q) {
+    return value_or_throw(CostModel(job, cl, k).price(q));
+  };
+  const StepCost plain = price(CostConstants{}, p);
+  const StepCost megatron = price(stack_constants(EmitTarget::kMegatron, true), p);
+  EXPECT_NEAR(megatron.memory.grads, 2 * plain.memory.grads, 1e-6 * plain.memory.grads);
+  EXPECT_GE(megatron.dp_comm_s, plain.dp_comm_s);
+  EXPECT_EQ(stack_constants(EmitTarget::kMegatron, false).grad_accumulation_bytes, 0);
+  const StepCost deepspeed = price(stack_constants(EmitTarget::kDeepSpeed, true), p);
+  EXPECT_NEAR(deepspeed.memory.grads - plain.memory.grads, 4 * plain.memory.params / 2 / 8,
+              1e-6 * plain.memory.params);
+  EXPECT_NEAR(deepspeed.memory.temporaries - plain.memory.temporaries, 5e8 * 2, 1.0);
+  Plan z3 = p;
+  z3.tp = 1, z3.dp = 64, z3.num_micro_batches = 8, z3.zero = 3, z3.recompute = Recompute::kFull;
+  CostConstants f32_reduce;
+  f32_reduce.grad_reduce_bytes = 4;
+  const StepCost fsdp = price(stack_constants(EmitTarget::kTorchTitan, true), z3);
+  const StepCost regathers = price(f32_reduce, z3);
+  EXPECT_LT(fsdp.comm.data_parallel, regathers.comm.data_parallel);
+  EXPECT_GT(price(f32_reduce, z3).comm.data_parallel,
+            price(CostConstants{}, z3).comm.data_parallel);
+  // The CLI says which stack it priced.
+  testing::CliRun r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                              source_dir() + "/configs/clusters/h100_sxm.json --gpus 64 " +
+                              "--global-batch 512 --seq 4096 --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("priced as Megatron-LM's (gradients accumulated and all-reduced in f32)"),
+            std::string::npos)
+      << r.output;
+}
+
 // The CLI: --emit searches only what the target runs and prints only the
 // emitted text on stdout; a bad target or --json with it is an error.
 TEST(PlanEmit, CliSearchesWhatTheTargetRuns) {

@@ -218,7 +218,9 @@ int run_plan(const PlanOptions& o) {
   if (o.gpus < 1) return user_error("--gpus must be >= 1, got " + std::to_string(o.gpus));
   Result<Cluster> cluster = with_devices(*base, o.gpus);
   if (!cluster.is_ok()) return user_error(cluster.status().message());
-  CostConstants k;
+  // With --emit, the constants of the stack that will run the plan.
+  const bool bf16 = cluster->device.peak_flops.bf16 > 0;
+  CostConstants k = emit ? stack_constants(*emit, bf16) : CostConstants{};
   if (Status a = set_attention_kernel(o.attention, *cluster, "--attention", &k); !a.is_ok())
     return user_error(a.message());
   SearchOptions so;
@@ -292,8 +294,9 @@ int run_plan(const PlanOptions& o) {
     Result<std::string> text = emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit);
     if (!text.is_ok()) return user_error(text.status().message());
     std::fputs(text->c_str(), stdout);
-    std::fprintf(stderr, "meshflow: best plan %s, %.3f s per step predicted\n",
-                 plan_label(best.plan).c_str(), best.step_time_s);
+    std::fprintf(stderr, "meshflow: best plan %s, %.3f s per step predicted, priced as %s\n",
+                 plan_label(best.plan).c_str(), best.step_time_s,
+                 stack_priced(*emit, bf16).c_str());
   } else if (o.json) {
     ojson j;
     j["model"] = o.model;

@@ -327,4 +327,36 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
   return Status::internal("emit_plan: unknown target");
 }
 
+CostConstants stack_constants(EmitTarget t, bool bf16) {
+  CostConstants k;
+  switch (t) {
+    case EmitTarget::kMegatron:
+      if (bf16) k.grad_accumulation_bytes = 4, k.grad_reduce_bytes = 4;
+      break;
+    case EmitTarget::kDeepSpeed:
+      k.zero_grad_partition_bytes = 4;
+      k.zero_reduce_bucket_elements = 5e8;
+      break;
+    case EmitTarget::kTorchTitan:
+      k.grad_reduce_bytes = 4;
+      k.zero3_gather_for_recompute = false;
+      break;
+  }
+  return k;
+}
+
+std::string stack_priced(EmitTarget t, bool bf16) {
+  switch (t) {
+    case EmitTarget::kMegatron:
+      return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32)"
+                  : "Megatron-LM's";
+    case EmitTarget::kDeepSpeed:
+      return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
+             "reduce bucket)";
+    case EmitTarget::kTorchTitan:
+      return "TorchTitan's (gradients reduced in f32, recompute inside the FSDP unit)";
+  }
+  return "";
+}
+
 }  // namespace meshflow::plan

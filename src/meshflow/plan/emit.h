@@ -41,4 +41,18 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t);
 // the TOML's [training], [parallelism] and [activation_checkpoint] tables.
 Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t);
 
+// The cost model's constants for the stack the target is, so `meshflow plan
+// --emit` prices (and checks the memory of) the program that stack runs:
+// Megatron-LM with bf16 accumulates and all-reduces gradients in f32
+// (arguments.py: "bfloat16 requires gradient accumulation and all-reduce to
+// be done in fp32"), 6 + 12/dp bytes per parameter under its distributed
+// optimizer; DeepSpeed's ZeRO-1/2 optimizer allocates the step's f32
+// gradient partition and a 5e8-element reduce bucket (stage_1_and_2.py,
+// reduce_bucket_size's default); TorchTitan reduces gradients in f32
+// (mixed_precision_reduce's default) and recomputes inside the FSDP unit
+// with the backward's gather (CostConstants::zero3_gather_for_recompute).
+CostConstants stack_constants(EmitTarget t, bool bf16);
+// One line for the user: "Megatron-LM's (gradients accumulated and reduced in f32)".
+std::string stack_priced(EmitTarget t, bool bf16);
+
 }  // namespace meshflow::plan
