@@ -465,8 +465,12 @@ TEST(PartitionStructure, MegatronHasOneAllReducePerBlockHalf) {
 // 2,048 tokens) the table's reduce_scatter was 122 times the tokens' bytes,
 // every micro-batch.
 TEST(PartitionStructure, VocabParallelEmbeddingWritesItsRowsOfTheGradient) {
-  auto program = [](int vocab, Annotation* annotation) {
+  auto program = [](int vocab, Annotation* annotation, bool tuple = false) {
     json par = {{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron"}};
+    // The lookup alone by a split tuple (the vocab rows over tp): its
+    // gradient node follows it, by factor name.
+    if (tuple)
+      par = {{"mode", "auto"}, {"mesh", "tp=2"}, {"strategies", {{"wte", "((tp,1),(1,1))"}}}};
     RunConfig rc = run("gpt", 1, par);
     json doc = model_json("gpt");
     doc["vocab_size"] = vocab;
@@ -505,6 +509,11 @@ TEST(PartitionStructure, VocabParallelEmbeddingWritesItsRowsOfTheGradient) {
   }
   EXPECT_EQ(table_bytes(p4), 0);
   EXPECT_EQ(backward_bytes(p4), backward_bytes(p8)) << "the backward does not grow with the vocab";
+  Annotation at;
+  const auto [pt, gt] = program(4096, &at, true);
+  ASSERT_GE(gt, 0);
+  EXPECT_EQ(at.node[gt].outputs[0].to_string(), "[S(0)]") << at.why[gt];
+  EXPECT_EQ(table_bytes(pt), 0);
   // A byte-level vocabulary (64 rows < 256 tokens): the partial sums add
   // into the table, reduced once there.
   Annotation a64;
@@ -524,7 +533,14 @@ TEST(PartitionNumeric, VocabParallelEmbeddingGradientMatchesOneDevice) {
   rc.train.steps = 2;
   RunConfig one = rc;
   one.has_parallel = false;
-  expect_same(train(one, nullptr), train_ranks(rc, 2), "tp=2 vocab 1024");
+  const testing::Trace single = train(one, nullptr);
+  expect_same(single, train_ranks(rc, 2), "tp=2 vocab 1024");
+  // The lookup split by a split tuple alone, its gradient by row shard too.
+  RunConfig tuple = run(
+      "gpt", 1, {{"mode", "auto"}, {"mesh", "tp=2"}, {"strategies", {{"wte", "((tp,1),(1,1))"}}}});
+  tuple.model = doc;
+  tuple.train.steps = 2;
+  expect_same(single, train_ranks(tuple, 2), "wte ((tp,1),(1,1)) vocab 1024");
 }
 
 // Megatron TP + SP: in every block, all_gather before the column-parallel

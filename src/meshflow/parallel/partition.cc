@@ -108,7 +108,18 @@ std::optional<ShardingStrategy> dual_strategy(const Graph& g, const Node& f,
   }
   auto outs = derive_output_layouts(g, b, mesh, st.inputs);
   if (!outs.is_ok()) return std::nullopt;
-  st.outputs = std::move(*outs);
+  // A split factor only b's outputs carry (embedding_grad's vocabulary rows,
+  // the forward lookup's reduction): split there too, if b can
+  // (ShardingRule::Factor::output_split), so each rank writes its block.
+  std::vector<Layout> split = *outs;
+  for (size_t o = 0; o < split.size(); ++o)
+    for (int ax = 0; ax < na; ++ax) {
+      if (factor[ax] < 0 || !split[o].at(ax).is_replicate()) continue;
+      const ShardingRule::Factor& fb = rb.factors[factor[ax]];
+      if (fb.output_split && fb.output_dim[o] >= 0)
+        split[o] = split[o].with(ax, Placement::Shard(fb.output_dim[o], order[ax]));
+    }
+  st.outputs = validate_strategy(g, b, mesh, st.inputs, split).is_ok() ? split : *outs;
   return st;
 }
 
