@@ -123,21 +123,22 @@ Result<plan::Plan> layout_of(const Job& job) {
     std::sort(given.begin(), given.end());
     given.erase(std::unique(given.begin(), given.end()), given.end());
     const int64_t blocks = plan::num_blocks(model);
-    const int64_t n = std::count_if(given.begin(), given.end(),
-                                    [&](int64_t b) { return !chunks.empty() && b < chunks[0]; });
     const bool all = int64_t(given.size()) == blocks && given.back() == blocks - 1;
-    if (!all && (n == 0 || given != plan::first_blocks_of_chunks(chunks, n))) {
-      std::string mine;
+    const std::optional<int64_t> n = plan::first_blocks_count(chunks, given);
+    if (!all && !n) {
+      // The nearest priced form: as many of each chunk as of the first.
+      const int64_t near = std::max<int64_t>(
+          1, std::count_if(given.begin(), given.end(), [&](int64_t b) { return b < chunks[0]; }));
+      std::string mine, first;
       for (int64_t b : given) mine += (mine.empty() ? "" : ", ") + str(b);
-      std::string first;
-      for (int64_t b : plan::first_blocks_of_chunks(chunks, std::max<int64_t>(n, 1)))
+      for (int64_t b : plan::first_blocks_of_chunks(chunks, near))
         first += (first.empty() ? "" : ", ") + str(b);
       return Status::invalid("train.recompute_layers [" + mine +
                              "] is not priced: the planner prices full recompute of the first N "
                              "blocks of each pipeline chunk (N = " +
-                             str(std::max<int64_t>(n, 1)) + ": [" + first + "])" + prices);
+                             str(near) + ": [" + first + "])" + prices);
     }
-    p.recompute_layers = all ? 0 : n;
+    p.recompute_layers = all ? 0 : *n;
   }
   return p;
 }

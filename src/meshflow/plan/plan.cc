@@ -81,6 +81,17 @@ std::vector<int64_t> first_blocks_of_chunks(const std::vector<int64_t>& chunks, 
   return blocks;
 }
 
+std::optional<int64_t> first_blocks_count(const std::vector<int64_t>& chunks,
+                                          std::vector<int64_t> blocks) {
+  if (chunks.empty() || blocks.empty()) return std::nullopt;
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  const int64_t n =
+      std::count_if(blocks.begin(), blocks.end(), [&](int64_t b) { return b < chunks[0]; });
+  if (n == 0 || blocks != first_blocks_of_chunks(chunks, n)) return std::nullopt;
+  return n;
+}
+
 std::string plan_mesh(const Plan& p) {
   std::string s = "dp=" + std::to_string(p.dp);
   if (p.tp > 1) s += ",tp=" + std::to_string(p.tp);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,10 @@ std::vector<int64_t> chunk_blocks(const Plan& p, int64_t layers);
 // The block numbers full recompute of the first `n` blocks of each chunk of
 // `chunks` (chunk_blocks) recomputes, in increasing order.
 std::vector<int64_t> first_blocks_of_chunks(const std::vector<int64_t>& chunks, int64_t n);
+// Its inverse: the N >= 1 for which `blocks` (any order, repeats allowed) are
+// the first N blocks of each chunk, or nullopt.
+std::optional<int64_t> first_blocks_count(const std::vector<int64_t>& chunks,
+                                          std::vector<int64_t> blocks);
 
 // One line: "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0" (cp, sp only when used).
 std::string plan_label(const Plan& p);

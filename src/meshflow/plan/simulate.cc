@@ -227,18 +227,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
     MF_ASSIGN_OR_RETURN(const StrategyConfig sc, parse_strategy_config(par, "parallel"));
     MF_ASSIGN_OR_RETURN(const TransformerDims d, transformer_dims(r.job.model));
     const std::vector<int64_t> sizes = chunk_blocks(p, d.layers);
-    std::vector<int64_t> given(sc.recompute_layers.begin(), sc.recompute_layers.end());
-    std::sort(given.begin(), given.end());
-    given.erase(std::unique(given.begin(), given.end()), given.end());
-    // N: how many of the first chunk's blocks are listed.
-    const int64_t n =
-        std::count_if(given.begin(), given.end(), [&](int64_t b) { return b < sizes.front(); });
-    if (n == 0 || given != first_blocks_of_chunks(sizes, n))
+    const std::optional<int64_t> n = first_blocks_count(
+        sizes, std::vector<int64_t>(sc.recompute_layers.begin(), sc.recompute_layers.end()));
+    if (!n)
       return Status::invalid(
           "parallel.recompute_layers: the planner prices full recompute of the first N blocks of "
           "each pipeline chunk (Megatron-LM's block method), as `meshflow plan --out` writes "
           "them; these blocks are another choice");
-    p.recompute_layers = n;
+    p.recompute_layers = *n;
     // Equal interleaved chunks are what the planner's balanced split prices.
     if (p.vp > 1 &&
         std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end())
