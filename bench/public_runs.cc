@@ -36,8 +36,11 @@
 #include "meshflow/models/from_config.h"
 #include "meshflow/plan/cluster.h"
 #include "meshflow/plan/cost_model.h"
+#include "meshflow/plan/emit.h"
+#include "meshflow/plan/model_dims.h"
 #include "meshflow/plan/plan.h"
 #include "meshflow/plan/prediction_band.h"
+#include "meshflow/plan/search.h"
 
 using namespace meshflow;
 using namespace meshflow::plan;
@@ -130,6 +133,10 @@ struct Mapped {
   CostConstants k;
   std::string stack;                // "default" | "megatron2021"
   bool fsdp_shard_grad_op = false;  // stated FSDP SHARD_GRAD_OP (map_zero)
+  // Neither tp, pp nor dp stated: the plan is the best the planner finds for
+  // the framework (map_plan's rules), the other choices searched too.
+  bool search_layout = false;
+  std::string framework;
   int64_t global_batch = 0, seq = 0;
   double published_s = 0;
   std::string published_how;
@@ -397,40 +404,19 @@ Recompute map_recompute(const json& par, Mapped* m) {
   return Recompute::kNone;
 }
 
-// Finds tp and pp for a run that leaves them out: those of another run in
-// the file with the same model shape (layers, hidden, heads, seq, vocab) and
-// both stated (the Megatron-LM strong-scaling rows: the 177B weak-scaling row).
-std::optional<std::pair<int64_t, int64_t>> borrow_tp_pp(const json& runs, const json& run,
-                                                        int* donor) {
-  const json& md = run.at("model");
-  for (const json& o : runs) {
-    const json& om = o.at("model");
-    bool same = true;
-    for (const char* k : {"layers", "hidden", "heads", "seq_len", "vocab"})
-      same = same && get_int(om, k) == get_int(md, k);
-    const auto tp = get_int(o.at("parallel"), "tp"), pp = get_int(o.at("parallel"), "pp");
-    if (same && tp && pp &&
-        o.at("hardware").value("gpu", "") == run.at("hardware").value("gpu", "")) {
-      *donor = get_int(o, "id").value_or(-1);
-      return std::make_pair(*tp, *pp);
-    }
-  }
-  for (const json& o : runs) {  // the same shape on any GPU
-    const json& om = o.at("model");
-    bool same = true;
-    for (const char* k : {"layers", "hidden", "heads", "seq_len", "vocab"})
-      same = same && get_int(om, k) == get_int(md, k);
-    const auto tp = get_int(o.at("parallel"), "tp"), pp = get_int(o.at("parallel"), "pp");
-    if (same && tp && pp) {
-      *donor = get_int(o, "id").value_or(-1);
-      return std::make_pair(*tp, *pp);
-    }
-  }
-  return std::nullopt;
+// Megatron-Core/-Bridge and TorchTitan run sequence parallelism with tp > 1
+// (map_plan's sp rule).
+bool runs_sequence_parallel(const std::string& framework) {
+  return has(framework, "megatron-core") || has(framework, "megatron-bridge") ||
+         has(framework, "torchtitan");
 }
 
 // The Plan. Rules for what the source leaves null (each recorded):
-//   tp, pp: borrowed from a run of the same shape (borrow_tp_pp), else 1.
+//   tp and pp both: the layout is searched (Mapped::search_layout): the
+//       plan the run's framework runs that the planner prices fastest, as
+//       `meshflow plan --emit` would pick it, on the assumption that the
+//       team that published the run tuned its layout (the Megatron-LM
+//       strong-scaling rows, whose README gives no layout). One of them: 1.
 //   cp: 1.  dp: gpus / (tp pp cp) (checked against a stated dp).
 //   vp: 1; vp > 1 -> the interleaved schedule, else 1F1B (Megatron, DeepSpeed
 //       and TorchTitan's default non-interleaved pipeline).
@@ -446,22 +432,18 @@ std::optional<std::pair<int64_t, int64_t>> borrow_tp_pp(const json& runs, const 
 //       (one micro-batch, no accumulation) when pp = 1.
 //   num_micro_batches: global / (dp x micro_batch) (an invalid plan when not whole).
 //   recompute: map_recompute; zero: map_zero.
-void map_plan(const json& runs, const json& run, Mapped* m) {
+void map_plan(const json& run, Mapped* m) {
   const json& par = run.at("parallel");
   Plan& p = m->plan;
   std::optional<int64_t> tp = get_int(par, "tp"), pp = get_int(par, "pp");
-  if (!tp || !pp) {
-    int donor = -1;
-    if (auto b = borrow_tp_pp(runs, run, &donor)) {
-      if (!tp) tp = b->first;
-      if (!pp) pp = b->second;
-      m->inferred.push_back("tp/pp(run " + std::to_string(donor) + ")");
-    } else {
-      if (!tp) tp = 1;
-      if (!pp) pp = 1;
-      m->inferred.push_back("tp/pp=1");
-    }
+  if (!tp && !pp && !get_int(par, "dp")) {
+    m->search_layout = true;
+    m->inferred.push_back("layout=searched");
+  } else if (!tp || !pp) {
+    m->inferred.push_back("tp/pp=1");
   }
+  if (!tp) tp = 1;
+  if (!pp) pp = 1;
   p.tp = *tp;
   p.pp = *pp;
   if (auto cp = get_int(par, "cp")) {
@@ -491,8 +473,7 @@ void map_plan(const json& runs, const json& run, Mapped* m) {
   if (auto sp = get_bool(par, "sequence_parallel")) {
     p.sp = *sp && p.tp > 1;
   } else {
-    p.sp = p.tp > 1 &&
-           (has(fw, "megatron-core") || has(fw, "megatron-bridge") || has(fw, "torchtitan"));
+    p.sp = p.tp > 1 && runs_sequence_parallel(fw);
     if (p.tp > 1) m->inferred.push_back(p.sp ? "sp=on" : "sp=off");
   }
   const int64_t gb = m->global_batch;
@@ -517,7 +498,7 @@ void map_plan(const json& runs, const json& run, Mapped* m) {
   p.zero = map_zero(par, m);
 }
 
-Mapped map_run(const json& runs, const json& run) {
+Mapped map_run(const json& run) {
   Mapped m;
   m.id = get_int(run, "id").value_or(-1);
   m.group = get_str(run, "group");
@@ -564,13 +545,14 @@ Mapped map_run(const json& runs, const json& run) {
     return m;
   }
   m.model = *model;
-  map_plan(runs, run, &m);
+  map_plan(run, &m);
   // Pre-FlashAttention Megatron-DeepSpeed stacks (BLOOM 2022, MT-NLG 2021,
   // GPT-NeoX, metaseq): materialized attention scores and gradients reduced
   // after the pipeline flush (megatron2021_constants). Everything else ran
   // FlashAttention (llm-foundry flash/triton, SDPA flash, Transformer Engine)
   // with overlapped gradient reduction: the defaults.
   const std::string fw = get_str(par, "framework");
+  m.framework = fw;
   if (has(fw, "deepspeed") || has(fw, "gpt-neox") || has(fw, "metaseq")) {
     m.k = megatron2021_constants();
     m.stack = "megatron2021";
@@ -644,6 +626,37 @@ Mapped map_run(const json& runs, const json& run) {
   return m;
 }
 
+// The plan of a run that states no layout (Mapped::search_layout): the
+// fastest plan that fits and that the run's framework runs as planned (the
+// filter `meshflow plan --emit` searches with), cp 1 and sequence
+// parallelism as map_plan sets them, on the run's GPUs and global batch.
+Result<Plan> searched_layout(const CostModel& cm, const Mapped& m) {
+  MF_ASSIGN_OR_RETURN(const TransformerDims dims, transformer_dims(m.model));
+  std::optional<EmitTarget> target;
+  if (has(m.framework, "megatron")) {
+    target = EmitTarget::kMegatron;
+  } else if (has(m.framework, "torchtitan")) {
+    target = EmitTarget::kTorchTitan;
+  } else if (has(m.framework, "deepspeed")) {
+    target = EmitTarget::kDeepSpeed;
+  }
+  const bool sp = runs_sequence_parallel(m.framework);
+  SearchOptions o;
+  o.top_k = 0;
+  o.fixed.cp = 1;
+  o.fixed.ops = false;
+  o.reject = [&](const Plan& p) -> std::string {
+    if (target) {
+      Status s = emit_check(p, dims, *target);
+      if (!s.is_ok()) return s.message();
+    }
+    if (p.tp > 1 && p.sp != sp) return "sequence parallelism as the framework runs it";
+    return "";
+  };
+  MF_ASSIGN_OR_RETURN(const SearchResult r, search_plans(cm, m.gpus, o));
+  return r.plans.front().plan;
+}
+
 // ---------------------------------------------------------------- results
 
 struct Priced {
@@ -684,6 +697,52 @@ Stats stats_of(const std::vector<double>& errs) {
 void print_stats_row(const std::string& label, const Stats& s) {
   std::printf("  %-38s %4d  %6.1f%%  %+7.1f%%  %5.0f%%\n", label.c_str(), s.n, 100 * s.mae,
               100 * s.med, s.n ? 100.0 * s.within10 / s.n : 0.0);
+}
+
+// What repeated measurements allow (main's "repeated configurations"): for
+// each set of runs with identical priced inputs, one predicted time v; the
+// least sum of |v / published - 1| over the set (v at the median weighted by
+// 1 / published) and the fewest runs outside +-10% (v where most of the
+// intervals [published / 1.1, published / 0.9] overlap).
+struct RepeatFloor {
+  int runs = 0, sets = 0;  // runs in sets of two or more, and those sets
+  double median_spread = 0, max_spread = 0;
+  double least_abs_err_sum = 0;  // over every run (singletons add 0)
+  int least_outside = 0;
+};
+
+RepeatFloor repeat_floor(const std::map<std::string, std::vector<double>>& sets) {
+  RepeatFloor f;
+  std::vector<double> spreads;
+  for (const auto& [key, pub] : sets) {
+    if (pub.size() < 2) continue;
+    ++f.sets;
+    f.runs += static_cast<int>(pub.size());
+    const auto [lo, hi] = std::minmax_element(pub.begin(), pub.end());
+    spreads.push_back(*hi / *lo - 1);
+    // sum |v - p| / p is convex and piecewise linear in v: its least is at a p.
+    double best = 1e300;
+    for (double v : pub) {
+      double sum = 0;
+      for (double p : pub) sum += std::abs(v / p - 1);
+      best = std::min(best, sum);
+    }
+    f.least_abs_err_sum += best;
+    int most_inside = 0;
+    for (double v0 : pub) {
+      for (double v : {v0 * 0.9, v0 * 1.1}) {  // the intervals' ends
+        int inside = 0;
+        for (double p : pub) inside += std::abs(v / p - 1) <= 0.10 + 1e-12;
+        most_inside = std::max(most_inside, inside);
+      }
+    }
+    f.least_outside += static_cast<int>(pub.size()) - most_inside;
+  }
+  if (!spreads.empty()) {
+    f.median_spread = median(spreads);
+    f.max_spread = *std::max_element(spreads.begin(), spreads.end());
+  }
+  return f;
 }
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
@@ -745,7 +804,7 @@ int main(int argc, char** argv) {
     const std::string group = get_str(run, "group");
     if (!only.empty() && group.find(only) == std::string::npos) continue;
     ++considered;
-    Mapped m = map_run(runs, run);
+    Mapped m = map_run(run);
     if (!m.skip.empty()) {
       ++skipped[m.skip[0]];
       std::printf("%4d %-24.24s %7s %5lld %-48s %9s %9s %8s  skipped: %s\n", m.id, m.group.c_str(),
@@ -775,6 +834,25 @@ int main(int argc, char** argv) {
       continue;
     }
     CostModel cm(TrainingJob{m.model, m.global_batch, m.seq}, *cluster, m.k);
+    if (m.search_layout) {
+      Result<Plan> searched = searched_layout(cm, m);
+      if (!searched.is_ok()) {
+        invalid.emplace_back(m, "layout search: " + searched.status().message());
+        std::printf("%4d %-24.24s %6.1fB %5lld %-48s %9.3f %9s %8s  INVALID: %s\n", m.id,
+                    m.group.c_str(), cm.num_parameters() / 1e9, (long long)m.gpus, "",
+                    m.published_s, "", "", invalid.back().second.c_str());
+        continue;
+      }
+      m.plan = *searched;
+      // map_plan's notes on the placeholder's degrees, batch split, recompute
+      // and ZeRO no longer apply: the search chose them.
+      std::vector<std::string> kept;
+      for (const std::string& n : m.inferred)
+        if (n != "dp" && n.rfind("mb=", 0) != 0 && n.rfind("rc=", 0) != 0 &&
+            n.rfind("zero", 0) != 0 && n.rfind("sp=", 0) != 0)
+          kept.push_back(n);
+      m.inferred = std::move(kept);
+    }
     std::string why = cm.invalid_reason(m.plan);
     if (m.plan.num_micro_batches == 0)
       why = "global batch " + std::to_string(m.global_batch) +
@@ -899,6 +977,28 @@ int main(int argc, char** argv) {
         100 * r.err, c.compute_s, c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s,
         c.dp_comm_s, c.optimizer_s, r.fits ? "" : " OOM", join(r.m.inferred, ",").c_str());
   }
+  // Repeated measurements: runs whose priced inputs are identical (model
+  // shape, cluster file and fabric, plan, stack, batch) get one prediction
+  // from any model, so their published spread bounds what any model reaches.
+  std::map<std::string, std::vector<double>> repeats;
+  for (const Priced& r : priced) {
+    char net[32] = "";
+    if (r.m.inter_node_bytes_per_s)
+      std::snprintf(net, sizeof net, "%.4g", *r.m.inter_node_bytes_per_s);
+    repeats[r.m.model_key + "|" + r.m.cluster_file + "|" + net + "|" +
+            std::to_string(r.m.gpus_per_node) + "|" + plan_label(r.m.plan) + "|" + r.m.stack + "|" +
+            std::to_string(r.m.global_batch) + "|" + std::to_string(r.m.seq)]
+        .push_back(r.m.published_s);
+  }
+  const RepeatFloor floor = repeat_floor(repeats);
+  std::printf(
+      "\nrepeated configurations: %d runs in %d sets of identical inputs; published spread "
+      "(max / min - 1) median %.1f%%, largest %.1f%%\n"
+      "  best any model can reach on this set (one prediction per set): MAE >= %.1f%%, "
+      "within +-10%% <= %d/%zu\n",
+      floor.runs, floor.sets, 100 * floor.median_spread, 100 * floor.max_spread,
+      100 * floor.least_abs_err_sum / priced.size(), int(priced.size()) - floor.least_outside,
+      priced.size());
   // Peak memory where the source reports it: the planner's memory.total per
   // GPU against the logged peak (an allocator's or the device's view; the
   // sources do not say which, so the comparison is a check, not a fit).
