@@ -43,6 +43,7 @@
 #include "meshflow/engine/pipeline_trainer.h"
 #include "meshflow/engine/trainer.h"
 #include "meshflow/kernels/cpu/blas_core.h"
+#include "meshflow/ops/matmul_dims.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/calibrate.h"
@@ -97,31 +98,42 @@ bool g_profile = false;
 const plan::Cluster* g_cluster = nullptr;  // the shared cluster of the plan being measured
 
 // --profile: rank 0's measured seconds per step by op kind beside the
-// roofline (plan::Cluster) of the same nodes of its program.
+// roofline (plan::Cluster) of the same nodes of its program, and the same
+// with each matmul's shape (Cluster::matmul_shape_factor: the thin-GEMM
+// curve of the cluster file, where it has one).
 void print_profile(Executor& ex, int steps, int micro_batches) {
   const Graph& g = ex.graph();
-  std::vector<double> pred(kNumOpKinds, 0.0);
+  std::vector<double> pred(kNumOpKinds, 0.0), shaped(kNumOpKinds, 0.0);
   std::vector<int> count(kNumOpKinds, 0);
   auto add = [&](const std::vector<NodeId>& order, double times) {
     for (NodeId id : order) {
       const Node& n = g.node(id);
       const OpCost c = op_cost(g, n);
-      pred[int(n.kind)] += times * g_cluster->roofline_time_s(c.flops, c.bytes, DType::F32);
+      const double t = g_cluster->roofline_time_s(c.flops, c.bytes, DType::F32);
+      double f = 1;
+      if (n.kind == OpKind::kMatMul) {
+        const MatMulDims d = value_or_throw(matmul_dims(g, n));
+        f = g_cluster->matmul_shape_factor(double(d.M), double(d.N), double(d.K));
+      }
+      pred[int(n.kind)] += times * t;
+      shaped[int(n.kind)] += times * std::max(g_cluster->matmul_time_s(c.flops, DType::F32) / f,
+                                              g_cluster->memory_time_s(c.bytes));
       count[int(n.kind)] += int(times);
     }
   };
   add(ex.forward_backward_order(), micro_batches);
   add(ex.optimizer_order(), 1);
   const std::vector<double>& meas = ex.seconds_by_kind();
-  double tm = 0, tp = 0;
-  std::printf("    %-22s %6s %10s %10s\n", "op kind", "nodes", "meas ms", "roofline");
+  double tm = 0, tp = 0, ts = 0;
+  std::printf("    %-22s %6s %10s %10s %10s\n", "op kind", "nodes", "meas ms", "roofline",
+              "by shape");
   for (int k = 0; k < kNumOpKinds; ++k) {
     if (meas[k] <= 0 && pred[k] <= 0) continue;
-    tm += meas[k] / steps, tp += pred[k];
-    std::printf("    %-22s %6d %10.2f %10.2f\n", std::string(op_name(OpKind(k))).c_str(), count[k],
-                1e3 * meas[k] / steps, 1e3 * pred[k]);
+    tm += meas[k] / steps, tp += pred[k], ts += shaped[k];
+    std::printf("    %-22s %6d %10.2f %10.2f %10.2f\n", std::string(op_name(OpKind(k))).c_str(),
+                count[k], 1e3 * meas[k] / steps, 1e3 * pred[k], 1e3 * shaped[k]);
   }
-  std::printf("    %-22s %6s %10.2f %10.2f\n", "total", "", 1e3 * tm, 1e3 * tp);
+  std::printf("    %-22s %6s %10.2f %10.2f %10.2f\n", "total", "", 1e3 * tm, 1e3 * tp, 1e3 * ts);
 }
 
 // The run config's "parallel" section of a case: the partitioned program

@@ -55,6 +55,30 @@ Cluster local() {
   return c.is_ok() ? *c : Cluster{};
 }
 
+// Kernel efficiency by shape on this machine's file: the small GPT's
+// matmuls (64 wide, 16-wide heads) are priced slower with the measured
+// thin-GEMM curve than by their FLOPs alone, a 512-wide one's less so.
+TEST(PlanAuto, ThinMatmulsArePricedByTheirShape) {
+  const Cluster with = value_or_throw(share_machine(local(), 1));
+  ASSERT_FALSE(with.device.matmul_thin_efficiency.empty()) << "configs/clusters/local_cpu.json";
+  Cluster without = with;
+  without.device.matmul_thin_efficiency.clear();
+  auto compute_s = [&](int64_t width, const Cluster& c) {
+    json m = small_gpt();
+    m["n_embd"] = width;
+    const CostModel cm(TrainingJob{value_or_throw(parse_model_config(m)), 8, 32}, c,
+                       meshflow_cpu_constants());
+    Plan p;
+    p.micro_batch = 8;
+    return value_or_throw(cm.price(p)).compute_s;
+  };
+  const double narrow = compute_s(64, with) / compute_s(64, without);
+  const double wide = compute_s(512, with) / compute_s(512, without);
+  EXPECT_GT(narrow, 1.05);
+  EXPECT_GE(wide, 1.0);
+  EXPECT_LT(wide, narrow);
+}
+
 TEST(PlanAuto, ShareMachineSplitsTheDevice) {
   const Cluster m = local();
   const Cluster c = value_or_throw(share_machine(m, 4));

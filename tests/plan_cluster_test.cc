@@ -342,6 +342,50 @@ TEST(PlanCluster, EfficiencyCurveAndRoofline) {
   EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e15), 0.8);
 }
 
+// Kernel efficiency by shape: a GEMM with one thin side runs at the thin
+// curve's factor of what the curve by FLOPs gives it, relative to a cube of
+// the same volume (the shape the curve was measured at); no curve: 1.
+TEST(PlanCluster, ThinMatmulsRunAtTheirShapesFactor) {
+  json j = valid_cluster();
+  j["device"]["matmul_thin_efficiency"] = json::parse("[[16, 0.4], [64, 0.8], [256, 1.0]]");
+  Result<Cluster> c = parse_cluster(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->matmul_shape_factor(512, 512, 512), 1.0);
+  // 4096 x 4096 x 16: the cube of its volume is 645 wide (1.0), its thin side 16 (0.4); any side.
+  EXPECT_NEAR(c->matmul_shape_factor(4096, 4096, 16), 0.4, 1e-12);
+  EXPECT_NEAR(c->matmul_shape_factor(16, 4096, 4096), 0.4, 1e-12);
+  // 32 is halfway from 16 to 64 in log: 0.6.
+  EXPECT_NEAR(c->matmul_shape_factor(4096, 32, 4096), 0.6, 1e-12);
+  // A small cube: the curve by FLOPs already prices it (both ends clamp to 0.4).
+  EXPECT_DOUBLE_EQ(c->matmul_shape_factor(8, 8, 8), 1.0);
+  // 64 x 64 x 16: its cube is 40.3 wide, so it pays 0.4 over thin(40.3) = 0.4 + 0.4 * log(40.3/16)
+  // / log(4).
+  const double cube = 0.4 + 0.4 * std::log(std::cbrt(64.0 * 64 * 16) / 16) / std::log(4.0);
+  EXPECT_NEAR(c->matmul_shape_factor(64, 64, 16), 0.4 / cube, 1e-12);
+  // The time: the curve's, over the factor.
+  EXPECT_NEAR(
+      c->matmul_time_s(2.0 * 4096 * 4096 * 16, DType::F32) / c->matmul_shape_factor(4096, 4096, 16),
+      2.0 * 4096 * 4096 * 16 / (1e12 * c->matmul_efficiency(2.0 * 4096 * 4096 * 16)) / 0.4, 1e-15);
+  EXPECT_DOUBLE_EQ(
+      value_or_throw(parse_cluster(valid_cluster())).matmul_shape_factor(4096, 4096, 16), 1.0);
+  Result<Cluster> back = parse_cluster(json::parse(format_cluster_json(*c)));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
+  EXPECT_DOUBLE_EQ(back->matmul_shape_factor(4096, 32, 4096),
+                   c->matmul_shape_factor(4096, 32, 4096));
+  // What is wrong with a curve, named.
+  for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {"[[64, 0.8], [16, 0.4]]", "matmul_thin_efficiency[1]: dim must increase"},
+           {"[[16, 1.5]]", "matmul_thin_efficiency[0]: factor must be in (0, 1]"},
+           {"[[0.5, 0.5]]", "matmul_thin_efficiency[0]: dim must be >= 1"},
+           {"[16, 0.4]", "matmul_thin_efficiency[0] must be [dim, factor]"},
+           {"0.5", "matmul_thin_efficiency must be [[dim, factor], ...]"}}) {
+    j["device"]["matmul_thin_efficiency"] = json::parse(bad);
+    const std::string m = error_of(j);
+    EXPECT_NE(m.find("cluster.device." + says), std::string::npos) << bad << ": " << m;
+  }
+}
+
 TEST(PlanCluster, QuickCalibration) {
   CalibrationOptions o;
   o.quick = true;
@@ -356,12 +400,20 @@ TEST(PlanCluster, QuickCalibration) {
   ASSERT_EQ(cal->gemm.size(), 4u);
   for (const GemmSample& g : cal->gemm) EXPECT_GT(g.flops_per_s, 0);
   Cluster c = cluster_from_calibration(*cal, "local_cpu");
+  const std::string report = format_calibration(*cal);
   Result<Cluster> back = parse_cluster(json::parse(format_cluster_json(c)));
   ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << cluster_to_json(c).dump(2);
   EXPECT_NEAR(back->device.peak_flops.f32, cal->peak_flops, 1e-3 * cal->peak_flops);
   EXPECT_EQ(back->device.matmul_efficiency.size(), 4u);
   EXPECT_DOUBLE_EQ(back->matmul_efficiency(1e15), back->device.matmul_efficiency.back().efficiency);
-  std::string report = format_calibration(*cal);
+  // The thin GEMMs (one side 16, 64, 256), each a factor of the square curve.
+  ASSERT_EQ(cal->thin_gemm.size(), 3u);
+  ASSERT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
+  for (const ThinPoint& t : back->device.matmul_thin_efficiency) {
+    EXPECT_GT(t.factor, 0.0);
+    EXPECT_LE(t.factor, 1.0);
+  }
+  EXPECT_NE(report.find("one thin side"), std::string::npos);
   EXPECT_NE(report.find("SGEMM"), std::string::npos);
   EXPECT_NE(report.find("all_reduce"), std::string::npos);
 }

@@ -76,6 +76,38 @@ std::vector<GemmSample> measure_sgemm(bool quick) {
   return out;
 }
 
+// GEMMs with one thin side (kernel efficiency by shape): big x big x dim with
+// the thin side as m, as n and as k in turn, row-major, as the training
+// program's projections, their gradients and small heads have them.
+std::vector<ThinGemmSample> measure_thin_sgemm(bool quick) {
+  const int64_t big = quick ? 1024 : 2048;
+  const std::vector<int64_t> dims =
+      quick ? std::vector<int64_t>{16, 64, 256} : std::vector<int64_t>{16, 32, 64, 128, 256, 512};
+  std::vector<ThinGemmSample> out;
+  std::vector<float> a(big * big), b(big * big), c(big * big, 0.0f);
+  for (int64_t i = 0; i < big * big; ++i) {
+    a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+    b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+  }
+  for (int64_t d : dims) {
+    double total_s = 0;
+    for (int thin = 0; thin < 3; ++thin) {
+      const int m = static_cast<int>(thin == 0 ? d : big),
+                n = static_cast<int>(thin == 1 ? d : big),
+                k = static_cast<int>(thin == 2 ? d : big);
+      auto call = [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
+                    n, 0.0f, c.data(), n);
+      };
+      call();
+      total_s += best_time(call, 3, 200, quick ? 0.03 : 0.2);
+    }
+    const double flops = 2.0 * double(big) * double(big) * double(d);
+    out.push_back({d, big, 3 * flops / total_s});
+  }
+  return out;
+}
+
 // STREAM triad a = b + s * c; counts 3 * n * 4 bytes per pass.
 double measure_triad(bool quick) {
   const int64_t n = quick ? (int64_t{1} << 24) : (int64_t{1} << 25);
@@ -202,6 +234,7 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
     }
   } restore{omp_before, blas_before};
   cal.gemm = measure_sgemm(options.quick);
+  cal.thin_gemm = measure_thin_sgemm(options.quick);
   for (const GemmSample& g : cal.gemm) cal.peak_flops = std::max(cal.peak_flops, g.flops_per_s);
   cal.memory_bandwidth_bytes_per_s = measure_triad(options.quick);
   cal.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
@@ -250,6 +283,15 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
     const double e = std::clamp(g.flops_per_s / cal.peak_flops, 1e-3, 1.0);  // of the best
     c.device.matmul_efficiency.push_back({g.gflop_per_call, std::round(e * 1000) / 1000});
   }
+  // Each thin shape's rate over what the square curve gives its FLOPs; the
+  // factor is relative (Cluster::matmul_shape_factor divides by the cube's).
+  for (const ThinGemmSample& t : cal.thin_gemm) {
+    const double flops = 2.0 * double(t.big) * double(t.big) * double(t.dim);
+    const double square_s = c.matmul_time_s(flops, DType::F32);  // the square curve's time
+    if (!(square_s > 0) || !(t.flops_per_s > 0)) continue;
+    const double f = std::clamp(t.flops_per_s * square_s / flops, 1e-3, 1.0);
+    c.device.matmul_thin_efficiency.push_back({double(t.dim), std::round(f * 1000) / 1000});
+  }
   c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
   c.inter_node = c.intra_node;
   return c;
@@ -271,6 +313,13 @@ std::string format_calibration(const Calibration& cal) {
     std::snprintf(line, sizeof line, "  n=%-5lld %9.4f GFLOP/call  %8.1f GFLOP/s  (%.2f of best)\n",
                   static_cast<long long>(g.size), g.gflop_per_call, g.flops_per_s / 1e9,
                   g.flops_per_s / cal.peak_flops);
+    s += line;
+  }
+  s += "SGEMM with one thin side (big x big x dim; m, n and k thin in turn, mean rate):\n";
+  for (const ThinGemmSample& t : cal.thin_gemm) {
+    std::snprintf(line, sizeof line, "  dim=%-4lld big=%-5lld %8.1f GFLOP/s  (%.2f of best)\n",
+                  static_cast<long long>(t.dim), static_cast<long long>(t.big), t.flops_per_s / 1e9,
+                  t.flops_per_s / cal.peak_flops);
     s += line;
   }
   std::snprintf(line, sizeof line, "memory: triad %.2f GB/s, %.1f GiB physical\n",

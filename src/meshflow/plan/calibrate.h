@@ -50,6 +50,14 @@ struct GemmSample {
   double flops_per_s = 0;
 };
 
+// SGEMMs of one thin side: sizes big x big x dim in each of the three
+// orientations (m, n or k thin), their mean rate.
+struct ThinGemmSample {
+  int64_t dim = 0;
+  int64_t big = 0;
+  double flops_per_s = 0;
+};
+
 struct CollectiveSample {
   double bytes = 0;    // the all_reduce buffer
   double seconds = 0;  // best time of one call
@@ -59,7 +67,8 @@ struct Calibration {
   std::string cpu_name;
   int threads = 1;
   std::vector<GemmSample> gemm;
-  double peak_flops = 0;  // the best SGEMM rate measured
+  std::vector<ThinGemmSample> thin_gemm;  // Device::matmul_thin_efficiency
+  double peak_flops = 0;                  // the best SGEMM rate measured
   double memory_bandwidth_bytes_per_s = 0;
   int64_t memory_bytes = 0;  // physical memory
   int ranks = 2;

@@ -70,6 +70,24 @@ double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const 
   return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
 }
 
+double Cluster::matmul_shape_factor(double m, double n, double k) const {
+  const std::vector<ThinPoint>& c = device.matmul_thin_efficiency;
+  if (c.empty() || !(m > 0 && n > 0 && k > 0)) return 1.0;
+  auto at = [&](double d) {
+    if (d <= c.front().dim) return c.front().factor;
+    if (d >= c.back().dim) return c.back().factor;
+    for (size_t i = 1; i < c.size(); ++i) {
+      if (d > c[i].dim) continue;
+      const double t =
+          (std::log(d) - std::log(c[i - 1].dim)) / (std::log(c[i].dim) - std::log(c[i - 1].dim));
+      return c[i - 1].factor + t * (c[i].factor - c[i - 1].factor);
+    }
+    return c.back().factor;
+  };
+  const double thin = std::min({m, n, k}), cube = std::cbrt(m * n * k);
+  return std::min(1.0, at(thin) / at(cube));
+}
+
 double Cluster::memory_time_s(double bytes) const {
   if (bytes <= 0) return 0;
   return bytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency);
@@ -232,6 +250,38 @@ void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
   *out = std::move(curve);
 }
 
+// "matmul_thin_efficiency": [[dim, factor], ...] sorted by dim.
+void read_thin_curve(JsonObjectReader& r, const json& j, const std::string& where,
+                     std::vector<ThinPoint>* out) {
+  const std::string key = "matmul_thin_efficiency";
+  const std::string p = where + "." + key;
+  r.ignore({"matmul_thin_efficiency"});
+  if (!j.is_object() || !j.contains(key)) return;
+  const json& v = j.at(key);
+  if (!v.is_array() || v.empty())
+    return r.fail(p +
+                  " must be [[dim, factor], ...] (a GEMM's smallest dimension and what it "
+                  "sustains of the efficiency curve), got " +
+                  json_type_name(v));
+  std::vector<ThinPoint> curve;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
+      return r.fail(at + " must be [dim, factor] (two numbers), got " +
+                    (e.is_array() ? e.dump() : json_type_name(e)));
+    ThinPoint pt{e[0].get<double>(), e[1].get<double>()};
+    if (!(pt.dim >= 1)) return r.fail(at + ": dim must be >= 1, got " + num(pt.dim));
+    if (!(pt.factor > 0 && pt.factor <= 1))
+      return r.fail(at + ": factor must be in (0, 1], got " + num(pt.factor));
+    if (!curve.empty() && pt.dim <= curve.back().dim)
+      return r.fail(at + ": dim must increase along the curve, got " + num(pt.dim) + " after " +
+                    num(curve.back().dim));
+    curve.push_back(pt);
+  }
+  *out = std::move(curve);
+}
+
 Status parse_link(const json& j, const std::string& where, Link* link) {
   JsonObjectReader r(j, where);
   r.required("bandwidth_bytes_per_s");
@@ -254,6 +304,7 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   read_number(r, j, where, "memory_bandwidth_bytes_per_s", &d->memory_bandwidth_bytes_per_s, false,
               "bytes per second");
   read_curve(r, j, where, &d->matmul_efficiency);
+  read_thin_curve(r, j, where, &d->matmul_thin_efficiency);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
   json attention;
   r.object("attention_efficiency", &attention);
@@ -367,6 +418,11 @@ J cluster_json(const Cluster& c) {
     J curve = J::array();
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});
     dev["matmul_efficiency"] = curve;
+  }
+  if (!d.matmul_thin_efficiency.empty()) {
+    J curve = J::array();
+    for (const ThinPoint& p : d.matmul_thin_efficiency) curve.push_back({p.dim, p.factor});
+    dev["matmul_thin_efficiency"] = curve;
   }
   J out = {{"name", c.name},
            {"nodes", c.nodes},

@@ -185,8 +185,8 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
   return lp;
 }
 
-double CostModel::compute_time_s(double flops) const {
-  return cluster_.matmul_time_s(flops, dtype_) / k_.matmul_efficiency_scale;
+double CostModel::compute_time_s(double flops, double shape_factor) const {
+  return cluster_.matmul_time_s(flops, dtype_) / (k_.matmul_efficiency_scale * shape_factor);
 }
 
 double CostModel::update_bytes_per_param(bool mixed) const {

@@ -529,9 +529,10 @@ class CostModel {
   double model_flops_per_token() const;
 
  private:
-  // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale),
-  // and the roofline of an op with that compute and `bytes` of memory traffic.
-  double compute_time_s(double flops) const;
+  // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale,
+  // x `shape_factor`: Cluster::matmul_shape_factor of the GEMM's sizes), and
+  // the roofline of an op with that compute and `bytes` of memory traffic.
+  double compute_time_s(double flops, double shape_factor = 1.0) const;
   // Bytes the optimizer step streams per parameter it updates (CostConstants'
   // AdamW figure, less 8 per f32 state the job's optimizer lacks), and the
   // bytes of its f32 state (with the master weight under mixed precision).

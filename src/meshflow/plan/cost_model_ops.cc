@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "meshflow/autodiff/autodiff.h"
+#include "meshflow/ops/matmul_dims.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/ops/zigzag.h"
 #include "meshflow/optim/optimizer.h"
@@ -89,7 +90,9 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
           for (int64_t src = 0; src < ring; ++src) {
             for (const RingBlock& b : ring_step_blocks(tq, tq * ring, n.attrs.seq_zigzag, r, src,
                                                        n.attrs.causal, kRingTileRows))
-              rank_t += compute_time_s(2.0 * double(b.rows) * double(b.cols) * double(d_head));
+              rank_t += compute_time_s(
+                  2.0 * double(b.rows) * double(b.cols) * double(d_head),
+                  cluster_.matmul_shape_factor(double(b.rows), double(b.cols), double(d_head)));
           }
           gemm_t = std::max(gemm_t, rank_t);
         }
@@ -97,7 +100,9 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
         for (int64_t i0 = 0; i0 < tq; i0 += kBlockQ) {
           const int64_t r = std::min(kBlockQ, tq - i0);
           const int64_t keys = std::clamp<int64_t>(i0 + r + tk - tq, 0, tk);
-          gemm_t += compute_time_s(2.0 * double(r) * double(keys) * double(d_head));
+          gemm_t +=
+              compute_time_s(2.0 * double(r) * double(keys) * double(d_head),
+                             cluster_.matmul_shape_factor(double(r), double(keys), double(d_head)));
         }
       }
       t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
@@ -111,6 +116,13 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
                              cluster_.memory_time_s(c.bytes * byte_scale))
                   : roofline_time_s(c.flops, c.bytes * byte_scale);
     }
+  } else if (n.kind == OpKind::kMatMul) {
+    // One GEMM per batch element: the curve by its FLOPs, and by its shape
+    // where the cluster file measured thin GEMMs (Cluster::matmul_shape_factor).
+    const Result<MatMulDims> d = matmul_dims(g, n);
+    const double f =
+        d.is_ok() ? cluster_.matmul_shape_factor(double(d->M), double(d->N), double(d->K)) : 1.0;
+    t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
   } else {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);
   }
