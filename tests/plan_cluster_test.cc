@@ -373,6 +373,22 @@ TEST(PlanCluster, ThinMatmulsRunAtTheirShapesFactor) {
   EXPECT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
   EXPECT_DOUBLE_EQ(back->matmul_shape_factor(4096, 32, 4096),
                    c->matmul_shape_factor(4096, 32, 4096));
+  // A local rank that has one core runs its GEMMs on one thread: share_machine
+  // takes the one-thread curve for ranks >= cores, the machine's otherwise.
+  j["device"]["matmul_thin_efficiency_one_thread"] = json::parse("[[16, 0.5], [256, 1.0]]");
+  j["nodes"] = 1, j["devices_per_node"] = 1;  // one machine
+  const Cluster both = value_or_throw(parse_cluster(j));
+  EXPECT_EQ(value_or_throw(share_machine(both, 2, 2)).device.matmul_thin_efficiency.front().factor,
+            0.5);
+  EXPECT_EQ(value_or_throw(share_machine(both, 4, 2)).device.matmul_thin_efficiency.size(), 2u);
+  EXPECT_EQ(value_or_throw(share_machine(both, 1, 2)).device.matmul_thin_efficiency.front().factor,
+            0.4);
+  EXPECT_EQ(value_or_throw(share_machine(both, 2, 4)).device.matmul_thin_efficiency.front().factor,
+            0.4);
+  EXPECT_EQ(value_or_throw(parse_cluster(json::parse(format_cluster_json(both))))
+                .device.matmul_thin_efficiency_one_thread.size(),
+            2u);
+  j = valid_cluster();
   // What is wrong with a curve, named.
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
            {"[[64, 0.8], [16, 0.4]]", "matmul_thin_efficiency[1]: dim must increase"},
@@ -406,13 +422,17 @@ TEST(PlanCluster, QuickCalibration) {
   EXPECT_NEAR(back->device.peak_flops.f32, cal->peak_flops, 1e-3 * cal->peak_flops);
   EXPECT_EQ(back->device.matmul_efficiency.size(), 4u);
   EXPECT_DOUBLE_EQ(back->matmul_efficiency(1e15), back->device.matmul_efficiency.back().efficiency);
-  // The thin GEMMs (one side 16, 64, 256), each a factor of the square curve.
+  // The thin GEMMs (one side 16, 64, 256), each a factor of the square curve,
+  // on all threads and on one.
   ASSERT_EQ(cal->thin_gemm.size(), 3u);
   ASSERT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
-  for (const ThinPoint& t : back->device.matmul_thin_efficiency) {
-    EXPECT_GT(t.factor, 0.0);
-    EXPECT_LE(t.factor, 1.0);
-  }
+  ASSERT_EQ(back->device.matmul_thin_efficiency_one_thread.size(), 3u);
+  for (const auto* curve :
+       {&back->device.matmul_thin_efficiency, &back->device.matmul_thin_efficiency_one_thread})
+    for (const ThinPoint& t : *curve) {
+      EXPECT_GT(t.factor, 0.0);
+      EXPECT_LE(t.factor, 1.0);
+    }
   EXPECT_NE(report.find("one thin side"), std::string::npos);
   EXPECT_NE(report.find("SGEMM"), std::string::npos);
   EXPECT_NE(report.find("all_reduce"), std::string::npos);

@@ -89,22 +89,36 @@ std::vector<ThinGemmSample> measure_thin_sgemm(bool quick) {
     a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
     b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
   }
-  for (int64_t d : dims) {
+  const double min_s = quick ? 0.03 : 0.2;
+  auto gemm_s = [&](int m, int n, int k) {
+    auto call = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
+                  n, 0.0f, c.data(), n);
+    };
+    call();
+    return best_time(call, 3, 200, min_s);
+  };
+  // The three orientations' mean rate.
+  auto thin_rate = [&](int64_t d) {
     double total_s = 0;
-    for (int thin = 0; thin < 3; ++thin) {
-      const int m = static_cast<int>(thin == 0 ? d : big),
-                n = static_cast<int>(thin == 1 ? d : big),
-                k = static_cast<int>(thin == 2 ? d : big);
-      auto call = [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
-                    n, 0.0f, c.data(), n);
-      };
-      call();
-      total_s += best_time(call, 3, 200, quick ? 0.03 : 0.2);
-    }
-    const double flops = 2.0 * double(big) * double(big) * double(d);
-    out.push_back({d, big, 3 * flops / total_s});
+    for (int thin = 0; thin < 3; ++thin)
+      total_s +=
+          gemm_s(static_cast<int>(thin == 0 ? d : big), static_cast<int>(thin == 1 ? d : big),
+                 static_cast<int>(thin == 2 ? d : big));
+    return 3 * 2.0 * double(big) * double(big) * double(d) / total_s;
+  };
+  for (int64_t d : dims) out.push_back({d, big, thin_rate(d)});
+  // One thread (a local rank that has one core), against one thread's
+  // square GEMM of the same FLOPs.
+  const int blas_threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  for (ThinGemmSample& t : out) {
+    t.one_thread_flops_per_s = thin_rate(t.dim);
+    const int n =
+        static_cast<int>(std::lround(std::cbrt(double(big) * double(big) * double(t.dim))));
+    t.one_thread_square_flops_per_s = 2.0 * double(n) * n * n / gemm_s(n, n, n);
   }
+  openblas_set_num_threads(blas_threads);
   return out;
 }
 
@@ -291,6 +305,12 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
     if (!(square_s > 0) || !(t.flops_per_s > 0)) continue;
     const double f = std::clamp(t.flops_per_s * square_s / flops, 1e-3, 1.0);
     c.device.matmul_thin_efficiency.push_back({double(t.dim), std::round(f * 1000) / 1000});
+    if (t.one_thread_flops_per_s > 0 && t.one_thread_square_flops_per_s > 0) {
+      const double f1 =
+          std::clamp(t.one_thread_flops_per_s / t.one_thread_square_flops_per_s, 1e-3, 1.0);
+      c.device.matmul_thin_efficiency_one_thread.push_back(
+          {double(t.dim), std::round(f1 * 1000) / 1000});
+    }
   }
   c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
   c.inter_node = c.intra_node;
@@ -317,9 +337,14 @@ std::string format_calibration(const Calibration& cal) {
   }
   s += "SGEMM with one thin side (big x big x dim; m, n and k thin in turn, mean rate):\n";
   for (const ThinGemmSample& t : cal.thin_gemm) {
-    std::snprintf(line, sizeof line, "  dim=%-4lld big=%-5lld %8.1f GFLOP/s  (%.2f of best)\n",
+    std::snprintf(line, sizeof line,
+                  "  dim=%-4lld big=%-5lld %8.1f GFLOP/s  (%.2f of best); one thread %.1f "
+                  "GFLOP/s, %.2f of its square\n",
                   static_cast<long long>(t.dim), static_cast<long long>(t.big), t.flops_per_s / 1e9,
-                  t.flops_per_s / cal.peak_flops);
+                  t.flops_per_s / cal.peak_flops, t.one_thread_flops_per_s / 1e9,
+                  t.one_thread_square_flops_per_s > 0
+                      ? t.one_thread_flops_per_s / t.one_thread_square_flops_per_s
+                      : 0.0);
     s += line;
   }
   std::snprintf(line, sizeof line, "memory: triad %.2f GB/s, %.1f GiB physical\n",

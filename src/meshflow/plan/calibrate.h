@@ -56,6 +56,10 @@ struct ThinGemmSample {
   int64_t dim = 0;
   int64_t big = 0;
   double flops_per_s = 0;
+  // On one thread: the thin GEMMs' rate and a square GEMM's of the same
+  // FLOPs (Device::matmul_thin_efficiency_one_thread is their ratio).
+  double one_thread_flops_per_s = 0;
+  double one_thread_square_flops_per_s = 0;
 };
 
 struct CollectiveSample {

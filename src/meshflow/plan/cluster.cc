@@ -166,6 +166,10 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
       static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
   for (EfficiencyPoint& e : r.device.matmul_efficiency) e.gflop *= share;
   if (cores <= 0) cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  // A rank with one core runs its GEMMs on one thread, where a thin side
+  // costs another share than on all of them.
+  if (ranks >= cores && !machine.device.matmul_thin_efficiency_one_thread.empty())
+    r.device.matmul_thin_efficiency = machine.device.matmul_thin_efficiency_one_thread;
   if (ranks > cores) {
     r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;
     r.shared_cores = cores;
@@ -214,6 +218,39 @@ void read_efficiency(JsonObjectReader& r, const json& j, const std::string& wher
   *out = x;
 }
 
+// The points of a curve `p` ([[x, y], ...], non-empty): x increasing and at
+// least x_min (above 0 when x_min is 0), y in (0, 1]. False (and the reader
+// failed, naming the point) on the first bad one.
+bool read_points(JsonObjectReader& r, const json& v, const std::string& p, const char* x_name,
+                 const char* y_name, double x_min, std::vector<std::pair<double, double>>* out) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number()) {
+      r.fail(at + " must be [" + x_name + ", " + y_name + "] (two numbers), got " +
+             (e.is_array() ? e.dump() : json_type_name(e)));
+      return false;
+    }
+    const double x = e[0].get<double>(), y = e[1].get<double>();
+    if (x_min > 0 ? !(x >= x_min) : !(x > 0)) {
+      r.fail(at + ": " + x_name + " must be " + (x_min > 0 ? ">= " + num(x_min) : "> 0") +
+             ", got " + num(x));
+      return false;
+    }
+    if (!(y > 0 && y <= 1)) {
+      r.fail(at + ": " + y_name + " must be in (0, 1], got " + num(y));
+      return false;
+    }
+    if (!out->empty() && x <= out->back().first) {
+      r.fail(at + ": " + x_name + " must increase along the curve, got " + num(x) + " after " +
+             num(out->back().first));
+      return false;
+    }
+    out->push_back({x, y});
+  }
+  return true;
+}
+
 // "matmul_efficiency": a number (the same at every size) or
 // [[gflop_per_call, efficiency], ...] sorted by gflop_per_call.
 void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
@@ -231,31 +268,18 @@ void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
   }
   const std::string shape = " must be a number in (0, 1] or [[gflop_per_call, efficiency], ...]";
   if (!v.is_array() || v.empty()) return r.fail(p + shape + ", got " + json_type_name(v));
-  std::vector<EfficiencyPoint> curve;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& e = v[i];
-    const std::string at = p + "[" + std::to_string(i) + "]";
-    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
-      return r.fail(at + " must be [gflop_per_call, efficiency] (two numbers), got " +
-                    (e.is_array() ? e.dump() : json_type_name(e)));
-    EfficiencyPoint pt{e[0].get<double>(), e[1].get<double>()};
-    if (!(pt.gflop > 0)) return r.fail(at + ": gflop_per_call must be > 0, got " + num(pt.gflop));
-    if (!(pt.efficiency > 0 && pt.efficiency <= 1))
-      return r.fail(at + ": efficiency must be in (0, 1], got " + num(pt.efficiency));
-    if (!curve.empty() && pt.gflop <= curve.back().gflop)
-      return r.fail(at + ": gflop_per_call must increase along the curve, got " + num(pt.gflop) +
-                    " after " + num(curve.back().gflop));
-    curve.push_back(pt);
-  }
-  *out = std::move(curve);
+  std::vector<std::pair<double, double>> points;
+  if (!read_points(r, v, p, "gflop_per_call", "efficiency", 0, &points)) return;
+  out->clear();
+  for (const auto& [x, y] : points) out->push_back({x, y});
 }
 
-// "matmul_thin_efficiency": [[dim, factor], ...] sorted by dim.
+// "matmul_thin_efficiency" (and "..._one_thread"): [[dim, factor], ...]
+// sorted by dim.
 void read_thin_curve(JsonObjectReader& r, const json& j, const std::string& where,
-                     std::vector<ThinPoint>* out) {
-  const std::string key = "matmul_thin_efficiency";
+                     const std::string& key, std::vector<ThinPoint>* out) {
   const std::string p = where + "." + key;
-  r.ignore({"matmul_thin_efficiency"});
+  r.ignore({key.c_str()});
   if (!j.is_object() || !j.contains(key)) return;
   const json& v = j.at(key);
   if (!v.is_array() || v.empty())
@@ -263,23 +287,10 @@ void read_thin_curve(JsonObjectReader& r, const json& j, const std::string& wher
                   " must be [[dim, factor], ...] (a GEMM's smallest dimension and what it "
                   "sustains of the efficiency curve), got " +
                   json_type_name(v));
-  std::vector<ThinPoint> curve;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& e = v[i];
-    const std::string at = p + "[" + std::to_string(i) + "]";
-    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
-      return r.fail(at + " must be [dim, factor] (two numbers), got " +
-                    (e.is_array() ? e.dump() : json_type_name(e)));
-    ThinPoint pt{e[0].get<double>(), e[1].get<double>()};
-    if (!(pt.dim >= 1)) return r.fail(at + ": dim must be >= 1, got " + num(pt.dim));
-    if (!(pt.factor > 0 && pt.factor <= 1))
-      return r.fail(at + ": factor must be in (0, 1], got " + num(pt.factor));
-    if (!curve.empty() && pt.dim <= curve.back().dim)
-      return r.fail(at + ": dim must increase along the curve, got " + num(pt.dim) + " after " +
-                    num(curve.back().dim));
-    curve.push_back(pt);
-  }
-  *out = std::move(curve);
+  std::vector<std::pair<double, double>> points;
+  if (!read_points(r, v, p, "dim", "factor", 1, &points)) return;
+  out->clear();
+  for (const auto& [x, y] : points) out->push_back({x, y});
 }
 
 Status parse_link(const json& j, const std::string& where, Link* link) {
@@ -304,7 +315,9 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   read_number(r, j, where, "memory_bandwidth_bytes_per_s", &d->memory_bandwidth_bytes_per_s, false,
               "bytes per second");
   read_curve(r, j, where, &d->matmul_efficiency);
-  read_thin_curve(r, j, where, &d->matmul_thin_efficiency);
+  read_thin_curve(r, j, where, "matmul_thin_efficiency", &d->matmul_thin_efficiency);
+  read_thin_curve(r, j, where, "matmul_thin_efficiency_one_thread",
+                  &d->matmul_thin_efficiency_one_thread);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
   json attention;
   r.object("attention_efficiency", &attention);
@@ -419,11 +432,14 @@ J cluster_json(const Cluster& c) {
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});
     dev["matmul_efficiency"] = curve;
   }
-  if (!d.matmul_thin_efficiency.empty()) {
+  auto thin = [&](const std::vector<ThinPoint>& c, const char* key) {
+    if (c.empty()) return;
     J curve = J::array();
-    for (const ThinPoint& p : d.matmul_thin_efficiency) curve.push_back({p.dim, p.factor});
-    dev["matmul_thin_efficiency"] = curve;
-  }
+    for (const ThinPoint& p : c) curve.push_back({p.dim, p.factor});
+    dev[key] = curve;
+  };
+  thin(d.matmul_thin_efficiency, "matmul_thin_efficiency");
+  thin(d.matmul_thin_efficiency_one_thread, "matmul_thin_efficiency_one_thread");
   J out = {{"name", c.name},
            {"nodes", c.nodes},
            {"devices_per_node", c.devices_per_node},

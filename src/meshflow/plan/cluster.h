@@ -70,6 +70,9 @@ struct Device {
   // per row of a thin operand). Measured by `meshflow bench --calibrate`;
   // empty: the curve alone (the GPU files, whose training GEMMs are wide).
   std::vector<ThinPoint> matmul_thin_efficiency;
+  // The same on one thread against one thread's square GEMMs: what a local
+  // rank that has one core runs (share_machine takes it for ranks >= cores).
+  std::vector<ThinPoint> matmul_thin_efficiency_one_thread;
   double memory_efficiency = 1;
   // The fraction of the 16-bit peak each fused attention kernel sustains at
   // training sizes, forward and backward, by kernel name ("flash1",
