@@ -62,14 +62,15 @@ TEST(PlanAuto, ThinMatmulsArePricedByTheirShape) {
   const Cluster with = value_or_throw(share_machine(local(), 1));
   ASSERT_FALSE(with.device.matmul_thin_efficiency.empty()) << "configs/clusters/local_cpu.json";
   Cluster without = with;
-  without.device.matmul_thin_efficiency.clear();
+  without.device.matmul_thin_efficiency = {};
   auto compute_s = [&](int64_t width, const Cluster& c) {
     json m = small_gpt();
     m["n_embd"] = width;
-    const CostModel cm(TrainingJob{value_or_throw(parse_model_config(m)), 8, 32}, c,
+    // 64 sequences of 32: GEMMs of 2048 rows, where thin sides cost.
+    const CostModel cm(TrainingJob{value_or_throw(parse_model_config(m)), 64, 32}, c,
                        meshflow_cpu_constants());
     Plan p;
-    p.micro_batch = 8;
+    p.micro_batch = 64;
     return value_or_throw(cm.price(p)).compute_s;
   };
   const double narrow = compute_s(64, with) / compute_s(64, without);

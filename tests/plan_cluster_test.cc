@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 
 #include "meshflow/plan/calibrate.h"
 #include "meshflow/plan/cluster.h"
@@ -342,60 +343,67 @@ TEST(PlanCluster, EfficiencyCurveAndRoofline) {
   EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e15), 0.8);
 }
 
-// Kernel efficiency by shape: a GEMM with one thin side runs at the thin
-// curve's factor of what the curve by FLOPs gives it, relative to a cube of
-// the same volume (the shape the curve was measured at); no curve: 1.
+// Kernel efficiency by shape: a GEMM with one thin side runs at the grid's
+// factor of a square GEMM of its FLOPs, at (its thin side, the geometric
+// mean of the other two); a side that is not the thinner, or no grid: 1.
 TEST(PlanCluster, ThinMatmulsRunAtTheirShapesFactor) {
   json j = valid_cluster();
-  j["device"]["matmul_thin_efficiency"] = json::parse("[[16, 0.4], [64, 0.8], [256, 1.0]]");
+  j["device"]["matmul_thin_efficiency"] = json::parse(
+      R"({"big": [512, 2048], "dim": [16, 64, 256], "factor": [[0.8, 0.9, 1.0], [0.4, 0.8, 1.0]]})");
   Result<Cluster> c = parse_cluster(j);
   ASSERT_TRUE(c.is_ok()) << c.status().message();
   EXPECT_DOUBLE_EQ(c->matmul_shape_factor(512, 512, 512), 1.0);
-  // 4096 x 4096 x 16: the cube of its volume is 645 wide (1.0), its thin side 16 (0.4); any side.
-  EXPECT_NEAR(c->matmul_shape_factor(4096, 4096, 16), 0.4, 1e-12);
-  EXPECT_NEAR(c->matmul_shape_factor(16, 4096, 4096), 0.4, 1e-12);
-  // 32 is halfway from 16 to 64 in log: 0.6.
-  EXPECT_NEAR(c->matmul_shape_factor(4096, 32, 4096), 0.6, 1e-12);
-  // A small cube: the curve by FLOPs already prices it (both ends clamp to 0.4).
-  EXPECT_DOUBLE_EQ(c->matmul_shape_factor(8, 8, 8), 1.0);
-  // 64 x 64 x 16: its cube is 40.3 wide, so it pays 0.4 over thin(40.3) = 0.4 + 0.4 * log(40.3/16)
-  // / log(4).
-  const double cube = 0.4 + 0.4 * std::log(std::cbrt(64.0 * 64 * 16) / 16) / std::log(4.0);
-  EXPECT_NEAR(c->matmul_shape_factor(64, 64, 16), 0.4 / cube, 1e-12);
+  // 2048 x 2048 x 16 (any side thin): the grid's corner.
+  EXPECT_NEAR(c->matmul_shape_factor(2048, 2048, 16), 0.4, 1e-12);
+  EXPECT_NEAR(c->matmul_shape_factor(16, 2048, 2048), 0.4, 1e-12);
+  EXPECT_NEAR(c->matmul_shape_factor(512, 16, 512), 0.8, 1e-12);
+  // 2048 x 32 x 2048: halfway from 16 to 64 in log: 0.6. Between the bigs
+  // (1024 x 1024 x 16): halfway from 0.8 to 0.4.
+  EXPECT_NEAR(c->matmul_shape_factor(2048, 32, 2048), 0.6, 1e-12);
+  EXPECT_NEAR(c->matmul_shape_factor(1024, 1024, 16), 0.6, 1e-12);
+  // The other two sides' geometric mean: 4096 x 1024 x 16 is at big 2048.
+  EXPECT_NEAR(c->matmul_shape_factor(4096, 16, 1024), 0.4, 1e-12);
+  // Beyond the grid: clamped (a 4-wide side at big 8192 as 16 at 2048).
+  EXPECT_NEAR(c->matmul_shape_factor(8192, 8192, 4), 0.4, 1e-12);
   // The time: the curve's, over the factor.
   EXPECT_NEAR(
-      c->matmul_time_s(2.0 * 4096 * 4096 * 16, DType::F32) / c->matmul_shape_factor(4096, 4096, 16),
-      2.0 * 4096 * 4096 * 16 / (1e12 * c->matmul_efficiency(2.0 * 4096 * 4096 * 16)) / 0.4, 1e-15);
+      c->matmul_time_s(2.0 * 2048 * 2048 * 16, DType::F32) / c->matmul_shape_factor(2048, 2048, 16),
+      2.0 * 2048 * 2048 * 16 / (1e12 * c->matmul_efficiency(2.0 * 2048 * 2048 * 16)) / 0.4, 1e-15);
   EXPECT_DOUBLE_EQ(
-      value_or_throw(parse_cluster(valid_cluster())).matmul_shape_factor(4096, 4096, 16), 1.0);
+      value_or_throw(parse_cluster(valid_cluster())).matmul_shape_factor(2048, 2048, 16), 1.0);
   Result<Cluster> back = parse_cluster(json::parse(format_cluster_json(*c)));
-  ASSERT_TRUE(back.is_ok()) << back.status().message();
-  EXPECT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
-  EXPECT_DOUBLE_EQ(back->matmul_shape_factor(4096, 32, 4096),
-                   c->matmul_shape_factor(4096, 32, 4096));
+  ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << format_cluster_json(*c);
+  EXPECT_EQ(back->device.matmul_thin_efficiency.factor, c->device.matmul_thin_efficiency.factor);
+  EXPECT_NE(format_cluster_json(*c).find("[0.4, 0.8, 1.0]"), std::string::npos)
+      << format_cluster_json(*c);
   // A local rank that has one core runs its GEMMs on one thread: share_machine
-  // takes the one-thread curve for ranks >= cores, the machine's otherwise.
-  j["device"]["matmul_thin_efficiency_one_thread"] = json::parse("[[16, 0.5], [256, 1.0]]");
+  // takes the one-thread grid for ranks >= cores, the machine's otherwise.
+  j["device"]["matmul_thin_efficiency_one_thread"] =
+      json::parse(R"({"big": [2048], "dim": [16], "factor": [[0.5]]})");
   j["nodes"] = 1, j["devices_per_node"] = 1;  // one machine
   const Cluster both = value_or_throw(parse_cluster(j));
-  EXPECT_EQ(value_or_throw(share_machine(both, 2, 2)).device.matmul_thin_efficiency.front().factor,
-            0.5);
-  EXPECT_EQ(value_or_throw(share_machine(both, 4, 2)).device.matmul_thin_efficiency.size(), 2u);
-  EXPECT_EQ(value_or_throw(share_machine(both, 1, 2)).device.matmul_thin_efficiency.front().factor,
-            0.4);
-  EXPECT_EQ(value_or_throw(share_machine(both, 2, 4)).device.matmul_thin_efficiency.front().factor,
-            0.4);
-  EXPECT_EQ(value_or_throw(parse_cluster(json::parse(format_cluster_json(both))))
-                .device.matmul_thin_efficiency_one_thread.size(),
-            2u);
+  for (const auto& [ranks, cores, factor] : std::vector<std::tuple<int, int, double>>{
+           {2, 2, 0.5}, {4, 2, 0.5}, {1, 2, 0.4}, {2, 4, 0.4}})
+    EXPECT_DOUBLE_EQ(
+        value_or_throw(share_machine(both, ranks, cores)).matmul_shape_factor(2048, 2048, 16),
+        factor)
+        << ranks << " ranks on " << cores << " cores";
+  EXPECT_FALSE(value_or_throw(parse_cluster(json::parse(format_cluster_json(both))))
+                   .device.matmul_thin_efficiency_one_thread.empty());
+  // What is wrong with a grid, named.
   j = valid_cluster();
-  // What is wrong with a curve, named.
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
-           {"[[64, 0.8], [16, 0.4]]", "matmul_thin_efficiency[1]: dim must increase"},
-           {"[[16, 1.5]]", "matmul_thin_efficiency[0]: factor must be in (0, 1]"},
-           {"[[0.5, 0.5]]", "matmul_thin_efficiency[0]: dim must be >= 1"},
-           {"[16, 0.4]", "matmul_thin_efficiency[0] must be [dim, factor]"},
-           {"0.5", "matmul_thin_efficiency must be [[dim, factor], ...]"}}) {
+           {R"([[16, 0.4]])", "matmul_thin_efficiency must be {\"big\""},
+           {R"({"big": [2048, 512], "dim": [16], "factor": [[0.4], [0.8]]})",
+            "matmul_thin_efficiency.big[1] must increase"},
+           {R"({"big": [2048], "dim": [0.5], "factor": [[0.4]]})",
+            "matmul_thin_efficiency.dim[0] must be a number >= 1"},
+           {R"({"big": [2048], "dim": [16], "factor": [[0.4], [0.8]]})",
+            "matmul_thin_efficiency.factor must be 1 rows"},
+           {R"({"big": [2048], "dim": [16, 64], "factor": [[0.4]]})",
+            "matmul_thin_efficiency.factor[0] must be 2 numbers"},
+           {R"({"big": [2048], "dim": [16], "factor": [[1.5]]})",
+            "matmul_thin_efficiency.factor[0][0] must be in (0, 1]"}}) {
     j["device"]["matmul_thin_efficiency"] = json::parse(bad);
     const std::string m = error_of(j);
     EXPECT_NE(m.find("cluster.device." + says), std::string::npos) << bad << ": " << m;
@@ -422,17 +430,18 @@ TEST(PlanCluster, QuickCalibration) {
   EXPECT_NEAR(back->device.peak_flops.f32, cal->peak_flops, 1e-3 * cal->peak_flops);
   EXPECT_EQ(back->device.matmul_efficiency.size(), 4u);
   EXPECT_DOUBLE_EQ(back->matmul_efficiency(1e15), back->device.matmul_efficiency.back().efficiency);
-  // The thin GEMMs (one side 16, 64, 256), each a factor of the square curve,
-  // on all threads and on one.
-  ASSERT_EQ(cal->thin_gemm.size(), 3u);
-  ASSERT_EQ(back->device.matmul_thin_efficiency.size(), 3u);
-  ASSERT_EQ(back->device.matmul_thin_efficiency_one_thread.size(), 3u);
-  for (const auto* curve :
-       {&back->device.matmul_thin_efficiency, &back->device.matmul_thin_efficiency_one_thread})
-    for (const ThinPoint& t : *curve) {
-      EXPECT_GT(t.factor, 0.0);
-      EXPECT_LE(t.factor, 1.0);
-    }
+  // The thin GEMMs (bigs 512 and 2048, thin sides 16, 64, 256), each a
+  // factor of a square GEMM of the same FLOPs, on all threads and on one.
+  for (const ThinGrid* g :
+       {&back->device.matmul_thin_efficiency, &back->device.matmul_thin_efficiency_one_thread}) {
+    ASSERT_EQ(g->big.size(), 2u);
+    ASSERT_EQ(g->dim.size(), 3u);
+    for (const std::vector<double>& row : g->factor)
+      for (double f : row) {
+        EXPECT_GT(f, 0.0);
+        EXPECT_LE(f, 1.0);
+      }
+  }
   EXPECT_NE(report.find("one thin side"), std::string::npos);
   EXPECT_NE(report.find("SGEMM"), std::string::npos);
   EXPECT_NE(report.find("all_reduce"), std::string::npos);

@@ -76,50 +76,45 @@ std::vector<GemmSample> measure_sgemm(bool quick) {
   return out;
 }
 
-// GEMMs with one thin side (kernel efficiency by shape): big x big x dim with
-// the thin side as m, as n and as k in turn, row-major, as the training
-// program's projections, their gradients and small heads have them.
-std::vector<ThinGemmSample> measure_thin_sgemm(bool quick) {
-  const int64_t big = quick ? 1024 : 2048;
-  const std::vector<int64_t> dims =
-      quick ? std::vector<int64_t>{16, 64, 256} : std::vector<int64_t>{16, 32, 64, 128, 256, 512};
-  std::vector<ThinGemmSample> out;
-  std::vector<float> a(big * big), b(big * big), c(big * big, 0.0f);
-  for (int64_t i = 0; i < big * big; ++i) {
+// GEMMs with one thin side (kernel efficiency by shape): big x big x dim
+// with the thin side as m, as n and as k in turn (the training program's
+// projections, their gradients and small heads), their mean time against a
+// square GEMM of the same FLOPs, on a grid of big and dim; a dim >= big is
+// not thin (1).
+ThinGrid measure_thin_sgemm(bool quick) {
+  ThinGrid g;
+  g.big = quick ? std::vector<double>{512, 2048} : std::vector<double>{256, 512, 1024, 2048};
+  g.dim = quick ? std::vector<double>{16, 64, 256} : std::vector<double>{16, 32, 64, 128, 256};
+  const int64_t most = static_cast<int64_t>(g.big.back());
+  std::vector<float> a(most * most), b(most * most), c(most * most, 0.0f);
+  for (int64_t i = 0; i < most * most; ++i) {
     a[i] = static_cast<float>((i * 7) % 13) * 0.01f;
     b[i] = static_cast<float>((i * 5) % 11) * 0.01f;
   }
-  const double min_s = quick ? 0.03 : 0.2;
   auto gemm_s = [&](int m, int n, int k) {
     auto call = [&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
                   n, 0.0f, c.data(), n);
     };
     call();
-    return best_time(call, 3, 200, min_s);
+    return best_time(call, 3, 200, quick ? 0.01 : 0.05);
   };
-  // The three orientations' mean rate.
-  auto thin_rate = [&](int64_t d) {
-    double total_s = 0;
-    for (int thin = 0; thin < 3; ++thin)
-      total_s +=
-          gemm_s(static_cast<int>(thin == 0 ? d : big), static_cast<int>(thin == 1 ? d : big),
-                 static_cast<int>(thin == 2 ? d : big));
-    return 3 * 2.0 * double(big) * double(big) * double(d) / total_s;
-  };
-  for (int64_t d : dims) out.push_back({d, big, thin_rate(d)});
-  // One thread (a local rank that has one core), against one thread's
-  // square GEMM of the same FLOPs.
-  const int blas_threads = openblas_get_num_threads();
-  openblas_set_num_threads(1);
-  for (ThinGemmSample& t : out) {
-    t.one_thread_flops_per_s = thin_rate(t.dim);
-    const int n =
-        static_cast<int>(std::lround(std::cbrt(double(big) * double(big) * double(t.dim))));
-    t.one_thread_square_flops_per_s = 2.0 * double(n) * n * n / gemm_s(n, n, n);
+  for (double bd : g.big) {
+    std::vector<double> row;
+    for (double dd : g.dim) {
+      if (dd >= bd) {
+        row.push_back(1.0);
+        continue;
+      }
+      const int big = static_cast<int>(bd), d = static_cast<int>(dd);
+      const double thin_s = (gemm_s(d, big, big) + gemm_s(big, d, big) + gemm_s(big, big, d)) / 3;
+      const int n = static_cast<int>(std::lround(std::cbrt(bd * bd * dd)));
+      const double square_s = gemm_s(n, n, n) * (bd * bd * dd) / (double(n) * n * n);
+      row.push_back(std::round(std::clamp(square_s / thin_s, 1e-3, 1.0) * 1000) / 1000);
+    }
+    g.factor.push_back(std::move(row));
   }
-  openblas_set_num_threads(blas_threads);
-  return out;
+  return g;
 }
 
 // STREAM triad a = b + s * c; counts 3 * n * 4 bytes per pass.
@@ -249,6 +244,9 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
   } restore{omp_before, blas_before};
   cal.gemm = measure_sgemm(options.quick);
   cal.thin_gemm = measure_thin_sgemm(options.quick);
+  openblas_set_num_threads(1);  // a local rank that has one core
+  cal.thin_gemm_one_thread = measure_thin_sgemm(options.quick);
+  openblas_set_num_threads(cal.threads);
   for (const GemmSample& g : cal.gemm) cal.peak_flops = std::max(cal.peak_flops, g.flops_per_s);
   cal.memory_bandwidth_bytes_per_s = measure_triad(options.quick);
   cal.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
@@ -297,21 +295,8 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
     const double e = std::clamp(g.flops_per_s / cal.peak_flops, 1e-3, 1.0);  // of the best
     c.device.matmul_efficiency.push_back({g.gflop_per_call, std::round(e * 1000) / 1000});
   }
-  // Each thin shape's rate over what the square curve gives its FLOPs; the
-  // factor is relative (Cluster::matmul_shape_factor divides by the cube's).
-  for (const ThinGemmSample& t : cal.thin_gemm) {
-    const double flops = 2.0 * double(t.big) * double(t.big) * double(t.dim);
-    const double square_s = c.matmul_time_s(flops, DType::F32);  // the square curve's time
-    if (!(square_s > 0) || !(t.flops_per_s > 0)) continue;
-    const double f = std::clamp(t.flops_per_s * square_s / flops, 1e-3, 1.0);
-    c.device.matmul_thin_efficiency.push_back({double(t.dim), std::round(f * 1000) / 1000});
-    if (t.one_thread_flops_per_s > 0 && t.one_thread_square_flops_per_s > 0) {
-      const double f1 =
-          std::clamp(t.one_thread_flops_per_s / t.one_thread_square_flops_per_s, 1e-3, 1.0);
-      c.device.matmul_thin_efficiency_one_thread.push_back(
-          {double(t.dim), std::round(f1 * 1000) / 1000});
-    }
-  }
+  c.device.matmul_thin_efficiency = cal.thin_gemm;
+  c.device.matmul_thin_efficiency_one_thread = cal.thin_gemm_one_thread;
   c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
   c.inter_node = c.intra_node;
   return c;
@@ -335,17 +320,17 @@ std::string format_calibration(const Calibration& cal) {
                   g.flops_per_s / cal.peak_flops);
     s += line;
   }
-  s += "SGEMM with one thin side (big x big x dim; m, n and k thin in turn, mean rate):\n";
-  for (const ThinGemmSample& t : cal.thin_gemm) {
-    std::snprintf(line, sizeof line,
-                  "  dim=%-4lld big=%-5lld %8.1f GFLOP/s  (%.2f of best); one thread %.1f "
-                  "GFLOP/s, %.2f of its square\n",
-                  static_cast<long long>(t.dim), static_cast<long long>(t.big), t.flops_per_s / 1e9,
-                  t.flops_per_s / cal.peak_flops, t.one_thread_flops_per_s / 1e9,
-                  t.one_thread_square_flops_per_s > 0
-                      ? t.one_thread_flops_per_s / t.one_thread_square_flops_per_s
-                      : 0.0);
+  s += "SGEMM with one thin side (big x big x dim; m, n and k thin in turn) over a square "
+       "GEMM of the same FLOPs, all threads | one thread:\n";
+  for (size_t i = 0; i < cal.thin_gemm.big.size(); ++i) {
+    std::snprintf(line, sizeof line, "  big=%-5.0f", cal.thin_gemm.big[i]);
     s += line;
+    for (size_t k = 0; k < cal.thin_gemm.dim.size(); ++k) {
+      std::snprintf(line, sizeof line, " dim %.0f: %.2f|%.2f", cal.thin_gemm.dim[k],
+                    cal.thin_gemm.factor[i][k], cal.thin_gemm_one_thread.factor[i][k]);
+      s += line;
+    }
+    s += "\n";
   }
   std::snprintf(line, sizeof line, "memory: triad %.2f GB/s, %.1f GiB physical\n",
                 cal.memory_bandwidth_bytes_per_s / 1e9,

@@ -50,18 +50,6 @@ struct GemmSample {
   double flops_per_s = 0;
 };
 
-// SGEMMs of one thin side: sizes big x big x dim in each of the three
-// orientations (m, n or k thin), their mean rate.
-struct ThinGemmSample {
-  int64_t dim = 0;
-  int64_t big = 0;
-  double flops_per_s = 0;
-  // On one thread: the thin GEMMs' rate and a square GEMM's of the same
-  // FLOPs (Device::matmul_thin_efficiency_one_thread is their ratio).
-  double one_thread_flops_per_s = 0;
-  double one_thread_square_flops_per_s = 0;
-};
-
 struct CollectiveSample {
   double bytes = 0;    // the all_reduce buffer
   double seconds = 0;  // best time of one call
@@ -71,8 +59,10 @@ struct Calibration {
   std::string cpu_name;
   int threads = 1;
   std::vector<GemmSample> gemm;
-  std::vector<ThinGemmSample> thin_gemm;  // Device::matmul_thin_efficiency
-  double peak_flops = 0;                  // the best SGEMM rate measured
+  // SGEMMs with one thin side against square ones of the same FLOPs, on all
+  // threads and on one (Device::matmul_thin_efficiency, ..._one_thread).
+  ThinGrid thin_gemm, thin_gemm_one_thread;
+  double peak_flops = 0;  // the best SGEMM rate measured
   double memory_bandwidth_bytes_per_s = 0;
   int64_t memory_bytes = 0;  // physical memory
   int ranks = 2;

@@ -70,22 +70,36 @@ double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const 
   return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
 }
 
-double Cluster::matmul_shape_factor(double m, double n, double k) const {
-  const std::vector<ThinPoint>& c = device.matmul_thin_efficiency;
-  if (c.empty() || !(m > 0 && n > 0 && k > 0)) return 1.0;
-  auto at = [&](double d) {
-    if (d <= c.front().dim) return c.front().factor;
-    if (d >= c.back().dim) return c.back().factor;
-    for (size_t i = 1; i < c.size(); ++i) {
-      if (d > c[i].dim) continue;
-      const double t =
-          (std::log(d) - std::log(c[i - 1].dim)) / (std::log(c[i].dim) - std::log(c[i - 1].dim));
-      return c[i - 1].factor + t * (c[i].factor - c[i - 1].factor);
+double ThinGrid::at(double dim_, double big_) const {
+  if (empty() || dim.empty()) return 1.0;
+  // The fractional index of x on axis v, in log space, clamped to its ends.
+  auto locate = [](const std::vector<double>& v, double x, size_t* i, double* t) {
+    *i = 0, *t = 0;
+    if (v.size() == 1 || x <= v.front()) return;
+    if (x >= v.back()) {
+      *i = v.size() - 2, *t = 1;
+      return;
     }
-    return c.back().factor;
+    while (*i + 2 < v.size() && x > v[*i + 1]) ++*i;
+    *t = (std::log(x) - std::log(v[*i])) / (std::log(v[*i + 1]) - std::log(v[*i]));
   };
-  const double thin = std::min({m, n, k}), cube = std::cbrt(m * n * k);
-  return std::min(1.0, at(thin) / at(cube));
+  size_t bi = 0, di = 0;
+  double bt = 0, dt = 0;
+  locate(big, big_, &bi, &bt);
+  locate(dim, dim_, &di, &dt);
+  auto f = [&](size_t b, size_t d) {
+    return factor[std::min(b, big.size() - 1)][std::min(d, dim.size() - 1)];
+  };
+  const double lo = f(bi, di) + dt * (f(bi, di + 1) - f(bi, di));
+  const double hi = f(bi + 1, di) + dt * (f(bi + 1, di + 1) - f(bi + 1, di));
+  return std::min(1.0, lo + bt * (hi - lo));
+}
+
+double Cluster::matmul_shape_factor(double m, double n, double k) const {
+  const ThinGrid& g = device.matmul_thin_efficiency;
+  if (g.empty() || !(m > 0 && n > 0 && k > 0)) return 1.0;
+  const double thin = std::min({m, n, k}), big = std::sqrt(m * n * k / thin);
+  return thin >= big ? 1.0 : g.at(thin, big);
 }
 
 double Cluster::memory_time_s(double bytes) const {
@@ -274,23 +288,56 @@ void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
   for (const auto& [x, y] : points) out->push_back({x, y});
 }
 
-// "matmul_thin_efficiency" (and "..._one_thread"): [[dim, factor], ...]
-// sorted by dim.
-void read_thin_curve(JsonObjectReader& r, const json& j, const std::string& where,
-                     const std::string& key, std::vector<ThinPoint>* out) {
+// "matmul_thin_efficiency" (and "..._one_thread"): {"big": [...], "dim":
+// [...], "factor": [[...], ...]}, a row of factors per big, one per dim.
+void read_thin_grid(JsonObjectReader& r, const json& j, const std::string& where,
+                    const std::string& key, ThinGrid* out) {
   const std::string p = where + "." + key;
   r.ignore({key.c_str()});
   if (!j.is_object() || !j.contains(key)) return;
   const json& v = j.at(key);
-  if (!v.is_array() || v.empty())
-    return r.fail(p +
-                  " must be [[dim, factor], ...] (a GEMM's smallest dimension and what it "
-                  "sustains of the efficiency curve), got " +
-                  json_type_name(v));
-  std::vector<std::pair<double, double>> points;
-  if (!read_points(r, v, p, "dim", "factor", 1, &points)) return;
-  out->clear();
-  for (const auto& [x, y] : points) out->push_back({x, y});
+  const std::string shape =
+      " must be {\"big\": [...], \"dim\": [...], \"factor\": [[...], ...]} (a GEMM's thin side, "
+      "the geometric mean of its other two, and what it sustains of a square GEMM of its FLOPs)";
+  if (!v.is_object() || !v.contains("big") || !v.contains("dim") || !v.contains("factor"))
+    return r.fail(p + shape + ", got " + (v.is_object() ? v.dump() : json_type_name(v)));
+  ThinGrid g;
+  for (const char* axis : {"big", "dim"}) {
+    const json& a = v.at(axis);
+    std::vector<double>& out_axis = std::string(axis) == "big" ? g.big : g.dim;
+    if (!a.is_array() || a.empty())
+      return r.fail(p + "." + axis + " must be a non-empty array of numbers >= 1, got " +
+                    json_type_name(a));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const std::string at = p + "." + axis + "[" + std::to_string(i) + "]";
+      if (!a[i].is_number() || !(a[i].get<double>() >= 1))
+        return r.fail(at + " must be a number >= 1, got " + a[i].dump());
+      if (!out_axis.empty() && a[i].get<double>() <= out_axis.back())
+        return r.fail(at + " must increase along the axis, got " + a[i].dump() + " after " +
+                      num(out_axis.back()));
+      out_axis.push_back(a[i].get<double>());
+    }
+  }
+  const json& f = v.at("factor");
+  if (!f.is_array() || f.size() != g.big.size())
+    return r.fail(p + ".factor must be " + std::to_string(g.big.size()) +
+                  " rows (one per big), got " +
+                  (f.is_array() ? std::to_string(f.size()) + " rows" : json_type_name(f)));
+  for (size_t i = 0; i < f.size(); ++i) {
+    const std::string row = p + ".factor[" + std::to_string(i) + "]";
+    if (!f[i].is_array() || f[i].size() != g.dim.size())
+      return r.fail(row + " must be " + std::to_string(g.dim.size()) +
+                    " numbers (one per dim), got " + f[i].dump());
+    std::vector<double> values;
+    for (size_t k = 0; k < f[i].size(); ++k) {
+      const json& x = f[i][k];
+      if (!x.is_number() || !(x.get<double>() > 0 && x.get<double>() <= 1))
+        return r.fail(row + "[" + std::to_string(k) + "] must be in (0, 1], got " + x.dump());
+      values.push_back(x.get<double>());
+    }
+    g.factor.push_back(std::move(values));
+  }
+  *out = std::move(g);
 }
 
 Status parse_link(const json& j, const std::string& where, Link* link) {
@@ -315,9 +362,9 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   read_number(r, j, where, "memory_bandwidth_bytes_per_s", &d->memory_bandwidth_bytes_per_s, false,
               "bytes per second");
   read_curve(r, j, where, &d->matmul_efficiency);
-  read_thin_curve(r, j, where, "matmul_thin_efficiency", &d->matmul_thin_efficiency);
-  read_thin_curve(r, j, where, "matmul_thin_efficiency_one_thread",
-                  &d->matmul_thin_efficiency_one_thread);
+  read_thin_grid(r, j, where, "matmul_thin_efficiency", &d->matmul_thin_efficiency);
+  read_thin_grid(r, j, where, "matmul_thin_efficiency_one_thread",
+                 &d->matmul_thin_efficiency_one_thread);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
   json attention;
   r.object("attention_efficiency", &attention);
@@ -432,11 +479,11 @@ J cluster_json(const Cluster& c) {
     for (const EfficiencyPoint& p : d.matmul_efficiency) curve.push_back({p.gflop, p.efficiency});
     dev["matmul_efficiency"] = curve;
   }
-  auto thin = [&](const std::vector<ThinPoint>& c, const char* key) {
-    if (c.empty()) return;
-    J curve = J::array();
-    for (const ThinPoint& p : c) curve.push_back({p.dim, p.factor});
-    dev[key] = curve;
+  auto thin = [&](const ThinGrid& g, const char* key) {
+    if (g.empty()) return;
+    J rows = J::array();
+    for (const std::vector<double>& row : g.factor) rows.push_back(row);
+    dev[key] = J{{"big", g.big}, {"dim", g.dim}, {"factor", rows}};
   };
   thin(d.matmul_thin_efficiency, "matmul_thin_efficiency");
   thin(d.matmul_thin_efficiency_one_thread, "matmul_thin_efficiency_one_thread");
@@ -464,9 +511,19 @@ json cluster_to_json(const Cluster& c) {
 
 std::string format_cluster_json(const Cluster& c) {
   std::string text = cluster_json<nlohmann::ordered_json>(c).dump(2);
-  // [\n  1.5,\n  0.9\n] -> [1.5, 0.9]: a curve point per line.
-  static const std::regex pair(R"(\[\s*([-+.0-9eE]+),\s*([-+.0-9eE]+)\s*\])");
-  return std::regex_replace(text, pair, "[$1, $2]") + "\n";
+  // [\n  1.5,\n  0.9\n] -> [1.5, 0.9]: a curve point (or a grid's axis or
+  // row) per line.
+  static const std::regex flat(R"(\[\s*([-+.0-9eE]+(?:,\s*[-+.0-9eE]+)*)\s*\])");
+  static const std::regex gaps(R"(,\s+)");
+  std::string out;
+  std::sregex_iterator it(text.begin(), text.end(), flat), end;
+  size_t at = 0;
+  for (; it != end; ++it) {
+    out += text.substr(at, static_cast<size_t>(it->position()) - at);
+    out += "[" + std::regex_replace(it->str(1), gaps, ", ") + "]";
+    at = static_cast<size_t>(it->position() + it->length());
+  }
+  return out + text.substr(at) + "\n";
 }
 
 }  // namespace meshflow::plan

@@ -38,13 +38,15 @@ struct EfficiencyPoint {
   double efficiency = 1;
 };
 
-// One point of the thin-matmul curve: a GEMM whose smallest dimension (of
-// m, n, k) is `dim` runs at `factor` of what the efficiency curve gives it by
-// its FLOPs alone (Cluster::matmul_shape_factor). Interpolated linearly in
-// log(dim); outside the points, the nearest end's value.
-struct ThinPoint {
-  double dim = 0;
-  double factor = 1;
+// Kernel efficiency by shape: what a GEMM with one thin side sustains of a
+// square GEMM of the same FLOPs, on a grid of its thin side (`dim`) and the
+// geometric mean of its other two (`big`), both in elements. Bilinear in
+// log(dim) and log(big), clamped at the grid's ends (at most 1).
+struct ThinGrid {
+  std::vector<double> big, dim;             // increasing, >= 1
+  std::vector<std::vector<double>> factor;  // [big][dim], in (0, 1]
+  bool empty() const { return big.empty(); }
+  double at(double dim_, double big_) const;
 };
 
 // Peak FLOP/s of one device. f32 is required; a missing entry falls back to f32.
@@ -65,14 +67,14 @@ struct Device {
   int64_t memory_bytes = 0;
   double memory_bandwidth_bytes_per_s = 0;
   std::vector<EfficiencyPoint> matmul_efficiency;  // empty: 1 at every size
-  // Kernel efficiency by shape: how much less than the curve a GEMM with one
-  // thin dimension sustains (a BLAS's packing and micro-kernel edges cost
-  // per row of a thin operand). Measured by `meshflow bench --calibrate`;
-  // empty: the curve alone (the GPU files, whose training GEMMs are wide).
-  std::vector<ThinPoint> matmul_thin_efficiency;
-  // The same on one thread against one thread's square GEMMs: what a local
+  // Kernel efficiency by shape (a BLAS's packing and micro-kernel edges are
+  // paid per row of a thin operand): measured by `meshflow bench
+  // --calibrate` on all threads; empty: the curve by FLOPs alone (the GPU
+  // files, whose training GEMMs are wide).
+  ThinGrid matmul_thin_efficiency;
+  // The same on one thread, against one thread's square GEMMs: what a local
   // rank that has one core runs (share_machine takes it for ranks >= cores).
-  std::vector<ThinPoint> matmul_thin_efficiency_one_thread;
+  ThinGrid matmul_thin_efficiency_one_thread;
   double memory_efficiency = 1;
   // The fraction of the 16-bit peak each fused attention kernel sustains at
   // training sizes, forward and backward, by kernel name ("flash1",
@@ -141,11 +143,10 @@ struct Cluster {
   double matmul_efficiency(double flops) const;
   // Seconds for one matmul call of `flops` FLOPs: flops / (peak * efficiency).
   double matmul_time_s(double flops, DType dtype, bool allow_tf32 = false) const;
-  // What a GEMM of m x k times k x n sustains beyond the curve by FLOPs:
-  // thin(min(m, n, k)) / thin(cube root of m n k), at most 1. A cube is the
-  // shape the curve was measured at (its factor is 1); a GEMM of the same
-  // FLOPs with one thin side runs at the thin curve's share of it. 1 without
-  // a thin curve.
+  // What a GEMM of m x k times k x n sustains of a square GEMM of its FLOPs
+  // (the curve by FLOPs): the thin grid at (its smallest side, the geometric
+  // mean of the other two); 1 where that side is not the thinner, or
+  // without a grid.
   double matmul_shape_factor(double m, double n, double k) const;
   // Seconds to stream `bytes` through device memory (memory-bound ops).
   double memory_time_s(double bytes) const;
