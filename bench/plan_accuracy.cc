@@ -20,7 +20,8 @@
 // --repeat R: each plan's measured time is the least of R runs (the least
 // disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and
 // memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
-// roofline of the same nodes; --auto N,...: auto mode's choice on N ranks
+// roofline of the same nodes and that roofline with each matmul's shape (the
+// cluster file's thin-GEMM grid); --auto N,...: auto mode's choice on N ranks
 // against every plan it priced that fits and is predicted within
 // --auto-within (5%) of the fastest, each run and measured.
 //

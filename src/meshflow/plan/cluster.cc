@@ -232,39 +232,6 @@ void read_efficiency(JsonObjectReader& r, const json& j, const std::string& wher
   *out = x;
 }
 
-// The points of a curve `p` ([[x, y], ...], non-empty): x increasing and at
-// least x_min (above 0 when x_min is 0), y in (0, 1]. False (and the reader
-// failed, naming the point) on the first bad one.
-bool read_points(JsonObjectReader& r, const json& v, const std::string& p, const char* x_name,
-                 const char* y_name, double x_min, std::vector<std::pair<double, double>>* out) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& e = v[i];
-    const std::string at = p + "[" + std::to_string(i) + "]";
-    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number()) {
-      r.fail(at + " must be [" + x_name + ", " + y_name + "] (two numbers), got " +
-             (e.is_array() ? e.dump() : json_type_name(e)));
-      return false;
-    }
-    const double x = e[0].get<double>(), y = e[1].get<double>();
-    if (x_min > 0 ? !(x >= x_min) : !(x > 0)) {
-      r.fail(at + ": " + x_name + " must be " + (x_min > 0 ? ">= " + num(x_min) : "> 0") +
-             ", got " + num(x));
-      return false;
-    }
-    if (!(y > 0 && y <= 1)) {
-      r.fail(at + ": " + y_name + " must be in (0, 1], got " + num(y));
-      return false;
-    }
-    if (!out->empty() && x <= out->back().first) {
-      r.fail(at + ": " + x_name + " must increase along the curve, got " + num(x) + " after " +
-             num(out->back().first));
-      return false;
-    }
-    out->push_back({x, y});
-  }
-  return true;
-}
-
 // "matmul_efficiency": a number (the same at every size) or
 // [[gflop_per_call, efficiency], ...] sorted by gflop_per_call.
 void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
@@ -282,10 +249,23 @@ void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
   }
   const std::string shape = " must be a number in (0, 1] or [[gflop_per_call, efficiency], ...]";
   if (!v.is_array() || v.empty()) return r.fail(p + shape + ", got " + json_type_name(v));
-  std::vector<std::pair<double, double>> points;
-  if (!read_points(r, v, p, "gflop_per_call", "efficiency", 0, &points)) return;
-  out->clear();
-  for (const auto& [x, y] : points) out->push_back({x, y});
+  std::vector<EfficiencyPoint> curve;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number())
+      return r.fail(at + " must be [gflop_per_call, efficiency] (two numbers), got " +
+                    (e.is_array() ? e.dump() : json_type_name(e)));
+    EfficiencyPoint pt{e[0].get<double>(), e[1].get<double>()};
+    if (!(pt.gflop > 0)) return r.fail(at + ": gflop_per_call must be > 0, got " + num(pt.gflop));
+    if (!(pt.efficiency > 0 && pt.efficiency <= 1))
+      return r.fail(at + ": efficiency must be in (0, 1], got " + num(pt.efficiency));
+    if (!curve.empty() && pt.gflop <= curve.back().gflop)
+      return r.fail(at + ": gflop_per_call must increase along the curve, got " + num(pt.gflop) +
+                    " after " + num(curve.back().gflop));
+    curve.push_back(pt);
+  }
+  *out = std::move(curve);
 }
 
 // "matmul_thin_efficiency" (and "..._one_thread"): {"big": [...], "dim":
