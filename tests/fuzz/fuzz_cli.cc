@@ -469,6 +469,88 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
   EXPECT_GT(priced, 0);  // the edits leave some files valid
 }
 
+// Cluster files (configs/clusters/) edited the way a user might: a device
+// or link figure, the efficiency curve, the thin-GEMM grid's axes and rows,
+// removed keys. `meshflow plan` prices with each one or refuses it in one line.
+TEST_F(Fuzz, ClusterFilesNeverCrash) {
+  const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
+  Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2500);
+  std::vector<json> bases;
+  for (const char* file : {"local_cpu.json", "dgx_a100_80gb.json", "h100_sxm.json"})
+    bases.push_back(read_json_file(source_dir() + "/configs/clusters/" + file).value());
+  int priced = 0, refused = 0;
+  for (int i = 0; i < cases; ++i) {
+    json c = gen.one(bases);
+    const int edits = gen.coin(0.15) ? 0 : gen.coin(0.6) ? 1 : 2 + gen.pick(2);
+    // A key can be indexed where its value is an object or absent (null); an
+    // earlier edit may have made it junk.
+    auto editable = [](const json& j) { return j.is_object() || j.is_null(); };
+    for (int k = 0; k < edits; ++k) {
+      if (!editable(c["device"])) break;
+      json& dev = c["device"];
+      switch (gen.pick(7)) {
+        case 0:
+          dev[gen.one<std::string>(
+              {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency"})] =
+              gen.coin(0.5) ? json(gen.one<double>({0, -1, 1e-9, 1e30, 0.5})) : gen.junk();
+          break;
+        case 1:
+          if (!editable(dev["peak_flops"])) break;
+          dev["peak_flops"][gen.one<std::string>({"f32", "bf16", "tf32"})] =
+              gen.coin(0.5) ? json(gen.one<double>({0, -3, 1e3, 1e20})) : gen.junk();
+          break;
+        case 2:
+          dev["matmul_efficiency"] =
+              gen.coin(0.5) ? json::array({json::array({1, gen.junk()})}) : gen.junk();
+          break;
+        case 3: {  // the thin-GEMM grid: an axis, a row or a value
+          json& g = dev[gen.one<std::string>(
+              {"matmul_thin_efficiency", "matmul_thin_efficiency_one_thread"})];
+          const std::string part = gen.one<std::string>({"big", "dim", "factor"});
+          if (gen.coin(0.3) || !editable(g))
+            g = gen.junk();
+          else if (gen.coin(0.5) && g.is_object() && g.contains(part) && g[part].is_array() &&
+                   !g[part].empty())
+            g[part][gen.pick(static_cast<int>(g[part].size()))] = gen.junk();
+          else
+            g[part] = gen.coin(0.5) ? json::array({16, 4}) : gen.junk();
+          break;
+        }
+        case 4: {
+          json& link = c[gen.one<std::string>({"intra_node", "inter_node"})];
+          if (!editable(link)) break;
+          link[gen.one<std::string>({"bandwidth_bytes_per_s", "latency_s", "efficiency"})] =
+              gen.coin(0.5) ? json(gen.one<double>({0, -1, 2, 1e40})) : gen.junk();
+          break;
+        }
+        case 5:
+          c[gen.one<std::string>({"nodes", "devices_per_node"})] = gen.count();
+          break;
+        default:
+          if (gen.coin(0.5) && dev.is_object())
+            dev.erase(gen.one<std::string>(
+                {"peak_flops", "memory_bytes", "matmul_efficiency", "matmul_thin_efficiency"}));
+          else
+            c.erase(gen.one<std::string>({"device", "intra_node", "inter_node", "name"}));
+      }
+      if (!c.contains("device")) break;  // (dev refers into c)
+    }
+    const std::string path = (dir_ / "cluster.json").string();
+    std::ofstream(path) << c.dump();
+    const std::string args = "plan " + source_dir() + "/configs/models/" +
+                             gen.one<std::string>({"gpt_bytes_small.json", "llama3_8b.json"}) +
+                             " --cluster " + path + " --gpus " +
+                             gen.one<std::string>({"1", "2", "8"}) + " --top 0";
+    const CliRun r = run_cli_limited(args);
+    ++(r.code == 0 ? priced : refused);
+    EXPECT_EQ(judge(r), "") << "case " << i << " cluster " << c.dump() << "\n  meshflow " << args
+                            << "\n  output: " << r.output.substr(0, 2000);
+    if (HasFailure()) return;
+  }
+  std::printf("%d cluster files priced, %d refused\n", priced, refused);
+  EXPECT_GT(priced, 0);  // the edits leave some files valid
+}
+
 TEST_F(Fuzz, CheckpointFilesNeverCrash) {
   const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
   Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2000);

@@ -306,9 +306,13 @@ struct GroupSweep {
 };
 
 // search_plans with an absolute deadline (Clock::time_point::max(): none),
-// shared by the retries on more devices.
+// shared by the retries on more devices. `suggest`: when nothing fits, say
+// on how many more devices it would (false in those retries: each would
+// otherwise retry on more devices again, multiplying the searches until the
+// deadline).
 Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
-                                  const SearchOptions& options, Clock::time_point deadline) {
+                                  const SearchOptions& options, Clock::time_point deadline,
+                                  bool suggest = true) {
   MF_RETURN_IF_ERROR(cm.status());
   const auto t0 = Clock::now();
   if (devices < 1 || devices > cm.cluster().total_devices())
@@ -533,7 +537,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
                       ", activations " + gib(lm.memory.activations) + ", temporaries " +
                       gib(lm.memory.temporaries) + "); usable per device: " + gib(lm.usable_memory);
     // The smallest multiple of this device count (up to 64x) on which it fits.
-    if (options.fixed.to_string().empty()) {
+    if (suggest && options.fixed.to_string().empty()) {
       for (int64_t factor = 2; factor <= 64 && Clock::now() < deadline; factor *= 2) {
         const int64_t n = devices * factor;
         Result<Cluster> bigger = with_devices(cm.cluster(), n);
@@ -543,7 +547,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
         CostModel cm2(cm.job(), c, cm.constants());
         SearchOptions o2 = options;
         o2.top_k = 0;
-        Result<SearchResult> r2 = search_until(cm2, n, o2, deadline);
+        Result<SearchResult> r2 = search_until(cm2, n, o2, deadline, /*suggest=*/false);
         if (r2.is_ok() && !r2->timed_out) {
           msg += "; it fits on " + str(n) + " devices (" + plan_label(r2->plans[0].plan) + ", " +
                  gib(r2->plans[0].memory.total) + " per device)";
