@@ -606,9 +606,8 @@ Mapped map_run(const json& run) {
   } else if (has(fw, "deepspeed") && (m.plan.zero == 1 || m.plan.zero == 2)) {
     // DeepSpeed's ZeRO-1/2 optimizer (stage_1_and_2.py): the step's f32
     // gradient partition and the contiguous reduce bucket (reduce_bucket_size,
-    // 5e8 elements by default).
-    m.k.zero_grad_partition_bytes = 4;
-    m.k.zero_reduce_bucket_elements = 5e8;
+    // 5e8 elements by default), as `meshflow plan --emit deepspeed` prices it.
+    apply_stack_constants(EmitTarget::kDeepSpeed, false, &m.k);
     m.stack += "+ds-zero-buffers";
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather

@@ -347,11 +347,12 @@ class Fuzz : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   // Runs `args` under a 60 s limit; records a failure with the reproducer.
-  void check(const std::string& args, const std::string& what) {
+  CliRun check(const std::string& args, const std::string& what) {
     CliRun r = run_cli_limited(args);
     const std::string why = judge(r);
     EXPECT_EQ(why, "") << what << "\n  meshflow " << args
                        << "\n  output: " << r.output.substr(0, 2000);
+    return r;
   }
   static CliRun run_cli_limited(const std::string& args) {
     return run_cli(args, env_int("MESHFLOW_FUZZ_TIMEOUT_S", 60));
@@ -459,10 +460,7 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
     std::ofstream(path) << f.dump();
     const std::string trace = gen.coin(0.3) ? " --trace " + (dir_ / "t.json").string() : "";
     const std::string args = "simulate " + path + trace;
-    const CliRun r = run_cli_limited(args);
-    ++(r.code == 0 ? priced : refused);
-    EXPECT_EQ(judge(r), "") << "case " << i << " plan " << f.dump() << "\n  meshflow " << args
-                            << "\n  output: " << r.output.substr(0, 2000);
+    ++(check(args, "case " + std::to_string(i) + " plan " + f.dump()).code == 0 ? priced : refused);
     if (HasFailure()) return;
   }
   std::printf("%d plan files priced, %d refused\n", priced, refused);
@@ -541,10 +539,8 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
                              gen.one<std::string>({"gpt_bytes_small.json", "llama3_8b.json"}) +
                              " --cluster " + path + " --gpus " +
                              gen.one<std::string>({"1", "2", "8"}) + " --top 0";
-    const CliRun r = run_cli_limited(args);
-    ++(r.code == 0 ? priced : refused);
-    EXPECT_EQ(judge(r), "") << "case " << i << " cluster " << c.dump() << "\n  meshflow " << args
-                            << "\n  output: " << r.output.substr(0, 2000);
+    ++(check(args, "case " + std::to_string(i) + " cluster " + c.dump()).code == 0 ? priced
+                                                                                   : refused);
     if (HasFailure()) return;
   }
   std::printf("%d cluster files priced, %d refused\n", priced, refused);

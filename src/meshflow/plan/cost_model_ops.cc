@@ -119,9 +119,11 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
   } else if (n.kind == OpKind::kMatMul) {
     // One GEMM per batch element: the curve by its FLOPs, and by its shape
     // where the cluster file measured thin GEMMs (Cluster::matmul_shape_factor).
-    const Result<MatMulDims> d = matmul_dims(g, n);
-    const double f =
-        d.is_ok() ? cluster_.matmul_shape_factor(double(d->M), double(d->N), double(d->K)) : 1.0;
+    double f = 1.0;
+    if (!cluster_.device.matmul_thin_efficiency.empty()) {  // (none in the GPU files)
+      const Result<MatMulDims> d = matmul_dims(g, n);
+      if (d.is_ok()) f = cluster_.matmul_shape_factor(double(d->M), double(d->N), double(d->K));
+    }
     t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
   } else {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);

@@ -327,21 +327,25 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
   return Status::internal("emit_plan: unknown target");
 }
 
-CostConstants stack_constants(EmitTarget t, bool bf16) {
-  CostConstants k;
+void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
   switch (t) {
     case EmitTarget::kMegatron:
-      if (bf16) k.grad_accumulation_bytes = 4, k.grad_reduce_bytes = 4;
+      if (bf16) k->grad_accumulation_bytes = 4, k->grad_reduce_bytes = 4;
       break;
     case EmitTarget::kDeepSpeed:
-      k.zero_grad_partition_bytes = 4;
-      k.zero_reduce_bucket_elements = 5e8;
+      k->zero_grad_partition_bytes = 4;
+      k->zero_reduce_bucket_elements = 5e8;
       break;
     case EmitTarget::kTorchTitan:
-      k.grad_reduce_bytes = 4;
-      k.zero3_gather_for_recompute = false;
+      k->grad_reduce_bytes = 4;
+      k->zero3_gather_for_recompute = false;
       break;
   }
+}
+
+CostConstants stack_constants(EmitTarget t, bool bf16) {
+  CostConstants k;
+  apply_stack_constants(t, bf16, &k);
   return k;
 }
 

@@ -52,6 +52,9 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
 // (mixed_precision_reduce's default) and recomputes inside the FSDP unit
 // with the backward's gather (CostConstants::zero3_gather_for_recompute).
 CostConstants stack_constants(EmitTarget t, bool bf16);
+// The same set on `k`: only the fields the target's stack fixes change
+// (bench/public_runs applies DeepSpeed's to its 2021-22 constants).
+void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k);
 // One line for the user: "Megatron-LM's (gradients accumulated and reduced in f32)".
 std::string stack_priced(EmitTarget t, bool bf16);
 
