@@ -267,7 +267,7 @@ TEST(PlanAttention, TheStacksKernelByName) {
 // A stack that overlaps tp communication with its GEMMs (Megatron-LM's
 // --tp-comm-overlap) pays a block's first chunk of it (1/tp) and, for the
 // rest the GEMMs cover, the GEMMs' slowdown under it (s / (1 + s) of it,
-// s = CostConstants::overlap_compute_slowdown); what they do not cover when
+// s = CostConstants::tp_overlap_compute_slowdown); what they do not cover when
 // they cannot.
 TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
   const TrainingJob job{load_model("gpt3_175b.json"), 64, 2048};
@@ -280,7 +280,7 @@ TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
   const StepCost hidden =
       value_or_throw(CostModel(job, cluster("h100_sxm.json", 64), overlap).price(p));
   ASSERT_GT(plain.tp_comm_s, 0);
-  const double s = CostConstants{}.overlap_compute_slowdown;
+  const double s = CostConstants{}.tp_overlap_compute_slowdown;
   const double covered = 1.0 / 8 + 7.0 / 8 * s / (1 + s);           // 0.26 at s = 0.189
   EXPECT_LT(hidden.tp_comm_s, (covered + 0.05) * plain.tp_comm_s);  // + the embedding's and head's
   EXPECT_GT(hidden.tp_comm_s, 0.99 * covered * plain.tp_comm_s);
@@ -350,6 +350,57 @@ TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
       << odd.invalid_reason(p);
   std::printf("ring cp=16 exposed shifts: %.2f s at 8k (compute %.2f s), %.2f s at 128k (%.2f s)\n",
               at[0].cp_comm_s, at[0].compute_s, at[1].cp_comm_s, at[1].compute_s);
+}
+
+// Compute slowed under an overlapped collective by the ring it runs on
+// (CostModel::overlap_slowdown_on): Lee et al. 2025's figure on a node's GPU
+// links, a NIC's share of it on a ring with one GPU per node. The constant
+// reproduces both of the paper's averages in this model: overlapped, the
+// compute takes 1.189x its time alone, and one after the other the step takes
+// 1.102x the overlapped one.
+TEST(PlanCostModel, OverlapSlowsComputeByTheRingsBandwidth) {
+  const Cluster c = cluster("h100_sxm.json", 64);
+  const TrainingJob job{load_model("gpt3_13b.json"), 64, 2048};
+  const CostModel cm(job, c);
+  const double s = CostConstants{}.overlap_compute_slowdown;
+  const double compute = 1.0, comm = 1.102 * 1.189 - 1;  // the paper's communication share
+  EXPECT_NEAR(compute + CostModel::overlap_exposed_s(comm, compute, s), 1.189, 0.005);
+  EXPECT_NEAR(CostModel::overlap_exposed_s(3.0, compute, s), 2.0, 1e-12);  // outlasts it
+  EXPECT_EQ(CostModel::overlap_exposed_s(0.0, compute, s), 0.0);
+
+  // By link: the node's links, one NIC, two striped NICs, eight (capped).
+  const double nic_share = c.inter_node.effective_bandwidth() / c.intra_node.effective_bandwidth();
+  ASSERT_LT(nic_share, 0.5);
+  EXPECT_DOUBLE_EQ(cm.overlap_slowdown_on(c.intra_node), s);
+  EXPECT_NEAR(cm.overlap_slowdown_on(c.inter_node), s * nic_share, 1e-12);
+  EXPECT_NEAR(cm.overlap_slowdown_on(c.ring_link_for_axis(16, 4)), 2 * s * nic_share, 1e-12);
+  EXPECT_DOUBLE_EQ(cm.overlap_slowdown_on(c.ring_link_for_axis(64, 1)), s);
+
+  // ZeRO-3 prices it: the share of the layers' hidden gathers and
+  // reduce_scatters a step pays is s / (1 + s) on one node's ring, and the
+  // NIC's smaller slowdown on a ring with one GPU per node (tp = 8).
+  auto exposed_share = [&](const Plan& p) {
+    CostConstants none, all;
+    none.overlap_compute_slowdown = 0;  // the first gather and last reduce_scatter
+    all.zero3_prefetch = false;         // every collective
+    const double d = value_or_throw(cm.price(p)).dp_comm_s;
+    const double lo = value_or_throw(CostModel(job, c, none).price(p)).dp_comm_s;
+    const double hi = value_or_throw(CostModel(job, c, all).price(p)).dp_comm_s;
+    return (d - lo) / (hi - lo);
+  };
+  Plan fsdp;
+  fsdp.dp = 8, fsdp.micro_batch = 1, fsdp.num_micro_batches = 8, fsdp.zero = 3;
+  const double on_node = exposed_share(fsdp);
+  EXPECT_NEAR(on_node, s / (1 + s), 0.02);
+  Plan at_nic = fsdp;  // a layer's compute still longer than its gathers at the NIC
+  at_nic.tp = 8, at_nic.micro_batch = 8, at_nic.num_micro_batches = 1;
+  const double s_nic = s * nic_share;
+  const double across = exposed_share(at_nic);
+  EXPECT_NEAR(across, s_nic / (1 + s_nic), 0.02);
+  std::printf(
+      "overlap slowdown: %.2f on a node's links, %.2f at a NIC; ZeRO-3 exposes %.2f and %.2f "
+      "of its hidden collectives\n",
+      s, s_nic, on_node, across);
 }
 
 }  // namespace

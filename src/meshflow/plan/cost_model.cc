@@ -140,6 +140,7 @@ CostConstants meshflow_cpu_constants() {
   // The in-process transport's overlap (ring attention's shifts) is not
   // measured against the CPU kernels; the GPU figure is not carried over.
   k.overlap_compute_slowdown = 0;
+  k.tp_overlap_compute_slowdown = 0;
   return k;
 }
 
@@ -245,10 +246,14 @@ double CostModel::collective_time_on(OpKind kind, int64_t group, double buffer_b
                                      const std::string& axis, const Plan& p, double* bytes) const {
   const Collective c = collective_of(kind);
   *bytes = collective_bytes_per_rank(c, group, buffer_bytes);
+  return collective_time_s(c, group, buffer_bytes, collective_link(kind, group, axis, p));
+}
+
+Link CostModel::collective_link(OpKind kind, int64_t group, const std::string& axis,
+                                const Plan& p) const {
   const int64_t stride = axis_stride(p, axis);
-  return collective_time_s(
-      c, group, buffer_bytes,
-      is_ring_collective(c) ? ring_link(group, stride) : cluster_.link_for_axis(group, stride));
+  return is_ring_collective(collective_of(kind)) ? ring_link(group, stride)
+                                                 : cluster_.link_for_axis(group, stride);
 }
 
 Link CostModel::ring_link(int64_t size, int64_t stride) const {
@@ -443,6 +448,7 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
       // ring's zigzag order makes them so).
       double hidden = 0, hide_under = time;
       std::string hidden_axis;
+      Link hidden_link;
       for (const InnerCollective& ic : inner_collectives(g, n)) {
         double bytes = 0;
         const std::string& axis = mesh.axis_name(ic.mesh_axis);
@@ -450,6 +456,7 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
                                              double(ic.elements) * 4.0, axis, p, &bytes);
         if (ic.overlapped) {
           hidden += ct, hidden_axis = axis;
+          hidden_link = collective_link(ic.kind, mesh.size(ic.mesh_axis), axis, p);
           add_comm(t, axis, fwd, 0, bytes);
           continue;
         }
@@ -457,7 +464,8 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
         time += ct;
       }
       if (hidden > 0) {
-        const double exposed = overlap_exposed_s(hidden, hide_under);
+        const double exposed =
+            overlap_exposed_s(hidden, hide_under, overlap_slowdown_on(hidden_link));
         t[comm_seconds_slot(hidden_axis, fwd)] += exposed;
         time += exposed;
       }
@@ -874,7 +882,7 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   auto exposed_tp = [&](double comm, double compute) {
     if (!k_.tp_comm_overlap || p.tp <= 1) return comm;
     const double first = comm / double(p.tp);
-    return first + overlap_exposed_s(comm - first, compute);
+    return first + overlap_exposed_s(comm - first, compute, k_.tp_overlap_compute_slowdown);
   };
   const double tp_fwd = exposed_tp(lc.tp_fwd_s, f_layer);
   const double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);

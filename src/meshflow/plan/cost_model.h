@@ -142,15 +142,33 @@ struct CostConstants {
   // 768 and 1536 GPUs are within 3% at one port and 2-4x too fast striped.
   // Why that stack got less is not modelled (docs/planner.md).
   bool striped_rings = true;
-  // How much slower compute runs while communication overlaps it (NCCL's
-  // kernels hold SMs and memory bandwidth the GEMMs would use): 0.189, the
-  // average compute slowdown Lee et al. 2025 measured for overlapped
-  // collectives in GPT and LLaMA training on A100 and H100 ("Characterizing
-  // Compute-Communication Overlap in GPU-Accelerated Distributed Deep
-  // Learning", arXiv 2507.03114: 18.9% on average, 40% at most). Applies to
-  // every overlap the model prices: the gradients' reduction under the last
-  // backward, ZeRO's prefetched gathers, tp overlap, ring attention's shifts.
-  double overlap_compute_slowdown = 0.189;
+  // How much slower compute runs while a collective over the node's GPU links
+  // overlaps it (NCCL's kernels hold SMs and memory bandwidth the GEMMs would
+  // use), as overlap_exposed_s applies it: compute at 1 / (1 + s) of its speed
+  // for as long as the communication runs. From Lee et al. 2025
+  // ("Characterizing Compute-Communication Overlap in GPU-Accelerated
+  // Distributed Deep Learning", arXiv 2507.03114; GPT and LLaMA training on 4
+  // A100s, H100s, MI250s, MI210s, so rings over one node's links), whose two
+  // averages fix both unknowns of that model: overlapped, the compute takes
+  // 1.189x its time alone; one after the other, the step takes 1.102x the
+  // overlapped one. So the communication was 1.102 * 1.189 - 1 = 0.310 of the
+  // compute, and overlapping it cost 0.189 / 0.310 = 0.61 of its time alone:
+  // s / (1 + s) = 0.61, s = 1.56. A ring that moves fewer bytes per second
+  // through each GPU slows it proportionally less (overlap_slowdown_on: a
+  // ring with one GPU per node, at its NIC, 1/6 of this on H100: 45 of 270
+  // GB/s; a model, no source measures it).
+  // Applies to the overlaps NCCL runs: the gradients' reduction under the
+  // last backward, ZeRO's and FSDP's prefetched gathers and per-layer
+  // reduce_scatters, ring attention's shifts. (Before, 0.189 itself was read
+  // as this slowdown, which leaves 0.16 of an overlapped collective exposed
+  // where the paper's two averages say 0.61: docs/planner.md.)
+  double overlap_compute_slowdown = 1.56;
+  // The same for tensor-parallel communication a stack overlaps with its
+  // GEMMs (tp_comm_overlap: Transformer Engine's userbuffers, TorchTitan's
+  // AsyncTP), which move the data with copy engines or a few SMs rather than
+  // NCCL's kernels: not measured; the earlier reading of Lee et al.'s
+  // per-kernel average (0.189) is kept for it.
+  double tp_overlap_compute_slowdown = 0.189;
   // Bytes per gradient element in the data-parallel reduction; 0: the compute
   // dtype's. 4 for a stack that reduces in f32 (PyTorch FSDP MixedPrecision
   // with reduce_dtype=float32: Composer's "DEFAULT" mode, TorchTitan's
@@ -528,6 +546,18 @@ class CostModel {
   // Model FLOPs per token (3 x forward, attention at full seq x seq).
   double model_flops_per_token() const;
 
+  // What `comm` seconds of communication overlapped with `compute` seconds of
+  // compute add to the compute: the compute runs `slowdown` slower while the
+  // communication runs, so comm - compute once the communication outlasts the
+  // slowed compute, else comm * s / (1 + s).
+  static double overlap_exposed_s(double comm, double compute, double slowdown);
+  // The slowdown of compute under a collective on `link`:
+  // CostConstants::overlap_compute_slowdown for a ring over the node's GPU
+  // links, scaled by the link's effective bandwidth relative to theirs (a
+  // ring striped over k NICs per node: k NICs' worth, at most 1; one GPU per node: one
+  // NIC's), as NCCL's kernels copy at the rate the link takes.
+  double overlap_slowdown_on(const Link& link) const;
+
  private:
   // Seconds of `flops` of matmul work (the cluster curve x matmul_efficiency_scale,
   // x `shape_factor`: Cluster::matmul_shape_factor of the GEMM's sizes), and
@@ -583,15 +613,12 @@ class CostModel {
   double cp_replicated_share(const Plan& p, const LayerCost& lc, double blocks) const;
   double data_parallel_time(const Plan& p, const LayerCost& lc, const StageTimes& st,
                             double p_stage, double* bytes) const;
-  // What `comm` seconds of communication overlapped with `compute` seconds of
-  // compute add to the compute: the compute runs
-  // CostConstants::overlap_compute_slowdown slower while the communication
-  // runs, so comm - compute once the communication outlasts the slowed
-  // compute, else comm * s / (1 + s).
-  double overlap_exposed_s(double comm, double compute) const;
   // The link a ring collective over `size` ranks `stride` apart runs at
   // (striped across nodes when CostConstants::striped_rings).
   Link ring_link(int64_t size, int64_t stride) const;
+  // The link collective_time_on prices a `kind` over `group` ranks of `axis`
+  // at: ring_link for a ring collective, else the axis's slowest link.
+  Link collective_link(OpKind kind, int64_t group, const std::string& axis, const Plan& p) const;
   // Activation bytes one block keeps per micro-batch (MemoryModel::kMegatron):
   // Korthikanti's count for the template layouts; for a per-operator plan
   // that count at the Megatron layout scaled by the ratio of the two rank

@@ -350,7 +350,8 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
     // still, about 1/dp; the search is not keyed by dp.)
     if (cp > 1) {
       o.folded_axes = {"cp"};
-      const double s = k_.overlap_compute_slowdown;
+      // The slowdown on the cp part of the group (dp is not known here).
+      const double s = overlap_slowdown_on(ring_link(cp, axis_stride(p, "cp")));
       o.folded_scale = k_.overlap_grad_reduce ? s / (1 + s) : 1.0;
     }
     Result<StrategySearch> r = search_strategies(m.graph, mesh, o);

@@ -17,11 +17,17 @@ double CostModel::cp_replicated_share(const Plan& p, const LayerCost& lc, double
   return all > 0 ? std::clamp(over_cp / all, 0.0, 1.0) : 1.0;
 }
 
-double CostModel::overlap_exposed_s(double comm, double compute) const {
-  const double s = k_.overlap_compute_slowdown;
+double CostModel::overlap_exposed_s(double comm, double compute, double slowdown) {
+  const double s = std::max(slowdown, 0.0);
   if (comm <= 0) return 0;
   if (comm >= compute * (1 + s)) return comm - compute;
   return comm * s / (1 + s);
+}
+
+double CostModel::overlap_slowdown_on(const Link& link) const {
+  const double nvlink = cluster_.intra_node.effective_bandwidth();
+  const double share = nvlink > 0 ? std::min(link.effective_bandwidth() / nvlink, 1.0) : 1.0;
+  return k_.overlap_compute_slowdown * share;
 }
 
 // The exposed time of the gradients' reduction (and ZeRO's gathers) over the
@@ -37,6 +43,10 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   // share `tensor_share` of the stage's tensors.
   auto reduce = [&](int64_t replicas, double params, double tensor_share, double* out_bytes) {
     const Link dp_link = ring_link(replicas, p.tp);
+    const double slowdown = overlap_slowdown_on(dp_link);
+    auto overlap_exposed_s = [slowdown](double comm, double compute) {
+      return CostModel::overlap_exposed_s(comm, compute, slowdown);
+    };
     // Gradients reduce in the compute dtype, or in the stack's reduce dtype
     // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
     const double grad_bytes = params * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
