@@ -393,10 +393,10 @@ Recompute map_recompute(const json& par, Mapped* m) {
     return Recompute::kFull;
   }
   if (r.rfind("selective", 0) == 0) {
-    // TorchTitan's op-level SAC and FMS's full-block AC on a fraction of the
-    // blocks are both between none and full: priced as Megatron's selective
-    // (the attention core), recorded.
-    m->inferred.push_back(has(r, "fraction") ? "rc=partial-block~sel" : "rc=op-sac~sel");
+    // FMS's full-block AC on a fraction of the blocks is between none and
+    // full: priced as Megatron's selective (the attention core), recorded.
+    // TorchTitan's op-level SAC is priced as itself (map_run).
+    if (has(r, "fraction")) m->inferred.push_back("rc=partial-block~sel");
     return Recompute::kSelective;
   }
   if (r.rfind("none", 0) == 0) return Recompute::kNone;
@@ -575,6 +575,12 @@ Mapped map_run(const json& run) {
   if (has(fw, "fsdp") || has(fw, "llm-foundry") || has(fw, "torchtitan")) {
     m.k.zero3_gather_for_recompute = false;
     m.stack += "+fsdp-recompute";
+  }
+  // TorchTitan's selective recompute is its op-level SAC (selective_ac_option
+  // "op"), as `meshflow plan --emit torchtitan` prices it.
+  if (has(fw, "torchtitan") && m.plan.recompute == Recompute::kSelective) {
+    m.k.selective_is_op_sac = true;
+    m.stack += "+op-sac";
   }
   // FSDP's SHARD_GRAD_OP gathers each unit's weights before its forward and
   // reduce-scatters its gradients after its backward (ZeRO-2 by unit).

@@ -403,5 +403,56 @@ TEST(PlanCostModel, OverlapSlowsComputeByTheRingsBandwidth) {
       s, s_nic, on_node, across);
 }
 
+// TorchTitan's op-level SAC (CostConstants::selective_is_op_sac, what
+// `--emit torchtitan` writes for selective recompute): every second matmul of
+// a block (LLaMA: wk, wo, w3) and everything but the matmuls and the
+// attention recompute; the block keeps its input, wq's, wv's, w1's and w2's
+// outputs and the attention's. Megatron-LM's selective recompute (the
+// attention core) saves nothing under a fused kernel.
+TEST(PlanCostModel, TorchTitansOpSacRecomputesEverySecondMatmul) {
+  const ModelConfig model = load_model("llama3_8b.json");
+  const TrainingJob job{model, 16, 8192};
+  const Cluster c = cluster("h100_sxm.json", 8);
+  const TransformerDims d = value_or_throw(transformer_dims(model));
+  // wk, wo, w3 of wq, wk, wv, wo, w1, w3, w2: (h kv + h^2 + h f) / (2h^2 + 2h kv + 3h f).
+  EXPECT_NEAR(op_sac_matmul_share(d), 79.69 / 218.10, 1e-3);
+  EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).selective_is_op_sac);
+
+  Plan p;
+  p.dp = 8, p.micro_batch = 2, p.num_micro_batches = 1, p.zero = 3;
+  CostConstants op_sac;
+  op_sac.selective_is_op_sac = true;
+  auto priced = [&](Recompute rc, const CostConstants& k) {
+    Plan q = p;
+    q.recompute = rc;
+    return value_or_throw(CostModel(job, c, k).price(q));
+  };
+  const StepCost megatron = priced(Recompute::kSelective, CostConstants{});
+  const StepCost sac = priced(Recompute::kSelective, op_sac);
+  const StepCost full = priced(Recompute::kFull, op_sac);
+  const StepCost none = priced(Recompute::kNone, op_sac);
+  // Time: the recomputed matmuls' share of the blocks' forward matmuls plus
+  // their other forward work, per block.
+  const LayerCost lc = value_or_throw(CostModel(job, c, op_sac).layer_cost(1, 1, 2));
+  const double per_block = lc.forward_matmul_s * op_sac_matmul_share(d) + lc.forward_s -
+                           lc.forward_matmul_s - lc.attention_core_s;
+  ASSERT_GT(lc.forward_matmul_s, 0.5 * lc.forward_s);
+  EXPECT_NEAR(sac.recompute_s, double(d.layers) * per_block, 1e-9 * sac.recompute_s);
+  EXPECT_LT(sac.recompute_s, 0.5 * full.recompute_s);
+  // Memory: the saved tensors are 2(4h + kv + f) bytes a token against the
+  // 12h + 4kv + 6f of no recompute (0.46 of it for LLaMA-3 8B).
+  const double kept = sac.memory.activations / none.memory.activations;
+  EXPECT_GT(kept, 0.40);
+  EXPECT_LT(kept, 0.52);
+  EXPECT_GT(sac.memory.activations, full.memory.activations);
+  EXPECT_NEAR(megatron.memory.activations, none.memory.activations, 0.01 * none.memory.activations);
+  std::printf(
+      "llama3 8b, s=8192, mb 2: recompute megatron-selective %.3f s, op-sac %.3f s, full "
+      "%.3f s; activations op-sac %.1f GiB of %.1f (none), %.1f (full)\n",
+      megatron.recompute_s, sac.recompute_s, full.recompute_s,
+      sac.memory.activations / (1ull << 30), none.memory.activations / (1ull << 30),
+      full.memory.activations / (1ull << 30));
+}
+
 }  // namespace
 }  // namespace meshflow::plan

@@ -312,6 +312,7 @@ enum Slot {
   kOptCpParams,    // gradient elements all_reduced over cp (Partial there)
   kGradChains,     // gradients reduced through all_reduce chains (grad_buckets.h)
   kAttention,      // the attention op's forward
+  kFwdMatMul,      // the matmuls' forward
   kRecompute,      // recompute clones and their collectives
   kParams,
   kParamTensors,
@@ -360,6 +361,7 @@ LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& em
   lc.tp_fwd_bytes = block[kTpFwdBytes], lc.tp_bwd_bytes = block[kTpBwdBytes];
   lc.cp_fwd_bytes = block[kCpFwdBytes], lc.cp_bwd_bytes = block[kCpBwdBytes];
   lc.attention_core_s = block[kAttention];
+  lc.forward_matmul_s = block[kFwdMatMul];
   auto comm = [](const Totals& t, bool fwd) {
     return fwd ? t[kTpFwd] + t[kCpFwd] : t[kTpBwd] + t[kCpBwd];
   };
@@ -441,6 +443,7 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
       t[kNodes] += 1;
       t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += time;
       if (n.kind == OpKind::kAttention) t[kAttention] += time;
+      if (fwd && n.kind == OpKind::kMatMul) t[kFwdMatMul] += time;
       // The collectives its kernel runs inside itself (the vocab-parallel
       // cross-entropy's f32 all_reduces, ring attention's shifts; ops/op_def.h).
       // Those in flight while it computes cost only what its compute does not
@@ -892,8 +895,18 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   double recompute_layer = 0;
   if (p.recompute == Recompute::kFull)
     recompute_layer = k_.recompute_from_pass ? lc.recompute_full_s : f_layer + tp_fwd + cp_fwd;
+  // TorchTitan's op-level SAC: every second matmul, everything but the
+  // matmuls and the attention, and the tp collectives it does not save (the
+  // all_gathers before the projections with sp; the all_reduces without).
+  const bool op_sac = p.recompute == Recompute::kSelective && k_.selective_is_op_sac;
+  const double op_sac_tp = op_sac ? (p.sp ? 0.5 : 1.0) * tp_fwd : 0.0;
   if (p.recompute == Recompute::kSelective)
-    recompute_layer = k_.recompute_from_pass ? lc.recompute_selective_s : lc.attention_core_s;
+    recompute_layer =
+        op_sac ? lc.forward_matmul_s * op_sac_matmul_share(dims_) +
+                     std::max(0.0, lc.forward_s - lc.forward_matmul_s - lc.attention_core_s) +
+                     op_sac_tp
+        : k_.recompute_from_pass ? lc.recompute_selective_s
+                                 : lc.attention_core_s;
   // Blocks that recompute: all, or under full recompute the first
   // recompute_layers of each chunk (full_recompute_share).
   const bool full = p.recompute == Recompute::kFull;
@@ -903,7 +916,7 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   base.backward_s = ls * (b_layer + tp_bwd + cp_bwd) + rc_blocks * recompute_layer;
   base.weight_grad_s = ls * w_layer;
   base.recompute_s = rc_blocks * recompute_layer;
-  base.tp_comm_s = ls * (tp_fwd + tp_bwd) + (full ? rc_blocks * tp_fwd : 0);
+  base.tp_comm_s = ls * (tp_fwd + tp_bwd) + (full ? rc_blocks * tp_fwd : rc_blocks * op_sac_tp);
   base.cp_comm_s = ls * (cp_fwd + cp_bwd) + (full ? rc_blocks * cp_fwd : 0);
   StageTimes st = base;
   if (stage == 0) {  // the embedding
@@ -1034,7 +1047,8 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   // and their gradient on the head stage.
   Plan no_rc = p;
   no_rc.recompute = Recompute::kNone;
-  const double rc_ws = p.recompute == Recompute::kFull
+  const bool op_sac = p.recompute == Recompute::kSelective && k_.selective_is_op_sac;
+  const double rc_ws = p.recompute == Recompute::kFull || op_sac
                            ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act)
                            : 0.0;
   const double z3_ws = p.zero >= 3 ? 2 * layer_params * w_b : 0.0;
@@ -1421,7 +1435,8 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   double extra = 0;
   if (p.recompute == Recompute::kFull) extra = layers_fwd_token * full;
   if (p.recompute == Recompute::kSelective)
-    extra = 4.0 * double(d.layers) * double(job_.seq) * double(d.hidden);
+    extra = k_.selective_is_op_sac ? 2.0 * double(d.layers) * op_sac_recomputed_params(d)
+                                   : 4.0 * double(d.layers) * double(job_.seq) * double(d.hidden);
   r.hardware_flops = r.model_flops + extra * tokens;
   const double n = double(p.devices());
   r.tokens_per_s = tokens / r.step_time_s;

@@ -169,6 +169,13 @@ struct CostConstants {
   // NCCL's kernels: not measured; the earlier reading of Lee et al.'s
   // per-kernel average (0.189) is kept for it.
   double tp_overlap_compute_slowdown = 0.189;
+  // The stack's selective recompute is TorchTitan's op-level SAC
+  // (torchtitan/distributed/activation_checkpoint.py, selective_ac_option
+  // "op"): inside each block the outputs of the matmuls, the attention and the
+  // reduce_scatters are saved, except every second matmul, and everything
+  // else is recomputed in the backward (op_sac_matmul_share). false:
+  // Megatron-LM's selective recompute, the attention core alone.
+  bool selective_is_op_sac = false;
   // Bytes per gradient element in the data-parallel reduction; 0: the compute
   // dtype's. 4 for a stack that reduces in f32 (PyTorch FSDP MixedPrecision
   // with reduce_dtype=float32: Composer's "DEFAULT" mode, TorchTitan's
@@ -380,6 +387,7 @@ struct LayerCost {
   double tp_fwd_s = 0, tp_bwd_s = 0, cp_fwd_s = 0, cp_bwd_s = 0;
   double tp_fwd_bytes = 0, tp_bwd_bytes = 0, cp_fwd_bytes = 0, cp_bwd_bytes = 0;  // sent per rank
   double attention_core_s = 0;  // forward of the attention op (selective recompute)
+  double forward_matmul_s = 0;  // forward of the block's matmuls (op-level SAC)
   double recompute_full_s = 0, recompute_selective_s = 0;  // recompute_from_pass: the clones
   // Outside the blocks, collectives included; *_comm_s / *_comm_bytes: theirs.
   double embed_fwd_s = 0, embed_bwd_s = 0;                  // before the first block
@@ -706,8 +714,17 @@ class CostModel {
 double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {});
 
 // Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,
-// generalized to the model's ffn and kv heads; see docs/planner.md).
+// generalized to the model's ffn and kv heads; see docs/planner.md). With
+// `op_sac`, selective recompute keeps what TorchTitan's op-level SAC saves
+// (CostConstants::selective_is_op_sac).
 double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
-                              AttentionKernel attention, double act_bytes);
+                              AttentionKernel attention, double act_bytes, bool op_sac = false);
+
+// TorchTitan's op-level SAC recomputes every second matmul of a block, in
+// forward order: of a LLaMA block's wq, wk, wv, wo, w1, w3, w2 the wk, wo and
+// w3; of a GPT block's qkv, proj, fc1, fc2 the proj and fc2. The parameters of
+// those (per block, unsharded) and their share of the block's matmul FLOPs.
+double op_sac_recomputed_params(const TransformerDims& d);
+double op_sac_matmul_share(const TransformerDims& d);
 
 }  // namespace meshflow::plan

@@ -131,8 +131,19 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
   return t;
 }
 
+double op_sac_recomputed_params(const TransformerDims& d) {
+  const double h = double(d.hidden), f = double(d.ffn), kv = double(d.kv_heads * d.head_dim);
+  return d.llama ? h * kv + h * h + h * f : h * h + f * h;  // wk, wo, w3; proj, fc2
+}
+
+double op_sac_matmul_share(const TransformerDims& d) {
+  const double h = double(d.hidden), f = double(d.ffn), kv = double(d.kv_heads * d.head_dim);
+  const double all = d.llama ? 2 * h * h + 2 * h * kv + 3 * h * f : 4 * h * h + 2 * f * h;
+  return all > 0 ? op_sac_recomputed_params(d) / all : 0.0;
+}
+
 double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
-                              AttentionKernel attention, double act_bytes) {
+                              AttentionKernel attention, double act_bytes, bool op_sac) {
   // Korthikanti et al. 2022, in units of 2 bytes (16-bit) per element, for s
   // local tokens (seq / cp), b sequences, h hidden, t = tp.
   const double s = double(seq) / double(p.cp), b = double(p.micro_batch), h = double(d.hidden),
@@ -140,6 +151,17 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
                kv = double(d.kv_heads) * double(d.head_dim);
   const double sbh = s * b * h, e = act_bytes / 2.0;  // e scales 16-bit counts to act_bytes
   if (p.recompute == Recompute::kFull) return 2 * sbh * e / (p.sp ? t : 1.0);
+  if (p.recompute == Recompute::kSelective && op_sac) {
+    // TorchTitan's op-level SAC keeps the block's input, the outputs of the
+    // matmuls it saves (LLaMA: wq, wv, w1 split over tp, and w2's whole
+    // partial sum before its reduction; GPT: qkv and fc1), the attention's
+    // output and f32 log-sum-exp, and with sequence parallelism the two
+    // reduce_scatters' outputs (sequence-split).
+    const double split = d.llama ? sbh + s * b * kv + sbh + s * b * f : 3 * sbh + sbh + s * b * f;
+    const double whole = d.llama ? sbh : 0.0;
+    const double scattered = p.sp && p.tp > 1 ? 2 * sbh / t : 0.0;
+    return 2 * e * (sbh / (p.sp ? t : 1.0) + split / t + whole + scattered) + 4 * a * s * b / t;
+  }
   // Replicated region: two norm inputs (4), the QKV and MLP inputs (2 + 2),
   // and 1-byte dropout masks after attention and the MLP (1 + 1).
   const double masks = d.dropout ? 2 * sbh : 0;
@@ -248,7 +270,8 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
 
 Result<double> CostModel::layer_activations(const Plan& p) const {
   const double act = double(dtype_size(dtype_));
-  if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act);
+  const bool op_sac = k_.selective_is_op_sac;
+  if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act, op_sac);
   // A per-operator plan keeps what its program's backward reads: Korthikanti's
   // count for the Megatron layout at the same degrees, scaled by the ratio of
   // the two programs' stashed forward values per block.
@@ -281,7 +304,7 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
     std::lock_guard<std::mutex> lock(mu_);
     stash_ratio_cache_.emplace(key, ratio);
   }
-  return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act);
+  return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act, op_sac);
 }
 
 Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, int64_t cp,

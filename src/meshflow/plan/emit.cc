@@ -339,6 +339,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
     case EmitTarget::kTorchTitan:
       k->grad_reduce_bytes = 4;
       k->zero3_gather_for_recompute = false;
+      k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
       break;
   }
 }
@@ -358,7 +359,8 @@ std::string stack_priced(EmitTarget t, bool bf16) {
       return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
              "reduce bucket)";
     case EmitTarget::kTorchTitan:
-      return "TorchTitan's (gradients reduced in f32, recompute inside the FSDP unit)";
+      return "TorchTitan's (gradients reduced in f32, recompute inside the FSDP unit, "
+             "selective recompute as its op-level SAC)";
   }
   return "";
 }
