@@ -127,6 +127,10 @@ TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
   p.layers_per_stage.clear();
   p.zero = 3;
   expect_refused(p, job, EmitTarget::kMegatron, "--use-torch-fsdp2");
+  // Its distributed optimizer keeps the whole gradient buffer: ZeRO-2's
+  // sharded gradients are not what it runs.
+  p.zero = 2;
+  expect_refused(p, job, EmitTarget::kMegatron, "pin zero=1");
 }
 
 // Full recompute of the first N blocks of each (virtual) stage
@@ -194,7 +198,7 @@ TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
 TEST(PlanEmit, TorchTitanTomlTables) {
   const TrainingJob job{model("llama3_70b.json"), 256, 8192};
   Plan p;
-  p.dp = 2, p.tp = 4, p.pp = 4, p.cp = 2, p.sp = true;
+  p.dp = 2, p.tp = 4, p.pp = 4, p.cp = 2, p.sp = true, p.ring = true;
   p.micro_batch = 2, p.num_micro_batches = 64;
   p.zero = 3;
   p.recompute = Recompute::kSelective;
@@ -207,6 +211,7 @@ TEST(PlanEmit, TorchTitanTomlTables) {
                                       "data_parallel_shard_degree",
                                       "tensor_parallel_degree",
                                       "context_parallel_degree",
+                                      "context_parallel_rotate_method",
                                       "pipeline_parallel_degree",
                                       "pipeline_parallel_schedule",
                                       "pipeline_parallel_microbatch_size",
@@ -230,6 +235,14 @@ TEST(PlanEmit, TorchTitanTomlTables) {
   EXPECT_EQ(kv["pipeline_parallel_schedule"], "\"1F1B\"");
   EXPECT_EQ(kv["local_batch_size"], "128");  // the replica's batch: 64 micro-batches of 2
   EXPECT_EQ(kv["mode"], "\"selective\"");
+  // cp is its ring (torch's context_parallel rotating the K/V shards); Ulysses
+  // (head shards) is not what it runs.
+  EXPECT_EQ(kv["context_parallel_rotate_method"], "\"alltoall\"");
+  {
+    Plan u = p;
+    u.ring = false;
+    expect_refused(u, job, EmitTarget::kTorchTitan, "pin ring=true");
+  }
   // The uneven split by module: the embedding and 17 layers, ..., the last 21 with norm and output.
   EXPECT_NE(kv["module_fqns_per_model_part"].find("[\"tok_embeddings\", \"layers.0\","),
             std::string::npos);

@@ -57,12 +57,20 @@ Status check_megatron(const Plan& p) {
   if (p.zero == 3 && p.pp > 1)
     return cannot(t, p,
                   "ZeRO-3 is Megatron-LM's --use-torch-fsdp2, which does not run with "
-                  "pipeline parallelism; pin zero=1 or 2 (--use-distributed-optimizer)");
+                  "pipeline parallelism; pin zero=1 (--use-distributed-optimizer)");
+  // Its distributed optimizer shards the optimizer state and reduce-scatters
+  // the gradients, but keeps every gradient in its contiguous buffer: ZeRO-1's
+  // memory with ZeRO-2's traffic, which is how the cost model prices zero=1.
+  if (p.zero == 2)
+    return cannot(t, p,
+                  "Megatron-LM's distributed optimizer (--use-distributed-optimizer) keeps "
+                  "every gradient in its buffer and shards the optimizer state, which is "
+                  "ZeRO-1 (priced with the same reduce-scatter and gather); pin zero=1");
   if (p.offload == Offload::kNvme || (p.offload == Offload::kHost && p.zero == 3))
     return cannot(t, p,
                   "Megatron-LM offloads the distributed optimizer's state to host memory "
                   "(--optimizer-cpu-offload), not to NVMe or under FSDP; pin offload=host with "
-                  "zero=1 or 2, or offload=none");
+                  "zero=1, or offload=none");
   return Status::ok();
 }
 
@@ -104,6 +112,15 @@ Status check_torchtitan(const Plan& p, const TransformerDims& d) {
     return cannot(t, p,
                   "TorchTitan shards with FSDP2: ZeRO-3 (data_parallel_shard_degree) or none "
                   "(data_parallel_replicate_degree); pin zero=0 or zero=3");
+  // Its context parallelism (torch's context_parallel) splits the sequence and
+  // exchanges the K/V shards (context_parallel_rotate_method), a ring, not
+  // Ulysses' all_to_alls to head shards, which is what meshflow's cp without
+  // the ring prices.
+  if (p.cp > 1 && !p.ring)
+    return cannot(t, p,
+                  "TorchTitan's context parallelism splits the sequence and rotates the K/V "
+                  "shards (ring attention), not Ulysses' all_to_all to head shards; pin "
+                  "ring=true");
   if (p.schedule == ScheduleKind::kZbH1 && p.pp > 1)
     return cannot(t, p,
                   "torch's zero-bubble schedules need two or more stages per rank "
@@ -165,7 +182,7 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
   }
   if (p.zero == 3) {
     arg("--use-torch-fsdp2");
-  } else if (p.zero >= 1) {
+  } else if (p.zero == 1) {
     // Optimizer state sharded, gradients reduce-scattered to their owner.
     arg("--use-distributed-optimizer");
     if (p.offload == Offload::kHost) arg("--optimizer-cpu-offload");
@@ -243,6 +260,8 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
   out += "data_parallel_shard_degree = " + str(p.zero == 3 ? p.dp : 1) + "\n";
   out += "tensor_parallel_degree = " + str(p.tp) + "\n";
   out += "context_parallel_degree = " + str(p.cp) + "\n";
+  // The K/V shards passed round the ring, as meshflow's ring prices them.
+  if (p.cp > 1) out += "context_parallel_rotate_method = \"alltoall\"\n";
   out += "pipeline_parallel_degree = " + str(p.pp) + "\n";
   if (p.pp > 1) {
     out += "pipeline_parallel_schedule = \"" + sched + "\"\n";
