@@ -187,6 +187,14 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
     arg("--use-distributed-optimizer");
     if (p.offload == Offload::kHost) arg("--optimizer-cpu-offload");
   }
+  // The overlaps the price assumes (both off by default in Megatron-LM): the
+  // gradients' reduction under the last backward (CostConstants::
+  // overlap_grad_reduce) and the distributed optimizer's gather under the next
+  // forward (overlap_param_gather, set by stack_constants).
+  if (p.dp * p.cp > 1 && p.zero <= 1) {
+    arg("--overlap-grad-reduce");
+    if (p.zero == 1) arg("--overlap-param-gather");
+  }
   // The batch (training).
   arg("--micro-batch-size", str(p.micro_batch));
   arg("--global-batch-size", str(job.global_batch));
@@ -350,6 +358,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
   switch (t) {
     case EmitTarget::kMegatron:
       if (bf16) k->grad_accumulation_bytes = 4, k->grad_reduce_bytes = 4;
+      k->overlap_param_gather = true;  // --overlap-param-gather, which it emits
       break;
     case EmitTarget::kDeepSpeed:
       k->zero_grad_partition_bytes = 4;
@@ -372,8 +381,10 @@ CostConstants stack_constants(EmitTarget t, bool bf16) {
 std::string stack_priced(EmitTarget t, bool bf16) {
   switch (t) {
     case EmitTarget::kMegatron:
-      return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32)"
-                  : "Megatron-LM's";
+      return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32, their "
+                    "reduction and the distributed optimizer's gather overlapped)"
+                  : "Megatron-LM's (the gradients' reduction and the distributed optimizer's "
+                    "gather overlapped)";
     case EmitTarget::kDeepSpeed:
       return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
              "reduce bucket)";
