@@ -187,6 +187,7 @@ TEST(PlanEmit, DeepSpeedConfigIsItsJson) {
                 j["gradient_accumulation_steps"].get<int>() * p.dp,
             512);
   EXPECT_EQ(j["zero_optimization"]["stage"], 2);
+  EXPECT_EQ(j["zero_optimization"]["overlap_comm"], true);  // the price overlaps the reduction
   EXPECT_EQ(j["tensor_parallel"]["autotp_size"], 4);
   EXPECT_EQ(j["bf16"]["enabled"], true);
   for (const auto& [mutate, want] : std::vector<std::pair<std::function<void(Plan&)>, std::string>>{
@@ -304,6 +305,12 @@ TEST(PlanEmit, PricedAsTheTargetStackRunsIt) {
   EXPECT_NEAR(deepspeed.memory.grads - plain.memory.grads, 4 * plain.memory.params / 2 / 8,
               1e-6 * plain.memory.params);
   EXPECT_NEAR(deepspeed.memory.temporaries - plain.memory.temporaries, 5e8 * 2, 1.0);
+  // Without ZeRO its engine all-reduces the gradients after the backward.
+  Plan z0 = p;
+  z0.zero = 0;
+  const StepCost ds0 = price(stack_constants(EmitTarget::kDeepSpeed, true), z0);
+  const StepCost overlapped0 = price(CostConstants{}, z0);
+  EXPECT_GT(ds0.dp_comm_s, 1.5 * overlapped0.dp_comm_s);
   Plan z3 = p;
   z3.tp = 1, z3.dp = 64, z3.num_micro_batches = 8, z3.zero = 3, z3.recompute = Recompute::kFull;
   CostConstants f32_reduce;

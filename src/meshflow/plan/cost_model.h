@@ -135,6 +135,10 @@ struct CostConstants {
   // Gradients reduce in buckets while the last micro-batch's backward runs
   // (PyTorch DDP, Megatron overlap_grad_reduce). false: after it.
   bool overlap_grad_reduce = true;
+  // Without ZeRO the stack all-reduces the gradients after the backward
+  // (DeepSpeed's engine: backward() ends with allreduce_gradients()), even
+  // where overlap_grad_reduce holds for its ZeRO stages (overlap_comm).
+  bool zero0_reduce_after_backward = false;
   // Ring collectives across nodes run striped over the node's ports
   // (Cluster::ring_link_for_axis), as NCCL's channels do. false: at one
   // device's port (Cluster::link_for_axis), which is what the 2021-22
