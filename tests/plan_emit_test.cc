@@ -206,7 +206,7 @@ TEST(PlanEmit, TorchTitanTomlTables) {
   Plan p;
   p.dp = 2, p.tp = 4, p.pp = 4, p.cp = 2, p.sp = true, p.ring = true;
   p.micro_batch = 2, p.num_micro_batches = 64;
-  p.zero = 3;
+  p.zero = 1;  // FSDP2 under pipelines: parameters and gradients whole for the step
   p.recompute = Recompute::kSelective;
   p.layers_per_stage = {17, 21, 21, 21};
   const std::string text = value_or_throw(emit_plan(p, job, true, EmitTarget::kTorchTitan));
@@ -236,7 +236,7 @@ TEST(PlanEmit, TorchTitanTomlTables) {
     kv[key] = line.substr(eq + 3);
   }
   EXPECT_NE(text.find("[parallelism]"), std::string::npos);
-  EXPECT_EQ(kv["data_parallel_shard_degree"], "2");  // ZeRO-3 is FSDP
+  EXPECT_EQ(kv["data_parallel_shard_degree"], "2");  // FSDP2 (ZeRO-1 under its pipelines)
   EXPECT_EQ(kv["data_parallel_replicate_degree"], "1");
   EXPECT_EQ(kv["pipeline_parallel_schedule"], "\"1F1B\"");
   EXPECT_EQ(kv["local_batch_size"], "128");  // the replica's batch: 64 micro-batches of 2
@@ -255,7 +255,12 @@ TEST(PlanEmit, TorchTitanTomlTables) {
   EXPECT_NE(kv["module_fqns_per_model_part"].find("\"layers.79\", \"norm\", \"output\"]]"),
             std::string::npos);
   Plan q = p;
-  q.zero = 1;
+  q.zero = 3;  // not what its FSDP2 runs under pipelines
+  expect_refused(q, job, EmitTarget::kTorchTitan, "pin zero=1 or zero=0");
+  q.pp = 1, q.layers_per_stage.clear(), q.dp = 8;
+  const std::string fsdp = value_or_throw(emit_plan(q, job, true, EmitTarget::kTorchTitan));
+  EXPECT_NE(fsdp.find("data_parallel_shard_degree = 8"), std::string::npos) << fsdp;
+  q.zero = 1;  // without pipelines FSDP2 is ZeRO-3 or nothing
   expect_refused(q, job, EmitTarget::kTorchTitan, "FSDP2: ZeRO-3");
   q = p;
   q.sp = false;
@@ -315,6 +320,13 @@ TEST(PlanEmit, PricedAsTheTargetStackRunsIt) {
   z3.tp = 1, z3.dp = 64, z3.num_micro_batches = 8, z3.zero = 3, z3.recompute = Recompute::kFull;
   CostConstants f32_reduce;
   f32_reduce.grad_reduce_bytes = 4;
+  // Its FSDP2 under pipelines (ZeRO-1) reduce-scatters after the last backward.
+  Plan pz1 = p;
+  pz1.tp = 8, pz1.dp = 4, pz1.pp = 2, pz1.num_micro_batches = 128, pz1.sp = true;
+  CostConstants titan_overlapped = stack_constants(EmitTarget::kTorchTitan, true);
+  titan_overlapped.zero1_reduce_after_backward = false;
+  EXPECT_GT(price(stack_constants(EmitTarget::kTorchTitan, true), pz1).dp_comm_s,
+            price(titan_overlapped, pz1).dp_comm_s);
   const StepCost fsdp = price(stack_constants(EmitTarget::kTorchTitan, true), z3);
   const StepCost regathers = price(f32_reduce, z3);
   EXPECT_LT(fsdp.comm.data_parallel, regathers.comm.data_parallel);

@@ -139,6 +139,10 @@ struct CostConstants {
   // (DeepSpeed's engine: backward() ends with allreduce_gradients()), even
   // where overlap_grad_reduce holds for its ZeRO stages (overlap_comm).
   bool zero0_reduce_after_backward = false;
+  // The same for ZeRO-1: TorchTitan's FSDP2 under torch's pipeline schedules
+  // reduce-scatters each stage's gradients once, after the step's last
+  // backward (PipelineStage's post_backward).
+  bool zero1_reduce_after_backward = false;
   // Ring collectives across nodes run striped over the node's ports
   // (Cluster::ring_link_for_axis), as NCCL's channels do. false: at one
   // device's port (Cluster::link_for_axis), which is what the 2021-22

@@ -52,7 +52,8 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
     const double grad_bytes = params * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
     const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
     // The last micro-batch's backward, unless the stack reduces after it.
-    const bool after = p.zero == 0 && k_.zero0_reduce_after_backward;
+    const bool after = (p.zero == 0 && k_.zero0_reduce_after_backward) ||
+                       (p.zero == 1 && k_.zero1_reduce_after_backward);
     const double window = k_.overlap_grad_reduce && !after ? B + W : 0.0;
     double dp_exposed = 0, dp_bytes = 0;
     // Collectives per step for the stage's gradients: one (bucketed), or one per

@@ -108,10 +108,21 @@ Status check_torchtitan(const Plan& p, const TransformerDims& d) {
   // FSDP2 keeps nothing between ZeRO-0 (DDP) and ZeRO-3 but
   // reshard_after_forward = "never" (parameters stay gathered from the
   // forward to the backward), which is not ZeRO-1/2's memory.
-  if (p.zero == 1 || p.zero == 2)
+  if (p.pp == 1 && (p.zero == 1 || p.zero == 2))
     return cannot(t, p,
                   "TorchTitan shards with FSDP2: ZeRO-3 (data_parallel_shard_degree) or none "
                   "(data_parallel_replicate_degree); pin zero=0 or zero=3");
+  // With pipeline parallelism its FSDP2 does not reshard after the forward
+  // (fsdp_reshard_after_forward "default": not with pp), and torch's pipeline
+  // stage turns resharding and gradient sync off until the step's last
+  // backward: each stage's parameters and gradients stay whole for the step,
+  // reduce-scattered once after it, the optimizer state sharded. ZeRO-1.
+  if (p.pp > 1 && (p.zero == 2 || p.zero == 3))
+    return cannot(t, p,
+                  "with pipeline parallelism TorchTitan's FSDP2 keeps each stage's parameters and "
+                  "gradients whole for the step and reduce-scatters them after its last backward "
+                  "(no resharding after the forward; torch's pipeline stage syncs once), which is "
+                  "ZeRO-1; pin zero=1 or zero=0");
   // Its context parallelism (torch's context_parallel) splits the sequence and
   // exchanges the K/V shards (context_parallel_rotate_method), a ring, not
   // Ulysses' all_to_alls to head shards, which is what meshflow's cp without
@@ -267,8 +278,10 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
   out += "global_batch_size = " + str(job.global_batch) + "\n";
   out += "seq_len = " + str(job.seq) + "\n\n";
   out += "[parallelism]\n";
-  out += "data_parallel_replicate_degree = " + str(p.zero == 3 ? 1 : p.dp) + "\n";
-  out += "data_parallel_shard_degree = " + str(p.zero == 3 ? p.dp : 1) + "\n";
+  // FSDP2 for ZeRO-3, and for ZeRO-1 under pipelines (check_torchtitan).
+  const bool fsdp = p.zero == 3 || (p.pp > 1 && p.zero == 1);
+  out += "data_parallel_replicate_degree = " + str(fsdp ? 1 : p.dp) + "\n";
+  out += "data_parallel_shard_degree = " + str(fsdp ? p.dp : 1) + "\n";
   out += "tensor_parallel_degree = " + str(p.tp) + "\n";
   out += "context_parallel_degree = " + str(p.cp) + "\n";
   // The K/V shards passed round the ring, as meshflow's ring prices them.
@@ -372,6 +385,10 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->grad_reduce_bytes = 4;
       k->zero3_gather_for_recompute = false;
       k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
+      // ZeRO-1 is FSDP2 under its pipelines: one reduce-scatter after the
+      // step's last backward, the first forward's gathers prefetched.
+      k->zero1_reduce_after_backward = true;
+      k->overlap_param_gather = true;
       break;
   }
 }
@@ -394,7 +411,8 @@ std::string stack_priced(EmitTarget t, bool bf16) {
              "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
     case EmitTarget::kTorchTitan:
       return "TorchTitan's (gradients reduced in f32, recompute inside the FSDP unit, "
-             "selective recompute as its op-level SAC)";
+             "selective recompute as its op-level SAC, FSDP2 under pipelines as ZeRO-1 "
+             "reduced after the last backward)";
   }
   return "";
 }
