@@ -46,11 +46,15 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
 // Megatron-LM with bf16 accumulates and all-reduces gradients in f32
 // (arguments.py: "bfloat16 requires gradient accumulation and all-reduce to
 // be done in fp32"), 6 + 12/dp bytes per parameter under its distributed
-// optimizer; DeepSpeed's ZeRO-1/2 optimizer allocates the step's f32
+// optimizer, whose gather overlaps the next forward (--overlap-param-gather,
+// emitted); DeepSpeed's ZeRO-1/2 optimizer allocates the step's f32
 // gradient partition and a 5e8-element reduce bucket (stage_1_and_2.py,
-// reduce_bucket_size's default); TorchTitan reduces gradients in f32
-// (mixed_precision_reduce's default) and recomputes inside the FSDP unit
-// with the backward's gather (CostConstants::zero3_gather_for_recompute).
+// reduce_bucket_size's default), and without ZeRO its engine all-reduces
+// after the backward; TorchTitan reduces gradients in f32
+// (mixed_precision_reduce's default), recomputes inside the FSDP unit
+// with the backward's gather (CostConstants::zero3_gather_for_recompute),
+// runs selective recompute as its op-level SAC (selective_is_op_sac), and
+// under pipelines its FSDP2 is ZeRO-1 reduced after the last backward.
 CostConstants stack_constants(EmitTarget t, bool bf16);
 // The same set on `k`: only the fields the target's stack fixes change
 // (bench/public_runs applies DeepSpeed's to its 2021-22 constants).
