@@ -569,18 +569,18 @@ Mapped map_run(const json& run) {
     m.stack += "+flash1";
     m.inferred.push_back("attn=triton(flash1)");
   }
-  // PyTorch FSDP (Composer, TorchTitan, metaseq): the activation checkpoint
-  // inside each sharded unit recomputes with the weights its pre-backward
-  // unshard gathered, so full recompute adds no ZeRO-3 gather.
-  if (has(fw, "fsdp") || has(fw, "llm-foundry") || has(fw, "torchtitan")) {
+  // TorchTitan: the constants `meshflow plan --emit torchtitan` prices it
+  // with (f32 reduction, recompute inside the FSDP unit, its op-level SAC,
+  // FSDP2 under pipelines as ZeRO-1).
+  if (has(fw, "torchtitan")) {
+    apply_stack_constants(EmitTarget::kTorchTitan, true, &m.k);
+    m.stack += "+torchtitan";
+  } else if (has(fw, "fsdp") || has(fw, "llm-foundry")) {
+    // PyTorch FSDP (Composer, metaseq): the activation checkpoint inside each
+    // sharded unit recomputes with the weights its pre-backward unshard
+    // gathered, so full recompute adds no ZeRO-3 gather.
     m.k.zero3_gather_for_recompute = false;
     m.stack += "+fsdp-recompute";
-  }
-  // TorchTitan's selective recompute is its op-level SAC (selective_ac_option
-  // "op"), as `meshflow plan --emit torchtitan` prices it.
-  if (has(fw, "torchtitan") && m.plan.recompute == Recompute::kSelective) {
-    m.k.selective_is_op_sac = true;
-    m.stack += "+op-sac";
   }
   // FSDP's SHARD_GRAD_OP gathers each unit's weights before its forward and
   // reduce-scatters its gradients after its backward (ZeRO-2 by unit).
