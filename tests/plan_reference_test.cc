@@ -199,5 +199,30 @@ TEST(PlanReference, RefitMatmulEfficiencyScale) {
   EXPECT_NEAR(best_scale, in_use, 0.015);
 }
 
+// Materialized attention with a head size whose 16-bit rows are not a
+// multiple of 16 bytes (h 13824 over 128 heads: 108) runs its batched GEMMs
+// off the tensor cores, at the device's f32 rate: the same model with 96
+// heads (144) differs by exactly that and the larger score matrix.
+TEST(PlanCostModel, MisalignedHeadsRunTheAttentionGemmsOffTheTensorCores) {
+  const int64_t h = 13824, s = 2048, tp = 8, b = 1;
+  const CostConstants k = megatron2021_constants();
+  ASSERT_EQ(k.attention, AttentionKernel::kMaterialized);
+  const Cluster c = dgx(8);
+  auto core = [&](int64_t heads) {
+    CostModel cm(TrainingJob{row_model(2, h, heads), 8, s}, c, k);
+    return value_or_throw(cm.layer_cost(tp, 1, b)).attention_core_s;
+  };
+  const double aligned = core(96), misaligned = core(128);
+  // The forward's two GEMMs (QK^T, PV), the same FLOPs at either head count.
+  const double half = 2.0 * double(b) * double(s) * double(s) * double(h / tp);
+  const double off_tc = 2 * c.matmul_time_s(half, DType::F32) / k.matmul_efficiency_scale;
+  const double on_tc = 2 * c.matmul_time_s(half, DType::BF16) / k.matmul_efficiency_scale;
+  const double scores = double(b) * double((128 - 96) / tp) * double(s) * double(s);
+  const double expected =
+      off_tc - on_tc + c.memory_time_s(scores * k.materialized_fwd_bytes_per_score);
+  EXPECT_NEAR(misaligned - aligned, expected, 1e-3 * expected);
+  EXPECT_GT(misaligned, 3 * aligned);
+}
+
 }  // namespace
 }  // namespace meshflow::plan

@@ -72,8 +72,20 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       const double gemm_flops = (fwd ? 4.0 : 8.0) * scores * double(q.size(3));
       const double per_score =
           fwd ? k_.materialized_fwd_bytes_per_score : k_.materialized_bwd_bytes_per_score;
-      t = compute_time_s(gemm_flops / 2) * 2 +
-          cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
+      // The batched GEMMs step from head to head by d_head elements. cuBLAS's
+      // tensor-op kernels load their operands in 16-byte vectors (NVIDIA's
+      // "Matrix Multiplication Background User's Guide", Tensor Core
+      // Requirements: dimensions and strides in multiples of 16 bytes); where
+      // d_head's bytes are not a multiple of 16 the heads' matrices are
+      // misaligned and the GEMMs run on the CUDA cores, at the device's f32
+      // rate. BigScience's 2022 topology benchmarks show it: h 13824 with 128
+      // heads (d_head 108) measured 26-44% slower per step than with 64 or 96
+      // heads in the same layout (public_runs rows 221/222/256, 252-254).
+      const bool tensor_cores = (q.size(3) * dtype_size(dtype_)) % 16 == 0;
+      const double gemm_t = tensor_cores ? compute_time_s(gemm_flops / 2) * 2
+                                         : 2 * cluster_.matmul_time_s(gemm_flops / 2, DType::F32) /
+                                               k_.matmul_efficiency_scale;
+      t = gemm_t + cluster_.memory_time_s(scores * per_score + c.bytes * byte_scale);
     } else if (k_.attention == AttentionKernel::kBlockedCpu) {
       constexpr int64_t kBlockQ = 64;  // kernels/cpu/attention.cc
       const double gemms = fwd ? 2.0 : 5.0;
