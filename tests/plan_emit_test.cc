@@ -14,7 +14,11 @@
 // Plans a stack cannot run as planned are refused, and the search under
 // --emit returns only plans the stack runs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -378,6 +382,48 @@ TEST(PlanEmit, CliSearchesWhatTheTargetRuns) {
               "/configs/clusters/h100_sxm.json --gpus 8 --emit megatron");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("not a transformer language model"), std::string::npos) << r.output;
+}
+
+// A plan file written with --emit names the stack it was priced as, and
+// `meshflow simulate` prices it with that stack's constants: the same step
+// time as `plan` printed (TorchTitan's op-level SAC fits LLaMA-3 8B at 8192
+// tokens on eight 96 GB H100s where Megatron's selective recompute does not).
+// A stack simulate does not know is refused by name.
+TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshflow_emit_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "plan.json").string();
+  testing::CliRun r = run_cli(
+      "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
+      "/configs/clusters/h100_96gb.json --gpus 8 --global-batch 16 --seq 8192 --top 0 --fix " +
+      "tp=1,pp=1,dp=8,micro_batch=2,recompute=selective,zero=3 --emit torchtitan --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(plan["plan"]["stack"], "torchtitan");
+  char want[64];
+  std::snprintf(want, sizeof want, "predicted %.2f s per step",
+                plan["plan"]["prediction"]["step_time_s"].get<double>());
+  r = run_cli("simulate " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  EXPECT_EQ(r.output.find("warning: the plan needs"), std::string::npos) << r.output;
+  // Without the stack it is priced as meshflow's own: Megatron's selective
+  // recompute keeps more, and the plan no longer fits.
+  plan["plan"].erase("stack");
+  std::ofstream(out) << plan.dump();
+  r = run_cli("simulate " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: the plan needs"), std::string::npos) << r.output;
+  plan["plan"]["stack"] = "jax";
+  std::ofstream(out) << plan.dump();
+  r = run_cli("simulate " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("plan.stack must be the --emit target the plan was priced for "
+                          "(megatron, deepspeed or torchtitan), got \"jax\""),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

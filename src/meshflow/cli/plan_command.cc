@@ -167,7 +167,8 @@ void print_plan(const StepCost& c, const std::vector<MemoryBreakdown>& stages, b
 
 // The run-config fragment `--out` writes (and `simulate` reads back).
 Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostModel& cm,
-                        int64_t gpus, const std::string& attention, const StepCost& best,
+                        int64_t gpus, const std::string& attention,
+                        const std::optional<EmitTarget>& stack, const StepCost& best,
                         const std::vector<MemoryBreakdown>& stages) {
   const Plan& p = best.plan;
   ojson f;
@@ -189,6 +190,9 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   planner["gpus"] = gpus;
   planner["cluster"] = ojson::parse(cluster_to_json(cluster).dump());
   planner["attention"] = attention;
+  // The stack priced with (--emit): `simulate` prices the plan again with
+  // the same constants, so the two agree.
+  if (stack) planner["stack"] = emit_target_key(*stack);
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
@@ -358,7 +362,7 @@ int run_plan(const PlanOptions& o) {
   }
   if (!o.out.empty()) {
     const Result<ojson> f =
-        plan_file(*mj, *cluster, cm, o.gpus, o.attention, best, stage_memory[0]);
+        plan_file(*mj, *cluster, cm, o.gpus, o.attention, emit, best, stage_memory[0]);
     if (!f.is_ok()) return user_error("--out " + o.out + ": " + f.status().message());
     Status s = write_file_atomic(o.out, f->dump(2) + "\n", "--out");
     if (!s.is_ok()) return user_error(s.message());

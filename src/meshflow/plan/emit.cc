@@ -328,6 +328,18 @@ Result<EmitTarget> parse_emit_target(const std::string& name) {
                          "': valid targets are megatron, deepspeed, torchtitan");
 }
 
+const char* emit_target_key(EmitTarget t) {
+  switch (t) {
+    case EmitTarget::kMegatron:
+      return "megatron";
+    case EmitTarget::kDeepSpeed:
+      return "deepspeed";
+    case EmitTarget::kTorchTitan:
+      return "torchtitan";
+  }
+  return "";
+}
+
 const char* emit_target_name(EmitTarget t) {
   switch (t) {
     case EmitTarget::kMegatron:

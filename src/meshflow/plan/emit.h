@@ -29,6 +29,8 @@ enum class EmitTarget { kMegatron, kDeepSpeed, kTorchTitan };
 // "megatron", "deepspeed", "torchtitan"; errors list them.
 Result<EmitTarget> parse_emit_target(const std::string& name);
 const char* emit_target_name(EmitTarget t);
+// The name parse_emit_target reads ("megatron", "deepspeed", "torchtitan").
+const char* emit_target_key(EmitTarget t);
 
 // OK iff the target runs `p` exactly as planned (the search's filter for
 // --emit: the best plan the target can run); else why not and what to pin.

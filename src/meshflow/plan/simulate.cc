@@ -12,6 +12,7 @@
 #include "meshflow/optim/optimizer.h"
 #include "meshflow/parallel/strategy.h"
 #include "meshflow/pipeline/pipeline_config.h"
+#include "meshflow/plan/emit.h"
 #include "meshflow/runtime/run_config.h"
 
 namespace meshflow::plan {
@@ -154,6 +155,17 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   if (!planner.is_object() || !planner.contains("cluster"))
     return Status::invalid("plan.cluster is required (the cluster the plan was made for)");
   MF_ASSIGN_OR_RETURN(r.cluster, parse_cluster(planner.at("cluster")));
+  // The stack the plan was priced as (`meshflow plan --emit`): its constants.
+  if (planner.contains("stack")) {
+    const json& stack = planner.at("stack");
+    Result<EmitTarget> t = parse_emit_target(stack.is_string() ? stack.get<std::string>() : "");
+    if (!t.is_ok())
+      return Status::invalid(
+          "plan.stack must be the --emit target the plan was priced for (megatron, deepspeed "
+          "or torchtitan), got " +
+          stack.dump());
+    apply_stack_constants(*t, r.cluster.device.peak_flops.bf16 > 0, &r.constants);
+  }
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
