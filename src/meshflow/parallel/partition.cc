@@ -534,12 +534,55 @@ class Annotator {
     return c;
   }
 
-  // The rules' wish: every input in its dim-name layout.
+  // The rules' wish: every input in its dim-name layout. In the backward, a
+  // choice that turns its inputs into a Partial output far larger than them
+  // (more than twice their elements, as from_deferred_reduction bounds it)
+  // over an axis the rules split that output on is priced against the
+  // strategies that write the output in the rules' layout directly, and the
+  // cheaper is taken: megatron-sp's embedding_grad, whose gradient the rules
+  // split over seq and whose table over vocab, both on tp, reduce_scattered
+  // a Partial [vocab, C] table every micro-batch where Megatron's
+  // VocabParallelEmbedding all_gathers the [tokens, C] gradient and each
+  // rank writes its rows.
   Found from_rules(NodeId, const Node& n) {
     if (o_.rules.rules.empty()) return std::optional<Choice>();
     std::vector<Layout> ins;
     for (ValueId v : n.inputs) ins.push_back(with_free_axes(desired_[v], current(v), g_.shape(v)));
-    return derived(n, std::move(ins), StrategySource::kRules);
+    std::optional<Choice> c = derived(n, std::move(ins), StrategySource::kRules);
+    if (!c || n.phase != Phase::kBackward || !grows_partial_on_a_ruled_axis(n, *c)) return c;
+    std::vector<int> sibs(n.inputs.size());
+    for (size_t i = 0; i < n.inputs.size(); ++i) sibs[i] = siblings(n, i);
+    double best = candidate_cost(n, c->strategy, kInf, sibs);
+    for (ShardingStrategy& s : enumerate_strategies(g_, n, mesh_)) {
+      bool as_ruled = true;
+      for (size_t i = 0; i < n.outputs.size() && as_ruled; ++i) {
+        const ValueId out = n.outputs[i];
+        const Layout want = with_free_axes(desired_[out], s.outputs[i], g_.shape(out));
+        as_ruled = canonical(s.outputs[i], mesh_) == canonical(want, mesh_);
+      }
+      if (!as_ruled) continue;
+      const double cost = candidate_cost(n, s, best, sibs);
+      if (cost < best)
+        best = cost, c = Choice{std::move(s), StrategySource::kRules,
+                                "rules (the output's layout; its Partial form costs more)"};
+    }
+    return c;
+  }
+
+  // Whether choice c leaves an output of n Partial over a mesh axis the rules
+  // split that output on, with more than twice the elements of n's inputs.
+  bool grows_partial_on_a_ruled_axis(const Node& n, const Choice& c) const {
+    int64_t now = 0, later = 0;
+    for (ValueId v : n.inputs) now += g_.shape(v).numel();
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const Layout& want = desired_[n.outputs[i]];
+      for (int ax = 0; ax < na_; ++ax) {
+        if (!c.strategy.outputs[i].at(ax).is_partial() || !want.at(ax).is_shard()) continue;
+        later += g_.shape(n.outputs[i]).numel();
+        break;
+      }
+    }
+    return later > 2 * now;
   }
 
   // The layout output `out` would like to keep: its like-shaped input's (made
