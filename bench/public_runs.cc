@@ -616,6 +616,13 @@ Mapped map_run(const json& run) {
     apply_stack_constants(EmitTarget::kDeepSpeed, false, &m.k);
     m.stack += "+ds-zero-buffers";
   }
+  // Megatron-LM's tensor-parallel layers run the backward's collectives under
+  // the weight-gradient GEMMs (Megatron-Core; Megatron-LM since 2022), as
+  // `--emit megatron` prices it; not the 2021 forks of Megatron-DeepSpeed.
+  if (has(fw, "megatron-core") || has(fw, "megatron-bridge")) {
+    m.k.tp_backward_overlap = true;
+    m.stack += "+tp-bwd-overlap";
+  }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.
   if (has(get_str(par, "comm_overlap"), "overlap-param-gather")) {
@@ -898,11 +905,14 @@ int main(int argc, char** argv) {
       std::printf(
           "      %s on %s (%d/node): compute %.3f recompute %.3f tp %.3f cp %.3f pp %.3f bubble "
           "%.3f "
-          "dp %.3f opt %.3f s; mem %.1f/%.1f GiB%s; published from %s\n",
+          "dp %.3f opt %.3f s; mem %.1f/%.1f GiB%s [params %.1f grads %.1f opt %.1f act %.1f "
+          "temp %.1f]; published from %s\n",
           m.model_key.c_str(), m.cluster_file.c_str(), (int)m.gpus_per_node, c.compute_s,
           c.recompute_s, c.tp_comm_s, c.cp_comm_s, c.pp_comm_s, c.bubble_s, c.dp_comm_s,
           c.optimizer_s, c.memory.total / double(1ull << 30), c.usable_memory / double(1ull << 30),
-          published_mem, m.published_how.c_str());
+          published_mem, c.memory.params / double(1ull << 30), c.memory.grads / double(1ull << 30),
+          c.memory.optimizer / double(1ull << 30), c.memory.activations / double(1ull << 30),
+          c.memory.temporaries / double(1ull << 30), m.published_how.c_str());
     }
     priced.push_back(std::move(r));
   }

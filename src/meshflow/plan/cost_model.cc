@@ -888,7 +888,10 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     return first + overlap_exposed_s(comm - first, compute, k_.tp_overlap_compute_slowdown);
   };
   const double tp_fwd = exposed_tp(lc.tp_fwd_s, f_layer);
-  const double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);
+  double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);
+  if (k_.tp_backward_overlap && !k_.tp_comm_overlap && p.tp > 1)
+    tp_bwd = overlap_exposed_s(lc.tp_bwd_s, w_layer,
+                               overlap_slowdown_on(ring_link(p.tp, axis_stride(p, "tp"))));
   const double cp_fwd = lc.cp_fwd_s, cp_bwd = lc.cp_bwd_s;
 
   // ---- stages: blocks per stage, first (embedding) and last (head) stage

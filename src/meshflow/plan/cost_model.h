@@ -295,6 +295,16 @@ struct CostConstants {
   // first chunk plus whatever the block's compute does not cover. meshflow's
   // runtime does not (false).
   bool tp_comm_overlap = false;
+  // The stack runs the backward's tensor-parallel collectives asynchronously
+  // under the weight-gradient GEMMs (Megatron-LM since 2022:
+  // LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022
+  // §6.2, "we overlap all-reduce communication with the linear weight's
+  // gradient computation"; with sequence parallelism the all_gather of the
+  // input runs under the input-gradient GEMM and the reduce_scatter under the
+  // weight gradient). NCCL's kernels do the moving, so the overlap costs the
+  // compute overlap_compute_slowdown on the tp ring (overlap_exposed_s).
+  // meshflow's runtime does not (false); tp_comm_overlap covers it.
+  bool tp_backward_overlap = false;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):

@@ -387,6 +387,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
     case EmitTarget::kMegatron:
       if (bf16) k->grad_accumulation_bytes = 4, k->grad_reduce_bytes = 4;
       k->overlap_param_gather = true;  // --overlap-param-gather, which it emits
+      k->tp_backward_overlap = true;   // its tensor-parallel layers' async backward
       break;
     case EmitTarget::kDeepSpeed:
       k->zero_grad_partition_bytes = 4;
