@@ -416,9 +416,10 @@ std::string stack_priced(EmitTarget t, bool bf16) {
   switch (t) {
     case EmitTarget::kMegatron:
       return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32, their "
-                    "reduction and the distributed optimizer's gather overlapped)"
-                  : "Megatron-LM's (the gradients' reduction and the distributed optimizer's "
-                    "gather overlapped)";
+                    "reduction, the distributed optimizer's gather and the tensor-parallel "
+                    "backward's collectives overlapped)"
+                  : "Megatron-LM's (the gradients' reduction, the distributed optimizer's "
+                    "gather and the tensor-parallel backward's collectives overlapped)";
     case EmitTarget::kDeepSpeed:
       return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
              "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
