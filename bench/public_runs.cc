@@ -129,6 +129,7 @@ struct Mapped {
   std::string cluster_file;
   int64_t gpus_per_node = 8;
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
+  bool fp8 = false;                              // the blocks' linears in FP8
   Plan plan;
   CostConstants k;
   std::string stack;                // "default" | "megatron2021"
@@ -167,12 +168,13 @@ std::optional<double> published_memory_gib(const json& run) {
 // taken as the 80 GB part, recorded as inferred.
 void map_gpu(const json& hw, Mapped* m) {
   const std::string g = get_str(hw, "gpu");
-  if (has(g, "gb200") || has(g, "gb300") || has(g, "b200") || has(g, "h200")) {
-    std::string kind = has(g, "gb200")   ? "GB200"
-                       : has(g, "gb300") ? "GB300"
-                       : has(g, "b200")  ? "B200"
-                                         : "H200";
+  if (has(g, "gb200") || has(g, "gb300") || has(g, "b200")) {
+    std::string kind = has(g, "gb200") ? "GB200" : has(g, "gb300") ? "GB300" : "B200";
     m->skip.push_back("no cluster file for " + kind);
+    return;
+  }
+  if (has(g, "h200")) {
+    m->cluster_file = "h200_sxm.json";
     return;
   }
   if (has(g, "h100")) {
@@ -224,7 +226,7 @@ std::optional<double> stated_inter_node(const json& hw, int64_t gpus_per_node) {
 }
 
 // FP8 (Transformer Engine, torchao Float8 linears, llm-foundry amp_fp8): the
-// cost model prices 16-bit matmuls only.
+// blocks' linears priced in FP8 (TrainingJob::fp8).
 bool is_fp8(const json& par) {
   const std::string p = get_str(par, "precision"), t = get_str(par, "techniques");
   if (has(p, "fp8") || has(p, "float8")) return true;
@@ -511,7 +513,10 @@ Mapped map_run(const json& run) {
     m.skip.push_back("GPU count not stated");
   }
   map_gpu(hw, &m);
-  if (is_fp8(par)) m.skip.push_back("fp8 not modelled");
+  if (is_fp8(par)) {
+    m.fp8 = true;
+    m.inferred.push_back("fp8");
+  }
   if (auto n = get_int(hw, "gpus_per_node")) {
     m.gpus_per_node = *n;
   } else {
@@ -845,7 +850,9 @@ int main(int argc, char** argv) {
                   "", "", invalid.back().second.c_str());
       continue;
     }
-    CostModel cm(TrainingJob{m.model, m.global_batch, m.seq}, *cluster, m.k);
+    TrainingJob job{m.model, m.global_batch, m.seq};
+    job.fp8 = m.fp8;
+    CostModel cm(job, *cluster, m.k);
     if (m.search_layout) {
       Result<Plan> searched = searched_layout(cm, m);
       if (!searched.is_ok()) {

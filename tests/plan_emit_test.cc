@@ -4,13 +4,14 @@
 // own source:
 //   Megatron-LM  megatron/training/arguments.py (_add_network_size_args,
 //                _add_distributed_args, _add_training_args,
-//                _add_mixed_precision_args, _add_tokenizer_args), core_r0.12;
+//                _add_mixed_precision_args, _add_tokenizer_args,
+//                _add_transformer_engine_args), core_r0.12;
 //   DeepSpeed    deepspeed/runtime/config.py and constants.py (train_batch_size,
 //                train_micro_batch_size_per_gpu, gradient_accumulation_steps,
 //                zero_optimization.stage, bf16.enabled, activation_checkpointing),
 //                and the AutoTP training tutorial (tensor_parallel.autotp_size);
 //   TorchTitan   torchtitan/config/job_config.py (Training, Parallelism,
-//                ActivationCheckpoint).
+//                ActivationCheckpoint, Model.converters, Float8).
 // Plans a stack cannot run as planned are refused, and the search under
 // --emit returns only plans the stack runs.
 #include <gtest/gtest.h>
@@ -54,6 +55,9 @@ const std::set<std::string> kMegatronArgs = {"--num-layers",
                                              "--disable-bias-linear",
                                              "--untie-embeddings-and-output-weights",
                                              "--bf16",
+                                             "--fp8-format",
+                                             "--fp8-amax-history-len",
+                                             "--fp8-amax-compute-algo",
                                              "--tensor-model-parallel-size",
                                              "--sequence-parallel",
                                              "--pipeline-model-parallel-size",
@@ -423,6 +427,67 @@ TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
                           "(megatron, deepspeed or torchtitan), got \"jax\""),
             std::string::npos)
       << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets
+// Transformer Engine's hybrid recipe, TorchTitan its float8 converter with the
+// output layer left 16-bit (as priced); DeepSpeed has no FP8 of its own, and a
+// device without an FP8 rate is refused by name. The plan file keeps it, and
+// simulate prices it so.
+TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
+  const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                           source_dir() + "/configs/clusters/h100_sxm.json --gpus 64 " +
+                           "--global-batch 512 --seq 4096 --fp8";
+  testing::CliRun r = run_cli(base + " --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* flag :
+       {"--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << "\n" << r.output;
+  std::string args;
+  for (std::istringstream in(r.output); std::getline(in, args);)
+    if (args.rfind("--", 0) == 0) megatron_flags(args);
+  r = run_cli(base + " --emit torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[model]\nconverters = [\"float8\"]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[float8]\nfilter_fqns = [\"output\"]"), std::string::npos) << r.output;
+  r = run_cli(base + " --emit deepspeed");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("DeepSpeed's config has no FP8 training of its own"), std::string::npos)
+      << r.output;
+  r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
+              "/configs/clusters/dgx_a100_80gb.json --gpus 8 --fp8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("gives no FP8 rate for its device ('NVIDIA A100-SXM4-80GB'): "
+                          "device.peak_flops.fp8"),
+            std::string::npos)
+      << r.output;
+  // Without --fp8 the Megatron arguments have none.
+  r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
+              "/configs/clusters/h100_sxm.json --gpus 64 --global-batch 512 --seq 4096 "
+              "--emit megatron");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("--fp8"), std::string::npos) << r.output;
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshflow_fp8_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "plan.json").string();
+  r = run_cli(base + " --top 0 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(plan["plan"]["fp8"], true);
+  char want[64];
+  std::snprintf(want, sizeof want, "predicted %.2f s per step",
+                plan["plan"]["prediction"]["step_time_s"].get<double>());
+  r = run_cli("simulate " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  plan["plan"]["fp8"] = "yes";
+  std::ofstream(out) << plan.dump();
+  r = run_cli("simulate " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("plan.fp8 must be true or false"), std::string::npos) << r.output;
   std::filesystem::remove_all(dir);
 }
 

@@ -455,5 +455,44 @@ TEST(PlanCostModel, TorchTitansOpSacRecomputesEverySecondMatmul) {
       full.memory.activations / (1ull << 30));
 }
 
+// TrainingJob::fp8: the blocks' linear GEMMs at the device's FP8 rate plus
+// the casts of their operands (1.5 bytes an input element a GEMM); the
+// attention and the head stay 16-bit. A device without an FP8 rate refuses it.
+TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
+  const ModelConfig model = load_model("llama3_8b.json");
+  TrainingJob job{model, 16, 8192};
+  const Cluster c = cluster("h100_sxm.json", 8);
+  const LayerCost bf16 = value_or_throw(CostModel(job, c).layer_cost(1, 1, 2));
+  job.fp8 = true;
+  const CostModel cm(job, c);
+  ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
+  const LayerCost fp8 = value_or_throw(cm.layer_cost(1, 1, 2));
+  EXPECT_DOUBLE_EQ(fp8.attention_core_s, bf16.attention_core_s);
+  EXPECT_DOUBLE_EQ(fp8.head_fwd_s, bf16.head_fwd_s);
+  EXPECT_DOUBLE_EQ(fp8.embed_fwd_s, bf16.embed_fwd_s);
+  // The block's forward GEMMs: wq, wk, wv, wo, w1, w3, w2 over 16384 tokens.
+  const TransformerDims d = value_or_throw(transformer_dims(model));
+  const double h = double(d.hidden), kv = double(d.kv_heads * d.head_dim), f = double(d.ffn);
+  const double tokens = 2.0 * 8192;
+  const std::vector<std::pair<double, double>> kn = {{h, h}, {h, kv}, {h, kv}, {h, h},
+                                                     {h, f}, {h, f},  {f, h}};
+  const double scale = CostConstants{}.matmul_efficiency_scale;
+  double gemm = 0, cast = 0;
+  for (const auto& [k, n] : kn) {
+    gemm += c.fp8_matmul_time_s(2 * tokens * k * n) / scale;
+    cast += c.memory_time_s(1.5 * (tokens * k + k * n));
+  }
+  EXPECT_NEAR(fp8.forward_matmul_s, gemm + cast, 1e-3 * fp8.forward_matmul_s);
+  EXPECT_LT(fp8.forward_matmul_s, 0.65 * bf16.forward_matmul_s);
+  std::printf(
+      "llama3 8b block forward GEMMs, s=8192 mb 2 on H100: bf16 %.2f ms, fp8 %.2f ms "
+      "(%.2f of it the casts)\n",
+      1e3 * bf16.forward_matmul_s, 1e3 * fp8.forward_matmul_s, 1e3 * cast);
+  const CostModel a100(job, cluster("dgx_a100_80gb.json", 8));
+  EXPECT_NE(a100.status().message().find("FP8 training needs the device's FP8 tensor-core rate"),
+            std::string::npos)
+      << a100.status().message();
+}
+
 }  // namespace
 }  // namespace meshflow::plan

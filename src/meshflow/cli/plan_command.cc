@@ -193,6 +193,7 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   // The stack priced with (--emit): `simulate` prices the plan again with
   // the same constants, so the two agree.
   if (stack) planner["stack"] = emit_target_key(*stack);
+  if (cm.job().fp8) planner["fp8"] = true;
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
@@ -251,6 +252,15 @@ int run_plan(const PlanOptions& o) {
   OptimizerConfig opt;
   opt.kind = o.optimizer == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
   job.optimizer_states = optimizer_state_values(opt);
+  job.fp8 = o.fp8;
+  if (o.fp8 && cluster->device.peak_flops.fp8 <= 0)
+    return user_error("--fp8: " + o.cluster + " gives no FP8 rate for its device ('" +
+                      cluster->device.name +
+                      "'): device.peak_flops.fp8 (FP8 tensor cores: Hopper and later)");
+  if (o.fp8 && emit == EmitTarget::kDeepSpeed)
+    return user_error(
+        "--fp8 --emit deepspeed: DeepSpeed's config has no FP8 training of its own; plan "
+        "without --fp8, or emit megatron or torchtitan");
   CostModel cm(job, *cluster, k);
   if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
   if (emit) {  // only the plans the target runs as planned
@@ -446,6 +456,10 @@ void add_plan_commands(CLI::App& app) {
                 "default) or sgd (momentum: one); sets the model states' memory and the "
                 "update's traffic")
       ->check(CLI::IsMember({"adamw", "sgd"}));
+  p->add_flag("--fp8", po->fp8,
+              "The blocks' linear layers in FP8 (Transformer Engine, TorchTitan's Float8): "
+              "priced at the cluster file's device.peak_flops.fp8, attention and the head in "
+              "16-bit");
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2), another fused kernel the cluster "
                 "file prices (flash1: FlashAttention-1 and its Triton port) or materialized "

@@ -44,6 +44,9 @@ struct PlanOptions {
   // parameter) or "sgd" (momentum: one), for the model states' memory and
   // the update's traffic.
   std::string optimizer = "adamw";
+  // The blocks' linear layers in FP8 (TrainingJob::fp8); needs the cluster
+  // file's device.peak_flops.fp8.
+  bool fp8 = false;
 };
 
 // The most devices `plan --gpus` accepts (about ten times the largest clusters built).

@@ -70,6 +70,11 @@ double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const 
   return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
 }
 
+double Cluster::fp8_matmul_time_s(double flops) const {
+  if (flops <= 0) return 0;
+  return flops / (device.peak_flops.fp8 * matmul_efficiency(flops) * device.fp8_matmul_efficiency);
+}
+
 double ThinGrid::at(double dim_, double big_) const {
   if (empty() || dim.empty()) return 1.0;
   // The fractional index of x on axis v, in log space, clamped to its ends.
@@ -174,7 +179,7 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
   r.nodes = 1;
   r.devices_per_node = static_cast<int>(ranks);
   PeakFlops& p = r.device.peak_flops;
-  for (double* f : {&p.f32, &p.tf32, &p.bf16, &p.f16}) *f *= share;
+  for (double* f : {&p.f32, &p.tf32, &p.bf16, &p.f16, &p.fp8}) *f *= share;
   r.device.memory_bandwidth_bytes_per_s *= share;
   r.device.memory_bytes =
       static_cast<int64_t>(static_cast<double>(machine.device.memory_bytes) * share);
@@ -346,6 +351,7 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   read_thin_grid(r, j, where, "matmul_thin_efficiency_one_thread",
                  &d->matmul_thin_efficiency_one_thread);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
+  read_efficiency(r, j, where, "fp8_matmul_efficiency", &d->fp8_matmul_efficiency);
   json attention;
   r.object("attention_efficiency", &attention);
   MF_RETURN_IF_ERROR(r.finish());
@@ -375,6 +381,7 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   read_number(pr, peak, pw, "tf32", &d->peak_flops.tf32, false, unit);
   read_number(pr, peak, pw, "bf16", &d->peak_flops.bf16, false, unit);
   read_number(pr, peak, pw, "f16", &d->peak_flops.f16, false, unit);
+  read_number(pr, peak, pw, "fp8", &d->peak_flops.fp8, false, unit);
   return pr.finish();
 }
 
@@ -443,11 +450,13 @@ J cluster_json(const Cluster& c) {
   if (d.peak_flops.tf32 > 0) peak["tf32"] = d.peak_flops.tf32;
   if (d.peak_flops.bf16 > 0) peak["bf16"] = d.peak_flops.bf16;
   if (d.peak_flops.f16 > 0) peak["f16"] = d.peak_flops.f16;
+  if (d.peak_flops.fp8 > 0) peak["fp8"] = d.peak_flops.fp8;
   J dev = {{"name", d.name},
            {"peak_flops", peak},
            {"memory_bytes", d.memory_bytes},
            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
            {"memory_efficiency", d.memory_efficiency}};
+  if (d.fp8_matmul_efficiency != 1) dev["fp8_matmul_efficiency"] = d.fp8_matmul_efficiency;
   if (!d.attention_efficiency.empty()) {
     J kernels = J::object();
     for (const auto& [kernel, e] : d.attention_efficiency)

@@ -55,6 +55,9 @@ struct PeakFlops {
   double tf32 = 0;  // f32 matmuls on tensor cores (when the runtime allows TF32)
   double bf16 = 0;
   double f16 = 0;
+  // 8-bit floating point on tensor cores (Hopper and later: E4M3 and E5M2
+  // operands, FP32 accumulation), dense; 0: the device has none.
+  double fp8 = 0;
 };
 
 struct AttentionEfficiency {
@@ -82,6 +85,11 @@ struct Device {
   // FlashAttention-2 reaches 35% of peak while cuBLAS GEMMs reach ~75%). A
   // kernel without an entry is priced on the matmul curve like any GEMM.
   std::map<std::string, AttentionEfficiency> attention_efficiency;
+  // FP8 GEMMs run on the matmul curve times this: their sustained fraction
+  // of the FP8 peak against the 16-bit GEMMs' fraction of theirs (H100/H200:
+  // 73.4% against 80.3% in ml-engineering's MAMF tables, 0.914). 1 where a
+  // file gives none.
+  double fp8_matmul_efficiency = 1;
 };
 
 // Links and collectives are priced by parallel/collective_cost.h, the one
@@ -143,6 +151,9 @@ struct Cluster {
   double matmul_efficiency(double flops) const;
   // Seconds for one matmul call of `flops` FLOPs: flops / (peak * efficiency).
   double matmul_time_s(double flops, DType dtype, bool allow_tf32 = false) const;
+  // The same for an FP8 GEMM: at peak_flops.fp8 on the curve times
+  // fp8_matmul_efficiency. REQUIRES: device.peak_flops.fp8 > 0.
+  double fp8_matmul_time_s(double flops) const;
   // What a GEMM of m x k times k x n sustains of a square GEMM of its FLOPs
   // (the curve by FLOPs): the thin grid at (its smallest side, the geometric
   // mean of the other two); 1 where that side is not the thinner, or

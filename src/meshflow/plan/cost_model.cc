@@ -232,6 +232,11 @@ CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
                               "] (the model's maximum positions)");
   else if (job_.global_batch < 1)
     status_ = Status::invalid("global batch must be >= 1, got " + str(job_.global_batch));
+  else if (job_.fp8 && cluster_.device.peak_flops.fp8 <= 0)
+    status_ = Status::invalid(
+        "FP8 training needs the device's FP8 tensor-core rate, device.peak_flops.fp8 in the "
+        "cluster file ('" +
+        cluster_.device.name + "' gives none; Hopper and later GPUs have one)");
 }
 
 int64_t CostModel::num_parameters() const {

@@ -77,6 +77,13 @@ struct TrainingJob {
   // the update's memory traffic. Local plans take the run config's;
   // `meshflow plan --optimizer` sets it (AdamW by default).
   int optimizer_states = 2;
+  // The blocks' linear layers run their three GEMMs (forward, input and
+  // weight gradient) in FP8 with per-tensor scaling (Transformer Engine's
+  // recipe, TorchTitan's Float8 linears): at the device's FP8 rate, their
+  // operands cast from the compute dtype once each; attention, norms, the
+  // embedding and the head stay 16-bit (both stacks leave the output layer
+  // out). `meshflow plan --fp8`. Needs device.peak_flops.fp8.
+  bool fp8 = false;
 };
 
 // How attention runs on the device: fused (FlashAttention: scores stay on chip,

@@ -136,7 +136,20 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       const Result<MatMulDims> d = matmul_dims(g, n);
       if (d.is_ok()) f = cluster_.matmul_shape_factor(double(d->M), double(d->N), double(d->K));
     }
-    t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
+    if (job_.fp8 && n.layer >= 0) {
+      // A block's linear in FP8 (TrainingJob::fp8). Each of its three GEMMs
+      // reads two of the three operands (x, W, dy), each cast once from the
+      // compute dtype (read 2 bytes, write 1) and read by two GEMMs: 1.5
+      // bytes an input element a GEMM, on top of its own traffic at 1 byte.
+      double in = 0;
+      for (ValueId v : n.inputs) in += double(g.shape(v).numel());
+      const double cast = 1.5 * in;
+      const double gemm = cluster_.fp8_matmul_time_s(c.flops) / (k_.matmul_efficiency_scale * f);
+      t = std::max(gemm, cluster_.memory_time_s(c.bytes * byte_scale * 0.5)) +
+          cluster_.memory_time_s(cast);
+    } else {
+      t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
+    }
   } else {
     t = roofline_time_s(c.flops, c.bytes * byte_scale);
   }

@@ -174,6 +174,14 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
   }
   if (!d.tied) arg("--untie-embeddings-and-output-weights");
   if (bf16) arg("--bf16");
+  // FP8 linears (TrainingJob::fp8): Transformer Engine's delayed-scaling
+  // recipe, E4M3 forward and E5M2 backward (arguments.py,
+  // _add_transformer_engine_args).
+  if (job.fp8) {
+    arg("--fp8-format", "hybrid");
+    arg("--fp8-amax-history-len", "1024");
+    arg("--fp8-amax-compute-algo", "max");
+  }
   // The parallel layout (distributed).
   arg("--tensor-model-parallel-size", str(p.tp));
   if (p.sp) arg("--sequence-parallel");
@@ -270,7 +278,8 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
       break;
   }
   std::string out = "# meshflow plan " + plan_label(p) + ": TorchTitan job config tables for " +
-                    str(p.devices()) + " GPUs (set [model] name = \"llama3\" and its flavor)\n";
+                    str(p.devices()) + " GPUs (set [model] name = \"llama3\" and its flavor" +
+                    (job.fp8 ? ", in the [model] table below" : "") + ")\n";
   out += "[training]\n";
   out +=
       "local_batch_size = " + str(p.pp > 1 ? p.micro_batch * p.num_micro_batches : p.micro_batch) +
@@ -315,6 +324,13 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
                                                  : "none") +
          "\"\n";
   if (p.recompute == Recompute::kSelective) out += "selective_ac_option = \"op\"\n";
+  if (job.fp8) {
+    // torchao's Float8Linear for the blocks' linears (the output layer stays
+    // 16-bit, as the plan prices it): the model converter and its table
+    // (job_config.py: Model.converters, Float8).
+    out += "\n[model]\nconverters = [\"float8\"]\n";
+    out += "\n[float8]\nfilter_fqns = [\"output\"]\n";
+  }
   return out;
 }
 
@@ -371,6 +387,11 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t) {
 Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t) {
   MF_ASSIGN_OR_RETURN(const TransformerDims d, model_dims(job, t));
   MF_RETURN_IF_ERROR(emit_check(p, d, t));
+  if (job.fp8 && t == EmitTarget::kDeepSpeed)
+    return Status::invalid(
+        "--emit deepspeed: DeepSpeed's config has no FP8 training of its own (it runs "
+        "Transformer Engine's modules inside the model); plan without --fp8, or emit megatron "
+        "or torchtitan");
   switch (t) {
     case EmitTarget::kMegatron:
       return megatron(p, job, d, bf16);

@@ -166,6 +166,12 @@ Result<PlannedRun> parse_plan_file(const json& f) {
           stack.dump());
     apply_stack_constants(*t, r.cluster.device.peak_flops.bf16 > 0, &r.constants);
   }
+  // The blocks' linears in FP8 (`meshflow plan --fp8`).
+  if (planner.contains("fp8")) {
+    if (!planner.at("fp8").is_boolean())
+      return Status::invalid("plan.fp8 must be true or false, got " + planner.at("fp8").dump());
+    r.job.fp8 = planner.at("fp8").get<bool>();
+  }
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
