@@ -634,9 +634,12 @@ Mapped map_run(const json& run) {
     m.k.overlap_param_gather = true;
     m.stack += "+param-gather-overlap";
   }
-  // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP.
+  // Stated tensor-parallel overlap: Megatron-LM's --tp-comm-overlap, TorchTitan's AsyncTP;
+  // and Megatron-Bridge's Llama-3 recipes, which its performance scripts build
+  // on (src/megatron/bridge/recipes/llama/llama3.py: the 70B pretrain config's
+  // CommOverlapConfig(tp_comm_overlap=True, userbuffers_..._h100_h8192_tp4...)).
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
-      has(get_str(par, "techniques"), "asynctp")) {
+      has(get_str(par, "techniques"), "asynctp") || (has(fw, "megatron-bridge") && m.plan.tp > 1)) {
     m.k.tp_comm_overlap = true;
     m.stack += "+tp-overlap";
   }
