@@ -312,6 +312,7 @@ class Gen {
     if (coin(0.2))
       a += " --attention " +
            one<std::string>({"fused", "flash1", "flash2", "materialized", "cudnn", "", "FLASH1"});
+    if (coin(0.2)) a += " --fp8";
     return a;
   }
 
@@ -438,7 +439,8 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
               gen.count();
           break;
         case 6:
-          f["plan"][gen.one<std::string>({"attention", "cluster", "gpus"})] = gen.junk();
+          f["plan"][gen.one<std::string>({"attention", "cluster", "gpus", "stack", "fp8"})] =
+              gen.junk();
           break;
         case 7:
           f.erase(gen.one<std::string>({"plan", "model", "parallel", "train"}));
@@ -488,13 +490,13 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
       json& dev = c["device"];
       switch (gen.pick(7)) {
         case 0:
-          dev[gen.one<std::string>(
-              {"memory_bytes", "memory_bandwidth_bytes_per_s", "memory_efficiency"})] =
+          dev[gen.one<std::string>({"memory_bytes", "memory_bandwidth_bytes_per_s",
+                                    "memory_efficiency", "fp8_matmul_efficiency"})] =
               gen.coin(0.5) ? json(gen.one<double>({0, -1, 1e-9, 1e30, 0.5})) : gen.junk();
           break;
         case 1:
           if (!editable(dev["peak_flops"])) break;
-          dev["peak_flops"][gen.one<std::string>({"f32", "bf16", "tf32"})] =
+          dev["peak_flops"][gen.one<std::string>({"f32", "bf16", "tf32", "fp8"})] =
               gen.coin(0.5) ? json(gen.one<double>({0, -3, 1e3, 1e20})) : gen.junk();
           break;
         case 2:
