@@ -627,6 +627,12 @@ Mapped map_run(const json& run) {
   if (has(fw, "megatron-core") || has(fw, "megatron-bridge")) {
     m.k.tp_backward_overlap = true;
     m.stack += "+tp-bwd-overlap";
+    // Transformer Engine's attention: cuDNN's fused kernel on Hopper, as
+    // `--emit megatron` prices it there (apply_stack_attention).
+    if (has(m.cluster_file, "h100") || has(m.cluster_file, "h200")) {
+      m.k.fused_attention = "cudnn";
+      m.stack += "+cudnn-attn";
+    }
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.

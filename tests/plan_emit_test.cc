@@ -430,6 +430,52 @@ TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron-LM's attention is Transformer Engine's, which on Hopper prefers
+// cuDNN's fused kernel to FlashAttention: `--emit megatron` prices it with the
+// cluster file's "cudnn" entry where it has one (the H100 and H200 files),
+// FlashAttention-2 elsewhere and for the other stacks; the plan file keeps
+// the stack, so simulate prices the same.
+TEST(PlanEmit, MegatronRunsCudnnAttentionOnHopper) {
+  const Cluster h100 =
+      value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json"));
+  const Cluster a100 =
+      value_or_throw(load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json"));
+  CostConstants k;
+  apply_stack_attention(EmitTarget::kMegatron, h100, &k);
+  EXPECT_EQ(k.fused_attention, "cudnn");
+  EXPECT_GT(h100.device.attention_efficiency.at("cudnn").forward,
+            h100.device.attention_efficiency.at("flash2").forward);
+  CostConstants ka, kt;
+  apply_stack_attention(EmitTarget::kMegatron, a100, &ka);
+  apply_stack_attention(EmitTarget::kTorchTitan, h100, &kt);
+  EXPECT_EQ(ka.fused_attention, "flash2");
+  EXPECT_EQ(kt.fused_attention, "flash2");
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshflow_cudnn_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "plan.json").string();
+  const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                           source_dir() + "/configs/clusters/h100_sxm.json --gpus 8 " +
+                           "--global-batch 16 --seq 8192 --top 0 --fix tp=2,pp=1,dp=4,zero=1";
+  testing::CliRun r = run_cli(base + " --emit megatron --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
+  const double megatron = plan["plan"]["prediction"]["step_time_s"].get<double>();
+  char want[64];
+  std::snprintf(want, sizeof want, "predicted %.2f s per step", megatron);
+  r = run_cli("simulate " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  // The same plan with FlashAttention-2 named: slower attention.
+  r = run_cli(base + " --emit megatron --attention flash2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double flash2 =
+      nlohmann::json::parse(std::ifstream(out))["plan"]["prediction"]["step_time_s"].get<double>();
+  EXPECT_GT(flash2, megatron);
+  std::filesystem::remove_all(dir);
+}
+
 // --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets
 // Transformer Engine's hybrid recipe, TorchTitan its float8 converter with the
 // output layer left 16-bit (as priced); DeepSpeed has no FP8 of its own, and a

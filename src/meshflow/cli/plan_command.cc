@@ -226,8 +226,13 @@ int run_plan(const PlanOptions& o) {
   // With --emit, the constants of the stack that will run the plan.
   const bool bf16 = cluster->device.peak_flops.bf16 > 0;
   CostConstants k = emit ? stack_constants(*emit, bf16) : CostConstants{};
-  if (Status a = set_attention_kernel(o.attention, *cluster, "--attention", &k); !a.is_ok())
+  // "fused" under --emit: the stack's own fused kernel on this device.
+  if (emit && o.attention == "fused") {
+    apply_stack_attention(*emit, *cluster, &k);
+  } else if (Status a = set_attention_kernel(o.attention, *cluster, "--attention", &k);
+             !a.is_ok()) {
     return user_error(a.message());
+  }
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;

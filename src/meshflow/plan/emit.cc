@@ -427,6 +427,11 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
   }
 }
 
+void apply_stack_attention(EmitTarget t, const Cluster& c, CostConstants* k) {
+  if (t == EmitTarget::kMegatron && c.device.attention_efficiency.count("cudnn"))
+    k->fused_attention = "cudnn";
+}
+
 CostConstants stack_constants(EmitTarget t, bool bf16) {
   CostConstants k;
   apply_stack_constants(t, bf16, &k);

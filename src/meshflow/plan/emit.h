@@ -61,6 +61,13 @@ CostConstants stack_constants(EmitTarget t, bool bf16);
 // The same set on `k`: only the fields the target's stack fixes change
 // (bench/public_runs applies DeepSpeed's to its 2021-22 constants).
 void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k);
+// The stack's fused attention kernel on the cluster's device, set on `k`:
+// Megatron-LM runs Transformer Engine's attention, which on Hopper and later
+// prefers cuDNN's fused kernel to FlashAttention (TE's get_attention_backend:
+// "Disabling FlashAttention to give FusedAttention preference on Hopper+ for
+// performance reasons"): "cudnn" where the cluster file prices it; the
+// others keep FlashAttention-2.
+void apply_stack_attention(EmitTarget t, const Cluster& c, CostConstants* k);
 // One line for the user: "Megatron-LM's (gradients accumulated and reduced in f32)".
 std::string stack_priced(EmitTarget t, bool bf16);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,15 +157,17 @@ Result<PlannedRun> parse_plan_file(const json& f) {
     return Status::invalid("plan.cluster is required (the cluster the plan was made for)");
   MF_ASSIGN_OR_RETURN(r.cluster, parse_cluster(planner.at("cluster")));
   // The stack the plan was priced as (`meshflow plan --emit`): its constants.
+  std::optional<EmitTarget> stack;
   if (planner.contains("stack")) {
-    const json& stack = planner.at("stack");
-    Result<EmitTarget> t = parse_emit_target(stack.is_string() ? stack.get<std::string>() : "");
+    const json& name = planner.at("stack");
+    Result<EmitTarget> t = parse_emit_target(name.is_string() ? name.get<std::string>() : "");
     if (!t.is_ok())
       return Status::invalid(
           "plan.stack must be the --emit target the plan was priced for (megatron, deepspeed "
           "or torchtitan), got " +
-          stack.dump());
+          name.dump());
     apply_stack_constants(*t, r.cluster.device.peak_flops.bf16 > 0, &r.constants);
+    stack = *t;
   }
   // The blocks' linears in FP8 (`meshflow plan --fp8`).
   if (planner.contains("fp8")) {
@@ -178,8 +181,11 @@ Result<PlannedRun> parse_plan_file(const json& f) {
         "plan.attention must be a string (fused, materialized or a kernel "
         "the cluster lists), got " +
         attention.dump());
-  MF_RETURN_IF_ERROR(set_attention_kernel(attention.get<std::string>(), r.cluster, "plan.attention",
-                                          &r.constants));
+  if (stack && attention.get<std::string>() == "fused")
+    apply_stack_attention(*stack, r.cluster, &r.constants);  // as `plan --emit` priced it
+  else
+    MF_RETURN_IF_ERROR(set_attention_kernel(attention.get<std::string>(), r.cluster,
+                                            "plan.attention", &r.constants));
 
   const json& par = f.at("parallel");
   Plan& p = r.plan;
