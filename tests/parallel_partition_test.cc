@@ -365,6 +365,20 @@ LocalProgram lowered(const std::string& model, const std::string& mesh, const st
   return value_or_throw(lower(m.graph, a, 0));
 }
 
+// Rank 0's program of `model` (a model config) on tp=2 with megatron-sp, one
+// micro-batch of `batch` x `seq`.
+LocalProgram lowered_megatron_sp(const json& model, int64_t batch, int64_t seq) {
+  const json doc = {{"model", model},
+                    {"data", {{"dataset", "fortunes"}}},
+                    {"train", {{"steps", 1}, {"batch_size", batch}, {"seq_len", seq}}},
+                    {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
+                    {"parallel", {{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron-sp"}}}};
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+  const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
+  return value_or_throw(lower(m.graph, value_or_throw(annotate(m.graph, rc.parallel.mesh, o)), 0));
+}
+
 // Collectives of `kind` over `axis` in `phase`; blocks_only: those moving a
 // value of a transformer block (GPT "h.N.", LLaMA "model.layers.N."), not the
 // embedding, the head or the loss.
@@ -581,16 +595,7 @@ TEST(PartitionStructure, SequenceParallelEmbeddingGradientIsVocabParallel) {
     // one is (the table, not the links' latency, decides).
     json mj = model_json(model);
     mj["vocab_size"] = 8192;
-    json doc = {{"model", mj},
-                {"data", {{"dataset", "fortunes"}}},
-                {"train", {{"steps", 1}, {"batch_size", 8}, {"seq_len", 16}}},
-                {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
-                {"parallel", {{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron-sp"}}}};
-    RunConfig rc = value_or_throw(parse_run_config(doc, ""));
-    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
-    const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
-    const LocalProgram p =
-        value_or_throw(lower(m.graph, value_or_throw(annotate(m.graph, rc.parallel.mesh, o)), 0));
+    const LocalProgram p = lowered_megatron_sp(mj, 8, 16);
     bool gathered = false;
     for (const CollectiveRecord& r : p.collectives) {
       if (r.phase != Phase::kBackward) continue;
@@ -618,16 +623,7 @@ TEST(PartitionStructure, SequenceParallelGathersTheActivationOnceForQkv) {
     mj[model == "gpt" ? "n_embd" : "hidden_size"] = 256;
     if (model == "llama") mj["intermediate_size"] = 512;
     mj[model == "gpt" ? "n_positions" : "max_position_embeddings"] = 128;
-    json doc = {{"model", mj},
-                {"data", {{"dataset", "fortunes"}}},
-                {"train", {{"steps", 1}, {"batch_size", 16}, {"seq_len", 128}}},
-                {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
-                {"parallel", {{"mode", "semi"}, {"mesh", "tp=2"}, {"preset", "megatron-sp"}}}};
-    RunConfig rc = value_or_throw(parse_run_config(doc, ""));
-    ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
-    const PartitionOptions o = partition_options(rc.parallel, rc.parallel.mesh);
-    const LocalProgram p =
-        value_or_throw(lower(m.graph, value_or_throw(annotate(m.graph, rc.parallel.mesh, o)), 0));
+    const LocalProgram p = lowered_megatron_sp(mj, 16, 128);
     const int layers = 2;
     EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "tp"), 0) << model;
     EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "tp", true), 2 * layers) << model;

@@ -388,16 +388,39 @@ TEST(PlanEmit, CliSearchesWhatTheTargetRuns) {
   EXPECT_NE(r.output.find("not a transformer language model"), std::string::npos) << r.output;
 }
 
+// A fresh temporary directory for one test's files, removed with it.
+struct TempDir {
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("meshflow_" + name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::filesystem::path path;
+};
+
+// `meshflow simulate` on the plan file at `path` prints the step time
+// `meshflow plan --out` predicted in it; its run, for more checks.
+testing::CliRun expect_simulate_agrees(const std::string& path) {
+  const nlohmann::json plan = nlohmann::json::parse(std::ifstream(path));
+  char want[64];
+  std::snprintf(want, sizeof want, "predicted %.2f s per step",
+                plan["plan"]["prediction"]["step_time_s"].get<double>());
+  testing::CliRun r = run_cli("simulate " + path);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  return r;
+}
+
 // A plan file written with --emit names the stack it was priced as, and
 // `meshflow simulate` prices it with that stack's constants: the same step
 // time as `plan` printed (TorchTitan's op-level SAC fits LLaMA-3 8B at 8192
 // tokens on eight 96 GB H100s where Megatron's selective recompute does not).
 // A stack simulate does not know is refused by name.
 TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("meshflow_emit_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string out = (dir / "plan.json").string();
+  const TempDir dir("emit");
+  const std::string out = dir.file("plan.json");
   testing::CliRun r = run_cli(
       "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
       "/configs/clusters/h100_96gb.json --gpus 8 --global-batch 16 --seq 8192 --top 0 --fix " +
@@ -405,12 +428,7 @@ TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
   ASSERT_EQ(r.code, 0) << r.output;
   nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(plan["plan"]["stack"], "torchtitan");
-  char want[64];
-  std::snprintf(want, sizeof want, "predicted %.2f s per step",
-                plan["plan"]["prediction"]["step_time_s"].get<double>());
-  r = run_cli("simulate " + out);
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  r = expect_simulate_agrees(out);
   EXPECT_EQ(r.output.find("warning: the plan needs"), std::string::npos) << r.output;
   // Without the stack it is priced as meshflow's own: Megatron's selective
   // recompute keeps more, and the plan no longer fits.
@@ -427,7 +445,6 @@ TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
                           "(megatron, deepspeed or torchtitan), got \"jax\""),
             std::string::npos)
       << r.output;
-  std::filesystem::remove_all(dir);
 }
 
 // Megatron-LM's attention is Transformer Engine's, which on Hopper prefers
@@ -451,29 +468,22 @@ TEST(PlanEmit, MegatronRunsCudnnAttentionOnHopper) {
   EXPECT_EQ(ka.fused_attention, "flash2");
   EXPECT_EQ(kt.fused_attention, "flash2");
 
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("meshflow_cudnn_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string out = (dir / "plan.json").string();
+  const TempDir dir("cudnn");
+  const std::string out = dir.file("plan.json");
   const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
                            source_dir() + "/configs/clusters/h100_sxm.json --gpus 8 " +
                            "--global-batch 16 --seq 8192 --top 0 --fix tp=2,pp=1,dp=4,zero=1";
   testing::CliRun r = run_cli(base + " --emit megatron --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
-  const nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
-  const double megatron = plan["plan"]["prediction"]["step_time_s"].get<double>();
-  char want[64];
-  std::snprintf(want, sizeof want, "predicted %.2f s per step", megatron);
-  r = run_cli("simulate " + out);
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  const double megatron =
+      nlohmann::json::parse(std::ifstream(out))["plan"]["prediction"]["step_time_s"].get<double>();
+  expect_simulate_agrees(out);
   // The same plan with FlashAttention-2 named: slower attention.
   r = run_cli(base + " --emit megatron --attention flash2 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   const double flash2 =
       nlohmann::json::parse(std::ifstream(out))["plan"]["prediction"]["step_time_s"].get<double>();
   EXPECT_GT(flash2, megatron);
-  std::filesystem::remove_all(dir);
 }
 
 // --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets
@@ -515,26 +525,18 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("--fp8"), std::string::npos) << r.output;
 
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("meshflow_fp8_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string out = (dir / "plan.json").string();
+  const TempDir dir("fp8");
+  const std::string out = dir.file("plan.json");
   r = run_cli(base + " --top 0 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(plan["plan"]["fp8"], true);
-  char want[64];
-  std::snprintf(want, sizeof want, "predicted %.2f s per step",
-                plan["plan"]["prediction"]["step_time_s"].get<double>());
-  r = run_cli("simulate " + out);
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  expect_simulate_agrees(out);
   plan["plan"]["fp8"] = "yes";
   std::ofstream(out) << plan.dump();
   r = run_cli("simulate " + out);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("plan.fp8 must be true or false"), std::string::npos) << r.output;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
