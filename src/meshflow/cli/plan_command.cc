@@ -466,9 +466,10 @@ void add_plan_commands(CLI::App& app) {
               "priced at the cluster file's device.peak_flops.fp8, attention and the head in "
               "16-bit");
   p->add_option("--attention", po->attention,
-                "Attention kernel: fused (FlashAttention-2), another fused kernel the cluster "
-                "file prices (flash1: FlashAttention-1 and its Triton port) or materialized "
-                "(Megatron-LM 2021)");
+                "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
+                "cuDNN's for Megatron-LM where the cluster file prices it), another fused "
+                "kernel the cluster file prices (flash1: FlashAttention-1 and its Triton port; "
+                "cudnn) or materialized (Megatron-LM 2021)");
   p->callback([po]() { std::exit(guard([&] { return run_plan(*po); })); });
 
   auto so = std::make_shared<SimulateOptions>();
