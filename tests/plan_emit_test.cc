@@ -529,6 +529,7 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   const std::string out = dir.file("plan.json");
   r = run_cli(base + " --top 0 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("seq 4096; the blocks' linears in FP8"), std::string::npos) << r.output;
   nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(plan["plan"]["fp8"], true);
   expect_simulate_agrees(out);

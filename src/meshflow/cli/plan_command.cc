@@ -328,6 +328,7 @@ int run_plan(const PlanOptions& o) {
     j["seq"] = job.seq;
     j["optimizer"] = o.optimizer;
     j["dtype"] = std::string(dtype_name(cm.compute_dtype()));
+    j["fp8"] = job.fp8;  // the blocks' linears in FP8 (--fp8)
     j["fixed"] = so.fixed.to_string();
     ojson plans = ojson::array();
     for (size_t i = 0; i < r->plans.size(); ++i) {
@@ -355,7 +356,9 @@ int run_plan(const PlanOptions& o) {
                 std::string(dtype_name(cm.compute_dtype())).c_str());
     std::printf("job      global batch %lld x seq %lld%s%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
-                o.optimizer == "adamw" ? "" : ("; optimizer " + o.optimizer).c_str(),
+                (std::string(o.optimizer == "adamw" ? "" : "; optimizer " + o.optimizer) +
+                 (job.fp8 ? "; the blocks' linears in FP8" : ""))
+                    .c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
     std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
