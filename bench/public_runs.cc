@@ -419,7 +419,8 @@ bool runs_sequence_parallel(const std::string& framework) {
 //       `meshflow plan --emit` would pick it, on the assumption that the
 //       team that published the run tuned its layout (the Megatron-LM
 //       strong-scaling rows, whose README gives no layout). One of them: 1.
-//   cp: 1.  dp: gpus / (tp pp cp) (checked against a stated dp).
+//   cp: 1 (a stated cp > 1 is ring attention for TorchTitan and Megatron-Core
+//       and -Bridge).  dp: gpus / (tp pp cp) (checked against a stated dp).
 //   vp: 1; vp > 1 -> the interleaved schedule, else 1F1B (Megatron, DeepSpeed
 //       and TorchTitan's default non-interleaved pipeline).
 //   sp: Megatron-Core/-Bridge and TorchTitan use sequence parallelism with
@@ -453,6 +454,16 @@ void map_plan(const json& run, Mapped* m) {
   } else {
     p.cp = 1;
     m->inferred.push_back("cp=1");
+  }
+  // Context parallelism is ring attention in TorchTitan (torch's
+  // context_parallel: the K/V shards passed round, what `--emit torchtitan`
+  // requires) and in Megatron-Core (--cp-comm-type's default p2p), not
+  // Ulysses' all-to-all to head shards.
+  const std::string framework = get_str(par, "framework");
+  if (p.cp > 1 && (has(framework, "torchtitan") || has(framework, "megatron-core") ||
+                   has(framework, "megatron-bridge"))) {
+    p.ring = true;
+    m->inferred.push_back("cp=ring");
   }
   const int64_t model_par = p.tp * p.pp * p.cp;
   if (auto dp = get_int(par, "dp")) {
