@@ -39,8 +39,10 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t);
 // The plan for `job` in the target's spelling. bf16: mixed precision (the
 // cluster's compute dtype). Megatron-LM: one argument per line, ending in
 // " \" for a launch script (model shape, parallel degrees, batch,
-// recompute, optimizer sharding). DeepSpeed: the JSON config. TorchTitan:
-// the TOML's [training], [parallelism] and [activation_checkpoint] tables.
+// recompute, optimizer sharding; Transformer Engine's FP8 recipe with
+// job.fp8). DeepSpeed: the JSON config (no FP8: refused). TorchTitan: the
+// TOML's [training], [parallelism] and [activation_checkpoint] tables (with
+// job.fp8, [model] converters and [float8]).
 Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t);
 
 // The cost model's constants for the stack the target is, so `meshflow plan
