@@ -518,6 +518,12 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
                           "device.peak_flops.fp8"),
             std::string::npos)
       << r.output;
+  r = run_cli("plan " + source_dir() + "/configs/models/resnet50.json --cluster " + source_dir() +
+              "/configs/clusters/h100_sxm.json --gpus 8 --fp8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("has no transformer blocks, whose linear layers --fp8 runs in FP8"),
+            std::string::npos)
+      << r.output;
   // Without --fp8 the Megatron arguments have none.
   r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
               "/configs/clusters/h100_sxm.json --gpus 64 --global-batch 512 --seq 4096 "

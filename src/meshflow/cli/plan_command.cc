@@ -258,6 +258,10 @@ int run_plan(const PlanOptions& o) {
   opt.kind = o.optimizer == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
   job.optimizer_states = optimizer_state_values(opt);
   job.fp8 = o.fp8;
+  if (o.fp8 && !lm)
+    return user_error("--fp8: " + o.model +
+                      " has no transformer blocks, whose linear layers --fp8 runs in FP8; plan "
+                      "it without --fp8");
   if (o.fp8 && cluster->device.peak_flops.fp8 <= 0)
     return user_error("--fp8: " + o.cluster + " gives no FP8 rate for its device ('" +
                       cluster->device.name +

@@ -232,6 +232,10 @@ CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
                               "] (the model's maximum positions)");
   else if (job_.global_batch < 1)
     status_ = Status::invalid("global batch must be >= 1, got " + str(job_.global_batch));
+  else if (job_.fp8 && !is_language_model(job_.model))
+    status_ = Status::invalid(
+        "FP8 training prices the transformer blocks' linear layers in FP8; this model has no "
+        "transformer blocks (plan it without FP8)");
   else if (job_.fp8 && cluster_.device.peak_flops.fp8 <= 0)
     status_ = Status::invalid(
         "FP8 training needs the device's FP8 tensor-core rate, device.peak_flops.fp8 in the "
