@@ -591,6 +591,13 @@ Mapped map_run(const json& run) {
   if (has(fw, "torchtitan")) {
     apply_stack_constants(EmitTarget::kTorchTitan, true, &m.k);
     m.stack += "+torchtitan";
+    // Under pipelines its FSDP2 neither reshards after the forward nor
+    // reduces before the step's last backward: ZeRO-1, as `--emit torchtitan`
+    // writes and prices it (a fully_shard row with pp > 1).
+    if (m.plan.pp > 1 && m.plan.zero == 3) {
+      m.plan.zero = 1;
+      m.inferred.push_back("fsdp2+pp=zero1");
+    }
   } else if (has(fw, "fsdp") || has(fw, "llm-foundry")) {
     // PyTorch FSDP (Composer, metaseq): the activation checkpoint inside each
     // sharded unit recomputes with the weights its pre-backward unshard

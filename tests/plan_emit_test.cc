@@ -507,6 +507,14 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("[model]\nconverters = [\"float8\"]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[float8]\nfilter_fqns = [\"output\"]"), std::string::npos) << r.output;
+  // With FSDP, its gathers in FP8 (as priced: fp8_weight_gather).
+  r = run_cli(base + " --emit torchtitan --fix tp=1,pp=1,zero=3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("enable_fsdp_float8_all_gather = true\n"
+                          "precompute_float8_dynamic_scale_for_fsdp = true"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).fp8_weight_gather);
   r = run_cli(base + " --emit deepspeed");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("DeepSpeed's config has no FP8 training of its own"), std::string::npos)

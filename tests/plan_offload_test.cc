@@ -488,6 +488,22 @@ TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
       "llama3 8b block forward GEMMs, s=8192 mb 2 on H100: bf16 %.2f ms, fp8 %.2f ms "
       "(%.2f of it the casts)\n",
       1e3 * bf16.forward_matmul_s, 1e3 * fp8.forward_matmul_s, 1e3 * cast);
+  // FSDP's gathers in FP8 (TorchTitan's enable_fsdp_float8_all_gather): a
+  // ZeRO-3 step moves the blocks' weights at 1 byte an element, the
+  // gradients' reduce_scatters and the embedding/head's gathers unchanged.
+  Plan z3;
+  z3.dp = 8, z3.micro_batch = 2, z3.num_micro_batches = 1, z3.zero = 3;
+  CostConstants gather8;
+  gather8.fp8_weight_gather = true;
+  const StepCost g16 = value_or_throw(CostModel(job, c).price(z3));
+  const StepCost g8 = value_or_throw(CostModel(job, c, gather8).price(z3));
+  const double blocks = double(d.layers) * double(fp8.layer_params);
+  const double all = blocks + double(fp8.embed_params + fp8.head_params);
+  // Two gathers a step (forward, backward) of every weight, over 8 ranks.
+  EXPECT_NEAR(g16.comm.data_parallel - g8.comm.data_parallel, 2 * 7.0 / 8 * blocks * (2 - 1),
+              1e-6 * g16.comm.data_parallel);
+  EXPECT_LT(g8.dp_comm_s, g16.dp_comm_s);
+  EXPECT_GT(all, blocks);
   const CostModel a100(job, cluster("dgx_a100_80gb.json", 8));
   EXPECT_NE(a100.status().message().find("FP8 training needs the device's FP8 tensor-core rate"),
             std::string::npos)

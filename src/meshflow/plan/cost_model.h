@@ -312,6 +312,12 @@ struct CostConstants {
   // compute overlap_compute_slowdown on the tp ring (overlap_exposed_s).
   // meshflow's runtime does not (false); tp_comm_overlap covers it.
   bool tp_backward_overlap = false;
+  // With TrainingJob::fp8, the stack all-gathers the blocks' linear weights
+  // for ZeRO/FSDP in FP8, cast before the gather (TorchTitan's
+  // float8.enable_fsdp_float8_all_gather, which `--emit torchtitan --fp8`
+  // turns on): 1 byte an element instead of the compute dtype's; the
+  // embedding and the head gather in 16-bit.
+  bool fp8_weight_gather = false;
 };
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):

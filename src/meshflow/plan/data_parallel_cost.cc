@@ -37,6 +37,13 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   const Cluster& cl = cluster_;
   const double act = double(dtype_size(dtype_));
   const double m = double(p.num_micro_batches), ls = double(blocks_per_stage(p));
+  // Bytes an element of the weights' all_gathers: the compute dtype's, or
+  // with FP8 gathers 1 for the blocks' weights (CostConstants::fp8_weight_gather).
+  double gather_b = act;
+  if (job_.fp8 && k_.fp8_weight_gather && p_stage > 0) {
+    const double blocks = std::min(1.0, ls * double(lc.layer_params) / p_stage);
+    gather_b = blocks * 1.0 + (1 - blocks) * act;
+  }
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s;
   // ---- data parallel over the replicas of each weight: `params` of them
   // over `replicas` ranks (dp * cp, or dp alone for those split over cp), a
@@ -90,7 +97,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       dp_bytes = 2 * ring_dp * grad_bytes;
     } else if (p.zero == 1 || (p.zero == 2 && !k_.fsdp_shard_grad_op)) {
       const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
-      double ag = dp_collective(Collective::kAllGather, params * act);
+      double ag = dp_collective(Collective::kAllGather, params * gather_b);
       // The gradient norm over sharded gradients: the partitioned program sums
       // every shard's squares and all_reduces them once (one_norm_reduction:
       // the program's one all_reduce in the optimizer phase), not per tensor.
@@ -98,7 +105,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
         ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
       dp_exposed =
           overlap_exposed_s(rs, window) + (k_.overlap_param_gather ? overlap_exposed_s(ag, F) : ag);
-      dp_bytes = ring_dp * (grad_bytes + params * act);
+      dp_bytes = ring_dp * (grad_bytes + params * gather_b);
     } else {
       // By layer: ZeRO-3, and ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (its
       // gather before the forward only, kept for the backward).
@@ -119,8 +126,9 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       // per tensor of it with collective_per_tensor.
       const double calls = ls + 1;
       const double per_call = std::max(1.0, tensors / calls);
-      const double ag = per_call * cl.collective_time_s(Collective::kAllGather, replicas,
-                                                        params * act / calls / per_call, dp_link);
+      const double ag =
+          per_call * cl.collective_time_s(Collective::kAllGather, replicas,
+                                          params * gather_b / calls / per_call, dp_link);
       const double rs = per_call * cl.collective_time_s(Collective::kReduceScatter, replicas,
                                                         grad_bytes / calls / per_call, dp_link);
       const double bwd_gathers =
@@ -133,7 +141,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
               (bwd_gathers > 0 ? ag : 0.0) + rs;
       }
       dp_exposed = m * (fwd + bwd);
-      dp_bytes = m * ring_dp * ((1 + bwd_gathers) * params * act + grad_bytes);
+      dp_bytes = m * ring_dp * ((1 + bwd_gathers) * params * gather_b + grad_bytes);
     }
     *out_bytes = dp_bytes;
     return dp_exposed;

@@ -329,7 +329,13 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
     // 16-bit, as the plan prices it): the model converter and its table
     // (job_config.py: Model.converters, Float8).
     out += "\n[model]\nconverters = [\"float8\"]\n";
+    // FSDP's weight gathers in FP8 (priced so: fp8_weight_gather) with one
+    // all_reduce of the scales (TorchTitan's recommendation for tensorwise).
     out += "\n[float8]\nfilter_fqns = [\"output\"]\n";
+    if (p.zero > 0) {
+      out += "enable_fsdp_float8_all_gather = true\n";
+      out += "precompute_float8_dynamic_scale_for_fsdp = true\n";
+    }
   }
   return out;
 }
@@ -419,6 +425,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->grad_reduce_bytes = 4;
       k->zero3_gather_for_recompute = false;
       k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
+      k->fp8_weight_gather = true;    // float8.enable_fsdp_float8_all_gather, emitted with FP8
       // ZeRO-1 is FSDP2 under its pipelines: one reduce-scatter after the
       // step's last backward, the first forward's gathers prefetched.
       k->zero1_reduce_after_backward = true;
