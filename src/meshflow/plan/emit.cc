@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshflow/core/check.h"
 #include "meshflow/plan/model_dims.h"
 
 namespace meshflow::plan {
@@ -342,36 +343,37 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
 
 }  // namespace
 
+namespace {
+// Each target: its --emit key and its name for the user.
+struct TargetName {
+  EmitTarget target;
+  const char* key;
+  const char* name;
+};
+constexpr TargetName kTargets[] = {{EmitTarget::kMegatron, "megatron", "Megatron-LM"},
+                                   {EmitTarget::kDeepSpeed, "deepspeed", "DeepSpeed"},
+                                   {EmitTarget::kTorchTitan, "torchtitan", "TorchTitan"}};
+const TargetName& target_name(EmitTarget t) {
+  for (const TargetName& n : kTargets)
+    if (n.target == t) return n;
+  MF_CHECK(false) << "unknown emit target";
+  return kTargets[0];
+}
+}  // namespace
+
 Result<EmitTarget> parse_emit_target(const std::string& name) {
-  if (name == "megatron") return EmitTarget::kMegatron;
-  if (name == "deepspeed") return EmitTarget::kDeepSpeed;
-  if (name == "torchtitan") return EmitTarget::kTorchTitan;
+  for (const TargetName& n : kTargets)
+    if (name == n.key) return n.target;
   return Status::invalid("--emit '" + name +
                          "': valid targets are megatron, deepspeed, torchtitan");
 }
 
 const char* emit_target_key(EmitTarget t) {
-  switch (t) {
-    case EmitTarget::kMegatron:
-      return "megatron";
-    case EmitTarget::kDeepSpeed:
-      return "deepspeed";
-    case EmitTarget::kTorchTitan:
-      return "torchtitan";
-  }
-  return "";
+  return target_name(t).key;
 }
 
 const char* emit_target_name(EmitTarget t) {
-  switch (t) {
-    case EmitTarget::kMegatron:
-      return "Megatron-LM";
-    case EmitTarget::kDeepSpeed:
-      return "DeepSpeed";
-    case EmitTarget::kTorchTitan:
-      return "TorchTitan";
-  }
-  return "?";
+  return target_name(t).name;
 }
 
 Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t) {
