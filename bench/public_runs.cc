@@ -130,6 +130,7 @@ struct Mapped {
   int64_t gpus_per_node = 8;
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
   bool fp8 = false;                              // the blocks' linears in FP8
+  bool te_attention = false;  // Transformer Engine's attention kernel (Megatron-Core)
   Plan plan;
   CostConstants k;
   std::string stack;                // "default" | "megatron2021"
@@ -645,12 +646,11 @@ Mapped map_run(const json& run) {
   if (has(fw, "megatron-core") || has(fw, "megatron-bridge")) {
     m.k.tp_backward_overlap = true;
     m.stack += "+tp-bwd-overlap";
-    // Transformer Engine's attention: cuDNN's fused kernel on Hopper, as
-    // `--emit megatron` prices it there (apply_stack_attention).
-    if (has(m.cluster_file, "h100") || has(m.cluster_file, "h200")) {
-      m.k.fused_attention = "cudnn";
-      m.stack += "+cudnn-attn";
-    }
+    // Transformer Engine's attention, as `--emit megatron` prices it on the
+    // run's device (apply_stack_attention, once the cluster is read: cuDNN's
+    // fused kernel where the file prices it).
+    m.te_attention = true;
+    m.stack += "+te-attn";
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.
@@ -879,7 +879,9 @@ int main(int argc, char** argv) {
     }
     TrainingJob job{m.model, m.global_batch, m.seq};
     job.fp8 = m.fp8;
-    CostModel cm(job, *cluster, m.k);
+    CostConstants k = m.k;
+    if (m.te_attention) apply_stack_attention(EmitTarget::kMegatron, *cluster, &k);
+    CostModel cm(job, *cluster, k);
     if (m.search_layout) {
       Result<Plan> searched = searched_layout(cm, m);
       if (!searched.is_ok()) {
