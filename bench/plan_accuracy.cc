@@ -277,9 +277,9 @@ plan::Plan plan_of(const Case& c, int batch) {
   p.cp = degree(c.mesh, "cp");
   p.pp = c.pp;
   p.schedule = value_or_throw(parse_schedule_kind(c.schedule));
-  p.sp = c.preset == "megatron-sp";
+  p.sp = c.preset == "megatron-sp" || c.preset == "ring-sp";
   p.ops = c.preset == "ops";
-  p.ring = c.preset == "ring";
+  p.ring = c.preset == "ring" || c.preset == "ring-sp";
   p.num_micro_batches = c.micro_batches;
   p.micro_batch = batch / (p.dp * c.micro_batches);
   p.zero = c.zero;
@@ -399,6 +399,7 @@ int main(int argc, char** argv) {
       {"dp2-cp2-ops", 4, "dp=2,cp=2", "ops"},
       {"dp2-cp2-ops-zero1", 4, "dp=2,cp=2", "ops", 1},
       {"dp2-cp2-ring-zero1", 4, "dp=2,cp=2", "ring", 1},
+      {"tp2-cp2-ring-sp", 4, "dp=1,tp=2,cp=2", "ring-sp"},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
@@ -542,7 +543,7 @@ int main(int argc, char** argv) {
         c.ranks = ranks;
         c.mesh = plan::plan_mesh(p);
         c.preset = p.ops      ? "ops"
-                   : p.ring   ? "ring"
+                   : p.ring   ? (p.sp ? "ring-sp" : "ring")
                    : p.sp     ? "megatron-sp"
                    : p.tp > 1 ? "megatron"
                    : p.cp > 1 ? "ulysses"

@@ -122,6 +122,13 @@ INSTANTIATE_TEST_SUITE_P(
         PresetCase{"gpt", "cp=4", "ring"}, PresetCase{"llama", "cp=4", "ring"},
         PresetCase{"gpt", "dp=2,cp=2", "ring"}, PresetCase{"llama", "dp=2,cp=2", "ring"},
         PresetCase{"gpt", "tp=2,cp=2", "ring"}, PresetCase{"llama", "tp=2,cp=2", "ring"},
+        // ... and beside Megatron-SP (ring-sp: the sequence over cp*tp
+        // outside attention), and Megatron-SP with Ulysses' cp.
+        PresetCase{"gpt_dropout", "tp=2,cp=2", "ring-sp"},
+        PresetCase{"llama", "tp=2,cp=2", "ring-sp", 0, 1, "full"},
+        PresetCase{"llama", "dp=2,tp=2,cp=2", "ring-sp", 1},
+        PresetCase{"gpt_dropout", "tp=2,cp=2", "megatron-sp"},
+        PresetCase{"gpt", "dp=2,tp=2,cp=2", "megatron-sp", 2},
         PresetCase{"llama", "cp=2", "ring", 0, 1, "full"},
         PresetCase{"gpt_dropout", "cp=4", "ring", 0, 2},
         PresetCase{"gpt_dropout", "cp=2", "ring", 0, 1, "selective"},
@@ -674,6 +681,58 @@ TEST(PartitionStructure, RingKeepsSequenceShardsAndRecordsItsShifts) {
     EXPECT_EQ(fwd, 2 * (cp - 1));
     EXPECT_EQ(bwd, 2 * (2 * cp - 1));
   }
+}
+
+// Ring attention beside Megatron-SP (preset "ring-sp", Megatron-Core's
+// --sequence-parallel with --cp-comm-type p2p): the norms run on seq / (cp x
+// tp) rows, sp's all_gather and reduce_scatter over tp frame each block
+// half, attention rings over cp on its tp share of the heads, and nothing
+// goes all_to_all. Megatron-SP with cp (Ulysses' all_to_all for attention)
+// splits the norms the same way: before, its rule {seq: "cp*tp"} named no
+// axis of the mesh and was dropped, so the sequence stayed whole outside
+// attention (each cp rank ran the whole MLP) and sp was lost.
+TEST(PartitionStructure, SequenceParallelBesideContextParallelSplitsTheNorms) {
+  for (const char* preset : {"ring-sp", "megatron-sp"}) {
+    SCOPED_TRACE(preset);
+    const bool ring = std::string(preset) == "ring-sp";
+    const LocalProgram p = lowered("gpt", "tp=2,cp=2", preset);
+    const int layers = 2;
+    int norms = 0;
+    for (const Node& n : p.graph.nodes()) {
+      if (n.phase != Phase::kForward || n.kind != OpKind::kLayerNorm || n.name.rfind("h.", 0) != 0)
+        continue;
+      const Shape& x = p.graph.shape(n.inputs[0]);
+      for (int d = 0; d < x.rank(); ++d)
+        if (x.name(d) == "seq") EXPECT_EQ(x.size(d), 16 / 4) << n.name;
+      ++norms;
+    }
+    EXPECT_EQ(norms, 2 * layers);
+    EXPECT_EQ(count(p, OpKind::kAllGather, Phase::kForward, "tp", true), 2 * layers);
+    EXPECT_EQ(count(p, OpKind::kReduceScatter, Phase::kForward, "tp", true), 2 * layers);
+    EXPECT_EQ(count(p, OpKind::kAllToAll, Phase::kForward, "cp"), ring ? 0 : 4 * layers);
+    int rings = 0;
+    for (const Node& n : p.graph.nodes())
+      rings += (n.kind == OpKind::kAttention || n.kind == OpKind::kAttentionGrad) &&
+               n.attrs.mesh_axis >= 0 && n.attrs.group_size == 2;
+    EXPECT_EQ(rings, ring ? 2 * layers : 0);
+  }
+}
+
+// A named-dim rule may list alternatives, the first that applies winning:
+// {heads: tp, seq: "cp*tp|cp"} splits seq over cp*tp where no heads dim took
+// tp, over cp alone where one did.
+TEST(PartitionRules, AlternativesFallBackWhenAnAxisIsTaken) {
+  const Mesh mesh = value_or_throw(Mesh::parse("tp=2,cp=2"));
+  DimRules r = value_or_throw(DimRules::parse("heads: tp, seq: cp*tp|cp"));
+  ASSERT_TRUE(r.check(mesh).is_ok());
+  const Layout flat = value_or_throw(apply_rules(r, mesh, Shape({{"seq", 8}, {"hidden", 4}})));
+  EXPECT_EQ(flat.at(0), Placement::Shard(0, 1));  // tp: the minor half of seq
+  EXPECT_EQ(flat.at(1), Placement::Shard(0, 0));  // cp: the major
+  const Layout heads =
+      value_or_throw(apply_rules(r, mesh, Shape({{"heads", 4}, {"seq", 8}, {"d", 2}})));
+  EXPECT_TRUE(heads.at(0).is_shard() && heads.at(0).dim() == 0);  // heads on tp
+  EXPECT_TRUE(heads.at(1).is_shard() && heads.at(1).dim() == 1);  // seq on cp
+  EXPECT_FALSE(DimRules::parse("seq: cp*xx|cp").value().check(mesh).is_ok());
 }
 
 // ---- sharding propagation (issue 6 §3) ----

@@ -38,7 +38,7 @@ RunConfig tiny_run(const std::string& model, int layers, int micro_batches, bool
         {"batch_size", 16},
         {"micro_batches", micro_batches},
         {"seq_len", 16},
-        {"threads", 2},
+        {"threads", 1},
         {"eval_batches", 2}}},
       {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}, {"weight_decay", 0.1}, {"grad_clip", 1.0}}}};
   return value_or_throw(parse_run_config(doc, ""));
@@ -147,10 +147,14 @@ std::vector<PpCase> all_cases() {
 
 class PipelineParallel : public ::testing::TestWithParam<PpCase> {};
 
-// Tolerance: the stages run with 1 thread each and the reference with 2, and
-// the global gradient norm is summed per stage first: rounding-level
+// Tolerance: the stages and the reference all run with 1 thread (tiny_run),
+// and the global gradient norm is summed per stage first: rounding-level
 // differences, 1e-5 relative on losses and weights (2e-5 with data parallel,
 // whose all-reduce sums the replicas' gradients in another order, as in dp_test).
+// The reference ran with 2 threads until 2026-11-27; on an AMD EPYC host
+// (OpenBLAS's Zen kernels) its sums then differ from one thread's in the last
+// bits, which AdamW turns into lr-sized steps on GPT's k_proj.bias (its true
+// gradient is exactly zero): 12-25% on those weights, 1.2e-5 on LLaMA's.
 TEST_P(PipelineParallel, SameLossesAndWeightsAsOneDevice) {
   const PpCase& c = GetParam();
   const double tol = c.dp > 1 ? 2e-5 : 1e-5;

@@ -353,6 +353,42 @@ TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
               at[0].cp_comm_s, at[0].compute_s, at[1].cp_comm_s, at[1].compute_s);
 }
 
+// Ring attention beside Megatron-SP (Plan::sp with Plan::ring, preset
+// "ring-sp"; Megatron-Core's --sequence-parallel --cp-comm-type p2p,
+// TorchTitan's 4D runs): valid and priced on the program the partitioner
+// builds, its norms and residuals on seq / (cp x tp) rows, so it stashes
+// less than the ring without sp; its tp traffic is sp's all_gathers and
+// reduce_scatters. Until 2026-11-27 the cost model refused it ("no sp").
+TEST(PlanRing, BesideSequenceParallelStashesLess) {
+  ModelConfig model = load_model("llama3_70b.json");
+  std::get<LlamaConfig>(model).max_position_embeddings = 32768;
+  CostModel cm(TrainingJob{model, 64, 32768}, cluster("h100_sxm.json", 64));
+  Plan p;
+  p.dp = 2, p.tp = 8, p.cp = 4, p.micro_batch = 1, p.num_micro_batches = 32, p.zero = 1;
+  p.ring = true;
+  p.recompute = Recompute::kSelective;
+  ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
+  const StepCost ring = value_or_throw(cm.price(p));
+  p.sp = true;
+  ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
+  const StepCost ring_sp = value_or_throw(cm.price(p));
+  EXPECT_LT(ring_sp.memory.activations, 0.8 * ring.memory.activations);
+  // sp's tp traffic: the forward's all_gather + reduce_scatter move an
+  // all_reduce's bytes; the backward gathers the stashed shard again for the
+  // weight gradients (Korthikanti et al. 2022, §4.2.2), so somewhat more.
+  EXPECT_GT(ring_sp.comm.tensor_parallel, ring.comm.tensor_parallel);
+  EXPECT_LT(ring_sp.comm.tensor_parallel, 1.5 * ring.comm.tensor_parallel);
+  EXPECT_GT(ring_sp.cp_comm_s + ring_sp.compute_s, 0.0);
+  std::printf(
+      "llama3 70B 32k tp=8 cp=4ring: activations %.1f GiB, with sp %.1f GiB; step %.2f s, "
+      "%.2f s\n",
+      ring.memory.activations / (1 << 30), ring_sp.memory.activations / (1 << 30), ring.step_time_s,
+      ring_sp.step_time_s);
+  p.tp = 1, p.dp = 16, p.num_micro_batches = 4;
+  EXPECT_NE(cm.invalid_reason(p).find("sp (sequence parallelism) needs tp > 1"), std::string::npos)
+      << cm.invalid_reason(p);
+}
+
 // Compute slowed under an overlapped collective by the ring it runs on
 // (CostModel::overlap_slowdown_on): Lee et al. 2025's figure on a node's GPU
 // links, a NIC's share of it on a ring with one GPU per node. The constant

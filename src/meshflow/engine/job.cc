@@ -106,7 +106,7 @@ Status check_data_pipeline(const StrategyConfig& par, const PipelineConfig& pc, 
           "parallel.mesh axis " + a.name + "=" + str(a.size) +
           " with parallel.pipeline in mode \"data\": the stages run data parallel only; for "
           "tensor, context or sequence parallel inside each stage set \"mode\": \"semi\" with a "
-          "preset (megatron, megatron-sp, ulysses, ring), rules or strategies");
+          "preset (megatron, megatron-sp, ulysses, ring, ring-sp), rules or strategies");
     }
   }
   const int need = dp > 0 ? pc.stages * dp : (world % pc.stages == 0 ? world : 0);
@@ -143,7 +143,7 @@ Result<Mesh> flat_mesh(const StrategyConfig& par, int world, bool partitioned) {
             "parallel.mesh axis " + a.name + "=" + str(a.size) +
             " in mode \"data\": data parallel splits the batch over dp only; for tensor, "
             "sequence or context parallel set \"mode\": \"semi\" with a preset (megatron, "
-            "megatron-sp, ulysses, ring), rules or strategies");
+            "megatron-sp, ulysses, ring, ring-sp), rules or strategies");
   return mesh;
 }
 
@@ -364,13 +364,14 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
                            "\" orders ring attention's sequence over the mesh axis \"cp\", "
                            "which the mesh " +
                            job.mesh.to_string() + " lacks; add a cp axis or leave ring_order out");
-  if (job.partitioned && (par.preset == "ring" || ring_tuples) && job.mesh.axis_index("cp") >= 0) {
+  const bool ring_preset = par.preset == "ring" || par.preset == "ring-sp";
+  if (job.partitioned && (ring_preset || ring_tuples) && job.mesh.axis_index("cp") >= 0) {
     const int64_t cp = job.mesh.size(job.mesh.axis_index("cp"));
     const bool zigzag = par.ring_order == "zigzag" && cp > 1;
     const int64_t n = zigzag ? 2 * cp : cp, T = rc.train.seq_len;
     if (T % n != 0)
       return Status::invalid(
-          std::string(par.preset == "ring" ? "parallel.preset \"ring\"" : "parallel.ring_order") +
+          (ring_preset ? "parallel.preset \"" + par.preset + "\"" : "parallel.ring_order") +
           ": train.seq_len=" + str(T) + " does not split into " +
           (zigzag ? "2 x cp = " + str(n) + " chunks (ring_order \"zigzag\")"
                   : "cp=" + str(n) + " blocks") +

@@ -110,8 +110,8 @@ Result<plan::Plan> layout_of(const Job& job) {
   p.micro_batch = rc.train.batch_size / rows;
   p.zero = par.zero;
   p.group = par.zero > 0 && par.zero_style == "group";
-  p.sp = par.preset == "megatron-sp";
-  p.ring = par.preset == "ring";
+  p.sp = par.preset == "megatron-sp" || par.preset == "ring-sp";
+  p.ring = par.preset == "ring" || par.preset == "ring-sp";
   p.recompute = rcp.mode == RecomputePolicy::kFull        ? plan::Recompute::kFull
                 : rcp.mode == RecomputePolicy::kSelective ? plan::Recompute::kSelective
                                                           : plan::Recompute::kNone;

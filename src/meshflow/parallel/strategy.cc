@@ -306,11 +306,19 @@ const std::string* DimRules::axis_of(const std::string& dim) const {
 
 namespace {
 std::vector<std::string> rule_axes(const std::string& text);
+std::vector<std::string> rule_alternatives(const std::string& text);
+// Every axis a rule names, over all its alternatives.
+std::vector<std::string> all_rule_axes(const std::string& text) {
+  std::vector<std::string> out;
+  for (const std::string& alt : rule_alternatives(text))
+    for (const std::string& name : rule_axes(alt)) out.push_back(name);
+  return out;
+}
 }  // namespace
 
 Status DimRules::check(const Mesh& mesh) const {
   for (const auto& [dim, axis] : rules)
-    for (const std::string& name : rule_axes(axis))
+    for (const std::string& name : all_rule_axes(axis))
       if (mesh.axis_index(name) < 0)
         return Status::invalid("rule " + dim + ": " + axis + ": '" + name +
                                "' is not an axis of the mesh " + mesh.to_string());
@@ -344,19 +352,36 @@ DimRules preset_rules(const std::string& preset, const Mesh& mesh) {
   if (preset == "ulysses") all = {{"batch", "dp"}, {"seq", "cp"}};
   // Ring attention: the sequence stays split over cp through attention too
   // (k/v blocks go round the cp ring in the kernel); Megatron's tp beside it.
-  if (preset == "ring")
-    all = {{"batch", "dp"}, {"heads", "tp"}, {"kv_heads", "tp"},
-           {"ffn", "tp"},   {"vocab", "tp"}, {"seq", "cp"}};
+  // "ring-sp": the same with Megatron's sequence parallelism beside it
+  // (Megatron-Core's --sequence-parallel with --cp-comm-type p2p, TorchTitan's
+  // tp with cp): norms, dropout and residuals on sequence shards over cp*tp
+  // (cp major), the values with a heads dim on cp alone, since tp splits
+  // their heads.
+  if (preset == "ring" || preset == "ring-sp")
+    all = {{"batch", "dp"},
+           {"heads", "tp"},
+           {"kv_heads", "tp"},
+           {"ffn", "tp"},
+           {"vocab", "tp"},
+           {"seq", preset == "ring-sp" && mesh.axis_index("tp") >= 0 ? "cp*tp|cp" : "cp"}};
   // Megatron with context parallel (Megatron-LM's --context-parallel-size):
-  // the sequence is split over cp as well (under sp over cp, then tp).
+  // the sequence is split over cp as well (under sp over cp, then tp; on
+  // cp alone where tp splits the heads, the attention core's all_to_all
+  // then moves it to heads).
   if (mesh.axis_index("cp") >= 0 && (preset == "megatron" || preset == "megatron-sp")) {
     if (preset == "megatron-sp") all.pop_back();
-    all.emplace_back("seq", preset == "megatron-sp" && mesh.axis_index("tp") >= 0 ? "cp*tp" : "cp");
+    all.emplace_back("seq",
+                     preset == "megatron-sp" && mesh.axis_index("tp") >= 0 ? "cp*tp|cp" : "cp");
   }
   DimRules r;
   r.may_stay_whole = {"vocab"};
-  for (auto& [dim, axis] : all)
-    if (mesh.axis_index(axis) >= 0) r.rules.emplace_back(dim, axis);
+  // A rule naming an axis the mesh lacks is left out (every axis of every
+  // alternative: "cp*tp|cp" needs both).
+  for (auto& [dim, axis] : all) {
+    bool present = true;
+    for (const std::string& name : all_rule_axes(axis)) present &= mesh.axis_index(name) >= 0;
+    if (present) r.rules.emplace_back(dim, axis);
+  }
   return r;
 }
 
@@ -376,6 +401,19 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
 }
 
 namespace {
+// "cp*tp|cp" -> {"cp*tp", "cp"}: alternatives, first that applies wins.
+std::vector<std::string> rule_alternatives(const std::string& text) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (true) {
+    size_t e = text.find('|', b);
+    out.push_back(trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b)));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
 // "dp" -> {"dp"}; "rep*dp" -> {"rep", "dp"} (major first).
 std::vector<std::string> rule_axes(const std::string& text) {
   std::vector<std::string> out;
@@ -400,20 +438,28 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
     for (int k = 0; k < shape.rank() && d < 0; ++k)
       if (shape.name(k) == dim_name) d = k;
     if (d < 0) continue;
+    // The first alternative ("cp*tp|cp") whose axes no earlier rule took
+    // and that splits something.
     std::vector<int> axes;
     int64_t ways = 1;
-    bool taken = false;
-    for (const std::string& name : rule_axes(axis_name)) {
-      const int a = mesh.axis_index(name);
-      if (a < 0)
-        return Status::invalid("rule " + shape.name(d) + ": " + axis_name + ": '" + name +
-                               "' is not an axis of the mesh " + mesh.to_string());
-      if (mesh.size(a) == 1) continue;  // splits nothing (tp=1: the dim stays whole)
-      taken |= used[a];
-      axes.push_back(a);
-      ways *= mesh.size(a);
+    for (const std::string& alt : rule_alternatives(axis_name)) {
+      axes.clear();
+      ways = 1;
+      bool taken = false;
+      for (const std::string& name : rule_axes(alt)) {
+        const int a = mesh.axis_index(name);
+        if (a < 0)
+          return Status::invalid("rule " + shape.name(d) + ": " + axis_name + ": '" + name +
+                                 "' is not an axis of the mesh " + mesh.to_string());
+        if (mesh.size(a) == 1) continue;  // splits nothing (tp=1: the dim stays whole)
+        taken |= used[a];
+        axes.push_back(a);
+        ways *= mesh.size(a);
+      }
+      if (!taken && !axes.empty()) break;
+      axes.clear();
     }
-    if (taken || axes.empty()) continue;  // an earlier rule took an axis, or no split
+    if (axes.empty()) continue;  // an earlier rule took an axis, or no split
     if (shape.size(d) % ways != 0 &&
         std::find(rules.may_stay_whole.begin(), rules.may_stay_whole.end(), dim_name) !=
             rules.may_stay_whole.end())
@@ -484,7 +530,8 @@ Result<StrategyConfig> parse_strategy_config(const nlohmann::json& j, const std:
   StrategyConfig c;
   JsonObjectReader r(j, where);
   r.choice("mode", &c.mode, {"data", "semi", "hybrid", "auto"});
-  r.choice("preset", &c.preset, {"", "dp", "megatron", "megatron-sp", "ulysses", "ring"});
+  r.choice("preset", &c.preset,
+           {"", "dp", "megatron", "megatron-sp", "ulysses", "ring", "ring-sp"});
   r.choice("search", &c.search, {"propagate", "full"});
   r.integer("zero", &c.zero, 0, 3);
   r.choice("zero_style", &c.zero_style, {"shard", "group"});

@@ -137,15 +137,18 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
               pp > 1 ? std::vector<ScheduleKind>{ScheduleKind::k1F1B, ScheduleKind::kZbH1}
                      : std::vector<ScheduleKind>{ScheduleKind::k1F1B};
           // Layouts on tp and cp: Megatron (with cp: Ulysses' all_to_all to
-          // heads), Megatron-SP, the per-operator search's, ring attention.
-          for (int layout = 0; layout <= (tp * cp > 1 ? 3 : 0); ++layout)
+          // heads), Megatron-SP, the per-operator search's, ring attention,
+          // ring attention beside Megatron-SP.
+          for (int layout = 0; layout <= (tp * cp > 1 ? 4 : 0); ++layout)
             for (ScheduleKind schedule : schedules)
               for (Recompute rcp : policies)
                 for (int zero = 0; zero <= (dp > 1 && pp == 1 ? 3 : 0); ++zero) {
-                  if ((layout == 1 && tp == 1) || (layout == 3 && cp == 1)) continue;
+                  if ((layout == 1 && tp == 1) || (layout >= 3 && cp == 1) ||
+                      (layout == 4 && tp == 1))
+                    continue;
                   Plan p;
                   p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp;
-                  p.sp = layout == 1, p.ops = layout == 2, p.ring = layout == 3;
+                  p.sp = layout == 1 || layout == 4, p.ops = layout == 2, p.ring = layout >= 3;
                   p.schedule = schedule;
                   p.micro_batch = tc.batch_size / (dp * mb);
                   p.num_micro_batches = mb;
@@ -300,7 +303,7 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
   else if (spmd && mlp && p.tp > 1)
     par["rules"] = mlp_tensor_rules(*mlp);
   else if (spmd)
-    par["preset"] = p.cp > 1 && p.ring ? "ring"
+    par["preset"] = p.cp > 1 && p.ring ? (p.sp && p.tp > 1 ? "ring-sp" : "ring")
                     : p.tp > 1         ? (p.sp ? "megatron-sp" : "megatron")
                     : p.cp > 1         ? "ulysses"
                                        : "dp";

@@ -789,8 +789,8 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     return "vp > 1 needs the interleaved schedule (or zb-v with 2), got " +
            std::string(schedule_name(p.schedule));
   }
-  if (p.ring && (p.cp < 2 || p.sp || p.ops))
-    return "ring attention (cp over the keys, preset \"ring\") needs cp >= 2, and no sp or ops";
+  if (p.ring && (p.cp < 2 || p.ops))
+    return "ring attention (cp over the keys, preset \"ring\") needs cp >= 2, and no ops";
   if (p.recompute_layers != 0) {
     const std::string n = "recompute_layers=" + str(p.recompute_layers);
     if (p.recompute_layers < 0) return n + " must be >= 0 (0: every block recomputes)";

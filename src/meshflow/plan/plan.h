@@ -71,7 +71,8 @@ struct Plan {
   bool group = false;
   // Context parallel over the keys (ring attention, preset "ring": k/v blocks
   // circulate around the cp ranks) instead of Ulysses' all_to_all to head
-  // shards; cp >= 2, no sp or ops.
+  // shards; cp >= 2, no ops. With sp (tp >= 2): preset "ring-sp", the
+  // sequence over cp*tp outside attention.
   bool ring = false;
   // Per-operator strategies on the tp axis, chosen by the strategy search
   // (parallel/strategy_search.h) in place of the Megatron template; `searched`

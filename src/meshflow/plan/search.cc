@@ -233,10 +233,12 @@ void enumerate(const CostModel& cm, int64_t devices, int64_t tp, int64_t cp, con
         // anyway, and ring=false leaves it out.
         const TransformerDims& md = cm.dims();
         const bool ring_may_win = md.kv_heads < md.heads || (md.heads / tp) % cp != 0;
-        const int rings = cp > 1 && cm.has_blocks() && (fx.ring ? *fx.ring : ring_may_win) ? 1 : 0;
+        // With tp, the ring also runs beside Megatron-SP (ring-sp).
+        const bool try_ring = cp > 1 && cm.has_blocks() && (fx.ring ? *fx.ring : ring_may_win);
+        const int rings = try_ring ? (tp > 1 ? 2 : 1) : 0;
         for (int layout = 0; layout <= layouts + rings; ++layout) {
           p.ring = layout > layouts;
-          p.sp = !p.ring && layout == 1;
+          p.sp = p.ring ? layout == layouts + 2 : layout == 1;
           p.ops = !p.ring && layout == 2;
           for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
             p.recompute = rc;

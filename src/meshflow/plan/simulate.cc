@@ -219,8 +219,9 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   MF_ASSIGN_OR_RETURN(int64_t zero, get_int(par, "parallel", "zero", 0, false));
   p.zero = static_cast<int>(zero);
   p.group = par.value("zero_style", std::string("shard")) == "group";
-  p.sp = par.value("preset", std::string()) == "megatron-sp";
-  p.ring = par.value("preset", std::string()) == "ring";
+  const std::string preset = par.value("preset", std::string());
+  p.sp = preset == "megatron-sp" || preset == "ring-sp";
+  p.ring = preset == "ring" || preset == "ring-sp";
   // The strategy search's plan: split tuples for every operator and no
   // preset (priced again, the deterministic search gives the same tuples).
   p.ops = par.contains("strategies") && !par.contains("preset") && p.tp * p.cp > 1;
