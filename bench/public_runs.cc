@@ -484,6 +484,37 @@ void map_plan(const json& run, Mapped* m) {
   }
   p.schedule = p.pp > 1 && p.vp > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
   const std::string fw = get_str(par, "framework");
+  // Layers the pipeline's chunks do not divide: the framework's own uneven
+  // split, one entry per chunk in model order (else the plan is invalid).
+  const int64_t layers = get_int(run.at("model"), "layers").value_or(0);
+  const int64_t chunks = p.pp * p.vp;
+  if (p.pp > 1 && layers >= chunks && layers % chunks != 0) {
+    if (has(fw, "torchtitan")) {
+      // generate_split_points (torchtitan's pipelining utils): the first
+      // chunk floor(L / S) layers, the middle ones one more while the
+      // remainder lasts, the last what is left.
+      const int64_t base = layers / chunks;
+      int64_t extra = layers % chunks, used = base;
+      p.layers_per_stage = {base};
+      for (int64_t c = 1; c + 1 < chunks; ++c) {
+        const int64_t n = base + (extra > 0 ? 1 : 0);
+        extra -= extra > 0 ? 1 : 0;
+        p.layers_per_stage.push_back(n);
+        used += n;
+      }
+      p.layers_per_stage.push_back(layers - used);
+      m->inferred.push_back("split=torchtitan");
+    } else if ((has(fw, "megatron-core") || has(fw, "megatron-bridge")) &&
+               (layers + 2) % chunks == 0) {
+      // account_for_embedding_in_pipeline_split and _loss_: the embedding
+      // and the loss count as a layer each, so the first and the last chunk
+      // hold one block fewer (Megatron-Bridge's performance recipes).
+      p.layers_per_stage.assign(static_cast<size_t>(chunks), (layers + 2) / chunks);
+      p.layers_per_stage.front() -= 1;
+      p.layers_per_stage.back() -= 1;
+      m->inferred.push_back("split=emb+loss");
+    }
+  }
   if (auto sp = get_bool(par, "sequence_parallel")) {
     p.sp = *sp && p.tp > 1;
   } else {

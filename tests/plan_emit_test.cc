@@ -64,6 +64,9 @@ const std::set<std::string> kMegatronArgs = {"--num-layers",
                                              "--context-parallel-size",
                                              "--cp-comm-type",
                                              "--num-layers-per-virtual-pipeline-stage",
+                                             "--num-virtual-stages-per-pipeline-rank",
+                                             "--account-for-embedding-in-pipeline-split",
+                                             "--account-for-loss-in-pipeline-split",
                                              "--decoder-first-pipeline-num-layers",
                                              "--decoder-last-pipeline-num-layers",
                                              "--use-distributed-optimizer",
@@ -144,6 +147,60 @@ TEST(PlanEmit, MegatronArgumentsSpellThePlan) {
   // sharded gradients are not what it runs.
   p.zero = 2;
   expect_refused(p, job, EmitTarget::kMegatron, "pin zero=1");
+}
+
+// Llama-3 405B's 126 layers over pp = 8 x vp = 8 chunks (Megatron-Core's
+// recipes): the embedding and the loss count as a layer each, so the first
+// and the last chunk hold one block and the other 62 two. Interleaved
+// chunks of unequal blocks are priced on the formula's memory model too
+// (each stage holds its chunks' blocks: 15 on the first and the last, 16
+// between), emitted as Megatron-LM's account-for flags, and as TorchTitan's
+// model parts; an interleaved split of another shape Megatron-LM cannot run.
+TEST(PlanEmit, UnevenInterleavedChunksAreMegatronsEmbeddingAndLossSplit) {
+  const TrainingJob job{model("llama3_405b.json"), 512, 8192};
+  const Cluster cl = value_or_throw(with_devices(
+      value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json")), 1024));
+  Plan p;
+  p.dp = 8, p.tp = 8, p.pp = 8, p.cp = 2, p.vp = 8, p.sp = true, p.ring = true;
+  p.schedule = ScheduleKind::kInterleaved;
+  p.micro_batch = 1, p.num_micro_batches = 64, p.zero = 1;
+  const CostModel cm(job, cl, stack_constants(EmitTarget::kMegatron, true));
+  EXPECT_NE(cm.invalid_reason(p).find("must divide the 126 layers (or give layers_per_stage"),
+            std::string::npos)
+      << cm.invalid_reason(p);
+  p.layers_per_stage.assign(64, 2);
+  p.layers_per_stage.front() = 1, p.layers_per_stage.back() = 1;
+  ASSERT_EQ(cm.invalid_reason(p), "");
+  const StepCost c = value_or_throw(cm.price(p));
+  EXPECT_GT(c.step_time_s, 0);
+  const std::vector<MemoryBreakdown> stages = value_or_throw(cm.memory_by_stage(p));
+  ASSERT_EQ(stages.size(), 8u);
+  for (int s = 2; s < 7; ++s) EXPECT_DOUBLE_EQ(stages[s].params, stages[1].params) << s;
+  // The middle stages' 16 blocks each; the last one's 15 and the head.
+  EXPECT_NE(stages[7].params, stages[1].params);
+  EXPECT_GT(stages[1].activations, stages[7].activations);  // more blocks, more in flight
+  const auto f = megatron_flags(value_or_throw(emit_plan(p, job, true, EmitTarget::kMegatron)));
+  EXPECT_EQ(f.at("--num-virtual-stages-per-pipeline-rank"), "8");
+  EXPECT_TRUE(f.count("--account-for-embedding-in-pipeline-split"));
+  EXPECT_TRUE(f.count("--account-for-loss-in-pipeline-split"));
+  EXPECT_FALSE(f.count("--num-layers-per-virtual-pipeline-stage"));
+  EXPECT_FALSE(f.count("--decoder-first-pipeline-num-layers"));
+  // Interleaved chunks of another shape: not what Megatron-LM runs.
+  const TrainingJob job70{model("llama3_70b.json"), 256, 8192};
+  Plan q;
+  q.dp = 8, q.tp = 8, q.pp = 4, q.vp = 2, q.sp = true;
+  q.schedule = ScheduleKind::kInterleaved;
+  q.micro_batch = 1, q.num_micro_batches = 32, q.zero = 1;
+  q.layers_per_stage = {12, 10, 10, 10, 10, 10, 10, 8};
+  expect_refused(q, job70, EmitTarget::kMegatron, "one fewer in the first and the last chunk");
+  q.layers_per_stage = {9, 10, 10, 10, 10, 10, 12, 9};
+  expect_refused(q, job70, EmitTarget::kMegatron, "middle stages differ");
+  // TorchTitan names each chunk's modules (its model parts, in model order).
+  const std::string toml = value_or_throw(emit_plan(p, job, true, EmitTarget::kTorchTitan));
+  EXPECT_NE(toml.find("module_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\"], "
+                      "[\"layers.1\", \"layers.2\"]"),
+            std::string::npos)
+      << toml.substr(0, 400);
 }
 
 // Full recompute of the first N blocks of each (virtual) stage

@@ -129,17 +129,17 @@ class Gen {
       p["mode"] = coin(0.9) ? json(one<std::string>({"data", "semi", "auto", "hybrid"})) : junk();
     if (coin(0.8)) p["mesh"] = coin(0.9) ? json(mesh()) : junk();
     if (coin(0.4))
-      p["preset"] =
-          coin(0.9)
-              ? json(one<std::string>({"dp", "megatron", "megatron-sp", "ulysses", "megatorn"}))
-              : junk();
+      p["preset"] = coin(0.9) ? json(one<std::string>({"dp", "megatron", "megatron-sp", "ulysses",
+                                                       "ring", "ring-sp", "megatorn"}))
+                              : junk();
     if (coin(0.3)) {
       json r = json::object();
       static const std::vector<std::string> dims = {"batch", "seq",    "heads", "ffn",
                                                     "vocab", "hidden", "fnn",   "kv_heads"};
       for (int i = 0; i < 1 + pick(3); ++i)
-        r[one(dims)] =
-            coin(0.9) ? json(one<std::string>({"dp", "tp", "cp", "dp*tp", "zz"})) : junk();
+        r[one(dims)] = coin(0.9) ? json(one<std::string>({"dp", "tp", "cp", "dp*tp", "cp*tp|cp",
+                                                          "tp|", "|", "cp*zz|tp", "zz"}))
+                                 : junk();
       p["rules"] = r;
     }
     if (coin(0.3)) {

@@ -548,17 +548,24 @@ class Annotator {
     if (o_.rules.rules.empty()) return std::optional<Choice>();
     std::vector<Layout> ins;
     for (ValueId v : n.inputs) ins.push_back(with_free_axes(desired_[v], current(v), g_.shape(v)));
-    std::optional<Choice> c = derived(n, std::move(ins), StrategySource::kRules);
+    std::optional<Choice> c = derived(n, ins, StrategySource::kRules);
+    if (!c) c = gathered_minor(n, ins);
     if (!c || n.phase != Phase::kBackward || !grows_partial_on_a_ruled_axis(n, *c)) return c;
     std::vector<int> sibs(n.inputs.size());
     for (size_t i = 0; i < n.inputs.size(); ++i) sibs[i] = siblings(n, i);
     double best = candidate_cost(n, c->strategy, kInf, sibs);
     for (ShardingStrategy& s : enumerate_strategies(g_, n, mesh_)) {
+      // The rules' layout, or Partial where they keep the output whole (a
+      // gradient summed over cp with the others, once per step).
       bool as_ruled = true;
       for (size_t i = 0; i < n.outputs.size() && as_ruled; ++i) {
         const ValueId out = n.outputs[i];
-        const Layout want = with_free_axes(desired_[out], s.outputs[i], g_.shape(out));
-        as_ruled = canonical(s.outputs[i], mesh_) == canonical(want, mesh_);
+        const Layout want =
+            canonical(with_free_axes(desired_[out], s.outputs[i], g_.shape(out)), mesh_);
+        const Layout got = canonical(s.outputs[i], mesh_);
+        for (int ax = 0; ax < na_ && as_ruled; ++ax)
+          as_ruled =
+              got.at(ax) == want.at(ax) || (got.at(ax).is_partial() && want.at(ax).is_replicate());
       }
       if (!as_ruled) continue;
       const double cost = candidate_cost(n, s, best, sibs);
@@ -567,6 +574,28 @@ class Annotator {
                                 "rules (the output's layout; its Partial form costs more)"};
     }
     return c;
+  }
+
+  // Inputs the rules lay out inconsistently for n, one with a dim split over
+  // several axes (ring-sp's and megatron-sp's seq over cp*tp) beside one
+  // whose axis splits another dim (a weight gradient's dy, ffn over tp): the
+  // first input whose minor-most axis on such a dim, gathered, makes them
+  // agree. Sequence parallelism's gather over tp, keeping the cp split: the
+  // weight gradient then comes out Partial over cp (summed with the
+  // gradients' reduction, once per step), where the strategy priced per
+  // node alone gathered the whole sequence over cp every micro-batch
+  // (Llama-3 405B at tp=8 cp=2: 360 MiB per block per micro-batch).
+  std::optional<Choice> gathered_minor(const Node& n, const std::vector<Layout>& ins) {
+    for (size_t i = 0; i < ins.size(); ++i)
+      for (int d = 0; d < g_.shape(n.inputs[i]).rank(); ++d) {
+        const std::vector<int> axes = ins[i].shard_axes(d);
+        if (axes.size() < 2) continue;
+        std::vector<Layout> tried = ins;
+        tried[i] = ins[i].with(axes.back(), Placement::Replicate());
+        if (std::optional<Choice> c = derived(n, std::move(tried), StrategySource::kRules))
+          return c;
+      }
+    return std::nullopt;
   }
 
   // Whether choice c leaves an output of n Partial over a mesh axis the rules

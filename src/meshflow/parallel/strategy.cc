@@ -317,11 +317,19 @@ std::vector<std::string> all_rule_axes(const std::string& text) {
 }  // namespace
 
 Status DimRules::check(const Mesh& mesh) const {
-  for (const auto& [dim, axis] : rules)
-    for (const std::string& name : all_rule_axes(axis))
+  for (const auto& [dim, axis] : rules) {
+    for (const std::string& name : all_rule_axes(axis)) {
+      if (name.empty())
+        return Status::invalid("rule " + dim + ": \"" + axis +
+                               "\" has an empty axis name; write mesh axes, a product \"cp*tp\" "
+                               "(major first) or alternatives \"cp*tp|cp\" (the first that "
+                               "applies), over the mesh " +
+                               mesh.to_string());
       if (mesh.axis_index(name) < 0)
         return Status::invalid("rule " + dim + ": " + axis + ": '" + name +
                                "' is not an axis of the mesh " + mesh.to_string());
+    }
+  }
   return Status::ok();
 }
 

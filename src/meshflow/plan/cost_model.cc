@@ -741,8 +741,6 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     };
     if (int64_t(p.layers_per_stage.size()) != p.pp * p.vp)
       return given() + " needs one entry per pipeline chunk (pp*vp = " + str(p.pp * p.vp) + ")";
-    if (p.vp > 1 && has_blocks() && k_.memory_model != MemoryModel::kStaticArena)
-      return given() + ": uneven interleaved chunks are priced only by chunk (meshflow's executor)";
     int64_t sum = 0;
     for (int64_t n : p.layers_per_stage) {
       if (n < 1) return given() + ": every stage holds at least one block";
@@ -774,17 +772,17 @@ std::string CostModel::invalid_reason(const Plan& p) const {
            std::string(schedule_name(p.schedule));
   if (p.schedule == ScheduleKind::kInterleaved) {
     if (p.vp < 2) return "the interleaved schedule needs vp >= 2 virtual stages";
-    if (d.layers % (p.pp * p.vp) != 0)
+    if (p.layers_per_stage.empty() && d.layers % (p.pp * p.vp) != 0)
       return "interleaved: pp*vp = " + str(p.pp * p.vp) + " must divide the " + str(d.layers) +
-             " layers";
+             " layers (or give layers_per_stage, one entry per chunk)";
     if (p.num_micro_batches % p.pp != 0)
       return "interleaved: the micro-batch count " + str(p.num_micro_batches) +
              " must be a multiple of pp=" + str(p.pp);
   } else if (p.schedule == ScheduleKind::kZbV) {
     if (p.vp != 2) return "zb-v runs two chunks per stage in a V: vp must be 2, got " + str(p.vp);
-    if (d.layers % (2 * p.pp) != 0)
+    if (p.layers_per_stage.empty() && d.layers % (2 * p.pp) != 0)
       return "zb-v: 2*pp = " + str(2 * p.pp) + " chunks must divide the " + str(d.layers) +
-             " layers";
+             " layers (or give layers_per_stage, one entry per chunk)";
   } else if (p.vp != 1) {
     return "vp > 1 needs the interleaved schedule (or zb-v with 2), got " +
            std::string(schedule_name(p.schedule));
@@ -830,13 +828,25 @@ std::string CostModel::invalid_reason(const Plan& p) const {
 
 int64_t CostModel::blocks_per_stage(const Plan& p) const {
   if (!has_blocks()) return 0;
-  if (!p.layers_per_stage.empty())
-    return *std::max_element(p.layers_per_stage.begin(), p.layers_per_stage.end());
+  if (!p.layers_per_stage.empty()) {
+    const std::vector<int64_t> per = stage_blocks(p);
+    return *std::max_element(per.begin(), per.end());
+  }
   return (dims_.layers + p.pp - 1) / p.pp;
 }
 
 std::vector<int64_t> CostModel::stage_blocks(const Plan& p) const {
-  if (has_blocks() && !p.layers_per_stage.empty()) return p.layers_per_stage;
+  if (has_blocks() && !p.layers_per_stage.empty()) {
+    if (p.vp <= 1) return p.layers_per_stage;
+    // One entry per chunk: a stage holds the blocks of its chunks (the
+    // runtime's placement: round robin, zb-v's V). The formula prices a
+    // stage's chunks as even shares of their sum.
+    const ScheduleOptions so{p.schedule, static_cast<int>(p.pp), 1, static_cast<int>(p.vp)};
+    std::vector<int64_t> per(static_cast<size_t>(p.pp), 0);
+    for (size_t c = 0; c < p.layers_per_stage.size(); ++c)
+      per[static_cast<size_t>(chunk_rank(so, static_cast<int>(c)))] += p.layers_per_stage[c];
+    return per;
+  }
   // Balanced: every stage priced with the most blocks one holds.
   return std::vector<int64_t>(static_cast<size_t>(p.pp), blocks_per_stage(p));
 }

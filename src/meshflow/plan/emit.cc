@@ -53,6 +53,13 @@ Status check_megatron(const Plan& p) {
                         "Megatron-LM sets the first and the last stage's layers "
                         "(--decoder-first/last-pipeline-num-layers) and splits the rest evenly; "
                         "this split's middle stages differ");
+      // Interleaved, its one uneven split: the embedding and the loss each
+      // counted as a layer (--account-for-embedding/loss-in-pipeline-split).
+      if (p.vp > 1 && (n.size() < 3 || n.front() + 1 != n[1] || n.back() + 1 != n[1]))
+        return cannot(t, p,
+                      "Megatron-LM's interleaved chunks hold equal layers, or one fewer in the "
+                      "first and the last chunk (--account-for-embedding-in-pipeline-split "
+                      "--account-for-loss-in-pipeline-split); this split is neither");
     }
   }
   if (p.zero == 3 && p.pp > 1)
@@ -193,9 +200,13 @@ Result<std::string> megatron(const Plan& p, const TrainingJob& job, const Transf
     arg("--cp-comm-type", p.ring ? "p2p" : "a2a");
   }
   if (p.pp > 1) {
-    if (p.schedule == ScheduleKind::kInterleaved)
+    if (p.schedule == ScheduleKind::kInterleaved && uneven(p)) {
+      arg("--num-virtual-stages-per-pipeline-rank", str(p.vp));
+      arg("--account-for-embedding-in-pipeline-split");
+      arg("--account-for-loss-in-pipeline-split");
+    } else if (p.schedule == ScheduleKind::kInterleaved) {
       arg("--num-layers-per-virtual-pipeline-stage", str(d.layers / (p.pp * p.vp)));
-    if (uneven(p)) {
+    } else if (uneven(p)) {
       arg("--decoder-first-pipeline-num-layers", str(p.layers_per_stage.front()));
       arg("--decoder-last-pipeline-num-layers", str(p.layers_per_stage.back()));
     }
