@@ -409,12 +409,12 @@ std::vector<std::pair<std::string, std::string>> preset_strategies(const std::st
 }
 
 namespace {
-// "cp*tp|cp" -> {"cp*tp", "cp"}: alternatives, first that applies wins.
-std::vector<std::string> rule_alternatives(const std::string& text) {
+// `text` cut at each `sep`, each piece trimmed ("a | b" -> {"a", "b"}).
+std::vector<std::string> split_trimmed(const std::string& text, char sep) {
   std::vector<std::string> out;
   size_t b = 0;
   while (true) {
-    size_t e = text.find('|', b);
+    size_t e = text.find(sep, b);
     out.push_back(trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b)));
     if (e == std::string::npos) break;
     b = e + 1;
@@ -422,17 +422,14 @@ std::vector<std::string> rule_alternatives(const std::string& text) {
   return out;
 }
 
+// "cp*tp|cp" -> {"cp*tp", "cp"}: alternatives, first that applies wins.
+std::vector<std::string> rule_alternatives(const std::string& text) {
+  return split_trimmed(text, '|');
+}
+
 // "dp" -> {"dp"}; "rep*dp" -> {"rep", "dp"} (major first).
 std::vector<std::string> rule_axes(const std::string& text) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (true) {
-    size_t e = text.find('*', b);
-    out.push_back(trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b)));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
+  return split_trimmed(text, '*');
 }
 }  // namespace
 
