@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "meshflow/core/for_each_index.h"
@@ -202,24 +203,38 @@ void enumerate(const CostModel& cm, int64_t devices, int64_t tp, int64_t cp, con
       Plan p;
       p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.micro_batch = mb;
       p.num_micro_batches = replica_batch / mb;
-      std::vector<std::pair<ScheduleKind, int64_t>> schedules;
+      // (kind, vp, whether the chunks take the embedding-and-loss split)
+      std::vector<std::tuple<ScheduleKind, int64_t, bool>> schedules;
       if (pp == 1) {
-        schedules.push_back({ScheduleKind::k1F1B, 1});
+        schedules.push_back({ScheduleKind::k1F1B, 1, false});
       } else {
         for (ScheduleKind s : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZbH1})
-          schedules.push_back({s, 1});
+          schedules.push_back({s, 1, false});
         if (2 * pp <= layers && (!cm.has_blocks() || layers % (2 * pp) == 0))
-          schedules.push_back({ScheduleKind::kZbV, 2});
+          schedules.push_back({ScheduleKind::kZbV, 2, false});
         if (p.num_micro_batches % pp == 0)
-          // A transformer's chunks hold equal blocks; a ResNet's are
-          // balanced by cost (chunk_costs), so any count up to its layers.
-          for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp)
-            if (!cm.has_blocks() || layers % (pp * vp) == 0)
-              schedules.push_back({ScheduleKind::kInterleaved, vp});
+          // A transformer's chunks hold equal blocks, or (where the layers
+          // do not divide but two more do) one fewer in the first and the
+          // last chunk (Megatron's account-for-embedding/loss split); a
+          // ResNet's are balanced by cost (chunk_costs), so any count up to
+          // its layers.
+          for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp) {
+            const int64_t chunks = pp * vp;
+            if (!cm.has_blocks() || layers % chunks == 0)
+              schedules.push_back({ScheduleKind::kInterleaved, vp, false});
+            else if ((layers + 2) % chunks == 0 && (layers + 2) / chunks >= 2)
+              schedules.push_back({ScheduleKind::kInterleaved, vp, true});
+          }
       }
-      for (const auto& [sched, vp] : schedules) {
+      for (const auto& [sched, vp, emb_loss] : schedules) {
         p.schedule = sched;
         p.vp = vp;
+        p.layers_per_stage.clear();
+        if (emb_loss) {
+          p.layers_per_stage.assign(static_cast<size_t>(pp * vp), (layers + 2) / (pp * vp));
+          p.layers_per_stage.front() -= 1;
+          p.layers_per_stage.back() -= 1;
+        }
         // Layouts on tp: Megatron, Megatron-SP; the strategy search's
         // per-operator plan on tp and cp when pinned (ops=true; otherwise
         // it is tried on the leaders only, search_until).
