@@ -505,13 +505,10 @@ void map_plan(const json& run, Mapped* m) {
       p.layers_per_stage.push_back(layers - used);
       m->inferred.push_back("split=torchtitan");
     } else if ((has(fw, "megatron-core") || has(fw, "megatron-bridge")) &&
-               (layers + 2) % chunks == 0) {
-      // account_for_embedding_in_pipeline_split and _loss_: the embedding
-      // and the loss count as a layer each, so the first and the last chunk
-      // hold one block fewer (Megatron-Bridge's performance recipes).
-      p.layers_per_stage.assign(static_cast<size_t>(chunks), (layers + 2) / chunks);
-      p.layers_per_stage.front() -= 1;
-      p.layers_per_stage.back() -= 1;
+               !embedding_and_loss_split(layers, chunks).empty()) {
+      // account_for_embedding_in_pipeline_split and _loss_ (Megatron-Bridge's
+      // performance recipes).
+      p.layers_per_stage = embedding_and_loss_split(layers, chunks);
       m->inferred.push_back("split=emb+loss");
     }
   }

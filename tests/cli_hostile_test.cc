@@ -200,6 +200,17 @@ TEST_F(CliHostile, RingWithASequenceNotDividingByCpIsOneLine) {
                     "multiple of 4 (4 or 8)");
   j["parallel"]["ring_order"] = "mirrored";
   expect_user_error(run("train " + write(j) + " --ranks 4"), "parallel.ring_order");
+  // Beside sequence parallelism (ring-sp) the preset is named, and the norms'
+  // split over cp*tp names the dim and its valid splits.
+  j["train"]["seq_len"] = 6;
+  j["parallel"] = {{"mode", "semi"}, {"mesh", "tp=2,cp=2"}, {"preset", "ring-sp"}};
+  expect_user_error(run("train " + write(j) + " --ranks 4"),
+                    "parallel.preset \"ring-sp\": train.seq_len=6 does not split into 2 x cp = 4 "
+                    "chunks");
+  j["parallel"]["ring_order"] = "contiguous";
+  expect_user_error(run("train " + write(j) + " --ranks 4"),
+                    "(seq=6) cannot be split 4 ways over mesh axis cp*tp (rule seq: cp*tp|cp); "
+                    "valid splits of seq: 1, 2, 3, 6");
   // Split tuples that ask for the zigzag order: over cp, which the mesh must have.
   j["train"]["seq_len"] = 12;
   j["parallel"] = {{"mode", "semi"},

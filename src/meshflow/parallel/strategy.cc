@@ -447,7 +447,9 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
     // and that splits something.
     std::vector<int> axes;
     int64_t ways = 1;
+    std::string over;  // the alternative taken
     for (const std::string& alt : rule_alternatives(axis_name)) {
+      over = alt;
       axes.clear();
       ways = 1;
       bool taken = false;
@@ -471,8 +473,8 @@ Result<Layout> apply_rules(const DimRules& rules, const Mesh& mesh, const Shape&
       continue;
     if (shape.size(d) % ways != 0)
       return Status::invalid(shape.to_string() + " " + dim_text(shape, d) + " cannot be split " +
-                             std::to_string(ways) + " ways over mesh axis " + axis_name +
-                             " (rule " + shape.name(d) + ": " + axis_name + "); valid splits of " +
+                             std::to_string(ways) + " ways over mesh axis " + over + " (rule " +
+                             shape.name(d) + ": " + axis_name + "); valid splits of " +
                              shape.name(d) + ": " + valid_splits(shape.size(d)));
     for (size_t k = 0; k < axes.size(); ++k) {
       used[axes[k]] = true;

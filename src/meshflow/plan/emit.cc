@@ -1,6 +1,7 @@
 #include "meshflow/plan/emit.h"
 
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "meshflow/core/check.h"
 #include "meshflow/plan/model_dims.h"
@@ -55,7 +56,8 @@ Status check_megatron(const Plan& p) {
                         "this split's middle stages differ");
       // Interleaved, its one uneven split: the embedding and the loss each
       // counted as a layer (--account-for-embedding/loss-in-pipeline-split).
-      if (p.vp > 1 && (n.size() < 3 || n.front() + 1 != n[1] || n.back() + 1 != n[1]))
+      if (p.vp > 1 && n != embedding_and_loss_split(std::accumulate(n.begin(), n.end(), int64_t{0}),
+                                                    static_cast<int64_t>(n.size())))
         return cannot(t, p,
                       "Megatron-LM's interleaved chunks hold equal layers, or one fewer in the "
                       "first and the last chunk (--account-for-embedding-in-pipeline-split "

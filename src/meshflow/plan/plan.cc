@@ -40,6 +40,14 @@ Result<Offload> parse_offload(const std::string& s) {
   return Status::invalid("offload must be one of none, host, nvme, got '" + s + "'");
 }
 
+std::vector<int64_t> embedding_and_loss_split(int64_t layers, int64_t chunks) {
+  if (chunks < 2 || (layers + 2) % chunks != 0 || (layers + 2) / chunks < 2) return {};
+  std::vector<int64_t> split(static_cast<size_t>(chunks), (layers + 2) / chunks);
+  split.front() -= 1;
+  split.back() -= 1;
+  return split;
+}
+
 std::string plan_label(const Plan& p) {
   std::string s = "dp=" + std::to_string(p.dp) + " tp=" + std::to_string(p.tp);
   if (p.sp) s += "+sp";

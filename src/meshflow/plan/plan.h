@@ -111,6 +111,13 @@ std::vector<int64_t> first_blocks_of_chunks(const std::vector<int64_t>& chunks, 
 std::optional<int64_t> first_blocks_count(const std::vector<int64_t>& chunks,
                                           std::vector<int64_t> blocks);
 
+// Megatron's split of `layers` blocks over `chunks` pipeline chunks with the
+// embedding and the loss each counted as a layer
+// (--account-for-embedding/loss-in-pipeline-split): the first and the last
+// chunk hold one block fewer than the others. Empty where `chunks` does not
+// divide layers + 2, or a chunk would hold none.
+std::vector<int64_t> embedding_and_loss_split(int64_t layers, int64_t chunks);
+
 // One line: "dp=16 tp=8 pp=8 vp=2 mb=1x96 interleaved full zero0" (cp, sp only when used).
 std::string plan_label(const Plan& p);
 // The mesh string of `meshflow train`'s parallel config: "dp=16,tp=8,pp=8" (size-1 axes

@@ -219,22 +219,17 @@ void enumerate(const CostModel& cm, int64_t devices, int64_t tp, int64_t cp, con
           // ResNet's are balanced by cost (chunk_costs), so any count up to
           // its layers.
           for (int64_t vp = 2; vp <= o.max_vp && pp * vp <= layers; ++vp) {
-            const int64_t chunks = pp * vp;
-            if (!cm.has_blocks() || layers % chunks == 0)
+            if (!cm.has_blocks() || layers % (pp * vp) == 0)
               schedules.push_back({ScheduleKind::kInterleaved, vp, false});
-            else if ((layers + 2) % chunks == 0 && (layers + 2) / chunks >= 2)
+            else if (!embedding_and_loss_split(layers, pp * vp).empty())
               schedules.push_back({ScheduleKind::kInterleaved, vp, true});
           }
       }
       for (const auto& [sched, vp, emb_loss] : schedules) {
         p.schedule = sched;
         p.vp = vp;
-        p.layers_per_stage.clear();
-        if (emb_loss) {
-          p.layers_per_stage.assign(static_cast<size_t>(pp * vp), (layers + 2) / (pp * vp));
-          p.layers_per_stage.front() -= 1;
-          p.layers_per_stage.back() -= 1;
-        }
+        p.layers_per_stage =
+            emb_loss ? embedding_and_loss_split(layers, pp * vp) : std::vector<int64_t>{};
         // Layouts on tp: Megatron, Megatron-SP; the strategy search's
         // per-operator plan on tp and cp when pinned (ops=true; otherwise
         // it is tried on the leaders only, search_until).
