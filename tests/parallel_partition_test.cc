@@ -564,6 +564,140 @@ TEST(PartitionNumeric, VocabParallelEmbeddingGradientMatchesOneDevice) {
   expect_same(single, train_ranks(tuple, 2), "wte ((tp,1),(1,1)) vocab 1024");
 }
 
+// Under sequence parallelism on a mesh with data axes (dp; cp, whose ranks
+// hold other tokens), the embedding gradient gathers its output gradient
+// over tp only (the minor axis of the sequence split), and the table comes
+// out Partial over dp and cp, summed with the step's other gradients once
+// per step (Megatron's embedding gradient, reduced over its dp x cp group).
+// Before, the per-node price charged that sum every micro-batch, so each
+// rank gathered the whole batch's gradient over dp (and the sequence over
+// cp) every micro-batch and computed the table's gradient of all of it, on a
+// mesh the planner (dp = 1) never priced.
+TEST(PartitionStructure, EmbeddingGradientIsSummedWithTheStepsGradientsNotGatheredOverData) {
+  struct Case {
+    const char* model;
+    const char* mesh;
+    const char* preset;
+  };
+  for (const Case& c :
+       {Case{"gpt", "dp=2,tp=2", "megatron-sp"}, Case{"llama", "dp=2,tp=2", "megatron-sp"},
+        Case{"llama", "cp=2,tp=2", "ring-sp"}, Case{"gpt", "dp=2,cp=2,tp=2", "ring-sp"}}) {
+    SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " " + c.preset);
+    RunConfig rc = run(c.model, 1, {{"mode", "semi"}, {"mesh", c.mesh}, {"preset", c.preset}});
+    json doc = model_json(c.model);
+    doc["vocab_size"] = 8192;  // the table far larger than the micro-batch's 128 tokens
+    rc.model = doc;
+    const ModelGraph m = value_or_throw(build_training_graph(rc, rc.train.batch_size));
+    const Annotation a = value_or_throw(
+        annotate(m.graph, rc.parallel.mesh, partition_options(rc.parallel, rc.parallel.mesh)));
+    const LocalProgram p = value_or_throw(lower(m.graph, a, 0));
+    NodeId grad = -1;
+    for (NodeId id = 0; id < m.graph.num_nodes(); ++id)
+      if (m.graph.node(id).kind == OpKind::kEmbeddingGrad) grad = id;
+    ASSERT_GE(grad, 0);
+    const Mesh& mesh = rc.parallel.mesh;
+    const Layout& table = a.node[grad].outputs[0];
+    for (int ax = 0; ax < mesh.num_axes(); ++ax) {
+      if (mesh.axis_name(ax) == "tp") {
+        EXPECT_TRUE(table.at(ax).is_shard() && table.at(ax).dim() == 0) << table.to_string();
+      } else {
+        EXPECT_TRUE(table.at(ax).is_partial()) << mesh.axis_name(ax) << ": " << table.to_string();
+      }
+    }
+    bool reduced_once = false;
+    for (const CollectiveRecord& r : p.collectives) {
+      const bool for_grad = r.consumer.find("embedding_grad") != std::string::npos;
+      if (r.phase == Phase::kBackward && for_grad) {
+        EXPECT_EQ(r.mesh_axis, "tp") << r.value << ": " << op_name(r.kind);
+      }
+      // (GPT's tied table: the sum of its two gradients, "wte.grad.acc_wte.weight".)
+      reduced_once |= r.phase == Phase::kOptimizer && r.mesh_axis != "tp" &&
+                      (r.value.find("embedding_grad") != std::string::npos ||
+                       r.value.rfind("wte.grad", 0) == 0);
+    }
+    EXPECT_TRUE(reduced_once);
+  }
+}
+
+// The planner prices the program of one data-parallel replica (a mesh
+// without dp, plan/rank_program.h); the run adds dp. What the other axes do
+// must not change with it: every node's placement on tp and cp is the same
+// on both meshes (a real vocabulary and a byte-level one). Before the step's
+// gradient sum was priced as such, megatron-sp and ring-sp gathered the
+// embedding's gradient over dp, which the planner never saw.
+TEST(PartitionStructure, AddingDataParallelChangesNothingOnTheOtherAxes) {
+  struct Case {
+    const char* model;
+    const char* mesh;  // without dp; the run adds dp=2
+    const char* preset;
+  };
+  auto annotated = [](const Case& c, const std::string& mesh, int64_t batch, int vocab) {
+    RunConfig rc = run(c.model, 1, {{"mode", "semi"}, {"mesh", mesh}, {"preset", c.preset}});
+    json doc = model_json(c.model);
+    doc["vocab_size"] = vocab;
+    rc.model = doc;
+    rc.train.batch_size = batch;
+    const Job job = value_or_throw(resolve_job(rc, rc.parallel.mesh.num_ranks()));
+    ModelGraph m = value_or_throw(build_training_graph(rc, job.micro_batch_rows, job.seq_zigzag));
+    Annotation a = value_or_throw(
+        annotate(m.graph, rc.parallel.mesh, partition_options(rc.parallel, rc.parallel.mesh)));
+    return std::make_pair(std::move(m), std::move(a));
+  };
+  for (const Case& c :
+       {Case{"gpt", "tp=2", "megatron"}, Case{"llama", "tp=2", "megatron-sp"},
+        Case{"gpt", "tp=2", "megatron-sp"}, Case{"llama", "cp=2", "ring"},
+        Case{"gpt", "cp=2", "ulysses"}, Case{"llama", "cp=2,tp=2", "ring-sp"},
+        Case{"gpt", "cp=2,tp=2", "megatron-sp"}}) {
+    for (int vocab : {256, 8192}) {
+      SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " " + c.preset + " vocab " +
+                   std::to_string(vocab));
+      const auto [m1, a1] = annotated(c, c.mesh, 4, vocab);
+      const auto [m2, a2] = annotated(c, std::string("dp=2,") + c.mesh, 8, vocab);
+      ASSERT_EQ(m1.graph.num_nodes(), m2.graph.num_nodes());
+      int differ = 0;
+      auto same = [&](const Layout& x, const Layout& y) {  // on the axes of a1's mesh, by name
+        for (int ax = 0; ax < a1.mesh.num_axes(); ++ax) {
+          const Placement p = x.at(ax);
+          const Placement q = y.at(a2.mesh.axis_index(a1.mesh.axis_name(ax)));
+          if (p.kind() != q.kind() || (p.is_shard() && p.dim() != q.dim())) return false;
+        }
+        return true;
+      };
+      for (NodeId id = 0; id < m1.graph.num_nodes() && differ < 3; ++id) {
+        const ShardingStrategy& s1 = a1.node[id];
+        const ShardingStrategy& s2 = a2.node[id];
+        bool ok = s1.inputs.size() == s2.inputs.size() && s1.outputs.size() == s2.outputs.size();
+        for (size_t i = 0; ok && i < s1.inputs.size(); ++i) ok = same(s1.inputs[i], s2.inputs[i]);
+        for (size_t i = 0; ok && i < s1.outputs.size(); ++i)
+          ok = same(s1.outputs[i], s2.outputs[i]);
+        if (!ok) {
+          ++differ;
+          ADD_FAILURE() << node_label(m1.graph.node(id)) << ": " << a1.why[id] << " vs "
+                        << a2.why[id] << " with dp";
+        }
+      }
+    }
+  }
+}
+
+// ... and trains equal to one device.
+TEST(PartitionNumeric, EmbeddingGradientSummedOverDataAxesMatchesOneDevice) {
+  for (const std::string model : {"gpt", "llama"}) {
+    for (const auto& [mesh, preset] :
+         {std::pair{"dp=2,tp=2", "megatron-sp"}, std::pair{"dp=2,cp=2,tp=2", "ring-sp"}}) {
+      RunConfig rc = run(model, 2, {{"mode", "semi"}, {"mesh", mesh}, {"preset", preset}});
+      json doc = model_json(model);
+      doc["vocab_size"] = 1024;
+      rc.model = doc;
+      rc.train.steps = 2;
+      RunConfig one = rc;
+      one.has_parallel = false;
+      expect_same(train(one, nullptr), train_ranks(rc, rc.parallel.mesh.num_ranks()),
+                  model + " " + mesh + " " + preset + " vocab 1024");
+    }
+  }
+}
+
 // Megatron TP + SP: in every block, all_gather before the column-parallel
 // matmuls and reduce_scatter after the row-parallel ones; no activation
 // all_reduce on tp anywhere.

@@ -56,7 +56,10 @@ Shape Shape::with_name(int axis, std::string name) const {
 }
 
 bool Shape::same_sizes(const Shape& other) const {
-  return sizes() == other.sizes();
+  if (dims_.size() != other.dims_.size()) return false;
+  for (size_t i = 0; i < dims_.size(); ++i)
+    if (dims_[i].size != other.dims_[i].size) return false;
+  return true;
 }
 
 std::string Shape::to_string() const {

@@ -570,8 +570,9 @@ class Annotator {
       if (!as_ruled) continue;
       const double cost = candidate_cost(n, s, best, sibs);
       if (cost < best)
-        best = cost, c = Choice{std::move(s), StrategySource::kRules,
-                                "rules (the output's layout; its Partial form costs more)"};
+        best = cost,
+        c = Choice{std::move(s), StrategySource::kRules,
+                   "rules (the output's layout; the Partial form the rules derive costs more)"};
     }
     return c;
   }
@@ -614,6 +615,34 @@ class Annotator {
     return later > 2 * now;
   }
 
+  // Whether v is a parameter's gradient: read by an optimizer update, or
+  // added in the backward into one (a tied weight's two gradients), read
+  // otherwise only in the optimizer phase (the clipping norm).
+  bool feeds_update(ValueId v, int depth = 0) {
+    if (update_reads_.count(v)) return true;
+    if (depth > 4) return false;
+    bool found = false;
+    for (const auto& [id, k] : consumers_of(v)) {
+      const Node& m = g_.node(id);
+      if (m.phase == Phase::kOptimizer) continue;
+      if (m.phase != Phase::kBackward || m.kind != OpKind::kAdd ||
+          !feeds_update(m.outputs[0], depth + 1))
+        return false;
+      found = true;
+    }
+    return found;
+  }
+
+  const std::vector<std::pair<NodeId, size_t>>& consumers_of(ValueId v) {
+    if (consumers_.empty()) {
+      consumers_.resize(static_cast<size_t>(g_.num_values()));
+      for (NodeId id = 0; id < g_.num_nodes(); ++id)
+        for (size_t k = 0; k < g_.node(id).inputs.size(); ++k)
+          consumers_[static_cast<size_t>(g_.node(id).inputs[k])].push_back({id, k});
+    }
+    return consumers_[static_cast<size_t>(v)];
+  }
+
   // The layout output `out` would like to keep: its like-shaped input's (made
   // whole where that input is Partial); nullopt when no input is like-shaped.
   std::optional<Layout> stay_with(const Node& n, ValueId out) const {
@@ -638,15 +667,8 @@ class Annotator {
   // and an all_to_all each instead of Megatron's one all_gather.
   int siblings(const Node& n, size_t i) {
     if (n.phase == Phase::kOptimizer) return 1;
-    const ValueId v = n.inputs[i];
-    if (consumers_.empty()) {
-      consumers_.resize(static_cast<size_t>(g_.num_values()));
-      for (NodeId id = 0; id < g_.num_nodes(); ++id)
-        for (size_t k = 0; k < g_.node(id).inputs.size(); ++k)
-          consumers_[static_cast<size_t>(g_.node(id).inputs[k])].push_back({id, k});
-    }
     int count = 0;
-    for (const auto& [id, k] : consumers_[static_cast<size_t>(v)]) {
+    for (const auto& [id, k] : consumers_of(n.inputs[i])) {
       const Node& m = g_.node(id);
       count += k == i && m.kind == n.kind && m.phase == n.phase && id >= annotating_;
     }
@@ -677,8 +699,21 @@ class Annotator {
       if (!o_.rules.rules.empty()) {
         // The rules' layout; on the axes they do not govern, where its
         // like-shaped input is (else where the candidate puts it, made whole).
-        total += cost_(g_.shape(out), c.outputs[i],
-                       with_free_axes(desired_[out], w ? *w : c.outputs[i], g_.shape(out)));
+        Layout want = with_free_axes(desired_[out], w ? *w : c.outputs[i], g_.shape(out));
+        // A parameter's gradient left Partial where it is wanted whole is
+        // summed by the step's gradient reduction (runtime/grad_buckets.h: one
+        // all_reduce per bucket over the data axes, once per step, under the
+        // backward), not by this node every micro-batch: Megatron's embedding
+        // gradient under cp, reduced over its dp x cp group. Priced per
+        // micro-batch, gathering the output gradient over dp (or cp) looked
+        // cheaper than the table's sum, so every dp rank gathered the whole
+        // batch's embedding gradient every micro-batch and computed the table's
+        // gradient of all of it (a mesh the planner, dp = 1, never saw).
+        if (n.phase == Phase::kBackward && c.outputs[i].has_partial() && feeds_update(out))
+          for (int ax = 0; ax < na_; ++ax)
+            if (c.outputs[i].at(ax).is_partial() && want.at(ax).is_replicate())
+              want = want.with(ax, Placement::Partial());
+        total += cost_(g_.shape(out), c.outputs[i], want);
       } else if (w) {
         // No rules: an output wishes to stay where its like-named whole input
         // is (a residual stream keeps its layout), so a reduce_scatter that
