@@ -643,11 +643,10 @@ TEST(PartitionStructure, AddingDataParallelChangesNothingOnTheOtherAxes) {
         annotate(m.graph, rc.parallel.mesh, partition_options(rc.parallel, rc.parallel.mesh)));
     return std::make_pair(std::move(m), std::move(a));
   };
-  for (const Case& c :
-       {Case{"gpt", "tp=2", "megatron"}, Case{"llama", "tp=2", "megatron-sp"},
-        Case{"gpt", "tp=2", "megatron-sp"}, Case{"llama", "cp=2", "ring"},
-        Case{"gpt", "cp=2", "ulysses"}, Case{"llama", "cp=2,tp=2", "ring-sp"},
-        Case{"gpt", "cp=2,tp=2", "megatron-sp"}}) {
+  for (const Case& c : {Case{"gpt", "tp=2", "megatron"}, Case{"llama", "tp=2", "megatron-sp"},
+                        Case{"gpt", "tp=2", "megatron-sp"}, Case{"llama", "cp=2", "ring"},
+                        Case{"gpt", "cp=2", "ulysses"}, Case{"llama", "cp=2,tp=2", "ring-sp"},
+                        Case{"gpt", "cp=2,tp=2", "megatron-sp"}}) {
     for (int vocab : {256, 8192}) {
       SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " " + c.preset + " vocab " +
                    std::to_string(vocab));

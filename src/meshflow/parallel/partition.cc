@@ -233,18 +233,12 @@ class Annotator {
                                        "'");
       desired_[v] = *l;
     }
-    for (const auto& [dim, axes] : o_.rules.rules) {
-      size_t b = 0;
-      while (true) {
-        const size_t e = axes.find('*', b);
-        std::string name = axes.substr(b, e == std::string::npos ? std::string::npos : e - b);
-        name.erase(0, name.find_first_not_of(' '));
-        name.erase(name.find_last_not_of(' ') + 1);
-        if (const int ax = mesh_.axis_index(name); ax >= 0) governed_[ax] = 1;
-        if (e == std::string::npos) break;
-        b = e + 1;
-      }
-    }
+    for (const auto& [dim, axes] : o_.rules.rules)
+      for (const std::string& name : DimRules::axes_in(axes))
+        if (const int ax = mesh_.axis_index(name); ax >= 0) {
+          governed_[ax] = 1;
+          if (dim == "batch") replica_axes_.push_back(ax);
+        }
     return Status::ok();
   }
 
@@ -507,7 +501,7 @@ class Annotator {
   // gradient sums added first cost one all_reduce, not three). Not in the
   // forward: a Partial activation would be reduced again for the backward.
   // Not where the outputs to reduce later hold more than twice the elements
-  // of the inputs now (a deferral merges two partial sums or more; a layer
+  // of the inputs now, per replica (a deferral merges two partial sums or more; a layer
   // norm's gradient, the input's size plus two vectors, still defers):
   // embedding_grad turns a Partial [tokens, C] into a Partial [vocab, C]
   // table, for a real vocabulary far larger (BLOOM's 250,880 rows against
@@ -522,14 +516,15 @@ class Annotator {
       ins.push_back(current(v));
       if (!ins.back().has_partial()) continue;
       partial_in = true;
-      now += g_.shape(v).numel();
+      now += replica_numel(v, ins.back());
     }
     if (!partial_in) return std::optional<Choice>();
     std::optional<Choice> c = derived(n, std::move(ins), StrategySource::kDeferredReduction);
     if (!c) return c;
     int64_t later = 0;
     for (size_t i = 0; i < n.outputs.size(); ++i)
-      if (c->strategy.outputs[i].has_partial()) later += g_.shape(n.outputs[i]).numel();
+      if (c->strategy.outputs[i].has_partial())
+        later += replica_numel(n.outputs[i], c->strategy.outputs[i]);
     if (later > 2 * now) return std::optional<Choice>();
     return c;
   }
@@ -603,16 +598,28 @@ class Annotator {
   // split that output on, with more than twice the elements of n's inputs.
   bool grows_partial_on_a_ruled_axis(const Node& n, const Choice& c) const {
     int64_t now = 0, later = 0;
-    for (ValueId v : n.inputs) now += g_.shape(v).numel();
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      now += replica_numel(n.inputs[i], c.strategy.inputs[i]);
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const Layout& want = desired_[n.outputs[i]];
       for (int ax = 0; ax < na_; ++ax) {
         if (!c.strategy.outputs[i].at(ax).is_partial() || !want.at(ax).is_shard()) continue;
-        later += g_.shape(n.outputs[i]).numel();
+        later += replica_numel(n.outputs[i], c.strategy.outputs[i]);
         break;
       }
     }
     return later > 2 * now;
+  }
+
+  // Elements of v in layout l per data-parallel replica (the whole value
+  // less the split over the axes the rules put the batch on): a mesh with dp
+  // (the run's, its graph built for every replica's rows) then decides as
+  // one without (the planner's, one replica's rows).
+  int64_t replica_numel(ValueId v, const Layout& l) const {
+    int64_t n = g_.shape(v).numel();
+    for (int ax : replica_axes_)
+      if (l.at(ax).is_shard()) n /= mesh_.size(ax);
+    return n;
   }
 
   // Whether v is a parameter's gradient: read by an optimizer update, or
@@ -819,7 +826,8 @@ class Annotator {
   std::map<ValueId, Layout> update_reads_;
   std::set<std::tuple<ValueId, std::string, Phase>> requested_;
   std::vector<std::vector<std::pair<NodeId, size_t>>> consumers_;  // per value: (node, input)
-  NodeId annotating_ = 0;                                          // the node run() is choosing for
+  std::vector<int> replica_axes_;  // the mesh axes the rules split "batch" over
+  NodeId annotating_ = 0;          // the node run() is choosing for
   std::unordered_map<std::string, ReshapeRoutes> routes_;  // by (shape of x, layout, shape of y)
   Annotation a_;
 };

@@ -316,6 +316,10 @@ std::vector<std::string> all_rule_axes(const std::string& text) {
 }
 }  // namespace
 
+std::vector<std::string> DimRules::axes_in(const std::string& text) {
+  return all_rule_axes(text);
+}
+
 Status DimRules::check(const Mesh& mesh) const {
   for (const auto& [dim, axis] : rules) {
     for (const std::string& name : all_rule_axes(axis)) {

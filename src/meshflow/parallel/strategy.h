@@ -73,6 +73,8 @@ struct DimRules {
   static Result<DimRules> parse(const std::string& text);
   // The mesh axis of `dim`, or nullptr.
   const std::string* axis_of(const std::string& dim) const;
+  // Every mesh axis name a rule's text names ("cp*tp|cp": cp, tp, cp).
+  static std::vector<std::string> axes_in(const std::string& text);
   // Every rule's axis exists on `mesh`; error names the rule and the axes.
   Status check(const Mesh& mesh) const;
   std::string to_string() const;  // "{batch: dp, ffn: tp}"
