@@ -898,6 +898,33 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
       << r.status().message();
 }
 
+// A time limit bounds the whole search. Past it no group prices another
+// plan (the clock was read every 256 plans, and the first plans at a new
+// micro-batch build rank programs: a 10 ms limit ran to 1.2 s on GPT-3
+// 175B), and no per-operator search starts (each CBC solve stops by it).
+TEST(PlanSearch, PastTheTimeLimitNothingMoreIsPriced) {
+  CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
+               cluster("dgx_a100_80gb.json", 8));
+  SearchOptions o;
+  o.time_limit_s = 1e-9;
+  Result<SearchResult> r = search_plans(cm, 8, o);
+  ASSERT_FALSE(r.is_ok());
+  const std::string m = r.status().message();
+  EXPECT_NE(m.find("among the 0 plans priced within the time limit"), std::string::npos) << m;
+  EXPECT_NE(m.find("raise the limit"), std::string::npos) << m;
+
+  Plan p;
+  p.dp = 4, p.tp = 2, p.ops = true;
+  p.micro_batch = 1, p.num_micro_batches = 16;
+  cm.set_op_search_deadline(std::chrono::steady_clock::now());
+  Result<StepCost> c = cm.price(p);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().message().find("the time limit passed before the per-operator search of "
+                                      "tp=2 cp=1 micro-batch 1"),
+            std::string::npos)
+      << c.status().message();
+}
+
 // ---- the binary
 
 using meshflow::testing::CliRun;

@@ -47,6 +47,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <map>
@@ -526,6 +527,11 @@ class CostModel {
   void fix_strategies(std::shared_ptr<const StrategySearch> given) {
     fixed_ops_ = std::move(given);
   }
+  // op_search's solves end by this time (meshflow plan --time-limit): each
+  // CBC solve stops at the sooner of its own 20 s and this, returning its
+  // best assignment with its gap, and none starts past it (an error, and
+  // the template plans stand). Default: none.
+  void set_op_search_deadline(std::chrono::steady_clock::time_point t) { op_deadline_ = t; }
   // The rank program the planner prices (plan/rank_program.h), with the
   // cluster's links for the reshard planner.
   Result<LocalProgram> rank_program(const RankShape& s) const;
@@ -711,6 +717,7 @@ class CostModel {
                    std::shared_future<Result<std::shared_ptr<const StrategySearch>>>>
       op_search_cache_;
   std::shared_ptr<const StrategySearch> fixed_ops_;  // fix_strategies
+  std::chrono::steady_clock::time_point op_deadline_ = std::chrono::steady_clock::time_point::max();
   // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
   // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
   mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 9>> opt_cache_;

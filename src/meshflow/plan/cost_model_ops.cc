@@ -402,6 +402,15 @@ Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, i
       const double s = overlap_slowdown_on(ring_link(cp, axis_stride(p, "cp")));
       o.folded_scale = k_.overlap_grad_reduce ? s / (1 + s) : 1.0;
     }
+    if (op_deadline_ != std::chrono::steady_clock::time_point::max()) {
+      const double left =
+          std::chrono::duration<double>(op_deadline_ - std::chrono::steady_clock::now()).count();
+      if (left <= 0)
+        return Status::invalid("the time limit passed before the per-operator search of tp=" +
+                               std::to_string(tp) + " cp=" + std::to_string(cp) + " micro-batch " +
+                               std::to_string(micro_batch) + " could start");
+      o.time_limit_s = std::min(o.time_limit_s, left);
+    }
     Result<StrategySearch> r = search_strategies(m.graph, mesh, o);
     if (!r.is_ok() && o.memory_budget_bytes > 0) {
       // The search's memory term is every stashed activation without
