@@ -625,6 +625,8 @@ TEST(PartitionStructure, EmbeddingGradientIsSummedWithTheStepsGradientsNotGather
 // on both meshes (a real vocabulary and a byte-level one). Before the step's
 // gradient sum was priced as such, megatron-sp and ring-sp gathered the
 // embedding's gradient over dp, which the planner never saw.
+json propagate_section(const std::string& model);
+
 TEST(PartitionStructure, AddingDataParallelChangesNothingOnTheOtherAxes) {
   struct Case {
     const char* model;
@@ -632,7 +634,12 @@ TEST(PartitionStructure, AddingDataParallelChangesNothingOnTheOtherAxes) {
     const char* preset;
   };
   auto annotated = [](const Case& c, const std::string& mesh, int64_t batch, int vocab) {
-    RunConfig rc = run(c.model, 1, {{"mode", "semi"}, {"mesh", mesh}, {"preset", c.preset}});
+    json par = {{"mode", "semi"}, {"mesh", mesh}, {"preset", c.preset}};
+    if (std::string(c.preset) == "propagate") {  // split tuples on some ops, the rest propagated
+      par = propagate_section(c.model);
+      par["mesh"] = mesh;
+    }
+    RunConfig rc = run(c.model, 1, par);
     json doc = model_json(c.model);
     doc["vocab_size"] = vocab;
     rc.model = doc;
@@ -646,16 +653,20 @@ TEST(PartitionStructure, AddingDataParallelChangesNothingOnTheOtherAxes) {
   for (const Case& c : {Case{"gpt", "tp=2", "megatron"}, Case{"llama", "tp=2", "megatron-sp"},
                         Case{"gpt", "tp=2", "megatron-sp"}, Case{"llama", "cp=2", "ring"},
                         Case{"gpt", "cp=2", "ulysses"}, Case{"llama", "cp=2,tp=2", "ring-sp"},
-                        Case{"gpt", "cp=2,tp=2", "megatron-sp"}}) {
+                        Case{"gpt", "cp=2,tp=2", "megatron-sp"}, Case{"gpt", "tp=2", "propagate"},
+                        Case{"llama", "tp=2", "propagate"}}) {
     for (int vocab : {256, 8192}) {
       SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " " + c.preset + " vocab " +
                    std::to_string(vocab));
-      const auto [m1, a1] = annotated(c, c.mesh, 4, vocab);
+      // (Split tuples name dp: the planner's mesh has it, of size 1.)
+      const bool tuples = std::string(c.preset) == "propagate";
+      const auto [m1, a1] = annotated(c, (tuples ? "dp=1," : "") + std::string(c.mesh), 4, vocab);
       const auto [m2, a2] = annotated(c, std::string("dp=2,") + c.mesh, 8, vocab);
       ASSERT_EQ(m1.graph.num_nodes(), m2.graph.num_nodes());
       int differ = 0;
       auto same = [&](const Layout& x, const Layout& y) {  // on the axes of a1's mesh, by name
         for (int ax = 0; ax < a1.mesh.num_axes(); ++ax) {
+          if (a1.mesh.axis_name(ax) == "dp") continue;
           const Placement p = x.at(ax);
           const Placement q = y.at(a2.mesh.axis_index(a1.mesh.axis_name(ax)));
           if (p.kind() != q.kind() || (p.is_shard() && p.dim() != q.dim())) return false;
