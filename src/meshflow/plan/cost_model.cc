@@ -494,50 +494,52 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   if (ops) {
     MF_ASSIGN_OR_RETURN(searched, op_search(tp, cp, micro_batch));
   }
-  // Prices a program: all of it, and (embed) the part on the embedding's side.
-  auto price_all = [&](const LocalProgram& lp, Totals* all, Totals* embed) {
-    const Graph& g = lp.graph;
-    const std::vector<bool> before = before_blocks(g, priced_layers(g));
-    price_nodes(g, lp.mesh, p, weight_grad_nodes(g), embed ? before : std::vector<bool>{}, all,
-                embed);
-  };
-  // Totals of the program with `blocks` blocks and recompute `rc` (embed: its
-  // embedding side apart, else folded into the total).
-  auto totals = [&](int64_t blocks, Recompute rc, Totals* embed,
-                    bool optimizer = false) -> Result<Totals> {
+  // Totals of the program with `blocks` blocks and recompute `rc`, all of
+  // it (the optimizer phase's collectives with `optimizer`).
+  auto program = [&](int64_t blocks, Recompute rc, bool optimizer = false) {
     RankShape shape{micro_batch, job_.seq, tp, cp, sp, rc, blocks, optimizer};
     shape.ops = searched;
     shape.ring = ring;
-    MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
+    return rank_program(shape);
+  };
+  auto totals = [&](int64_t blocks, Recompute rc, bool optimizer = false) -> Result<Totals> {
+    MF_ASSIGN_OR_RETURN(const LocalProgram lp, program(blocks, rc, optimizer));
     Totals all{};
-    price_all(lp, &all, embed);
-    if (embed)
-      for (int i = 0; i < kSlots; ++i) all[i] += (*embed)[i];
+    price_nodes(lp.graph, lp.mesh, p, weight_grad_nodes(lp.graph), {}, &all, nullptr);
     return all;
   };
+  // One block's cost is the second block's nodes in the two-block program
+  // (Node::layer 1: its forward and backward, and the reshards the
+  // partitioner emits into them, which carry their consumer's layer); the
+  // rest of that program, less its embedding side, is the head's. One
+  // program per micro-batch, not two: it was the one- and two-block
+  // programs' difference, which is the same where the partitioner lays the
+  // embedding and head out alike in both, and was wrong where it did not
+  // (LLaMA's GQA under megatron-sp with cp: the one-block program's head ran
+  // on gathered sequences; a third program was then built).
   Totals embed{}, one{}, block{};
-  MF_ASSIGN_OR_RETURN(one, totals(1, Recompute::kNone, &embed));
-  if (has_blocks()) {
-    MF_ASSIGN_OR_RETURN(const Totals two, totals(2, Recompute::kNone, nullptr));
-    block = minus(two, one);
-    // The difference is a block only if the partitioner lays out the rest
-    // (embedding, head) alike in both programs. Where it does not (LLaMA's
-    // GQA under megatron-sp with cp: the one-block program's head runs on
-    // gathered sequences), a part comes out negative: then the block is the
-    // third block's cost and the rest is the two-block program's.
-    bool negative = false;
-    for (int i : {kFwd, kBwd, kWgrad, kTpFwd, kTpBwd, kCpFwd, kCpBwd})
-      negative |= block[i] < -1e-12;
-    if (negative) {
-      Totals embed2{};
-      MF_ASSIGN_OR_RETURN(const Totals two_e, totals(2, Recompute::kNone, &embed2));
-      MF_ASSIGN_OR_RETURN(const Totals three, totals(3, Recompute::kNone, nullptr));
-      block = minus(three, two_e);
-      one = minus(two_e, block);
-      embed = embed2;
+  {
+    MF_ASSIGN_OR_RETURN(const LocalProgram lp, program(has_blocks() ? 2 : 1, Recompute::kNone));
+    const Graph& g = lp.graph;
+    const std::vector<bool> wgrad = weight_grad_nodes(g);
+    // (A reshard of an embedding-side value into the second block, the
+    // rotary tables' say, is the block's: the one-block program has one.)
+    std::vector<bool> before = before_blocks(g, priced_layers(g));
+    for (NodeId i = 0; i < g.num_nodes(); ++i) before[i] = before[i] && g.node(i).layer != 1;
+    Totals rest{};
+    price_nodes(g, lp.mesh, p, wgrad, before, &rest, &embed);
+    Totals two = rest;
+    for (int i = 0; i < kSlots; ++i) two[i] += embed[i];
+    if (has_blocks()) {
+      std::vector<bool> second(g.num_nodes(), false);
+      for (NodeId i = 0; i < g.num_nodes(); ++i) second[i] = g.node(i).layer == 1;
+      Totals others{};
+      price_nodes(g, lp.mesh, p, wgrad, second, &others, &block);
+      one = minus(two, block);
+    } else {
+      one = two;
+      embed = Totals{};  // no blocks: everything is the head's
     }
-  } else {
-    embed = Totals{};  // no blocks: everything is the head's
   }
   const Totals head = minus(minus(one, block), embed);
 
@@ -552,10 +554,10 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
     if (auto it = opt_cache_.find(opt_key); it != opt_cache_.end()) opt = it->second;
   }
   if (!opt) {
-    MF_ASSIGN_OR_RETURN(const Totals o1, totals(1, Recompute::kNone, nullptr, true));
+    MF_ASSIGN_OR_RETURN(const Totals o1, totals(1, Recompute::kNone, true));
     Totals ob{};
     if (has_blocks()) {
-      MF_ASSIGN_OR_RETURN(const Totals o2, totals(2, Recompute::kNone, nullptr, true));
+      MF_ASSIGN_OR_RETURN(const Totals o2, totals(2, Recompute::kNone, true));
       ob = minus(o2, o1);
     }
     opt = {ob[kOptComm],
@@ -579,8 +581,8 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
     // What the recompute pass clones into a block's backward (and the
     // collectives lowered for the clones), priced node by node.
     for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
-      MF_ASSIGN_OR_RETURN(const Totals r1, totals(1, mode, nullptr));
-      MF_ASSIGN_OR_RETURN(const Totals r2, totals(2, mode, nullptr));
+      MF_ASSIGN_OR_RETURN(const Totals r1, totals(1, mode));
+      MF_ASSIGN_OR_RETURN(const Totals r2, totals(2, mode));
       (mode == Recompute::kFull ? lc.recompute_full_s : lc.recompute_selective_s) =
           r2[kRecompute] - r1[kRecompute];
     }
