@@ -7,14 +7,18 @@
 # after the first), the losses (which must agree), and the bytes each rank
 # sends per step in the backward (`meshflow explain`). With BASE=<another
 # build directory> the tp=2 run is repeated on that build's binary, so a
-# change to the partitioner is timed against the one before it.
-#   bash bench/vocab_parallel.sh       (BUILD=build BASE= STEPS=6 VOCAB=32768)
+# change to the partitioner is timed against the one before it. MESH and
+# PRESET run another layout in place of tp=2 megatron (MESH=dp=2,tp=2
+# PRESET=megatron-sp: the embedding gradient's dp axis, 2026-11-27).
+#   bash bench/vocab_parallel.sh       (BUILD=build BASE= STEPS=6 VOCAB=32768 MESH=tp=2 PRESET=megatron)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 BASE=${BASE:-}
 STEPS=${STEPS:-6}
 VOCAB=${VOCAB:-32768}
+MESH=${MESH:-tp=2}
+PRESET=${PRESET:-megatron}
 BIN="$BUILD/meshflow"
 [ -x "$BIN" ] || { echo "build it first: ninja -C $BUILD meshflow" >&2; exit 2; }
 [ -z "$BASE" ] || [ -x "$BASE/meshflow" ] || { echo "no $BASE/meshflow" >&2; exit 2; }
@@ -34,7 +38,8 @@ config() {  # file [parallel section]
 JSON
 }
 config "$work/one.json"
-config "$work/tp2.json" '{"mode": "semi", "mesh": "tp=2", "preset": "megatron"}'
+config "$work/tp2.json" "{\"mode\": \"semi\", \"mesh\": \"$MESH\", \"preset\": \"$PRESET\"}"
+ranks=$(echo "$MESH" | tr ',' '\n' | awk -F= '{n = (NR == 1 ? $2 : n * $2)} END {print n}')
 run() {  # name binary config ranks
   local name=$1 bin=$2 cfg=$3 ranks=$4
   "$bin" train "$cfg" --ranks "$ranks" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
@@ -48,14 +53,16 @@ run() {  # name binary config ranks
   printf "%-16s %8s   %-40s %s\n" "$name" "$tps" "$losses" "$sent"
   echo "$tps" > "$work/$name.tps"
 }
-echo "machine: $(nproc) cores; GPT 4x256, vocab $VOCAB, batch 16 x seq 128"
+echo "machine: $(nproc) cores; GPT 4x256, vocab $VOCAB, batch 16 x seq 128; $MESH $PRESET"
 printf "%-16s %8s   %-40s %s\n" "run" "tok/s" "losses" "backward bytes/rank/step"
 run one "$BIN" "$work/one.json" 1
-run tp2 "$BIN" "$work/tp2.json" 2
+run "$MESH" "$BIN" "$work/tp2.json" "$ranks"
+cp "$work/$MESH.tps" "$work/tp2.tps"
 if [ -n "$BASE" ]; then
-  run tp2-base "$BASE/meshflow" "$work/tp2.json" 2
+  run "$MESH-base" "$BASE/meshflow" "$work/tp2.json" "$ranks"
+  cp "$work/$MESH-base.tps" "$work/tp2-base.tps"
   awk -v a="$(cat "$work/tp2.tps")" -v b="$(cat "$work/tp2-base.tps")" \
-    'BEGIN {printf "tp2 / tp2-base: %.2fx tokens per second\n", a / b}'
+    -v m="$MESH" 'BEGIN {printf "%s / %s-base: %.2fx tokens per second\n", m, m, a / b}'
 fi
 awk -v a="$(cat "$work/tp2.tps")" -v b="$(cat "$work/one.tps")" \
-  'BEGIN {printf "tp2 / one rank: %.2fx tokens per second\n", a / b}'
+  -v m="$MESH" 'BEGIN {printf "%s / one rank: %.2fx tokens per second\n", m, a / b}'
