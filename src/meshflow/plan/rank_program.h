@@ -89,8 +89,10 @@ int64_t axis_stride(const Plan& p, const std::string& axis);
 // `strategy` (may be null) caches the partitioner's annotation: when it holds
 // one, the program is lowered with it instead of annotating again (the
 // strategy of the same model and degrees at another micro-batch: annotating
-// is most of the cost, and the layouts it picks do not depend on the batch,
-// which no axis of this mesh splits); when empty, it receives the one chosen.
+// is most of the cost); when empty, it receives the one chosen. No axis of
+// this mesh splits the batch, but the partitioner's choices weigh sizes that
+// grow with it (a table against its tokens), so a run at another
+// micro-batch may choose otherwise: planner.md, "Not done yet".
 Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
                                         const Cluster& cluster, int64_t bytes_per_element,
                                         std::shared_ptr<const Annotation>* strategy = nullptr);
