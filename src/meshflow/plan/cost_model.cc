@@ -300,9 +300,9 @@ Result<LayerCost> CostModel::layer_cost(int64_t tp, int64_t cp, int64_t micro_ba
 namespace {
 
 // What one rank program costs, summed by kind of work (seconds, bytes sent,
-// parameter counts). A block's cost is the difference between the programs of
-// two blocks and of one, which needs no rule for where a collective at a
-// block's edge belongs (the partitioner emits it in its consumer's layer).
+// parameter counts). A block's cost is the second block's nodes of the
+// two-block program, the collectives at its edge counted where the
+// partitioner emits them: in their consumer's layer (price_program).
 enum Slot {
   kFwd,
   kBwd,
@@ -359,7 +359,7 @@ Totals minus(const Totals& a, const Totals& b) {
 }
 
 // The LayerCost fields read from the priced totals: of one block (`block`),
-// the embedding side (`embed`), the head, and the one-block program (`one`).
+// the embedding side (`embed`), the head, and a one-block program (`one`).
 // The optimizer and recompute fields are filled by price_program.
 LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& embed,
                         const Totals& head) {
@@ -402,15 +402,15 @@ LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& em
 }  // namespace
 
 void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
-                            const std::vector<bool>& wgrad, const std::vector<bool>& before,
-                            NodeTotals* all, NodeTotals* embed) const {
+                            const std::vector<bool>& wgrad, const std::vector<uint8_t>& part,
+                            NodeTotals* parts) const {
   std::vector<bool> bucketed(g.num_nodes(), false);  // run by the runtime's GradientBuckets
   if (k_.bucketed_grad_all_reduce)
     for (const GradientSync& s : gradient_syncs(g))
       for (NodeId id : s.reduce) bucketed[id] = true;
   for (NodeId i = 0; i < g.num_nodes(); ++i) {
     const Node& n = g.node(i);
-    Totals& t = embed && before[i] ? *embed : *all;
+    Totals& t = parts[part.empty() ? 0 : part[i]];
     if (n.kind == OpKind::kParameter) {
       t[kParams] += double(g.shape(n.outputs[0]).numel());
       t[kParamTensors] += 1;
@@ -505,7 +505,7 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   auto totals = [&](int64_t blocks, Recompute rc, bool optimizer = false) -> Result<Totals> {
     MF_ASSIGN_OR_RETURN(const LocalProgram lp, program(blocks, rc, optimizer));
     Totals all{};
-    price_nodes(lp.graph, lp.mesh, p, weight_grad_nodes(lp.graph), {}, &all, nullptr);
+    price_nodes(lp.graph, lp.mesh, p, weight_grad_nodes(lp.graph), {}, &all);
     return all;
   };
   // One block's cost is the second block's nodes in the two-block program
@@ -521,25 +521,24 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   {
     MF_ASSIGN_OR_RETURN(const LocalProgram lp, program(has_blocks() ? 2 : 1, Recompute::kNone));
     const Graph& g = lp.graph;
-    const std::vector<bool> wgrad = weight_grad_nodes(g);
-    // (A reshard of an embedding-side value into the second block, the
-    // rotary tables' say, is the block's: the one-block program has one.)
-    std::vector<bool> before = before_blocks(g, priced_layers(g));
-    for (NodeId i = 0; i < g.num_nodes(); ++i) before[i] = before[i] && g.node(i).layer != 1;
-    Totals rest{};
-    price_nodes(g, lp.mesh, p, wgrad, before, &rest, &embed);
-    Totals two = rest;
-    for (int i = 0; i < kSlots; ++i) two[i] += embed[i];
+    // One pass, three parts: 0 the rest (the first block and the head), 1
+    // the embedding side, 2 the second block. (A reshard of an
+    // embedding-side value into the second block, the rotary tables' say,
+    // is the block's: the one-block program has one.)
+    // Without blocks (the MLP, a ResNet, whose stages carry layers too)
+    // everything is the head's: one part.
+    std::vector<uint8_t> part;
     if (has_blocks()) {
-      std::vector<bool> second(g.num_nodes(), false);
-      for (NodeId i = 0; i < g.num_nodes(); ++i) second[i] = g.node(i).layer == 1;
-      Totals others{};
-      price_nodes(g, lp.mesh, p, wgrad, second, &others, &block);
-      one = minus(two, block);
-    } else {
-      one = two;
-      embed = Totals{};  // no blocks: everything is the head's
+      const std::vector<bool> before = before_blocks(g, priced_layers(g));
+      part.assign(g.num_nodes(), 0);
+      for (NodeId i = 0; i < g.num_nodes(); ++i)
+        part[i] = g.node(i).layer == 1 ? 2 : before[i] ? 1 : 0;
     }
+    Totals parts[3] = {};
+    price_nodes(g, lp.mesh, p, weight_grad_nodes(g), part, parts);
+    embed = parts[1], block = parts[2];
+    one = parts[0];
+    for (int i = 0; i < kSlots; ++i) one[i] += embed[i];
   }
   const Totals head = minus(minus(one, block), embed);
 
@@ -648,7 +647,7 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
       std::vector<bool> wgrad(g.num_nodes(), false);
       for (NodeId id : c.backward_weight) wgrad[id] = true;
       Totals t{};
-      price_nodes(g, lp.mesh, p, wgrad, {}, &t, nullptr);
+      price_nodes(g, lp.mesh, p, wgrad, {}, &t);
       ChunkCost cc;
       cc.first_layer = c.first_layer, cc.num_layers = c.num_layers;
       cc.times.forward_s = t[kFwd] + t[kTpFwd] + t[kCpFwd];

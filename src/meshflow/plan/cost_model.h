@@ -621,12 +621,12 @@ class CostModel {
   double collective_node_time_s(const Graph& g, const Mesh& mesh, const Node& n, const Plan& p,
                                 double* bytes, std::string* axis) const;
   // Adds the cost of a program's nodes (on `mesh`, priced under `p`'s links)
-  // to `all`: compute as F, B or W (`weight_grad`), collectives by mesh
-  // axis, parameters, fed inputs; the nodes `before` marks go to `embed`
-  // (when not null; `before` may then be empty).
+  // to parts[part[i]] (parts[0] for every node when `part` is empty):
+  // compute as F, B or W (`weight_grad`), collectives by mesh axis,
+  // parameters, fed inputs.
   void price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
-                   const std::vector<bool>& weight_grad, const std::vector<bool>& before,
-                   NodeTotals* all, NodeTotals* embed) const;
+                   const std::vector<bool>& weight_grad, const std::vector<uint8_t>& part,
+                   NodeTotals* parts) const;
   // The same for a collective of `kind` over `group` ranks of mesh axis
   // `axis` moving a buffer of `buffer_bytes` (a node's, or one a kernel runs).
   double collective_time_on(OpKind kind, int64_t group, double buffer_bytes,
