@@ -9,7 +9,7 @@ PKGS=(
   libopenblas-openmp-dev libopenblas-dev libdnnl-dev
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
-  coinor-libcbc-dev
+  coinor-libcbc-dev libjemalloc-dev
   python3 python3-numpy python3-torch
   dataset-fashion-mnist fortunes fortunes-min
 )
