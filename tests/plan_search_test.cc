@@ -94,6 +94,45 @@ TEST(PlanCostModel, RankProgramIsTheModelsBlockAsThePartitionerSplitsIt) {
   EXPECT_NE(bad.status().message().find("heads=16"), std::string::npos) << bad.status().message();
 }
 
+// The planner prices a block from a rank program without the optimizer phase
+// (CostModel::price_program); the run's program has one. Its forward and
+// backward must be the run's: the same collectives, on the same axes, for the
+// same values. Before the partitioner read g.grad_of_param, a program without
+// updates saw no parameter gradient (feeds_update), so under ring-sp with cp
+// the planner's program gathered the embedding's output gradient and the
+// tokens over cp every micro-batch, which the run does not (it sums the table
+// over cp once per step).
+TEST(PlanCostModel, ProgramWithoutTheOptimizerComputesAsTheRunsDoes) {
+  struct Case {
+    const char* model;
+    int64_t tp, cp;
+    bool sp, ring;
+  };
+  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  for (const Case& k :
+       {Case{"llama3_8b.json", 2, 2, true, true}, Case{"gpt3_1.3b.json", 2, 2, true, true},
+        Case{"llama3_8b.json", 4, 1, true, false}, Case{"gpt3_1.3b.json", 4, 1, false, false}}) {
+    SCOPED_TRACE(std::string(k.model) + " tp=" + std::to_string(k.tp) +
+                 " cp=" + std::to_string(k.cp));
+    const ModelConfig m = load_model(k.model);
+    auto steps = [&](bool optimizer) {
+      RankShape s{1, 2048, k.tp, k.cp, k.sp, Recompute::kNone, 2, optimizer};
+      s.ring = k.ring;
+      Result<LocalProgram> p = build_rank_program(m, s, c, 2);
+      MF_CHECK(p.is_ok()) << p.status().message();
+      std::vector<std::string> out;
+      for (const CollectiveRecord& r : p->collectives)
+        if (r.phase == Phase::kForward || r.phase == Phase::kBackward)
+          out.push_back(std::string(op_name(r.kind)) + " over " + r.mesh_axis + ": " + r.value +
+                        " for " + r.consumer);
+      return out;
+    };
+    const std::vector<std::string> priced = steps(false), run = steps(true);
+    EXPECT_FALSE(run.empty());
+    EXPECT_EQ(priced, run);
+  }
+}
+
 TEST(PlanCostModel, CollectivesInsideKernelsAreDeclaredRecordedAndPriced) {
   // The vocab-parallel cross-entropy all-reduces three f32 per row over tp
   // inside its kernel: the op table declares them, the partitioner records

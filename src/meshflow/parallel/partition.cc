@@ -377,6 +377,7 @@ class Annotator {
 
   // Where optimizer updates will read their (non-source) inputs: the gradients.
   void find_update_reads() {
+    for (const auto& [param, grad] : g_.grad_of_param) param_grads_.insert(grad);
     for (const Node& n : g_.nodes())
       if (is_update(n.kind))
         for (ValueId v : n.inputs)
@@ -623,10 +624,13 @@ class Annotator {
   }
 
   // Whether v is a parameter's gradient: read by an optimizer update, or
-  // added in the backward into one (a tied weight's two gradients), read
-  // otherwise only in the optimizer phase (the clipping norm).
+  // the backward's gradient of a parameter (g.grad_of_param: what an update
+  // reads in a graph with an optimizer phase; the planner prices graphs
+  // without one, which must choose as the run's does), or added in the
+  // backward into one (a tied weight's two gradients), read otherwise only in
+  // the optimizer phase (the clipping norm).
   bool feeds_update(ValueId v, int depth = 0) {
-    if (update_reads_.count(v)) return true;
+    if (update_reads_.count(v) || param_grads_.count(v)) return true;
     if (depth > 4) return false;
     bool found = false;
     for (const auto& [id, k] : consumers_of(v)) {
@@ -824,6 +828,7 @@ class Annotator {
   std::vector<Layout> stored_;  // per value: a source's stored layout
   std::vector<std::string> source_why_;
   std::map<ValueId, Layout> update_reads_;
+  std::set<ValueId> param_grads_;  // g.grad_of_param's gradients
   std::set<std::tuple<ValueId, std::string, Phase>> requested_;
   std::vector<std::vector<std::pair<NodeId, size_t>>> consumers_;  // per value: (node, input)
   std::vector<int> replica_axes_;  // the mesh axes the rules split "batch" over
