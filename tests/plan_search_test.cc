@@ -786,6 +786,60 @@ TEST(PlanSearch, Gpt3On1024GpusIsFast) {
   EXPECT_TRUE(ops->plan.searched && ops->plan.searched->optimal);
 }
 
+// A run annotates at its own micro-batch, and the partitioner's choices
+// weigh sizes that grow with it. With exact strategies a model that priced
+// micro-batch 1 prices micro-batch 16 as a fresh model (the run's) does; the
+// sweep's reuse of one strategy across micro-batches does not (GPT-3 175B
+// under megatron-sp at tp=8: the embedding lookup and the head lay out
+// otherwise at 16 sequences than at 1).
+TEST(PlanCostModel, ExactStrategiesPriceEachMicroBatchAsItsRunAnnotates) {
+  const TrainingJob job{load_model("gpt3_175b.json"), 1536, 2048};
+  const Cluster c = cluster("dgx_a100_80gb.json", 1024);
+  auto plan = [](int64_t mb) {
+    Plan p;
+    p.dp = 16, p.tp = 8, p.pp = 8, p.sp = true, p.zero = 1;
+    p.recompute = Recompute::kSelective;
+    p.micro_batch = mb, p.num_micro_batches = 1536 / (16 * mb);
+    return p;
+  };
+  const double fresh = value_or_throw(CostModel(job, c).price(plan(16))).step_time_s;
+  CostModel exact(job, c);
+  exact.set_exact_strategies(true);
+  ASSERT_TRUE(exact.price(plan(1)).is_ok());
+  EXPECT_EQ(value_or_throw(exact.price(plan(16))).step_time_s, fresh);
+  // (What the exact model is for: if this fails, the reuse has become exact.)
+  CostModel sweep(job, c);
+  ASSERT_TRUE(sweep.price(plan(1)).is_ok());
+  EXPECT_NE(value_or_throw(sweep.price(plan(16))).step_time_s, fresh);
+}
+
+// Every plan the search returns is priced as a model that prices it alone
+// does (`meshflow plan --check`, the run's plan check): the sweep's
+// approximations (one strategy across micro-batches, pipelines in closed
+// form) end with the leaders.
+TEST(PlanSearch, ReturnedPlansArePricedAsTheirRunsAre) {
+  const TrainingJob job{load_model("gpt3_175b.json"), 1536, 2048};
+  const Cluster c = cluster("dgx_a100_80gb.json", 1024);
+  CostModel cm(job, c);
+  // megatron-sp at tp=8, whose strategy varies with the micro-batch: the
+  // model has priced micro-batch 1 (as a sweep does first), then searches
+  // plans of 16 sequences a micro-batch.
+  Plan warm;
+  warm.dp = 16, warm.tp = 8, warm.pp = 8, warm.sp = true, warm.num_micro_batches = 96;
+  ASSERT_TRUE(cm.price(warm).is_ok());
+  SearchOptions o;
+  o.top_k = 6;
+  o.fixed.tp = 8, o.fixed.sp = true, o.fixed.cp = 1, o.fixed.pp = 8, o.fixed.micro_batch = 16;
+  const SearchResult r = value_or_throw(search_plans(cm, 1024, o));
+  ASSERT_GE(r.plans.size(), 2u);
+  for (const StepCost& s : r.plans) {
+    SCOPED_TRACE(plan_label(s.plan));
+    const StepCost alone = value_or_throw(CostModel(job, c).price(s.plan));
+    EXPECT_EQ(s.step_time_s, alone.step_time_s);
+    EXPECT_EQ(s.memory.total, alone.memory.total);
+  }
+}
+
 TEST(PlanSearch, TheAnswerDoesNotDependOnTheThreads) {
   // The sweep's (tp, cp) groups run on several threads and share the cost
   // model's caches; their findings merge in the sweep's order. Each run gets

@@ -59,11 +59,18 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
   ValueId lr = b.input("lr", Shape{});
   ValueId step = b.input("step", Shape{});
 
+  // A parameter's own optimizer nodes (its gradient's sum of squares, its
+  // update and states) carry its block (Node::layer), as its forward and
+  // backward do: what the planner prices per block (plan/cost_model.h).
+  auto layer_of = [&](ValueId param) { return g.node(g.value(param).producer).layer; };
   // Global gradient norm over every parameter's gradient.
   std::vector<ValueId> squares;
-  for (const auto& [param, grad] : g.grad_of_param)
+  for (const auto& [param, grad] : g.grad_of_param) {
+    b.set_layer(layer_of(param));
     squares.push_back(b.op1(OpKind::kSumSquares, {grad}, {}, "sumsq." + g.value(param).name));
+  }
   MF_CHECK(!squares.empty()) << "append_optimizer: no parameter has a gradient";
+  b.set_layer(-1);
   Attrs clip;
   clip.max_norm = cfg.grad_clip;
   std::vector<ValueId> cc = b.op(OpKind::kClipCoef, squares, clip, "clip");
@@ -75,6 +82,7 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
   for (const auto& [param, grad] : grads) {
     const std::string name = g.value(param).name;
     const Shape shape = g.shape(param);
+    b.set_layer(layer_of(param));
     Attrs a;
     a.weight_decay = decayed.count(param) ? cfg.weight_decay : 0.f;
     if (cfg.kind == OptimizerKind::kSgd) {
@@ -91,6 +99,7 @@ void append_optimizer(Graph& g, const OptimizerConfig& cfg) {
       b.op(OpKind::kAdamWUpdate, {param, grad, m, v, lr, step, coef}, a, "adamw." + name);
     }
   }
+  b.set_layer(-1);
   debug_verify(g, "optimizer");
 }
 

@@ -49,6 +49,9 @@ Result<LocalPricing> local_pricing(const RunConfig& rc, int ranks, const Cluster
   CostConstants k = meshflow_cpu_constants();
   k.grad_bucket_bytes = double(static_cast<int64_t>(rc.train.bucket_mib * (1 << 20)));  // as run
   auto cm = std::make_unique<CostModel>(job, lp.cluster, k);
+  // Every plan priced with the strategy its run annotates (a few dozen
+  // plans: the sweep's reuse across micro-batches saves nothing here).
+  cm->set_exact_strategies(true);
   if (fixed) cm->fix_strategies(std::move(fixed));
   lp.cm = std::move(cm);
   if (!lp.cm->status().is_ok()) return lp.cm->status().with_context(what);

@@ -164,13 +164,14 @@ Status set_attention_kernel(const std::string& name, const Cluster& cluster,
 }
 
 Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
-  // The partitioner's strategy is chosen once per (degrees, recompute, blocks)
-  // and lowered at each micro-batch (rank_program.h says why that is the same).
-  const auto key = std::make_tuple(s.tp, s.cp, s.sp,
-                                   int(s.recompute) + (s.optimizer ? 8 : 0) +
-                                       (s.pipeline ? 16 : 0) + (s.ring ? 32 : 0) + 64 * s.zero,
-                                   s.blocks, s.ops.get(), s.zero > 0 || s.with_dp ? s.dp : 1,
-                                   s.recompute_blocks);
+  // The partitioner's strategy, per (degrees, recompute, blocks), and per
+  // micro-batch with exact strategies (set_exact_strategies).
+  const auto key =
+      std::make_tuple(s.tp, s.cp, s.sp,
+                      int(s.recompute) + (s.optimizer ? 8 : 0) + (s.pipeline ? 16 : 0) +
+                          (s.ring ? 32 : 0) + 64 * s.zero,
+                      s.blocks, s.ops.get(), s.zero > 0 || s.with_dp ? s.dp : 1, s.recompute_blocks,
+                      exact_strategies_ ? s.micro_batch : int64_t{0});
   std::shared_ptr<const Annotation> strategy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -184,6 +185,16 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
     strategy_cache_.emplace(key, strategy);
   }
   return lp;
+}
+
+std::unique_ptr<CostModel> CostModel::exact_model() const {
+  auto m = std::make_unique<CostModel>(job_, cluster_, k_);
+  m->fixed_ops_ = fixed_ops_;
+  m->op_deadline_ = op_deadline_;
+  m->exact_strategies_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  m->op_search_cache_ = op_search_cache_;
+  return m;
 }
 
 double CostModel::compute_time_s(double flops, double shape_factor) const {
@@ -517,9 +528,17 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // embedding and head out alike in both, and was wrong where it did not
   // (LLaMA's GQA under megatron-sp with cp: the one-block program's head ran
   // on gathered sequences; a third program was then built).
+  //
+  // The program is the run's, optimizer phase included, annotated at this
+  // micro-batch (rank_program): the partitioner's choices weigh a table
+  // against its tokens and a weight against its activations, so a strategy
+  // chosen at another micro-batch is not always the one this run gets. A
+  // parameter's optimizer nodes carry its block (optim/optimizer.h), so the
+  // optimizer phase's collectives split by block like the rest.
   Totals embed{}, one{}, block{};
   {
-    MF_ASSIGN_OR_RETURN(const LocalProgram lp, program(has_blocks() ? 2 : 1, Recompute::kNone));
+    MF_ASSIGN_OR_RETURN(const LocalProgram lp,
+                        program(has_blocks() ? 2 : 1, Recompute::kNone, /*optimizer=*/true));
     const Graph& g = lp.graph;
     // One pass, three parts: 0 the rest (the first block and the head), 1
     // the embedding side, 2 the second block. (A reshard of an
@@ -543,39 +562,16 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   const Totals head = minus(minus(one, block), embed);
 
   LayerCost lc = layer_cost_of(one, block, embed, head);
-  // The optimizer phase's collectives act on parameters and gradients, whose
-  // shapes do not depend on the micro-batch: priced once per (tp, cp, sp).
-  // (Searched strategies differ per micro-batch: keyed by it.)
-  const auto opt_key = std::make_tuple(tp, cp, int(sp) + (ops ? 2 : 0), ops ? micro_batch : 0);
-  std::optional<std::array<double, 9>> opt;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = opt_cache_.find(opt_key); it != opt_cache_.end()) opt = it->second;
-  }
-  if (!opt) {
-    MF_ASSIGN_OR_RETURN(const Totals o1, totals(1, Recompute::kNone, true));
-    Totals ob{};
-    if (has_blocks()) {
-      MF_ASSIGN_OR_RETURN(const Totals o2, totals(2, Recompute::kNone, true));
-      ob = minus(o2, o1);
-    }
-    opt = {ob[kOptComm],
-           ob[kOptCommBytes],
-           o1[kOptComm] - ob[kOptComm],
-           o1[kOptCommBytes] - ob[kOptCommBytes],
-           ob[kOptBucketedTp],
-           o1[kOptBucketedTp] - ob[kOptBucketedTp],
-           ob[kOptCpParams],
-           o1[kOptCpParams] - ob[kOptCpParams],
-           o1[kGradChains]};
-    std::lock_guard<std::mutex> lock(mu_);
-    opt_cache_.emplace(opt_key, *opt);
-  }
-  lc.opt_comm_s = (*opt)[0], lc.opt_comm_bytes = (*opt)[1];
-  lc.opt_comm_outside_s = (*opt)[2], lc.opt_comm_outside_bytes = (*opt)[3];
-  lc.opt_bucketed_tp_bytes = (*opt)[4], lc.opt_bucketed_tp_outside_bytes = (*opt)[5];
-  lc.opt_cp_params = (*opt)[6], lc.opt_cp_params_outside = (*opt)[7];
-  lc.grad_chains = int((*opt)[8]);
+  // The optimizer phase's collectives, once per step: a block's, and the
+  // rest's (the program less both blocks: embedding, head, the norm's sum).
+  lc.opt_comm_s = block[kOptComm], lc.opt_comm_bytes = block[kOptCommBytes];
+  lc.opt_comm_outside_s = one[kOptComm] - block[kOptComm];
+  lc.opt_comm_outside_bytes = one[kOptCommBytes] - block[kOptCommBytes];
+  lc.opt_bucketed_tp_bytes = block[kOptBucketedTp];
+  lc.opt_bucketed_tp_outside_bytes = one[kOptBucketedTp] - block[kOptBucketedTp];
+  lc.opt_cp_params = block[kOptCpParams];
+  lc.opt_cp_params_outside = one[kOptCpParams] - block[kOptCpParams];
+  lc.grad_chains = int(one[kGradChains]);
   if (k_.recompute_from_pass && has_blocks()) {
     // What the recompute pass clones into a block's backward (and the
     // collectives lowered for the clones), priced node by node.

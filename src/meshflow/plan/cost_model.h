@@ -532,6 +532,22 @@ class CostModel {
   // best assignment with its gap, and none starts past it (an error, and
   // the template plans stand). Default: none.
   void set_op_search_deadline(std::chrono::steady_clock::time_point t) { op_deadline_ = t; }
+  // The partitioner's strategy for a rank program is chosen once per
+  // (degrees, recompute, blocks) and lowered at every micro-batch priced
+  // (the search's sweep: annotating is most of a rank program's cost). A run
+  // annotates at its own micro-batch, and the partitioner's choices weigh
+  // sizes that grow with it (a table against its tokens, a weight against its
+  // activations), so a plan priced after another micro-batch may be priced
+  // with a strategy its run does not choose (GPT-3 175B, megatron-sp tp=8:
+  // micro-batch 16 after 1 at 39.48 s, 39.28 s as its run annotates; 0.5%).
+  // With exact strategies every micro-batch is annotated as its run is; a
+  // model that prices one plan (plan --check, simulate) is exact either way.
+  void set_exact_strategies(bool exact) { exact_strategies_ = exact; }
+  bool exact_strategies() const { return exact_strategies_; }
+  // A model of the same job, cluster and constants with exact strategies,
+  // answering op_search as this one has (its solves, fix_strategies, the
+  // deadline): the search re-prices its leaders with it.
+  std::unique_ptr<CostModel> exact_model() const;
   // The rank program the planner prices (plan/rank_program.h), with the
   // cluster's links for the reshard planner.
   Result<LocalProgram> rank_program(const RankShape& s) const;
@@ -717,14 +733,14 @@ class CostModel {
                    std::shared_future<Result<std::shared_ptr<const StrategySearch>>>>
       op_search_cache_;
   std::shared_ptr<const StrategySearch> fixed_ops_;  // fix_strategies
+  bool exact_strategies_ = false;                    // set_exact_strategies
   std::chrono::steady_clock::time_point op_deadline_ = std::chrono::steady_clock::time_point::max();
-  // (tp, cp, sp) -> the optimizer phase's collectives: a block's seconds and
-  // bytes, the rest's seconds and bytes, the bucketed tp buffers (LayerCost::opt_*).
-  mutable std::map<std::tuple<int64_t, int64_t, int, int64_t>, std::array<double, 9>> opt_cache_;
   // (tp, cp, sp, recompute + flags + zero, blocks, ops, dp under ZeRO, the
-  // blocks that recompute) -> the partitioner's strategy for the rank program.
+  // blocks that recompute, micro_batch) -> the partitioner's strategy for the
+  // rank program (rank_program: shared by the programs that differ only in
+  // what the strategy does not read).
   mutable std::map<std::tuple<int64_t, int64_t, bool, int, int64_t, const StrategySearch*, int64_t,
-                              std::vector<int>>,
+                              std::vector<int>, int64_t>,
                    std::shared_ptr<const Annotation>>
       strategy_cache_;
   // (tp, cp, micro_batch, sp, recompute, zero, dp under ZeRO) -> arena bytes of

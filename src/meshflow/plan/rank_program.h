@@ -92,7 +92,8 @@ int64_t axis_stride(const Plan& p, const std::string& axis);
 // is most of the cost); when empty, it receives the one chosen. No axis of
 // this mesh splits the batch, but the partitioner's choices weigh sizes that
 // grow with it (a table against its tokens), so a run at another
-// micro-batch may choose otherwise: planner.md, "Not done yet".
+// micro-batch may choose otherwise: CostModel::set_exact_strategies keys it
+// by the micro-batch too (the search's leaders, local auto mode).
 Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
                                         const Cluster& cluster, int64_t bytes_per_element,
                                         std::shared_ptr<const Annotation>* strategy = nullptr);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <tuple>
@@ -497,18 +498,25 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
       r.plans.insert(std::upper_bound(r.plans.begin(), r.plans.end(), *c, faster), *c);
     }
   }
+  // The leaders again, each with the strategy its run annotates at its
+  // micro-batch (CostModel::set_exact_strategies: the sweep reuses one per
+  // degrees across micro-batches) and its pipeline simulated. A leader that
+  // no longer fits goes behind those that do.
+  const std::unique_ptr<CostModel> exact = cm.exact_strategies() ? nullptr : cm.exact_model();
+  const CostModel& fine = exact ? *exact : cm;
   std::vector<Status> simulated(r.plans.size());
   for_each_index(r.plans.size(), options.threads, [&](size_t i) {
     StepCost& c = r.plans[i];
-    if (c.plan.pp == 1) return;  // no pipeline: the same either way
-    Result<StepCost> sim = cm.price(c.plan, CostModel::PipelineModel::kSimulated);
+    Result<StepCost> sim = fine.price(c.plan, CostModel::PipelineModel::kSimulated);
     if (sim.is_ok())
       c = std::move(*sim);
     else
       simulated[i] = sim.status();
   });
   for (const Status& s : simulated) MF_RETURN_IF_ERROR(s);
-  std::stable_sort(r.plans.begin(), r.plans.end(), faster);
+  std::stable_sort(r.plans.begin(), r.plans.end(), [](const StepCost& a, const StepCost& b) {
+    return a.fits != b.fits ? a.fits : faster(a, b);
+  });
   if (r.plans.size() > shown) r.plans.resize(shown);
   r.search_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const std::string pinned =
