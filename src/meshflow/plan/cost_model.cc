@@ -529,12 +529,11 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   // (LLaMA's GQA under megatron-sp with cp: the one-block program's head ran
   // on gathered sequences; a third program was then built).
   //
-  // The program is the run's, optimizer phase included, annotated at this
-  // micro-batch (rank_program): the partitioner's choices weigh a table
-  // against its tokens and a weight against its activations, so a strategy
-  // chosen at another micro-batch is not always the one this run gets. A
-  // parameter's optimizer nodes carry its block (optim/optimizer.h), so the
-  // optimizer phase's collectives split by block like the rest.
+  // The program is the run's, optimizer phase included; a parameter's
+  // optimizer nodes carry its block (optim/optimizer.cc), so the optimizer
+  // phase's collectives split by block like the rest. Its strategy is the one
+  // annotated at this micro-batch with exact strategies, else the one first
+  // annotated for these degrees (rank_program, set_exact_strategies).
   Totals embed{}, one{}, block{};
   {
     MF_ASSIGN_OR_RETURN(const LocalProgram lp,
