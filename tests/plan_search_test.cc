@@ -133,6 +133,38 @@ TEST(PlanCostModel, ProgramWithoutTheOptimizerComputesAsTheRunsDoes) {
   }
 }
 
+// The reshard planner's answers kept across programs (ReshardPlanCaches, as
+// a CostModel keeps them) change no program: a program lowered after others
+// of other micro-batches and meshes is the one lowered alone.
+TEST(PlanCostModel, ReshardPlansKeptAcrossProgramsChangeNoProgram) {
+  const ModelConfig m = load_model("llama3_8b.json");
+  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  auto collectives = [&](const RankShape& s, ReshardPlanCaches* kept) {
+    Result<LocalProgram> p = build_rank_program(m, s, c, 2, nullptr, kept);
+    MF_CHECK(p.is_ok()) << p.status().message();
+    std::vector<std::string> out;
+    for (const CollectiveRecord& r : p->collectives)
+      out.push_back(std::string(op_name(r.kind)) + " " + r.mesh_axis + " " + r.value + " " +
+                    std::to_string(r.bytes_per_rank));
+    return out;
+  };
+  ReshardPlanCaches kept;
+  for (int64_t mb : {1, 2}) {
+    for (bool sp : {false, true}) {
+      RankShape s{mb, 2048, 4, 1, sp, Recompute::kNone, 2, true};
+      RankShape ring{mb, 2048, 2, 2, true, Recompute::kNone, 2, true};
+      ring.ring = true;
+      for (const RankShape& shape : {s, ring}) {
+        SCOPED_TRACE("mb=" + std::to_string(mb) + " tp=" + std::to_string(shape.tp) +
+                     " cp=" + std::to_string(shape.cp) + (shape.sp ? " sp" : ""));
+        const std::vector<std::string> alone = collectives(shape, nullptr);
+        EXPECT_FALSE(alone.empty());
+        EXPECT_EQ(collectives(shape, &kept), alone);
+      }
+    }
+  }
+}
+
 TEST(PlanCostModel, CollectivesInsideKernelsAreDeclaredRecordedAndPriced) {
   // The vocab-parallel cross-entropy all-reduces three f32 per row over tp
   // inside its kernel: the op table declares them, the partitioner records

@@ -1294,8 +1294,17 @@ class Lowering {
   Result<ReshardPlan> reshard(const Shape& shape, const Layout& src, const Layout& dst) {
     std::string key = shape.to_string() + src.to_string() + ">" + dst.to_string();
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    if (cost_.plans) {
+      if (std::optional<ReshardPlan> kept = cost_.plans->find(key)) {
+        plans_.emplace(std::move(key), *kept);
+        return *kept;
+      }
+    }
     Result<ReshardPlan> plan = plan_reshard(shape, mesh_, src, dst, cost_);
-    if (plan.is_ok()) plans_.emplace(std::move(key), *plan);
+    if (plan.is_ok()) {
+      if (cost_.plans) cost_.plans->put(key, *plan);
+      plans_.emplace(std::move(key), *plan);
+    }
     return plan;
   }
   // The same for a reshape node's route (reshape_layout.h).

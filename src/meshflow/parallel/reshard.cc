@@ -186,6 +186,18 @@ ReshardSearch search_reshards(const Shape& shape, const Mesh& mesh,
   return out;
 }
 
+std::optional<ReshardPlan> ReshardPlanCache::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ReshardPlanCache::put(const std::string& key, const ReshardPlan& plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  plans_.emplace(key, plan);
+}
+
 Result<ReshardPlan> plan_reshard(const Shape& shape, const Mesh& mesh, const Layout& src,
                                  const Layout& dst, const ReshardCostModel& model) {
   MF_RETURN_IF_ERROR(validate(src, mesh, shape).with_context("reshard source"));

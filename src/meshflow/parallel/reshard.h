@@ -19,6 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,11 +43,16 @@ namespace meshflow {
 // `ring_axes[a]` (when filled) is the link mesh axis a's ring collectives run
 // at (is_ring_collective: striped over a node's ports across nodes); the
 // point-to-point ones (all_to_all) run at `axes[a]`.
+class ReshardPlanCache;
+
 struct ReshardCostModel {
   std::vector<Link> axes;
   std::vector<Link> ring_axes;
   Link default_link;
   int64_t bytes_per_element = 4;
+  // Optional: plans kept across the lowerings of programs on this mesh and
+  // these links (the planner's rank programs; see ReshardPlanCache).
+  std::shared_ptr<ReshardPlanCache> plans;
   const Link& link(int axis) const {
     return axis < static_cast<int>(axes.size()) ? axes[axis] : default_link;
   }
@@ -87,6 +95,21 @@ struct ReshardPlan {
   int64_t bytes_per_rank = 0;
   int num_collectives() const;
   std::string to_string(const Mesh& mesh) const;  // one step per line, then the total
+};
+
+// Reshard plans shared by the lowerings of many programs on one mesh and its
+// links: the planner lowers thousands of rank programs on a few meshes, and a
+// program's weights, gradients and (at one micro-batch) activations move
+// between the same layouts in each. Keyed by the lowering's (shape, from,
+// to) text. Safe to share between threads.
+class ReshardPlanCache {
+ public:
+  std::optional<ReshardPlan> find(const std::string& key) const;
+  void put(const std::string& key, const ReshardPlan& plan);
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, ReshardPlan> plans_;
 };
 
 // The minimum-cost plan from `src` to `dst` for a tensor of global `shape`.

@@ -178,8 +178,8 @@ Result<LocalProgram> CostModel::rank_program(const RankShape& s) const {
     if (auto it = strategy_cache_.find(key); it != strategy_cache_.end()) strategy = it->second;
   }
   const bool had = strategy != nullptr;
-  Result<LocalProgram> lp =
-      build_rank_program(job_.model, s, cluster_, dtype_size(dtype_), &strategy);
+  Result<LocalProgram> lp = build_rank_program(job_.model, s, cluster_, dtype_size(dtype_),
+                                               &strategy, reshard_plans_.get());
   if (!had && strategy) {
     std::lock_guard<std::mutex> lock(mu_);
     strategy_cache_.emplace(key, strategy);
@@ -192,6 +192,7 @@ std::unique_ptr<CostModel> CostModel::exact_model() const {
   m->fixed_ops_ = fixed_ops_;
   m->op_deadline_ = op_deadline_;
   m->exact_strategies_ = true;
+  m->reshard_plans_ = reshard_plans_;  // the same cluster's links
   std::lock_guard<std::mutex> lock(mu_);
   m->op_search_cache_ = op_search_cache_;
   return m;

@@ -734,6 +734,8 @@ class CostModel {
       op_search_cache_;
   std::shared_ptr<const StrategySearch> fixed_ops_;  // fix_strategies
   bool exact_strategies_ = false;                    // set_exact_strategies
+  // The reshard planner's answers, kept across the rank programs lowered.
+  std::shared_ptr<ReshardPlanCaches> reshard_plans_ = std::make_shared<ReshardPlanCaches>();
   std::chrono::steady_clock::time_point op_deadline_ = std::chrono::steady_clock::time_point::max();
   // (tp, cp, sp, recompute + flags + zero, blocks, ops, dp under ZeRO, the
   // blocks that recompute, micro_batch) -> the partitioner's strategy for the

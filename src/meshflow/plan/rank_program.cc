@@ -34,9 +34,17 @@ int64_t axis_stride(const Plan& p, const std::string& axis) {
   return p.tp * p.cp * p.dp;  // pp
 }
 
+std::shared_ptr<ReshardPlanCache> ReshardPlanCaches::for_links(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<ReshardPlanCache>& c = caches_[key];
+  if (!c) c = std::make_shared<ReshardPlanCache>();
+  return c;
+}
+
 Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
                                         const Cluster& cluster, int64_t bytes_per_element,
-                                        std::shared_ptr<const Annotation>* strategy) {
+                                        std::shared_ptr<const Annotation>* strategy,
+                                        ReshardPlanCaches* reshard_plans) {
   const ModelConfig cut = num_blocks(model) > 0 ? with_blocks(model, s.blocks) : model;
   const bool dp_in = s.dp > 1 && (s.zero > 0 || s.with_dp);
   const int64_t replicas = dp_in ? s.dp : 1;
@@ -89,7 +97,12 @@ Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShap
   const Mesh& mesh = pc.mesh;
   std::vector<int64_t> strides;
   for (int a = 0; a < mesh.num_axes(); ++a) strides.push_back(axis_stride(p, mesh.axis_name(a)));
-  const ReshardCostModel cost = reshard_costs(cluster, mesh, strides, bytes_per_element);
+  ReshardCostModel cost = reshard_costs(cluster, mesh, strides, bytes_per_element);
+  if (reshard_plans) {
+    std::string key = mesh.to_string() + " " + std::to_string(bytes_per_element);
+    for (int64_t st : strides) key += " " + std::to_string(st);
+    cost.plans = reshard_plans->for_links(key);
+  }
   std::shared_ptr<const Annotation> shared = strategy ? *strategy : nullptr;
   if (!shared) {
     MF_ASSIGN_OR_RETURN(

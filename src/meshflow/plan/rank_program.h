@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -94,8 +96,21 @@ int64_t axis_stride(const Plan& p, const std::string& axis);
 // grow with it (a table against its tokens), so a run at another
 // micro-batch may choose otherwise: CostModel::set_exact_strategies keys it
 // by the micro-batch too (the search's leaders, local auto mode).
+//
+// `reshard_plans` (may be null) keeps the reshard planner's answers across
+// programs: one ReshardPlanCache per (mesh, axis strides, bytes per element)
+// of this cluster, whose links those decide.
+class ReshardPlanCaches {
+ public:
+  std::shared_ptr<ReshardPlanCache> for_links(const std::string& key);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ReshardPlanCache>> caches_;
+};
 Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
                                         const Cluster& cluster, int64_t bytes_per_element,
-                                        std::shared_ptr<const Annotation>* strategy = nullptr);
+                                        std::shared_ptr<const Annotation>* strategy = nullptr,
+                                        ReshardPlanCaches* reshard_plans = nullptr);
 
 }  // namespace meshflow::plan
