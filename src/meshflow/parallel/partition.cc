@@ -1295,10 +1295,8 @@ class Lowering {
     std::string key = shape.to_string() + src.to_string() + ">" + dst.to_string();
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     if (cost_.plans) {
-      if (std::optional<ReshardPlan> kept = cost_.plans->find(key)) {
-        plans_.emplace(std::move(key), *kept);
-        return *kept;
-      }
+      if (std::optional<ReshardPlan> kept = cost_.plans->find(key))
+        return plans_.emplace(std::move(key), std::move(*kept)).first->second;
     }
     Result<ReshardPlan> plan = plan_reshard(shape, mesh_, src, dst, cost_);
     if (plan.is_ok()) {

@@ -82,6 +82,18 @@ int64_t num_blocks(const ModelConfig& model);
 // an axis's collectives use. axis: "tp", "cp", "dp" or "pp".
 int64_t axis_stride(const Plan& p, const std::string& axis);
 
+// The reshard planner's answers kept across the rank programs of one
+// cluster: one ReshardPlanCache per (mesh, axis strides, bytes per element),
+// whose links those decide (a CostModel holds one).
+class ReshardPlanCaches {
+ public:
+  std::shared_ptr<ReshardPlanCache> for_links(const std::string& key);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ReshardPlanCache>> caches_;
+};
+
 // The per-rank program of rank 0 (every rank of a cp x tp group runs the same
 // ops at the same shapes), on the mesh the section names (dp = 1), the
 // reshard planner pricing each axis on the cluster link its stride maps to
@@ -98,16 +110,7 @@ int64_t axis_stride(const Plan& p, const std::string& axis);
 // by the micro-batch too (the search's leaders, local auto mode).
 //
 // `reshard_plans` (may be null) keeps the reshard planner's answers across
-// programs: one ReshardPlanCache per (mesh, axis strides, bytes per element)
-// of this cluster, whose links those decide.
-class ReshardPlanCaches {
- public:
-  std::shared_ptr<ReshardPlanCache> for_links(const std::string& key);
-
- private:
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<ReshardPlanCache>> caches_;
-};
+// programs (ReshardPlanCaches above).
 Result<LocalProgram> build_rank_program(const ModelConfig& model, const RankShape& s,
                                         const Cluster& cluster, int64_t bytes_per_element,
                                         std::shared_ptr<const Annotation>* strategy = nullptr,
