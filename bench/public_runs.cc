@@ -691,9 +691,14 @@ Mapped map_run(const json& run) {
   // on (src/megatron/bridge/recipes/llama/llama3.py: the 70B pretrain config's
   // CommOverlapConfig(tp_comm_overlap=True, userbuffers_..._h100_h8192_tp4...)).
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
-      has(get_str(par, "techniques"), "asynctp") || (has(fw, "megatron-bridge") && m.plan.tp > 1)) {
+      has(get_str(par, "techniques"), "asynctp") || has(get_str(par, "techniques"), "async tp") ||
+      (has(fw, "megatron-bridge") && m.plan.tp > 1)) {
     m.k.tp_comm_overlap = true;
     m.stack += "+tp-overlap";
+    if (has(fw, "torchtitan")) {
+      m.k.tp_comm_overlap_backward = false;
+      m.stack += "(fwd)";
+    }
   }
   return m;
 }

@@ -256,6 +256,41 @@ TEST_F(CellsCli, RecomputeByCellNameEqualsAndSavesMemory) {
   EXPECT_LT(rc.planned_mib, plain.planned_mib);
 }
 
+// `--check-plan` prices a ResNet's recompute by cell as the run does it: the
+// first residual layer alone (the largest activations) within 4% of the
+// memory held, less than none and no less than every layer; a later layer alone is not
+// priced (the planner prices the first N), said by name.
+TEST_F(CellsCli, RecomputeOfTheFirstResidualLayersIsPriced) {
+  auto predicted_measured = [&](const json& train) {
+    CliRun r = run_cli("train " + config(train, json()) + " --ranks 2 --check-plan");
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(
+        r.output, m, std::regex("memory +predicted +([0-9.]+) MiB measured +([0-9.]+) MiB")))
+        << r.output;
+    return m.size() > 2 ? std::make_pair(std::stod(m[1]), std::stod(m[2]))
+                        : std::make_pair(0.0, 0.0);
+  };
+  const auto [p_first, m_first] = predicted_measured(
+      {{"recompute", "full"}, {"recompute_layers", {"encoder.stages.0.layers.0"}}});
+  EXPECT_NEAR(m_first / p_first, 1.0, 0.04);
+  const auto [p_all, m_all] = predicted_measured({{"recompute", "full"}});
+  EXPECT_NEAR(m_all / p_all, 1.0, 0.04);
+  const auto [p_none, m_none] = predicted_measured(json::object());
+  EXPECT_LE(p_all, p_first);  // (equal here: the first layer's backward sets the peak)
+  EXPECT_LT(p_first, p_none);
+  EXPECT_LT(m_first, m_none);
+  CliRun r = run_cli(
+      "train " +
+      config({{"recompute", "full"}, {"recompute_layers", {"encoder.stages.1.layers.0"}}}, json()) +
+      " --ranks 2 --check-plan");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("train.recompute_layers [1] is not priced: the planner prices full "
+                          "recompute of the first N blocks of each pipeline chunk (N = 1: [0])"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(CellsCli, BadNamesAreOneLineErrors) {
   auto one_line = [](const CliRun& r) {
     return r.code == 2 && r.output.rfind("meshflow: error: ", 0) == 0 &&

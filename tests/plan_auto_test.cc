@@ -538,6 +538,76 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
     EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05) << "stage " << r;
 }
 
+// Full recompute of a ResNet's residual layers, priced through the program
+// the recompute pass rewrites (the whole one at pp = 1, each chunk of the
+// runtime's split in a pipeline), of all of them or (pp = 1) of the first:
+// the parallel section the planner writes recomputes them, the run's losses
+// equal the run without it, the memory it holds is the predicted one (within
+// 2%) and less than without recompute (least with all), and the prediction
+// charges the recomputed forward (more backward, recompute_s > 0). Selective
+// recompute (the attention core) is refused by name.
+TEST(PlanAuto, ResNetRecomputeRunsAsPriced) {
+  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
+                      {"hidden_sizes", {16, 32}}, {"depths", {2, 1}},  {"layer_type", "basic"},
+                      {"num_labels", 10},         {"image_size", 28}};
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  const CostModel cm(TrainingJob{mc, 16, 1}, value_or_throw(share_machine(local(), 2)),
+                     meshflow_cpu_constants());
+  for (int64_t pp : {1, 2}) {
+    SCOPED_TRACE("pp=" + std::to_string(pp));
+    Plan p;
+    p.pp = pp, p.dp = 3 - pp, p.micro_batch = 8 / (3 - pp), p.num_micro_batches = 2;
+    // none, every residual layer, the first one (without pipelines)
+    const int variants = pp == 1 ? 3 : 2;
+    std::vector<float> losses[3];
+    double measured[3] = {0, 0, 0};
+    StepCost priced[3];
+    for (int v = 0; v < variants; ++v) {
+      p.recompute = v ? Recompute::kFull : Recompute::kNone;
+      p.recompute_layers = v == 2 ? 1 : 0;
+      const json section = value_or_throw(parallel_section(p, mc));
+      EXPECT_EQ(section.at("recompute"), v ? "full" : "none");
+      if (v == 2) {
+        EXPECT_EQ(section.at("recompute_layers"), json::array({0})) << section.dump();
+      }
+      json train = {{"steps", 2}, {"batch_size", 16}, {"eval_batches", 1}};
+      if (pp == 1) train["micro_batches"] = p.num_micro_batches;  // (a pipeline's are its own)
+      const json doc = {{"model", model},
+                        {"data", {{"dataset", "fashion_mnist"}}},
+                        {"train", train},
+                        {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+                        {"parallel", section}};
+      measured[v] = held_peak(doc, 2, 2, &losses[v]);
+      priced[v] = value_or_throw(cm.price(p));
+      EXPECT_NEAR(priced[v].memory.total / measured[v], 1.0, 0.02)
+          << "variant " << v << ": predicted " << priced[v].memory.total << " measured "
+          << measured[v];
+      ASSERT_EQ(losses[v].size(), losses[0].size());
+      for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_EQ(losses[v][i], losses[0][i]) << i;
+    }
+    EXPECT_LT(measured[1], measured[0]);
+    EXPECT_LT(priced[1].memory.total, priced[0].memory.total);
+    EXPECT_GT(priced[1].recompute_s, 0);
+    EXPECT_EQ(priced[0].recompute_s, 0);
+    EXPECT_GT(priced[1].step_time_s, priced[0].step_time_s);
+    if (variants == 3) {  // the first layer alone: in between
+      EXPECT_GT(priced[2].recompute_s, 0);
+      EXPECT_LT(priced[2].recompute_s, priced[1].recompute_s);
+      EXPECT_LT(priced[2].memory.total, priced[0].memory.total);
+      EXPECT_LE(priced[1].memory.total, priced[2].memory.total);
+    }
+  }
+  Plan selective;
+  selective.dp = 2, selective.micro_batch = 8, selective.recompute = Recompute::kSelective;
+  EXPECT_NE(cm.invalid_reason(selective).find("use recompute=full"), std::string::npos)
+      << cm.invalid_reason(selective);
+  Plan piped_first;  // some layers, in a pipeline: not priced for a ResNet
+  piped_first.pp = 2, piped_first.micro_batch = 8, piped_first.num_micro_batches = 2;
+  piped_first.recompute = Recompute::kFull, piped_first.recompute_layers = 1;
+  EXPECT_NE(cm.invalid_reason(piped_first).find("without pipelines, pp=1"), std::string::npos)
+      << cm.invalid_reason(piped_first);
+}
+
 // Stages chosen under memory on meshflow's executor (CostModel::stage_split
 // priced by chunk): a 6-block GPT with a 4096-word vocabulary on two 1F1B
 // stages. The runtime's own split (balanced by FLOPs and bytes, 5/1 here)

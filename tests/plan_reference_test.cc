@@ -293,6 +293,32 @@ TEST(PlanCostModel, BackwardTpCollectivesHideUnderTheWeightGradient) {
   EXPECT_EQ(te.tp_comm_s, value_or_throw(CostModel(job, c, k).price(p)).tp_comm_s);
 }
 
+// tp_comm_overlap_backward = false (TorchTitan's AsyncTP): the forward's tp
+// collectives hide as with tp_comm_overlap (chunked under the GEMMs, the
+// first chunk exposed), the backward's are paid whole, as without it.
+TEST(PlanCostModel, ForwardOnlyTpOverlapHidesTheForwardAlone) {
+  const int64_t layers = 4;
+  CostConstants k = megatron2021_constants();
+  const Cluster c = dgx(8);
+  const TrainingJob job{row_model(layers, 6144, 64), 4, 2048};
+  Plan p;
+  p.tp = 8, p.micro_batch = 4, p.num_micro_batches = 1;
+  const StepCost plain = value_or_throw(CostModel(job, c, k).price(p));
+  const LayerCost lc = value_or_throw(CostModel(job, c, k).layer_cost(8, 1, 4));
+  k.tp_comm_overlap = true;
+  const StepCost both = value_or_throw(CostModel(job, c, k).price(p));
+  k.tp_comm_overlap_backward = false;
+  const StepCost fwd = value_or_throw(CostModel(job, c, k).price(p));
+  // Hidden: the forward's (first chunk of tp exposed) and, with both, the backward's.
+  const double first = lc.tp_fwd_s / 8;
+  const double fwd_exposed = first + CostModel::overlap_exposed_s(lc.tp_fwd_s - first, lc.forward_s,
+                                                                  k.tp_overlap_compute_slowdown);
+  EXPECT_NEAR(plain.tp_comm_s - fwd.tp_comm_s, double(layers) * (lc.tp_fwd_s - fwd_exposed),
+              1e-9 * plain.tp_comm_s);
+  EXPECT_LT(both.tp_comm_s, fwd.tp_comm_s);
+  EXPECT_LT(fwd.step_time_s, plain.step_time_s);
+}
+
 // Materialized attention with a head size whose 16-bit rows are not a
 // multiple of 16 bytes (h 13824 over 128 heads: 108) runs its batched GEMMs
 // off the tensor cores, at the device's f32 rate: the same model with 96

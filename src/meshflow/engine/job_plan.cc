@@ -118,11 +118,13 @@ Result<plan::Plan> layout_of(const Job& job) {
   if (!rcp.layers.empty()) {
     // Priced: the first N blocks of each pipeline chunk (Plan::recompute_layers).
     MF_ASSIGN_OR_RETURN(const ModelConfig model, parse_model_config(rc.model));
-    const std::vector<int64_t> chunks = plan::chunk_blocks(p, plan::num_blocks(model));
+    // The blocks: a transformer's; a ResNet's residual layers (priced without pipelines).
+    const auto* resnet = std::get_if<ResNetConfig>(&model);
+    const int64_t blocks = resnet ? resnet->num_blocks() : plan::num_blocks(model);
+    const std::vector<int64_t> chunks = plan::chunk_blocks(p, blocks);
     std::vector<int64_t> given(rcp.layers.begin(), rcp.layers.end());
     std::sort(given.begin(), given.end());
     given.erase(std::unique(given.begin(), given.end()), given.end());
-    const int64_t blocks = plan::num_blocks(model);
     const bool all = int64_t(given.size()) == blocks && given.back() == blocks - 1;
     const std::optional<int64_t> n = plan::first_blocks_count(chunks, given);
     if (!all && !n) {

@@ -324,9 +324,17 @@ Result<nlohmann::json> parallel_section(const Plan& p, const ModelConfig& model)
     // The first recompute_layers blocks of each pipeline chunk, by number,
     // over the chunks the planner priced (written out: the runtime's own
     // balanced split weighs blocks by cost, and could place them otherwise).
+    if (resnet && p.pp == 1) {
+      // A ResNet's first residual layers (blocks 0 .. N-1).
+      std::vector<int64_t> first;
+      for (int64_t b = 0; b < p.recompute_layers; ++b) first.push_back(b);
+      par["recompute_layers"] = first;
+      return par;
+    }
     if (resnet || mlp)
       return Status::invalid("plan " + plan_label(p) +
-                             ": recompute of some blocks is priced for transformer blocks");
+                             ": recompute of some blocks is priced for transformer blocks and "
+                             "a resnet's first residual layers without pipelines");
     MF_ASSIGN_OR_RETURN(const TransformerDims d, transformer_dims(model));
     const std::vector<int64_t> sizes = chunk_blocks(p, d.layers);
     par["recompute_layers"] = first_blocks_of_chunks(sizes, p.recompute_layers);

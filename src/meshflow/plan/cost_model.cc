@@ -335,6 +335,8 @@ enum Slot {
   kAttention,      // the attention op's forward
   kFwdMatMul,      // the matmuls' forward
   kRecompute,      // recompute clones and their collectives
+  kRecomputeTp,    // of those, the collectives over tp
+  kRecomputeCp,    // and over cp
   kParams,
   kParamTensors,
   kNodes,
@@ -436,9 +438,10 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
     if (is_source(n.kind) || n.kind == OpKind::kShardSlice || n.phase == Phase::kMetric) continue;
     const bool fwd = n.phase == Phase::kForward;
     double time = 0;
+    std::string comm_axis;  // a collective's
     if (is_collective(n.kind)) {
       double bytes = 0;
-      std::string axis;
+      std::string& axis = comm_axis;
       time = collective_node_time_s(g, mesh, n, p, &bytes, &axis);
       if (n.phase == Phase::kOptimizer) {
         t[kCollectives] += 1;
@@ -494,7 +497,10 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
         time += exposed;
       }
     }
-    if (is_recompute(g, n)) t[kRecompute] += time;
+    if (is_recompute(g, n)) {
+      t[kRecompute] += time;
+      if (is_collective(n.kind)) t[comm_axis == "cp" ? kRecomputeCp : kRecomputeTp] += time;
+    }
   }
 }
 
@@ -585,6 +591,36 @@ Result<LayerCost> CostModel::price_program(int64_t tp, int64_t cp, int64_t micro
   return lc;
 }
 
+Result<std::array<double, 3>> CostModel::whole_recompute(
+    const Plan& p, std::shared_ptr<const StrategySearch> ops) const {
+  MF_RETURN_IF_ERROR(status_);
+  const auto key =
+      std::make_tuple(p.tp, p.cp, p.micro_batch, p.ring, ops.get(), p.recompute_layers);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = whole_recompute_cache_.find(key); it != whole_recompute_cache_.end())
+      return it->second;
+  }
+  // The program price_program prices, recompute pass applied: every block
+  // (a ResNet's residual layers) recomputes, as the runtime's full policy
+  // does, or the first recompute_layers of them.
+  RankShape shape{p.micro_batch, job_.seq, p.tp, p.cp, false, Recompute::kFull, 1, true};
+  shape.ops = ops;
+  shape.ring = p.ring;
+  for (int b = 0; b < static_cast<int>(p.recompute_layers); ++b)
+    shape.recompute_blocks.push_back(b);
+  MF_ASSIGN_OR_RETURN(const LocalProgram lp, rank_program(shape));
+  Plan q;
+  q.tp = p.tp, q.cp = p.cp, q.ring = p.ring;
+  Totals all{};
+  price_nodes(lp.graph, lp.mesh, q, weight_grad_nodes(lp.graph), {}, &all);
+  const std::array<double, 3> r = {all[kRecompute] - all[kRecomputeTp] - all[kRecomputeCp],
+                                   all[kRecomputeTp], all[kRecomputeCp]};
+  std::lock_guard<std::mutex> lock(mu_);
+  whole_recompute_cache_.emplace(key, r);
+  return r;
+}
+
 Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, int64_t micro_batch,
                                                       int64_t chunks, bool sp, Recompute recompute,
                                                       const std::vector<int64_t>& layers,
@@ -651,6 +687,8 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
       cc.times.weight_grad_s = t[kWgrad];
       cc.times.tp_comm_s = t[kTpFwd] + t[kTpBwd];
       cc.times.cp_comm_s = t[kCpFwd] + t[kCpBwd];
+      // Of B, the recompute clones' compute (their collectives are in the comm).
+      cc.times.recompute_s = t[kRecompute] - t[kRecomputeTp] - t[kRecomputeCp];
       cc.tp_bytes = t[kTpFwdBytes] + t[kTpBwdBytes];
       cc.cp_bytes = t[kCpFwdBytes] + t[kCpBwdBytes];
       for (ValueId v : c.act_out) {  // f32 activations move in the compute dtype
@@ -712,10 +750,13 @@ std::string CostModel::invalid_reason(const Plan& p) const {
     // ResNet's cp splits its images' height (auto_plan.h: parallel_section).
     // Its residual layers are a pipeline's blocks (chunk_costs).
     const bool resnet = std::holds_alternative<ResNetConfig>(job_.model);
-    if (resnet && (p.sp || p.recompute != Recompute::kNone))
-      return "the resnet has no sequence for sp, and the planner does not price its recompute "
-             "(train.recompute_layers sets it by cell): its plans are dp x tp x cp (the "
-             "height) x pp with ZeRO";
+    if (resnet && p.sp)
+      return "the resnet has no sequence for sp: its plans are dp x tp x cp (the height) x pp "
+             "with ZeRO and recompute";
+    if (resnet && p.recompute == Recompute::kSelective)
+      return "selective recompute recomputes the attention core, which the resnet does not "
+             "have: use recompute=full (every residual layer recomputes in the backward) or "
+             "none";
     if (!resnet && (p.pp > 1 || p.cp > 1 || p.sp || p.vp > 1 || p.recompute != Recompute::kNone))
       return "the " + summarize(job_.model, 1).kind +
              " has no transformer blocks to pipeline (pp) or recompute and no sequence to "
@@ -789,11 +830,15 @@ std::string CostModel::invalid_reason(const Plan& p) const {
   if (p.recompute_layers != 0) {
     const std::string n = "recompute_layers=" + str(p.recompute_layers);
     if (p.recompute_layers < 0) return n + " must be >= 0 (0: every block recomputes)";
-    if (p.recompute != Recompute::kFull || !has_blocks())
+    // A ResNet's first residual layers (the largest activations), without pipelines.
+    const bool resnet_layers = std::holds_alternative<ResNetConfig>(job_.model) && p.pp == 1;
+    if (p.recompute != Recompute::kFull || (!has_blocks() && !resnet_layers))
       return n +
              " recomputes the first blocks of each pipeline chunk under full recompute; "
-             "it needs recompute=full and a model with transformer blocks";
-    const std::vector<int64_t> chunks = chunk_blocks(p, d.layers);
+             "it needs recompute=full and a model with transformer blocks (a resnet's "
+             "first residual layers: without pipelines, pp=1)";
+    const std::vector<int64_t> chunks =
+        has_blocks() ? chunk_blocks(p, d.layers) : std::vector<int64_t>{pipeline_layers_};
     const int64_t chunk = *std::min_element(chunks.begin(), chunks.end());
     if (p.recompute_layers >= chunk)
       return n + " covers every block of a chunk of " + str(chunk) +
@@ -904,7 +949,8 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     return first + overlap_exposed_s(comm - first, compute, k_.tp_overlap_compute_slowdown);
   };
   const double tp_fwd = exposed_tp(lc.tp_fwd_s, f_layer);
-  double tp_bwd = exposed_tp(lc.tp_bwd_s, b_layer + w_layer);
+  double tp_bwd =
+      k_.tp_comm_overlap_backward ? exposed_tp(lc.tp_bwd_s, b_layer + w_layer) : lc.tp_bwd_s;
   if (k_.tp_backward_overlap && !k_.tp_comm_overlap && p.tp > 1)
     tp_bwd = overlap_exposed_s(lc.tp_bwd_s, w_layer,
                                overlap_slowdown_on(ring_link(p.tp, axis_stride(p, "tp"))));
@@ -950,6 +996,11 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     st.weight_grad_s += lc.head_wgrad_s;
     st.tp_comm_s += lc.head_comm_s - lc.head_cp_comm_s;
     st.cp_comm_s += lc.head_cp_comm_s;
+    // A model without blocks that recomputes (its whole program's clones).
+    st.backward_s += lc.head_recompute_s + lc.head_recompute_tp_s + lc.head_recompute_cp_s;
+    st.recompute_s += lc.head_recompute_s;
+    st.tp_comm_s += lc.head_recompute_tp_s;
+    st.cp_comm_s += lc.head_recompute_cp_s;
   }
   return st;
 }
@@ -1150,6 +1201,7 @@ void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& 
       s.weight_grad_s += k.times.weight_grad_s;
       s.tp_comm_s += k.times.tp_comm_s;
       s.cp_comm_s += k.times.cp_comm_s;
+      s.recompute_s += k.times.recompute_s;
       l.head_params += k.params - k.copied_params;  // (a tied copy is not updated)
       l.head_param_tensors += k.param_tensors;
       l.head_comm_bytes += k.tp_bytes;
@@ -1328,6 +1380,10 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
                                     p.layers_per_stage, searched, p.ring, p.recompute_layers));
   } else {
     MF_ASSIGN_OR_RETURN(lc, layer_cost(p.tp, p.cp, p.micro_batch, p.sp, p.ops, p.ring));
+    if (!has_blocks() && p.recompute == Recompute::kFull) {
+      MF_ASSIGN_OR_RETURN(const auto rc, whole_recompute(p, searched));
+      lc.head_recompute_s = rc[0], lc.head_recompute_tp_s = rc[1], lc.head_recompute_cp_s = rc[2];
+    }
   }
   const TransformerDims& d = dims_;
   const Cluster& cl = cluster_;

@@ -303,6 +303,16 @@ struct CostConstants {
   // first chunk plus whatever the block's compute does not cover. meshflow's
   // runtime does not (false).
   bool tp_comm_overlap = false;
+  // Whether tp_comm_overlap covers the backward's collectives too (Transformer
+  // Engine's userbuffers overlap the input-gradient GEMMs' all_gathers and
+  // reduce_scatters as well). false: the forward's alone (and the recomputed
+  // forward's), as TorchTitan's AsyncTP ran them: PyTorch's micro-pipeline TP
+  // pass fuses all_gather -> matmul and matmul -> reduce_scatter where the
+  // graph spells them so, which its authors measured as a forward speedup of
+  // up to 20-29% and 8% end to end on Llama 3 8B and 70B ("Introducing Async
+  // Tensor Parallelism in PyTorch", discuss.pytorch.org, 2024): what a forward
+  // at 1/2 of a fully recomputed step's compute gains alone.
+  bool tp_comm_overlap_backward = true;
   // The stack runs the backward's tensor-parallel collectives asynchronously
   // under the weight-gradient GEMMs (Megatron-LM since 2022:
   // LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022
@@ -421,6 +431,11 @@ struct LayerCost {
   double attention_core_s = 0;  // forward of the attention op (selective recompute)
   double forward_matmul_s = 0;  // forward of the block's matmuls (op-level SAC)
   double recompute_full_s = 0, recompute_selective_s = 0;  // recompute_from_pass: the clones
+  // A model without blocks under full recompute (a ResNet's residual layers,
+  // every one recomputing): its whole program's clones, their compute and
+  // their collectives over tp and over cp, in the head's backward. Set by
+  // price() for such a plan (whole_recompute), 0 otherwise.
+  double head_recompute_s = 0, head_recompute_tp_s = 0, head_recompute_cp_s = 0;
   // Outside the blocks, collectives included; *_comm_s / *_comm_bytes: theirs.
   double embed_fwd_s = 0, embed_bwd_s = 0;                  // before the first block
   double head_fwd_s = 0, head_bwd_s = 0, head_wgrad_s = 0;  // after the last block
@@ -711,6 +726,12 @@ class CostModel {
   // layer_cost without the cache.
   Result<LayerCost> price_program(int64_t tp, int64_t cp, int64_t micro_batch, bool sp, bool ops,
                                   bool ring) const;
+  // A model without blocks under full recompute: what the recompute pass
+  // clones into its whole program's backward (every block, or a ResNet's
+  // first p.recompute_layers residual layers), {compute, tp collectives, cp
+  // collectives} in seconds per micro-batch (LayerCost::head_recompute_*).
+  Result<std::array<double, 3>> whole_recompute(const Plan& p,
+                                                std::shared_ptr<const StrategySearch> ops) const;
 
   TrainingJob job_;
   Cluster cluster_;
@@ -761,6 +782,10 @@ class CostModel {
       std::tuple<int64_t, int64_t, int64_t, int, const StrategySearch*, std::vector<int>>,
       std::shared_ptr<const LocalProgram>>
       pipeline_programs_;
+  // (tp, cp, micro_batch, ring, ops, recompute_layers) -> whole_recompute's answer.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, bool, const StrategySearch*, int64_t>,
+                   std::array<double, 3>>
+      whole_recompute_cache_;
   int64_t pipeline_layers_ = 0;
 };
 

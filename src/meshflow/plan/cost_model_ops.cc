@@ -244,9 +244,12 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
   // program whose first block alone recomputes (cached as recompute 3).
   auto program_arenas = [&](const Plan& q, bool zero,
                             bool mixed) -> Result<std::pair<double, double>> {
-    const auto key =
-        std::make_tuple(q.tp, q.cp, q.micro_batch, int(q.sp) + (q.ops ? 2 : 0) + (q.ring ? 4 : 0),
-                        mixed ? 3 : int(q.recompute), zero ? q.zero : 0, zero ? q.dp : 1);
+    // (A model without blocks recomputes its first recompute_layers blocks:
+    // a ResNet's residual layers, in its one program.)
+    const int first = has_blocks() ? 0 : static_cast<int>(q.recompute_layers);
+    const auto key = std::make_tuple(
+        q.tp, q.cp, q.micro_batch, int(q.sp) + (q.ops ? 2 : 0) + (q.ring ? 4 : 0),
+        mixed ? 3 : int(q.recompute) + 4 * first, zero ? q.zero : 0, zero ? q.dp : 1);
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = arena_cache_.find(key);
@@ -259,6 +262,8 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
       RankShape shape{q.micro_batch, job_.seq, q.tp, q.cp, q.sp, q.recompute, n};
       shape.ring = q.ring;
       if (mixed) shape.recompute_blocks = {0};
+      if (q.recompute == Recompute::kFull)
+        for (int b = 0; b < first; ++b) shape.recompute_blocks.push_back(b);
       if (zero) shape.dp = q.dp, shape.zero = q.zero, shape.optimizer = true;
       if (q.ops) {
         MF_ASSIGN_OR_RETURN(shape.ops, op_search(q.tp, q.cp, q.micro_batch));

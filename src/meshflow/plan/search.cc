@@ -358,6 +358,15 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     std::vector<GroupSweep> found(groups.size());
     for_each_index(groups.size(), options.threads, [&](size_t gi) {
       GroupSweep& gs = found[gi];
+      // A model priced program by program (a ResNet: no blocks to
+      // extrapolate, so each recompute plan lowers programs of its own)
+      // recomputes only where the same plan without recompute does not fit:
+      // recompute adds backward work and saves only memory, so where the plan
+      // without it fits that one is as fast or faster (exact at pp = 1; a
+      // pipeline's memory-aware split of the two may differ). `fitted`: the
+      // plans without recompute that fit, of the current plan's twins (the
+      // sweep enumerates a plan's recompute choices one after another).
+      std::vector<Plan> fitted;
       // The clock is read before every plan: a plan prices in about a
       // microsecond from the caches, but the first at a new (tp, cp,
       // micro-batch) builds and lowers its rank programs (milliseconds; read
@@ -378,28 +387,44 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
               gs.note_invalid(plan_label(p) + ": " + why);
               return true;
             }
+            if (!cm.has_blocks()) {
+              Plan twin = p;
+              twin.recompute = Recompute::kNone, twin.recompute_layers = 0;
+              if (p.recompute == Recompute::kNone) {
+                if (!fitted.empty()) {
+                  Plan a = fitted.front(), b = p;
+                  for (Plan* x : {&a, &b})
+                    x->zero = 0, x->offload = Offload::kNone, x->group = false;
+                  if (!(a == b)) fitted.clear();  // other twins
+                }
+              } else if (std::find(fitted.begin(), fitted.end(), twin) != fitted.end()) {
+                return true;
+              }
+            }
             auto consider = [&](const Plan& q) {
               if (options.reject) {
                 const std::string no = options.reject(q);
                 if (!no.empty()) {
                   gs.note_invalid(no);
-                  return;
+                  return false;
                 }
               }
               Result<StepCost> c = cm.price(q, CostModel::PipelineModel::kClosedForm);
               if (!c.is_ok()) {
                 gs.note_invalid(c.status().message());
-                return;
+                return false;
               }
               ++gs.valid;
               if (!c->fits) {
                 gs.note_unfit(*c);
-                return;
+                return false;
               }
               ++gs.fitting;
               keep_plan(&gs.plans, *c, keep);
+              return true;
             };
-            consider(p);
+            if (consider(p) && !cm.has_blocks() && p.recompute == Recompute::kNone)
+              fitted.push_back(p);
             // The same pipeline with its stages chosen by time and memory
             // together (uneven: fewer blocks where the embedding, the head
             // or the micro-batches in flight weigh), when that differs from
@@ -464,17 +489,22 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
   // again recomputing the first N of each chunk, N the fewest that still
   // fit (memory falls and time grows with N: a bisection), kept when it
   // fits. The sweep's plans recompute all blocks or none.
-  if (!options.fixed.recompute_layers && !r.timed_out && cm.has_blocks() &&
-      cm.constants().memory_model == MemoryModel::kMegatron) {
+  // A ResNet's leaders without pipelines likewise, its first N residual
+  // layers recomputing (the largest activations: memory falls with N).
+  const bool resnet = std::holds_alternative<ResNetConfig>(cm.job().model);
+  if (!options.fixed.recompute_layers && !r.timed_out &&
+      ((cm.has_blocks() && cm.constants().memory_model == MemoryModel::kMegatron) || resnet)) {
     std::vector<Plan> fulls;
     for (const StepCost& c : r.plans)
-      if (c.plan.recompute == Recompute::kFull && c.plan.recompute_layers == 0)
+      if (c.plan.recompute == Recompute::kFull && c.plan.recompute_layers == 0 &&
+          (!resnet || c.plan.pp == 1))
         fulls.push_back(c.plan);
     std::vector<std::optional<StepCost>> fewer(fulls.size());
     for_each_index(fulls.size(), options.threads, [&](size_t i) {
       Plan q = fulls[i];
       // The fewest blocks a chunk holds less one: the largest N priced.
-      const std::vector<int64_t> chunks = chunk_blocks(q, cm.dims().layers);
+      const std::vector<int64_t> chunks =
+          resnet ? std::vector<int64_t>{cm.pipeline_layers()} : chunk_blocks(q, cm.dims().layers);
       int64_t lo = 1, hi = *std::min_element(chunks.begin(), chunks.end()) - 1;
       std::optional<StepCost> best;
       while (lo <= hi) {
