@@ -148,8 +148,10 @@ TEST(PlanAuto, LocalClusterIsThisMachines) {
   Cluster mine =
       value_or_throw(load_cluster(testing::source_dir() + "/configs/clusters/local_cpu.json"));
   mine.device.name = this_machine_device_name();
+  mine.calibrated_with = calibration_software();
   mine.device.peak_flops.f32 = 123e9;
   std::ofstream(cache) << format_cluster_json(mine);
+  EXPECT_EQ(value_or_throw(load_cluster(cache)).calibrated_with, calibration_software());
   EXPECT_EQ(value_or_throw(load_local_cluster()).device.peak_flops.f32, 123e9);
 
   Cluster other = mine;
@@ -172,6 +174,31 @@ TEST(PlanAuto, LocalClusterIsThisMachines) {
     } else {  // measured beside other work (tests run two at a time): used, not kept
       EXPECT_NE(said.find("not cached: other processes used"), std::string::npos) << said;
       EXPECT_EQ(cached.device.name, other.device.name);
+    }
+  }
+  // This machine's calibration by other software (another OpenBLAS, an
+  // older calibration): measured again in a fresh process, and said why.
+  const bool shipped_here =
+      value_or_throw(load_cluster(testing::source_dir() + "/configs/clusters/local_cpu.json"))
+          .device.name == this_machine_device_name();
+  Cluster old = mine;
+  old.calibrated_with = "meshflow calibration 0; OpenBLAS 0.0.1";
+  std::ofstream(cache) << format_cluster_json(old);
+  const std::string gpt = testing::source_dir() + "/configs/gpt_fortunes.json";
+  const testing::CliRun s =
+      testing::run_cli("explain " + gpt + " --ranks 2 --no-nodes --set " +
+                       "'parallel={\"mode\": \"auto\", \"search\": \"full\"}'");
+  EXPECT_EQ(s.code, 0) << s.output;
+  if (!shipped_here) {
+    EXPECT_NE(s.output.find("was measured with \"meshflow calibration 0; OpenBLAS 0.0.1\", this "
+                            "build is \"" +
+                            calibration_software() + "\""),
+              std::string::npos)
+        << s.output;
+    const Cluster now = value_or_throw(load_cluster(cache));
+    if (s.output.find("cached in " + cache) != std::string::npos) {
+      EXPECT_EQ(now.calibrated_with, calibration_software());
+      EXPECT_NE(now.device.peak_flops.f32, 123e9);
     }
   }
   // A cache file cut short (a crash while writing, a full disk) is passed

@@ -377,11 +377,19 @@ Result<Cluster> load_local_cluster(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu);
   if (measured) return *measured;
   const std::string here_name = this_machine_device_name();
+  const std::string software = calibration_software();
   const std::string cache = local_cluster_cache_path();
   std::error_code ec;
+  std::string stale;  // a cached calibration of this machine by other software
   if (!cache.empty() && fs::exists(cache, ec)) {
     Result<Cluster> c = load_cluster(cache);  // a bad cache file is measured again
-    if (c.is_ok() && c->device.name == here_name) return c;
+    if (c.is_ok() && c->device.name == here_name) {
+      if (c->calibrated_with == software) return c;
+      stale = "the cached " + cache + " was measured with " +
+              (c->calibrated_with.empty() ? std::string("an unrecorded build")
+                                          : "\"" + c->calibrated_with + "\"") +
+              ", this build is \"" + software + "\"";
+    }
   }
   const std::string rel = "configs/clusters/local_cpu.json";
   std::string shipped;
@@ -395,9 +403,15 @@ Result<Cluster> load_local_cluster(const std::string& path) {
   std::string other = "no " + rel + " here";
   if (!shipped.empty()) {
     MF_ASSIGN_OR_RETURN(Cluster c, load_cluster(shipped));
-    if (c.device.name == here_name) return c;
+    // (A shipped file that does not say what measured it is taken as this
+    // build's.)
+    if (c.device.name == here_name && (c.calibrated_with.empty() || c.calibrated_with == software))
+      return c;
     other = shipped + " was measured on " + c.device.name;
+    if (c.device.name == here_name)
+      other = shipped + " was measured with \"" + c.calibrated_with + "\"";
   }
+  if (!stale.empty()) other = stale;
   Result<Calibration> cal = calibrate();
   if (!cal.is_ok())
     return cal.status().with_context("measuring this machine (" + other +

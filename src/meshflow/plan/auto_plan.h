@@ -95,10 +95,12 @@ Result<nlohmann::json> auto_parallel_section(const RunConfig& rc, int ranks, con
 // This machine's cluster: the file `path` when given; else the file
 // $MESHFLOW_LOCAL_CLUSTER names; else a calibration of this very machine (its
 // device name, this_machine_device_name(), matches): the cached one
-// (local_cluster_cache_path()), else configs/clusters/local_cpu.json (under
+// (local_cluster_cache_path()) when this build's software measured it
+// (Cluster::calibrated_with == calibration_software()), else
+// configs/clusters/local_cpu.json (under
 // the current directory, then under the source tree this library was built
 // from) when it was measured here; else this machine is measured now
-// (plan::calibrate, about 2 s, once: the result is cached, and a line on
+// (plan::calibrate, seconds, once: the result is cached, and a line on
 // stderr says which file was not this machine's and where the new one is).
 // Errors: a named file missing or invalid (listing the places tried), a
 // calibration that fails.

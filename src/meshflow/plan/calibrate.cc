@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -281,12 +282,31 @@ std::string this_machine_device_name() {
   return device_name(cpu_model_name(), omp_get_num_procs());
 }
 
+namespace {
+// Raise when calibrate() measures something else or otherwise (a cached
+// calibration of an older one is then measured again): 1, 2026-11-28, the
+// GEMM curve, the thin-GEMM grids on all threads and on one, the triad, the
+// local all_reduce link.
+constexpr int kCalibrationVersion = 1;
+}  // namespace
+
+std::string calibration_software() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* blas = openblas_get_config();
+  std::string s = "meshflow calibration " + std::to_string(kCalibrationVersion) + "; " +
+                  (blas ? std::string(blas) : std::string("OpenBLAS (no config)"));
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s + "; oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
+
 Cluster cluster_from_calibration(const Calibration& cal, const std::string& name) {
   Cluster c;
   c.name = name;
   c.nodes = 1;
   c.devices_per_node = 1;
   c.device.name = device_name(cal.cpu_name, cal.threads);
+  c.calibrated_with = calibration_software();
   c.device.peak_flops.f32 = sig4(cal.peak_flops);
   c.device.memory_bytes = cal.memory_bytes;
   c.device.memory_bandwidth_bytes_per_s = sig4(cal.memory_bandwidth_bytes_per_s);

@@ -94,6 +94,15 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
 // load_local_cluster tells a calibration of this machine from one of another by it.
 std::string this_machine_device_name();
 
+// What measured a calibration, beside the machine: the calibration's own
+// version (kCalibrationVersion, raised when calibrate() measures something
+// else), OpenBLAS's build (openblas_get_config: its version and kernel set)
+// and oneDNN's version, the libraries whose kernels it timed. Recorded in the
+// cluster file (Cluster::calibrated_with); load_local_cluster measures again
+// when a cached calibration's differs (a library upgraded, a new meshflow).
+//   "meshflow calibration 1; OpenBLAS 0.3.21 DYNAMIC_ARCH ... SkylakeX ...; oneDNN 3.0.0"
+std::string calibration_software();
+
 // Human-readable table of the measurements.
 std::string format_calibration(const Calibration& cal);
 

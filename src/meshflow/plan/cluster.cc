@@ -391,6 +391,7 @@ Result<Cluster> parse_cluster(const json& j) {
   Cluster c;
   JsonObjectReader r(j, "cluster");
   r.string("name", &c.name);
+  r.string("calibrated_with", &c.calibrated_with);
   r.integer("nodes", &c.nodes, 1);
   r.required("devices_per_node");
   r.integer("devices_per_node", &c.devices_per_node, 1);
@@ -482,6 +483,7 @@ J cluster_json(const Cluster& c) {
            {"device", dev},
            {"intra_node", link(c.intra_node)},
            {"inter_node", link(c.inter_node)}};
+  if (!c.calibrated_with.empty()) out["calibrated_with"] = c.calibrated_with;
   const Host& h = c.host;
   if (h.link_bandwidth_bytes_per_s > 0 || h.memory_bytes > 0 || h.nvme_bytes > 0)
     out["host"] = J{{"link_bandwidth_bytes_per_s", h.link_bandwidth_bytes_per_s},

@@ -110,6 +110,9 @@ struct Host {
 
 struct Cluster {
   std::string name;
+  // A calibration's software (plan/calibrate.h: calibration_software); empty
+  // in a file written by hand. Optional key "calibrated_with".
+  std::string calibrated_with;
   int nodes = 1;
   int devices_per_node = 1;
   Device device;
