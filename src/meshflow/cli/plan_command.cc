@@ -272,10 +272,13 @@ int run_plan(const PlanOptions& o) {
         "without --fp8, or emit megatron or torchtitan");
   CostModel cm(job, *cluster, k);
   if (!cm.status().is_ok()) return user_error(o.model + ": " + cm.status().message());
-  if (o.time_limit_s > 0)
-    cm.set_op_search_deadline(std::chrono::steady_clock::now() +
-                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(o.time_limit_s)));
+  if (o.time_limit_s > 0) {
+    // One deadline for the per-operator searches and the sweep.
+    so.deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(o.time_limit_s));
+    cm.set_op_search_deadline(*so.deadline);
+  }
   if (emit) {  // only the plans the target runs as planned
     Result<TransformerDims> dims = transformer_dims(*model);
     if (!dims.is_ok())

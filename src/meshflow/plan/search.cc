@@ -622,7 +622,8 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
 Result<SearchResult> search_plans(const CostModel& cm, int64_t devices,
                                   const SearchOptions& options) {
   const Clock::time_point deadline =
-      options.time_limit_s > 0
+      options.deadline ? *options.deadline
+      : options.time_limit_s > 0
           ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(options.time_limit_s))
           : Clock::time_point::max();

@@ -18,6 +18,7 @@
 // prices exactly one plan.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -70,6 +71,11 @@ struct SearchOptions {
   // Stop after this many seconds with the best plans found so far
   // (SearchResult::timed_out); 0: no limit.
   double time_limit_s = 0;
+  // The same as an instant, used in place of time_limit_s when set: `meshflow
+  // plan` gives the cost model's per-operator searches
+  // (CostModel::set_op_search_deadline) and the sweep this one deadline, so
+  // both stop together however long the setup between took.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   // Plans this returns a reason for are left out (counted as invalid, the
   // first reason reported when nothing is left): `meshflow plan --emit`
   // searches only the plans the target stack runs as planned.
