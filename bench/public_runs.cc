@@ -690,9 +690,14 @@ Mapped map_run(const json& run) {
   // and Megatron-Bridge's Llama-3 recipes, which its performance scripts build
   // on (src/megatron/bridge/recipes/llama/llama3.py: the 70B pretrain config's
   // CommOverlapConfig(tp_comm_overlap=True, userbuffers_..._h100_h8192_tp4...)).
+  // Likewise a run whose configs "follow NeMo performance scripts" (Megatron-LM's
+  // Llama FP8 table): those scripts give Llama 3 70B and 405B, not 8B, a
+  // userbuffers tp_comm_overlap_cfg for the GPU and dtype (NeMo
+  // scripts/performance/llm/pretrain_llama31_*.py: ub_cfg["h100"]["fp8"]).
+  const bool nemo_perf_scripts = has(get_str(run, "notes"), "NeMo performance scripts");
   if (has(get_str(par, "comm_overlap"), "tp-comm-overlap") ||
       has(get_str(par, "techniques"), "asynctp") || has(get_str(par, "techniques"), "async tp") ||
-      (has(fw, "megatron-bridge") && m.plan.tp > 1)) {
+      ((has(fw, "megatron-bridge") || nemo_perf_scripts) && m.plan.tp > 1)) {
     m.k.tp_comm_overlap = true;
     m.stack += "+tp-overlap";
     if (has(fw, "torchtitan")) {
