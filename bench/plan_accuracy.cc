@@ -3,7 +3,7 @@
 // configs/models/resnet_fashion.json, the small ResNet) under a dozen plans
 // on 1-4 in-process ranks (data parallel, Megatron tensor parallel, sequence
 // parallel, ZeRO 1-3, recompute, gradient accumulation; for the ResNet
-// channels, height and pipelines), measures the median step time and each
+// channels, height, pipelines and recompute), measures the median step time and each
 // rank's peak memory (Engine::peak_bytes: persistent storage + the static
 // arena, + a pipeline's activation stash), prices the same plans with the cost
 // model on the calibrated cluster shared among the ranks (plan::share_machine),
@@ -441,6 +441,11 @@ int main(int argc, char** argv) {
       {"pp3-1f1b-mb4", 3, "dp=1", "", 0, "none", 4, 3, "1f1b"},
       {"pp2-tp2", 4, "dp=1,tp=2", "", 0, "none", 2, 2, "1f1b"},
       {"tp2-ops", 2, "dp=1,tp=2", "ops"},
+      // Recompute of every residual layer, of the first (without pipelines),
+      // and in a pipeline's chunks.
+      {"dp2-full", 2, "dp=2", "dp", 0, "full"},
+      {"dp1-full:1", 1, "dp=1", "dp", 0, "full", 1, 1, "1f1b", {}, false, 1},
+      {"pp2-1f1b-mb4-full", 2, "dp=1", "", 0, "full", 4, 2, "1f1b"},
   };
   const bool resnet = std::holds_alternative<ResNetConfig>(mc);
   const std::vector<Case>& cases = lm ? lm_cases : resnet ? resnet_cases : mlp_cases;

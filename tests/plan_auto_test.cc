@@ -635,6 +635,44 @@ TEST(PlanAuto, ResNetRecomputeRunsAsPriced) {
       << cm.invalid_reason(piped_first);
 }
 
+// Auto mode on a ResNet recomputes where only that fits: on a machine whose
+// share per rank holds the recomputing plans and none without, it picks one,
+// writes recompute "full", and the run holds the memory it predicted.
+TEST(PlanAuto, ResNetAutoModeRecomputesWhereOnlyThatFits) {
+  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
+                      {"hidden_sizes", {16, 32}}, {"depths", {2, 1}},  {"layer_type", "basic"},
+                      {"num_labels", 10},         {"image_size", 28}};
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fashion_mnist"}}},
+              {"train", {{"steps", 2}, {"batch_size", 16}, {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+              {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const Cluster machine = local();
+  const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
+  double least[2] = {0, 0};  // the least memory without recompute, with it
+  for (const StepCost& c : all.candidates) {
+    double& x = least[c.plan.recompute == Recompute::kFull ? 1 : 0];
+    if (x == 0 || c.memory.total < x) x = c.memory.total;
+  }
+  ASSERT_GT(least[1], 0);  // recompute priced among the candidates
+  ASSERT_LT(least[1], 0.97 * least[0]);
+  Cluster small = machine;  // a rank's usable share between the two
+  const double usable = 0.5 * (least[1] + least[0]);
+  small.device.memory_bytes = static_cast<int64_t>(double(machine.device.memory_bytes) * usable /
+                                                   all.candidates.front().usable_memory);
+  const LocalAutoPlan chosen = value_or_throw(plan_local_run(rc, 2, small));
+  EXPECT_EQ(chosen.best.plan.recompute, Recompute::kFull) << plan_label(chosen.best.plan);
+  EXPECT_TRUE(chosen.best.fits);
+  EXPECT_EQ(chosen.parallel.at("recompute"), "full") << chosen.parallel.dump();
+  doc["parallel"] = chosen.parallel;
+  if (chosen.best.plan.num_micro_batches > 1)
+    doc["train"]["micro_batches"] = chosen.best.plan.num_micro_batches;
+  const double held = held_peak(doc, 2, 2);
+  EXPECT_NEAR(chosen.best.memory.total / held, 1.0, 0.02)
+      << "predicted " << chosen.best.memory.total << " held " << held;
+}
+
 // Stages chosen under memory on meshflow's executor (CostModel::stage_split
 // priced by chunk): a 6-block GPT with a 4096-word vocabulary on two 1F1B
 // stages. The runtime's own split (balanced by FLOPs and bytes, 5/1 here)
