@@ -263,17 +263,27 @@ TEST(PlanReference, Korthikanti2022Table5) {
   std::printf("mean |error| %.1f%% over %d runs\n", 100 * sum_abs / n, n);
 }
 
+// The tp-overlap tests' case: a 4-block row model of h 6144 at tp=8 on one
+// DGX node, micro-batch 4.
+struct TpRow {
+  int64_t layers = 4;
+  Cluster c = dgx(8);
+  TrainingJob job{row_model(4, 6144, 64), 4, 2048};
+  Plan p;
+  TpRow() { p.tp = 8, p.micro_batch = 4, p.num_micro_batches = 1; }
+};
+
 // tp_backward_overlap (Megatron-LM's async tensor-parallel backward): each
 // block's backward collectives run under its weight-gradient GEMMs, exposed
 // as overlap_exposed_s gives with the tp ring's slowdown; the forward's are
 // untouched, and a stack with tp_comm_overlap prices its own overlap instead.
 TEST(PlanCostModel, BackwardTpCollectivesHideUnderTheWeightGradient) {
-  const int64_t layers = 4;
+  const TpRow row;
+  const int64_t layers = row.layers;
+  const Cluster& c = row.c;
+  const TrainingJob& job = row.job;
+  const Plan& p = row.p;
   CostConstants k = megatron2021_constants();
-  const Cluster c = dgx(8);
-  const TrainingJob job{row_model(layers, 6144, 64), 4, 2048};
-  Plan p;
-  p.tp = 8, p.micro_batch = 4, p.num_micro_batches = 1;
   const StepCost plain = value_or_throw(CostModel(job, c, k).price(p));
   k.tp_backward_overlap = true;
   const CostModel cm(job, c, k);
@@ -297,12 +307,12 @@ TEST(PlanCostModel, BackwardTpCollectivesHideUnderTheWeightGradient) {
 // collectives hide as with tp_comm_overlap (chunked under the GEMMs, the
 // first chunk exposed), the backward's are paid whole, as without it.
 TEST(PlanCostModel, ForwardOnlyTpOverlapHidesTheForwardAlone) {
-  const int64_t layers = 4;
+  const TpRow row;
+  const int64_t layers = row.layers;
+  const Cluster& c = row.c;
+  const TrainingJob& job = row.job;
+  const Plan& p = row.p;
   CostConstants k = megatron2021_constants();
-  const Cluster c = dgx(8);
-  const TrainingJob job{row_model(layers, 6144, 64), 4, 2048};
-  Plan p;
-  p.tp = 8, p.micro_batch = 4, p.num_micro_batches = 1;
   const StepCost plain = value_or_throw(CostModel(job, c, k).price(p));
   const LayerCost lc = value_or_throw(CostModel(job, c, k).layer_cost(8, 1, 4));
   k.tp_comm_overlap = true;

@@ -1186,45 +1186,6 @@ Result<MemoryBreakdown> CostModel::memory_per_device(const Plan& p, const LayerC
   return worst;
 }
 
-void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
-                                   StageTimes* st, LayerCost* lc, double* p2p_bytes) const {
-  double slowest = -1, act = 0;
-  const ScheduleOptions so{p.schedule, static_cast<int>(p.pp), 1, static_cast<int>(p.vp)};
-  for (int64_t r = 0; r < p.pp; ++r) {
-    StageTimes s;
-    LayerCost l;
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      if (chunk_rank(so, static_cast<int>(c)) != r) continue;
-      const ChunkCost& k = chunks[c];
-      s.forward_s += k.times.forward_s;
-      s.backward_s += k.times.backward_s;
-      s.weight_grad_s += k.times.weight_grad_s;
-      s.tp_comm_s += k.times.tp_comm_s;
-      s.cp_comm_s += k.times.cp_comm_s;
-      s.recompute_s += k.times.recompute_s;
-      l.head_params += k.params - k.copied_params;  // (a tied copy is not updated)
-      l.head_param_tensors += k.param_tensors;
-      l.head_comm_bytes += k.tp_bytes;
-      l.outside_cp_bytes += k.cp_bytes;
-      l.opt_comm_outside_s += k.opt_comm_s;
-      l.opt_comm_outside_bytes += k.opt_comm_bytes;
-      l.opt_bucketed_tp_outside_bytes += k.opt_bucketed_tp_bytes;
-      l.input_bytes += k.input_bytes;
-      act = std::max(act, k.act_bytes);
-    }
-    const double total = s.forward_s + s.backward_s + s.weight_grad_s;
-    if (total > slowest) slowest = total, *st = s;
-    if (r == 0 || l.head_params > lc->head_params) *lc = l;
-  }
-  *p2p_bytes = act;
-  st->p2p_s = 0;
-  if (p.pp > 1) {
-    const Link& pp_link = cluster_.link_for_axis(p.pp, axis_stride(p, "pp"));
-    st->p2p_s =
-        cluster_.collective_time_s(Collective::kSendRecv, 2, act, pp_link) / k_.p2p_efficiency;
-  }
-}
-
 MemoryBreakdown CostModel::chunk_rank_memory(const Plan& p, double params, double copied,
                                              double arena, double inputs, double bucketed_tp,
                                              double stash) const {
@@ -1242,45 +1203,6 @@ MemoryBreakdown CostModel::chunk_rank_memory(const Plan& p, double params, doubl
   mb.temporaries = inputs;
   mb.total = mb.params + mb.grads + mb.optimizer + mb.activations + mb.temporaries;
   return mb;
-}
-
-Result<std::vector<MemoryBreakdown>> CostModel::memory_by_rank(const Plan& p,
-                                                               const std::vector<ChunkCost>& chunks,
-                                                               const StageTimes& st) const {
-  // The stashes each rank holds at its peak (F done, its B or W not yet):
-  // the runtime's schedule simulated with each chunk's stash bytes (a rank's
-  // chunks hold different stashes: zb-v's rank 0 the embedding's and the
-  // head's); past a few rounds the peak is reached.
-  const int64_t m = p.num_micro_batches, pp = p.pp;
-  ScheduleOptions so;
-  so.kind = p.schedule;
-  so.stages = static_cast<int>(pp);
-  so.micro_batches = static_cast<int>(m <= 5 * pp ? m : 4 * pp + m % pp);
-  so.virtual_stages = static_cast<int>(p.vp);
-  so.zb_v_costs = chunk_sim_costs(p, st);  // its order, as simulated_pipeline_s makes it
-  MF_ASSIGN_OR_RETURN(const meshflow::Schedule sched, make_schedule(so));
-  SimCosts stashes;
-  for (const ChunkCost& k : chunks) {
-    stashes.stash_bytes.push_back(k.stash_bytes);
-    stashes.weight_hold_bytes.push_back(k.weight_hold_bytes);
-  }
-  MF_ASSIGN_OR_RETURN(const SimResult sim, simulate(sched, stashes));
-  std::vector<MemoryBreakdown> out;
-  for (int64_t r = 0; r < pp; ++r) {
-    double params = 0, copied = 0, arena = 0, inputs = 0, bucketed_tp = 0;
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      if (chunk_rank(so, static_cast<int>(c)) != r) continue;
-      const ChunkCost& k = chunks[c];
-      params += double(k.params);
-      copied += double(k.copied_params);
-      arena += k.arena_bytes;
-      inputs += k.input_bytes;
-      bucketed_tp += k.opt_bucketed_tp_bytes;
-    }
-    out.push_back(chunk_rank_memory(p, params, copied, arena, inputs, bucketed_tp,
-                                    sim.peak_stash_bytes[static_cast<size_t>(r)]));
-  }
-  return out;
 }
 
 Result<std::vector<int64_t>> CostModel::stage_split(const Plan& p) const {
