@@ -279,28 +279,24 @@ struct TpRow {
 // untouched, and a stack with tp_comm_overlap prices its own overlap instead.
 TEST(PlanCostModel, BackwardTpCollectivesHideUnderTheWeightGradient) {
   const TpRow row;
-  const int64_t layers = row.layers;
-  const Cluster& c = row.c;
-  const TrainingJob& job = row.job;
-  const Plan& p = row.p;
   CostConstants k = megatron2021_constants();
-  const StepCost plain = value_or_throw(CostModel(job, c, k).price(p));
+  const StepCost plain = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
   k.tp_backward_overlap = true;
-  const CostModel cm(job, c, k);
-  const StepCost overlapped = value_or_throw(cm.price(p));
+  const CostModel cm(row.job, row.c, k);
+  const StepCost overlapped = value_or_throw(cm.price(row.p));
   const LayerCost lc = value_or_throw(cm.layer_cost(8, 1, 4));
-  const double s = cm.overlap_slowdown_on(c.ring_link_for_axis(8, 1));
+  const double s = cm.overlap_slowdown_on(row.c.ring_link_for_axis(8, 1));
   EXPECT_NEAR(s, k.overlap_compute_slowdown, 1e-9);  // one node's NVLink ring
   const double exposed = CostModel::overlap_exposed_s(lc.tp_bwd_s, lc.weight_grad_s, s);
   ASSERT_LT(exposed, lc.tp_bwd_s);
-  EXPECT_NEAR(plain.tp_comm_s - overlapped.tp_comm_s, double(layers) * (lc.tp_bwd_s - exposed),
+  EXPECT_NEAR(plain.tp_comm_s - overlapped.tp_comm_s, double(row.layers) * (lc.tp_bwd_s - exposed),
               1e-9 * plain.tp_comm_s);
-  EXPECT_NEAR(plain.step_time_s - overlapped.step_time_s, double(layers) * (lc.tp_bwd_s - exposed),
-              1e-6 * plain.step_time_s);
+  EXPECT_NEAR(plain.step_time_s - overlapped.step_time_s,
+              double(row.layers) * (lc.tp_bwd_s - exposed), 1e-6 * plain.step_time_s);
   k.tp_comm_overlap = true;
-  const StepCost te = value_or_throw(CostModel(job, c, k).price(p));
+  const StepCost te = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
   k.tp_backward_overlap = false;
-  EXPECT_EQ(te.tp_comm_s, value_or_throw(CostModel(job, c, k).price(p)).tp_comm_s);
+  EXPECT_EQ(te.tp_comm_s, value_or_throw(CostModel(row.job, row.c, k).price(row.p)).tp_comm_s);
 }
 
 // tp_comm_overlap_backward = false (TorchTitan's AsyncTP): the forward's tp
@@ -308,22 +304,18 @@ TEST(PlanCostModel, BackwardTpCollectivesHideUnderTheWeightGradient) {
 // first chunk exposed), the backward's are paid whole, as without it.
 TEST(PlanCostModel, ForwardOnlyTpOverlapHidesTheForwardAlone) {
   const TpRow row;
-  const int64_t layers = row.layers;
-  const Cluster& c = row.c;
-  const TrainingJob& job = row.job;
-  const Plan& p = row.p;
   CostConstants k = megatron2021_constants();
-  const StepCost plain = value_or_throw(CostModel(job, c, k).price(p));
-  const LayerCost lc = value_or_throw(CostModel(job, c, k).layer_cost(8, 1, 4));
+  const StepCost plain = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
+  const LayerCost lc = value_or_throw(CostModel(row.job, row.c, k).layer_cost(8, 1, 4));
   k.tp_comm_overlap = true;
-  const StepCost both = value_or_throw(CostModel(job, c, k).price(p));
+  const StepCost both = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
   k.tp_comm_overlap_backward = false;
-  const StepCost fwd = value_or_throw(CostModel(job, c, k).price(p));
+  const StepCost fwd = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
   // Hidden: the forward's (first chunk of tp exposed) and, with both, the backward's.
   const double first = lc.tp_fwd_s / 8;
   const double fwd_exposed = first + CostModel::overlap_exposed_s(lc.tp_fwd_s - first, lc.forward_s,
                                                                   k.tp_overlap_compute_slowdown);
-  EXPECT_NEAR(plain.tp_comm_s - fwd.tp_comm_s, double(layers) * (lc.tp_fwd_s - fwd_exposed),
+  EXPECT_NEAR(plain.tp_comm_s - fwd.tp_comm_s, double(row.layers) * (lc.tp_fwd_s - fwd_exposed),
               1e-9 * plain.tp_comm_s);
   EXPECT_LT(both.tp_comm_s, fwd.tp_comm_s);
   EXPECT_LT(fwd.step_time_s, plain.step_time_s);
