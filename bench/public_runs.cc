@@ -627,6 +627,12 @@ Mapped map_run(const json& run) {
       m.plan.zero = 1;
       m.inferred.push_back("fsdp2+pp=zero1");
     }
+    // Its rows without torch.compile ran the model's ops eagerly.
+    const std::string techniques = get_str(par, "techniques") + " " + fw;
+    if (!has(techniques, "torch.compile")) {
+      m.k.elementwise_cost = CostConstants::kEagerElementwise;
+      m.stack += "+eager";
+    }
   } else if (has(fw, "fsdp") || has(fw, "llm-foundry")) {
     // PyTorch FSDP (Composer, metaseq): the activation checkpoint inside each
     // sharded unit recomputes with the weights its pre-backward unshard

@@ -73,14 +73,22 @@ TEST(PlanCluster, ShippedFilesParse) {
   EXPECT_EQ(cluster_to_json(value_or_throw(parse_cluster(cluster_to_json(*h100)))),
             cluster_to_json(*h100));
   const auto& h = h100->device.attention_efficiency;
-  // cuDNN's fused attention (Transformer Engine's kernel on Hopper): the same
-  // paper's figures, 53% forward and 52% backward at head dim 128 from 8k.
+  // cuDNN's fused attention and FlashAttention-2 by key length, as measured
+  // on an H100 SXM (bench/gpu/hopper_kernels.py, causal, head dim 128): at
+  // each measured length its figures, between two the log-interpolation,
+  // beyond the ends the end's; the backward far under the forward at 1-2k.
   ASSERT_EQ(h.size(), 3u);
-  EXPECT_DOUBLE_EQ(h.at("cudnn").forward, 0.53);
-  EXPECT_DOUBLE_EQ(h.at("cudnn").backward, 0.52);
-  EXPECT_DOUBLE_EQ(h.at("flash2").forward, 0.35);
-  EXPECT_DOUBLE_EQ(h.at("flash2").backward, 0.35);
-  EXPECT_DOUBLE_EQ(h.at("flash1").backward, 0.175);
+  EXPECT_DOUBLE_EQ(h.at("cudnn").at(8192, true), 0.587);
+  EXPECT_DOUBLE_EQ(h.at("cudnn").at(8192, false), 0.478);
+  EXPECT_NEAR(h.at("cudnn").at(std::sqrt(4096.0 * 8192), false), (0.427 + 0.478) / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(h.at("cudnn").at(1e6, true), 0.618);
+  EXPECT_DOUBLE_EQ(h.at("cudnn").at(128, false), 0.230);
+  EXPECT_DOUBLE_EQ(h.at("flash2").at(2048, true), 0.311);
+  EXPECT_DOUBLE_EQ(h.at("flash2").at(2048, false), 0.202);
+  EXPECT_LT(h.at("flash2").at(2048, false), h.at("flash2").at(8192, false));
+  // A kernel with one figure has it at every length.
+  EXPECT_DOUBLE_EQ(h.at("flash1").at(512, false), 0.175);
+  EXPECT_DOUBLE_EQ(h.at("flash1").at(1 << 20, false), 0.175);
   const auto& a = a100->device.attention_efficiency;
   ASSERT_EQ(a.size(), 1u);
   EXPECT_DOUBLE_EQ(a.at("flash1").forward, 0.40);
@@ -102,6 +110,21 @@ TEST(PlanCluster, ShippedFilesParse) {
                "cluster.device.attention_efficiency.flash2.forward must be in (0, 1], got 1.5");
   refused_with("flash1", {{"forward", 0.3}}, "attention_efficiency.flash1.backward is required");
   refused_with("cudnn", 0.5, "attention_efficiency.cudnn must be an object");
+  refused_with("cudnn", {{"forward", 0.5}, {"backward", 0.4}, {"by_keys", {{1024, 0.5, 0.4}}}},
+               "attention_efficiency.cudnn: give either forward and backward (one figure for "
+               "every length) or by_keys, not both");
+  refused_with("cudnn", {{"by_keys", {{2048, 0.5, 0.4}, {1024, 0.5, 0.4}}}},
+               "attention_efficiency.cudnn.by_keys[1]: keys must increase along the table, got "
+               "1024 after 2048");
+  refused_with("cudnn", {{"by_keys", {{2048, 0.5}}}},
+               "attention_efficiency.cudnn.by_keys[0] must be [keys, forward, backward] (three "
+               "numbers), got [2048,0.5]");
+  refused_with("cudnn", {{"by_keys", {{2048, 0.5, 1.2}}}},
+               "attention_efficiency.cudnn.by_keys[0]: each efficiency must be in (0, 1], got 1.2");
+  refused_with("cudnn", {{"by_keys", {{0, 0.5, 0.4}}}},
+               "attention_efficiency.cudnn.by_keys[0]: keys must be > 0, got 0");
+  refused_with("cudnn", {{"by_keys", nlohmann::json::array()}},
+               "attention_efficiency.cudnn.by_keys must be a non-empty array");
   refused_with("flash3", {{"forward", 0.7}, {"backward", 0.6}, {"fwd", 0.7}},
                "attention_efficiency.flash3");
   nlohmann::json old_key = good;

@@ -527,8 +527,10 @@ TEST(PlanEmit, MegatronRunsCudnnAttentionOnHopper) {
   CostConstants k;
   apply_stack_attention(EmitTarget::kMegatron, h100, &k);
   EXPECT_EQ(k.fused_attention, "cudnn");
-  EXPECT_GT(h100.device.attention_efficiency.at("cudnn").forward,
-            h100.device.attention_efficiency.at("flash2").forward);
+  for (const double keys : {2048.0, 8192.0})
+    for (const bool fwd : {true, false})
+      EXPECT_GT(h100.device.attention_efficiency.at("cudnn").at(keys, fwd),
+                h100.device.attention_efficiency.at("flash2").at(keys, fwd));
   CostConstants ka, kt;
   apply_stack_attention(EmitTarget::kMegatron, a100, &ka);
   apply_stack_attention(EmitTarget::kTorchTitan, h100, &kt);
@@ -551,6 +553,55 @@ TEST(PlanEmit, MegatronRunsCudnnAttentionOnHopper) {
   const double flash2 =
       nlohmann::json::parse(std::ifstream(out))["plan"]["prediction"]["step_time_s"].get<double>();
   EXPECT_GT(flash2, megatron);
+}
+
+// --eager: the memory-bound ops priced as PyTorch's eager kernels
+// (CostConstants::kEagerElementwise, measured on an H100); the GEMMs and the
+// attention as before, so where memory is free the step is nearly the same. The plan
+// file keeps the choice and `simulate` prices with it; a wrong value is
+// refused by name.
+TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
+  const ModelConfig model = value_or_throw(parse_model_config(value_or_throw(
+      read_json_file(source_dir() + "/configs/models/llama3_8b.json"))));
+  Cluster c = value_or_throw(
+      with_devices(value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json")),
+                   8));
+  Plan p;
+  p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
+  p.recompute = Recompute::kFull;
+  CostConstants eager;
+  eager.elementwise_cost = CostConstants::kEagerElementwise;
+  const TrainingJob job{model, 8, 8192};
+  const auto compute = [&](const Cluster& cl, const CostConstants& k) {
+    return value_or_throw(CostModel(job, cl, k).price(p)).compute_s;
+  };
+  const double extra = compute(c, eager) - compute(c, {});
+  EXPECT_GT(extra, compute(c, {}) * 0.04);
+  c.device.memory_bandwidth_bytes_per_s = 1e18;  // (their few FLOPs remain)
+  EXPECT_LT(compute(c, eager) - compute(c, {}), extra / 10);
+
+  const TempDir dir("eager");
+  const std::string out = dir.file("plan.json");
+  const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                           source_dir() + "/configs/clusters/h100_sxm.json --gpus 8 " +
+                           "--global-batch 16 --seq 8192 --top 0 --fix tp=1,pp=1,dp=8,zero=3";
+  const auto step = [&](const std::string& flags) {
+    testing::CliRun r = run_cli(base + flags + " --out " + out);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return nlohmann::json::parse(std::ifstream(out))["plan"];
+  };
+  const double fused = step("")["prediction"]["step_time_s"].get<double>();
+  nlohmann::json plan = step(" --eager");
+  EXPECT_EQ(plan["eager"], true);
+  EXPECT_GT(plan["prediction"]["step_time_s"].get<double>(), fused);
+  expect_simulate_agrees(out);
+  nlohmann::json file = nlohmann::json::parse(std::ifstream(out));
+  file["plan"]["eager"] = 1;
+  std::ofstream(out) << file.dump();
+  testing::CliRun r = run_cli("simulate " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("plan.eager must be true or false, got 1"), std::string::npos)
+      << r.output;
 }
 
 // --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets

@@ -207,9 +207,9 @@ TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
 }
 
 // The fused attention at its kernel's own efficiency (the cluster file's
-// FlashAttention-2 figure on H100, 35% of peak) rather than the GEMM curve
-// (~74%): the attention's share of compute, and so the difference, grows
-// with the sequence.
+// FlashAttention-2 table on H100, 15-34% of peak by length) rather than the
+// GEMM curve (~65%): the attention's share of compute, and so the
+// difference, grows with the sequence.
 TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   ModelConfig model = load_model("llama3_8b.json");
   std::get<LlamaConfig>(model).max_position_embeddings = 65536;
@@ -228,9 +228,9 @@ TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   }
   EXPECT_GT(ratio[0], 1.02);
   EXPECT_GT(ratio[1], ratio[0] + 0.3);
-  EXPECT_LT(ratio[1], 0.74 / 0.35);
+  EXPECT_LT(ratio[1], 0.834 * 0.78 / 0.292);  // the curve's top over FA2's slowest at 32k+
   std::printf(
-      "llama3 8b on 8 H100s, FA2 at 35%% vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
+      "llama3 8b on 8 H100s, FA2 vs the GEMM curve: compute x%.2f at 2k, x%.2f at 64k\n",
       ratio[0], ratio[1]);
 }
 

@@ -194,6 +194,7 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   // the same constants, so the two agree.
   if (stack) planner["stack"] = emit_target_key(*stack);
   if (cm.job().fp8) planner["fp8"] = true;
+  if (cm.constants().elementwise_cost != 1) planner["eager"] = true;
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
@@ -233,6 +234,7 @@ int run_plan(const PlanOptions& o) {
              !a.is_ok()) {
     return user_error(a.message());
   }
+  if (o.eager) k.elementwise_cost = CostConstants::kEagerElementwise;
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;
@@ -479,6 +481,10 @@ void add_plan_commands(CLI::App& app) {
               "The blocks' linear layers in FP8 (Transformer Engine, TorchTitan's Float8): "
               "priced at the cluster file's device.peak_flops.fp8, attention and the head in "
               "16-bit");
+  p->add_flag("--eager", po->eager,
+              "The stack runs the model's memory-bound ops (norms, activations, rotary "
+              "embedding, residual adds) eagerly, a kernel per PyTorch op (PyTorch without "
+              "torch.compile): priced at 2.62x the fused ops (docs/planner.md)");
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
                 "cuDNN's for Megatron-LM where the cluster file prices it), another fused "

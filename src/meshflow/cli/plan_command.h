@@ -47,6 +47,7 @@ struct PlanOptions {
   // The blocks' linear layers in FP8 (TrainingJob::fp8); needs the cluster
   // file's device.peak_flops.fp8.
   bool fp8 = false;
+  bool eager = false;  // the stack runs the model's memory-bound ops eagerly (PyTorch eager mode)
 };
 
 // The most devices `plan --gpus` accepts (about ten times the largest clusters built).

@@ -65,6 +65,20 @@ double Cluster::matmul_efficiency(double flops) const {
   return c.back().efficiency;
 }
 
+double AttentionEfficiency::at(double keys, bool fwd) const {
+  const auto pick = [fwd](const AttentionPoint& p) { return fwd ? p.forward : p.backward; };
+  if (by_keys.empty()) return fwd ? forward : backward;
+  if (keys <= by_keys.front().keys) return pick(by_keys.front());
+  if (keys >= by_keys.back().keys) return pick(by_keys.back());
+  for (size_t i = 1; i < by_keys.size(); ++i) {
+    if (keys > by_keys[i].keys) continue;
+    const double t = (std::log(keys) - std::log(by_keys[i - 1].keys)) /
+                     (std::log(by_keys[i].keys) - std::log(by_keys[i - 1].keys));
+    return pick(by_keys[i - 1]) + t * (pick(by_keys[i]) - pick(by_keys[i - 1]));
+  }
+  return pick(by_keys.back());
+}
+
 double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
   if (flops <= 0) return 0;
   return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
@@ -237,6 +251,32 @@ void read_efficiency(JsonObjectReader& r, const json& j, const std::string& wher
   *out = x;
 }
 
+// "by_keys": [[keys, forward, backward], ...], keys > 0 ascending, each
+// efficiency in (0, 1].
+Status read_attention_table(const json& v, const std::string& p, std::vector<AttentionPoint>* out) {
+  if (!v.is_array() || v.empty())
+    return Status::invalid(p + " must be a non-empty array [[keys, forward, backward], ...], got " +
+                           (v.is_array() ? std::string("[]") : json_type_name(v)));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = p + "[" + std::to_string(i) + "]";
+    if (!e.is_array() || e.size() != 3 || !e[0].is_number() || !e[1].is_number() ||
+        !e[2].is_number())
+      return Status::invalid(at + " must be [keys, forward, backward] (three numbers), got " +
+                             (e.is_array() ? e.dump() : json_type_name(e)));
+    const AttentionPoint pt{e[0].get<double>(), e[1].get<double>(), e[2].get<double>()};
+    if (!(pt.keys > 0)) return Status::invalid(at + ": keys must be > 0, got " + num(pt.keys));
+    for (const double x : {pt.forward, pt.backward})
+      if (!(x > 0 && x <= 1))
+        return Status::invalid(at + ": each efficiency must be in (0, 1], got " + num(x));
+    if (!out->empty() && pt.keys <= out->back().keys)
+      return Status::invalid(at + ": keys must increase along the table, got " + num(pt.keys) +
+                             " after " + num(out->back().keys));
+    out->push_back(pt);
+  }
+  return Status::ok();
+}
+
 // "matmul_efficiency": a number (the same at every size) or
 // [[gflop_per_call, efficiency], ...] sorted by gflop_per_call.
 void read_curve(JsonObjectReader& r, const json& j, const std::string& where,
@@ -355,19 +395,30 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   json attention;
   r.object("attention_efficiency", &attention);
   MF_RETURN_IF_ERROR(r.finish());
-  // "attention_efficiency": {"flash2": {"forward": 0.35, "backward": 0.35}, ...}
+  // "attention_efficiency": {"flash1": {"forward": 0.40, "backward": 0.30},
+  //   "cudnn": {"by_keys": [[1024, 0.455, 0.230], [2048, ...], ...]}, ...}
   if (!attention.is_null()) {
     for (const auto& [kernel, e] : attention.items()) {
       const std::string at = where + ".attention_efficiency." + kernel;
-      if (!e.is_object())
-        return Status::invalid(at + " must be an object {\"forward\": f, \"backward\": b}, got " +
-                               json_type_name(e));
+      const std::string shape =
+          " must be an object {\"forward\": f, \"backward\": b} or {\"by_keys\": [[keys, "
+          "forward, backward], ...]}";
+      if (!e.is_object()) return Status::invalid(at + shape + ", got " + json_type_name(e));
       JsonObjectReader kr(e, at);
-      kr.required("forward");
-      kr.required("backward");
       AttentionEfficiency ae;
-      read_efficiency(kr, e, at, "forward", &ae.forward);
-      read_efficiency(kr, e, at, "backward", &ae.backward);
+      if (e.contains("by_keys")) {
+        if (e.contains("forward") || e.contains("backward"))
+          return Status::invalid(at +
+                                 ": give either forward and backward (one figure for every "
+                                 "length) or by_keys, not both");
+        MF_RETURN_IF_ERROR(read_attention_table(e.at("by_keys"), at + ".by_keys", &ae.by_keys));
+        kr.ignore({"by_keys"});
+      } else {
+        kr.required("forward");
+        kr.required("backward");
+        read_efficiency(kr, e, at, "forward", &ae.forward);
+        read_efficiency(kr, e, at, "backward", &ae.backward);
+      }
       MF_RETURN_IF_ERROR(kr.finish());
       d->attention_efficiency[kernel] = ae;
     }
@@ -460,8 +511,15 @@ J cluster_json(const Cluster& c) {
   if (d.fp8_matmul_efficiency != 1) dev["fp8_matmul_efficiency"] = d.fp8_matmul_efficiency;
   if (!d.attention_efficiency.empty()) {
     J kernels = J::object();
-    for (const auto& [kernel, e] : d.attention_efficiency)
-      kernels[kernel] = {{"forward", e.forward}, {"backward", e.backward}};
+    for (const auto& [kernel, e] : d.attention_efficiency) {
+      if (e.by_keys.empty()) {
+        kernels[kernel] = {{"forward", e.forward}, {"backward", e.backward}};
+        continue;
+      }
+      J table = J::array();
+      for (const AttentionPoint& p : e.by_keys) table.push_back({p.keys, p.forward, p.backward});
+      kernels[kernel] = {{"by_keys", table}};
+    }
     dev["attention_efficiency"] = kernels;
   }
   if (!d.matmul_efficiency.empty()) {

@@ -60,8 +60,23 @@ struct PeakFlops {
   double fp8 = 0;
 };
 
+// One point of a fused attention kernel's efficiency by length: calls whose
+// queries attend over `keys` keys (the call's key length; causal calls count
+// their full length) sustain `forward` and `backward` of the 16-bit peak.
+struct AttentionPoint {
+  double keys = 0, forward = 0, backward = 0;
+};
+
+// A fused attention kernel's sustained fraction of the 16-bit peak: one
+// figure for every length, or a table by key length (by_keys, ascending; a
+// kernel's fixed work per query tile and its partly masked diagonal tiles
+// weigh less as the keys grow), interpolated in log(keys) like the matmul
+// curve and held flat beyond its ends.
 struct AttentionEfficiency {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0;  // without by_keys
+  std::vector<AttentionPoint> by_keys;
+  // The efficiency of a call over `keys` keys, forward or backward.
+  double at(double keys, bool fwd) const;
 };
 
 struct Device {
@@ -79,11 +94,11 @@ struct Device {
   // rank that has one core runs (share_machine takes it for ranks >= cores).
   ThinGrid matmul_thin_efficiency_one_thread;
   double memory_efficiency = 1;
-  // The fraction of the 16-bit peak each fused attention kernel sustains at
-  // training sizes, forward and backward, by kernel name ("flash1",
-  // "flash2", ...): published kernel figures, not the GEMM curve (on H100
-  // FlashAttention-2 reaches 35% of peak while cuBLAS GEMMs reach ~75%). A
-  // kernel without an entry is priced on the matmul curve like any GEMM.
+  // The fraction of the 16-bit peak each fused attention kernel sustains,
+  // forward and backward, by kernel name ("flash1", "flash2", "cudnn", ...):
+  // kernel measurements, not the GEMM curve (on H100 FlashAttention-2
+  // reaches about 34% of peak where cuBLAS GEMMs reach ~70%). A kernel
+  // without an entry is priced on the matmul curve like any GEMM.
   std::map<std::string, AttentionEfficiency> attention_efficiency;
   // FP8 GEMMs run on the matmul curve times this: their sustained fraction
   // of the FP8 peak against the 16-bit GEMMs' fraction of theirs (H100/H200:

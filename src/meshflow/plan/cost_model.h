@@ -296,6 +296,21 @@ struct CostConstants {
   // ZeRO program at every dp and micro-batch doubled a ResNet-50 search on
   // 16 GPUs (5.5 s to 11.0 s).
   bool zero_arena_program = false;
+  // How much more the stack's memory-bound ops (norms, rotary embedding,
+  // activations, residual adds, the loss) cost than one fused kernel per op
+  // of the graph, which is what they are priced at: 1 where a compiler or
+  // hand-fused kernels run them (torch.compile, Megatron-LM's and Transformer
+  // Engine's fused kernels). PyTorch in eager mode runs each op as the chain
+  // of kernels its Python spells (TorchTitan's RMSNorm: upcast, pow, mean,
+  // rsqrt, multiply, downcast, scale), each a pass over memory and a launch:
+  // kEagerElementwise. Measured on one H100 SXM (PyTorch 2.11,
+  // bench/gpu/hopper_kernels.py, docs/cluster.md): a LLaMA-3 8B block's
+  // forward and backward over 2 x 8192 tokens took 51.56 ms eager and
+  // 44.70 ms compiled; the 3.43 ms per 8192 tokens between them is 1.62
+  // times the 2.11 ms this model gives the block's memory-bound ops there
+  // (the ops priced here, not the GEMMs' and attention's memory floors).
+  static constexpr double kEagerElementwise = 2.62;
+  double elementwise_cost = 1.0;
   // The stack overlaps tensor-parallel communication with the GEMMs it feeds
   // (Megatron-LM's --tp-comm-overlap with Transformer Engine's userbuffers,
   // TorchTitan's AsyncTP): each collective runs in tp chunks, chunk i's

@@ -119,11 +119,11 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       }
       t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
     } else {
-      // Fused (FlashAttention): at the kernel's own efficiency where the
-      // cluster file gives it, else on the GEMM curve.
+      // Fused (FlashAttention): at the kernel's own efficiency at this call's
+      // key length where the cluster file gives it, else on the GEMM curve.
       const auto& kernels = cluster_.device.attention_efficiency;
       const auto it = kernels.find(k_.fused_attention);
-      const double eff = it == kernels.end() ? 0 : (fwd ? it->second.forward : it->second.backward);
+      const double eff = it == kernels.end() ? 0 : it->second.at(double(tk), fwd);
       t = eff > 0 ? std::max(c.flops / (cluster_.peak_flops(dtype_, false) * eff),
                              cluster_.memory_time_s(c.bytes * byte_scale))
                   : roofline_time_s(c.flops, c.bytes * byte_scale);
@@ -151,7 +151,7 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
     }
   } else {
-    t = roofline_time_s(c.flops, c.bytes * byte_scale);
+    t = roofline_time_s(c.flops, c.bytes * byte_scale) * k_.elementwise_cost;
   }
   return t;
 }

@@ -175,6 +175,13 @@ Result<PlannedRun> parse_plan_file(const json& f) {
       return Status::invalid("plan.fp8 must be true or false, got " + planner.at("fp8").dump());
     r.job.fp8 = planner.at("fp8").get<bool>();
   }
+  // The model's memory-bound ops run eagerly (`meshflow plan --eager`).
+  if (planner.contains("eager")) {
+    if (!planner.at("eager").is_boolean())
+      return Status::invalid("plan.eager must be true or false, got " + planner.at("eager").dump());
+    if (planner.at("eager").get<bool>())
+      r.constants.elementwise_cost = CostConstants::kEagerElementwise;
+  }
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
