@@ -11,7 +11,7 @@
 //                zero_optimization.stage, bf16.enabled, activation_checkpointing),
 //                and the AutoTP training tutorial (tensor_parallel.autotp_size);
 //   TorchTitan   torchtitan/config/job_config.py (Training, Parallelism,
-//                ActivationCheckpoint, Model.converters, Float8).
+//                ActivationCheckpoint, Model.converters, Float8, Compile).
 // Plans a stack cannot run as planned are refused, and the search under
 // --emit returns only plans the stack runs.
 #include <gtest/gtest.h>
@@ -299,7 +299,9 @@ TEST(PlanEmit, TorchTitanTomlTables) {
                                       "pipeline_parallel_layers_per_stage",
                                       "module_fqns_per_model_part",
                                       "mode",
-                                      "selective_ac_option"};
+                                      "selective_ac_option",
+                                      "enable",  // [compile] (job_config.py: Compile)
+                                      "components"};
   std::map<std::string, std::string> kv;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
@@ -595,10 +597,19 @@ TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
   EXPECT_EQ(plan["eager"], true);
   EXPECT_GT(plan["prediction"]["step_time_s"].get<double>(), fused);
   expect_simulate_agrees(out);
+  // TorchTitan compiles only when asked ([compile], off by default): the
+  // emitted plan asks for it unless it was priced eager.
+  const std::string compile = "\n[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]\n";
+  testing::CliRun r = run_cli(base + " --emit torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(compile), std::string::npos) << r.output;
+  r = run_cli(base + " --emit torchtitan --eager");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[compile]"), std::string::npos) << r.output;
   nlohmann::json file = nlohmann::json::parse(std::ifstream(out));
   file["plan"]["eager"] = 1;
   std::ofstream(out) << file.dump();
-  testing::CliRun r = run_cli("simulate " + out);
+  r = run_cli("simulate " + out);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("plan.eager must be true or false, got 1"), std::string::npos)
       << r.output;

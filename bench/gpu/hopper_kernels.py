@@ -5,7 +5,9 @@ the public runs' models, every tensor-parallel split), the sustained GEMM rate
 at the power limit, fused attention by kernel, sequence length and head size,
 a ring-attention rank's calls (PyTorch's context parallel, load-balanced
 causal), a LLaMA block forward and backward in eager mode and compiled with a
-per-op profile, and FP8 GEMMs (tensorwise and rowwise scales).
+per-op profile, FP8 GEMMs (tensorwise and rowwise scales), and a LLaMA
+block's activation memory by activation checkpoint (TorchTitan's op-level SAC
+among them), eager and compiled.
 
 Not part of the suite (it needs a GPU and PyTorch); its figures and the date
 they were taken are recorded in docs/cluster.md. Usage:
@@ -427,6 +429,109 @@ def section_block():
             save()
 
 
+def op_sac_context():
+    """TorchTitan's op-level selective activation checkpoint (its
+    _apply_ac_to_transformer_block, 'op' option): save the outputs of the
+    matmuls but every second one, of the attention kernels and of max;
+    recompute everything else."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    save = {torch.ops.aten.mm.default, torch.ops.aten.max.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            save.add(op.default)
+    meta = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = ("recompute" if ctx.is_recompute else "forward") + "_mm_count"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
+def section_memory():
+    """Activation memory of LLaMA-3 8B blocks (4 of them, bf16 weights) at
+    8192 tokens a sequence, by activation checkpoint (none, TorchTitan's
+    op-level SAC, full) and mode (eager, compiled): the bytes the forward
+    leaves allocated per block, and the peak over the weights through the
+    backward (the weights' gradients, allocated there, reported apart)."""
+    from torch.utils.checkpoint import checkpoint
+    rows = []
+    L = 4
+    for b in (1, 2):
+        for ac in ("none", "op_sac", "full"):
+            for mode in ("eager", "compile"):
+                if mode == "compile" and ac == "full":
+                    continue
+                try:
+                    torch.cuda.empty_cache()
+                    torch.manual_seed(0)
+                    blocks = [Block(4096, 32, 8, 14336).to(DEV, BF16) for _ in range(L)]
+                    s, h = 8192, 4096
+                    freqs = torch.polar(torch.ones(s, 64, device=DEV),
+                                        torch.randn(s, 64, device=DEV)).view(1, s, 1, 64)
+
+                    def wrap(blk):
+                        if ac == "none":
+                            fn = blk
+                        elif ac == "full":
+                            def fn(x, f, blk=blk):
+                                return checkpoint(blk, x, f, use_reentrant=False,
+                                                  preserve_rng_state=False)
+                        else:
+                            def fn(x, f, blk=blk):
+                                return checkpoint(blk, x, f, use_reentrant=False,
+                                                  context_fn=op_sac_context,
+                                                  preserve_rng_state=False)
+                        return torch.compile(fn) if mode == "compile" else fn
+                    fns = [wrap(blk) for blk in blocks]
+                    x = torch.randn(b, s, h, device=DEV, dtype=BF16, requires_grad=True)
+                    go = torch.randn(b, s, h, device=DEV, dtype=BF16)
+
+                    def fwd():
+                        y = x
+                        for fn in fns:
+                            y = fn(y, freqs)
+                        return y
+                    fwd().backward(go)  # warm-up (compiles)
+                    params = [q for blk in blocks for q in blk.parameters()]
+                    for q in params:
+                        q.grad = None
+                    x.grad = None
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    y = fwd()
+                    torch.cuda.synchronize()
+                    after_fwd = torch.cuda.memory_allocated()
+                    fwd_peak = torch.cuda.max_memory_allocated()
+                    y.backward(go)
+                    torch.cuda.synchronize()
+                    peak = torch.cuda.max_memory_allocated()
+                    grad_bytes = sum(q.numel() * q.element_size() for q in params)
+                    out_bytes = y.numel() * y.element_size()
+                    r = {"batch": b, "seq": s, "ac": ac, "mode": mode, "blocks": L,
+                         "saved_per_block_bytes": (after_fwd - base - out_bytes) / L,
+                         "forward_peak_over_base_bytes": fwd_peak - base,
+                         "peak_over_base_bytes": peak - base, "weight_grad_bytes": grad_bytes,
+                         "tokens": b * s}
+                    rows.append(r)
+                    log("memory b=%d %-6s %-7s saved/block %.3f GiB (%.1f B/token/h)  peak-base %.2f GiB"
+                        " (grads %.2f)" % (b, ac, mode, r["saved_per_block_bytes"] / 2**30,
+                                           r["saved_per_block_bytes"] / (b * s * h),
+                                           (peak - base) / 2**30, grad_bytes / 2**30))
+                    del blocks, fns, x, go, y, params
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+                RESULTS["memory"] = rows
+                save()
+
+
 def section_fp8():
     """FP8 GEMMs through torch._scaled_mm (e4m3 x e4m3 -> bf16) with
     tensorwise and rowwise scales, against bf16, LLaMA-3 8B's linears at 8k and
@@ -468,7 +573,7 @@ def section_fp8():
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    order = ["env", "gemm", "attention", "ring", "block", "fp8", "sustained"]
+    order = ["env", "gemm", "attention", "ring", "block", "fp8", "sustained", "memory"]
     for name in order:
         if SECTIONS and name not in SECTIONS and name != "env":
             continue

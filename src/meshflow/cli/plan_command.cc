@@ -323,7 +323,8 @@ int run_plan(const PlanOptions& o) {
     }
   }
   if (emit) {
-    Result<std::string> text = emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit);
+    Result<std::string> text =
+        emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit, o.eager);
     if (!text.is_ok()) return user_error(text.status().message());
     std::fputs(text->c_str(), stdout);
     std::fprintf(stderr, "meshflow: best plan %s, %.3f s per step predicted, priced as %s\n",

@@ -976,13 +976,16 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
   // recompute_layers of each chunk (full_recompute_share).
   const bool full = p.recompute == Recompute::kFull;
   const double rc_blocks = full ? ls * full_recompute_share(p, ls) : ls;
+  // The collectives a recomputed block runs again count as communication,
+  // the rest of it as recompute: each second once in the breakdown.
+  const double rc_tp = full ? tp_fwd : op_sac_tp, rc_cp = full ? cp_fwd : 0.0;
   StageTimes base;
   base.forward_s = ls * (f_layer + tp_fwd + cp_fwd);
   base.backward_s = ls * (b_layer + tp_bwd + cp_bwd) + rc_blocks * recompute_layer;
   base.weight_grad_s = ls * w_layer;
-  base.recompute_s = rc_blocks * recompute_layer;
-  base.tp_comm_s = ls * (tp_fwd + tp_bwd) + (full ? rc_blocks * tp_fwd : rc_blocks * op_sac_tp);
-  base.cp_comm_s = ls * (cp_fwd + cp_bwd) + (full ? rc_blocks * cp_fwd : 0);
+  base.recompute_s = rc_blocks * std::max(0.0, recompute_layer - rc_tp - rc_cp);
+  base.tp_comm_s = ls * (tp_fwd + tp_bwd) + rc_blocks * rc_tp;
+  base.cp_comm_s = ls * (cp_fwd + cp_bwd) + rc_blocks * rc_cp;
   StageTimes st = base;
   if (stage == 0) {  // the embedding
     st.forward_s += lc.embed_fwd_s;

@@ -272,7 +272,8 @@ Result<std::string> deepspeed(const Plan& p, const TrainingJob& job, bool bf16) 
   return j.dump(2) + "\n";
 }
 
-Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const TransformerDims& d) {
+Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const TransformerDims& d,
+                               bool eager) {
   std::string sched;
   switch (p.schedule) {
     case ScheduleKind::k1F1B:
@@ -351,6 +352,10 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
       out += "precompute_float8_dynamic_scale_for_fsdp = true\n";
     }
   }
+  // The plan's memory-bound ops were priced fused: torch.compile of the
+  // model and the loss (job_config.py: Compile.enable, off by default,
+  // Compile.components). Priced eager (--eager): TorchTitan's default.
+  if (!eager) out += "\n[compile]\nenable = true\ncomponents = [\"model\", \"loss\"]\n";
   return out;
 }
 
@@ -405,7 +410,8 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t) {
   return Status::ok();
 }
 
-Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t) {
+Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t,
+                              bool eager) {
   MF_ASSIGN_OR_RETURN(const TransformerDims d, model_dims(job, t));
   MF_RETURN_IF_ERROR(emit_check(p, d, t));
   if (job.fp8 && t == EmitTarget::kDeepSpeed)
@@ -419,7 +425,7 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
     case EmitTarget::kDeepSpeed:
       return deepspeed(p, job, bf16);
     case EmitTarget::kTorchTitan:
-      return torchtitan(p, job, d);
+      return torchtitan(p, job, d, eager);
   }
   return Status::internal("emit_plan: unknown target");
 }

@@ -42,8 +42,12 @@ Status emit_check(const Plan& p, const TransformerDims& d, EmitTarget t);
 // recompute, optimizer sharding; Transformer Engine's FP8 recipe with
 // job.fp8). DeepSpeed: the JSON config (no FP8: refused). TorchTitan: the
 // TOML's [training], [parallelism] and [activation_checkpoint] tables (with
-// job.fp8, [model] converters and [float8]).
-Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t);
+// job.fp8, [model] converters and [float8]), and [compile] (torch.compile of
+// the model and the loss, which the plan's fused memory-bound ops price)
+// unless `eager` (priced at CostConstants::kEagerElementwise: TorchTitan's
+// default, compile off).
+Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, EmitTarget t,
+                              bool eager = false);
 
 // The cost model's constants for the stack the target is, so `meshflow plan
 // --emit` prices (and checks the memory of) the program that stack runs:
