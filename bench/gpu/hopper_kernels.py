@@ -356,6 +356,20 @@ class Block(torch.nn.Module):
         return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
+def block_inputs(b, s, h):
+    """RoPE's rotations, an input that wants its gradient, and an output gradient."""
+    freqs = torch.polar(torch.ones(s, 64, device=DEV),
+                        torch.randn(s, 64, device=DEV)).view(1, s, 1, 64)
+    x = torch.randn(b, s, h, device=DEV, dtype=BF16, requires_grad=True)
+    return freqs, x, torch.randn(b, s, h, device=DEV, dtype=BF16)
+
+
+def chain(fns, x, freqs):
+    for fn in fns:
+        x = fn(x, freqs)
+    return x
+
+
 def block_flops(h, heads, kv, ffn, d, b, s):
     t = b * s
     lin = 2.0 * t * (h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * ffn)
@@ -380,16 +394,10 @@ def section_block():
                 if mode == "compile":
                     for i in range(len(blocks)):
                         blocks[i] = torch.compile(blocks[i])
-                freqs = torch.polar(torch.ones(s, 64, device=DEV),
-                                    torch.randn(s, 64, device=DEV)).view(1, s, 1, 64)
-                x = torch.randn(b, s, h, device=DEV, dtype=BF16, requires_grad=True)
-                go = torch.randn(b, s, h, device=DEV, dtype=BF16)
+                freqs, x, go = block_inputs(b, s, h)
 
                 def fwd():
-                    y = x
-                    for blk in blocks:
-                        y = blk(y, freqs)
-                    return y
+                    return chain(blocks, x, freqs)
                 t_c = time.time()
                 fwd().backward(go)
                 torch.cuda.synchronize()
@@ -473,8 +481,6 @@ def section_memory():
                     torch.manual_seed(0)
                     blocks = [Block(4096, 32, 8, 14336).to(DEV, BF16) for _ in range(L)]
                     s, h = 8192, 4096
-                    freqs = torch.polar(torch.ones(s, 64, device=DEV),
-                                        torch.randn(s, 64, device=DEV)).view(1, s, 1, 64)
 
                     def wrap(blk):
                         if ac == "none":
@@ -490,14 +496,10 @@ def section_memory():
                                                   preserve_rng_state=False)
                         return torch.compile(fn) if mode == "compile" else fn
                     fns = [wrap(blk) for blk in blocks]
-                    x = torch.randn(b, s, h, device=DEV, dtype=BF16, requires_grad=True)
-                    go = torch.randn(b, s, h, device=DEV, dtype=BF16)
+                    freqs, x, go = block_inputs(b, s, h)
 
                     def fwd():
-                        y = x
-                        for fn in fns:
-                            y = fn(y, freqs)
-                        return y
+                        return chain(fns, x, freqs)
                     fwd().backward(go)  # warm-up (compiles)
                     params = [q for blk in blocks for q in blk.parameters()]
                     for q in params:
