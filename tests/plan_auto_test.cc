@@ -673,6 +673,67 @@ TEST(PlanAuto, ResNetAutoModeRecomputesWhereOnlyThatFits) {
       << "predicted " << chosen.best.memory.total << " held " << held;
 }
 
+// Local auto mode prices a ResNet's pipelines (its residual layers over the
+// stages, priced by chunk) beside dp and tp: on 2 and 4 ranks some
+// candidates are pipelines, every candidate but the searched ones reads back
+// from the job its parallel section resolves to, and on a device where the least memory a
+// pipeline holds fits and no plan without one does, auto mode picks a
+// pipeline whose stages hold their predicted memory (within 5%).
+TEST(PlanAuto, ResNetAutoModePricesPipelines) {
+  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
+                      {"hidden_sizes", {16, 32}}, {"depths", {2, 2}},  {"layer_type", "basic"},
+                      {"num_labels", 10},         {"image_size", 28}};
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  json doc = {{"model", model},
+              {"data", {{"dataset", "fashion_mnist"}}},
+              {"train", {{"steps", 1}, {"batch_size", 16}, {"eval_batches", 1}}},
+              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+              {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const Cluster machine = local();
+  for (int ranks : {2, 4}) {
+    const LocalAutoPlan a = value_or_throw(plan_local_run(rc, ranks, machine));
+    int pipelines = 0;
+    for (const StepCost& c : a.candidates) {
+      SCOPED_TRACE(plan_label(c.plan));
+      pipelines += c.plan.pp > 1;
+      if (c.plan.ops) continue;  // its tuples are found by searching again (above)
+      json one = doc;
+      one["parallel"] = value_or_throw(parallel_section(c.plan, mc));
+      const Job job = value_or_throw(resolve_job(value_or_throw(parse_run_config(one, "")), ranks));
+      Result<Plan> back = plan_of_job(job);
+      ASSERT_TRUE(back.is_ok()) << back.status().message() << "\n" << one["parallel"].dump();
+      EXPECT_EQ(*back, c.plan) << plan_label(*back);
+    }
+    EXPECT_GT(pipelines, 0) << ranks << " ranks";
+  }
+  // A device between the least memory of a pipeline and of every other plan.
+  const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
+  double least[2] = {0, 0};  // without a pipeline, with one
+  for (const StepCost& c : all.candidates) {
+    double& x = least[c.plan.pp > 1 ? 1 : 0];
+    if (x == 0 || c.memory.total < x) x = c.memory.total;
+  }
+  ASSERT_GT(least[1], 0);
+  ASSERT_LT(least[1], 0.97 * least[0]) << "a pipeline holds no less than the other plans";
+  Cluster small = machine;
+  const double usable = 0.5 * (least[1] + least[0]);
+  small.device.memory_bytes = static_cast<int64_t>(double(machine.device.memory_bytes) * usable /
+                                                   all.candidates.front().usable_memory);
+  const LocalAutoPlan chosen = value_or_throw(plan_local_run(rc, 2, small));
+  ASSERT_EQ(chosen.best.plan.pp, 2) << plan_label(chosen.best.plan);
+  EXPECT_TRUE(chosen.best.fits);
+  doc["parallel"] = chosen.parallel;
+  std::vector<int64_t> ranks;
+  held_peak(doc, 2, 1, nullptr, &ranks);
+  const CostModel cm(TrainingJob{mc, 16, 1}, value_or_throw(share_machine(machine, 2)),
+                     meshflow_cpu_constants());
+  const std::vector<MemoryBreakdown> stages = value_or_throw(cm.memory_by_stage(chosen.best.plan));
+  ASSERT_EQ(stages.size(), ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05) << "stage " << r;
+}
+
 // Stages chosen under memory on meshflow's executor (CostModel::stage_split
 // priced by chunk): a 6-block GPT with a 4096-word vocabulary on two 1F1B
 // stages. The runtime's own split (balanced by FLOPs and bytes, 5/1 here)

@@ -104,12 +104,14 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
         out.candidates.push_back(*u);
     }
   };
-  // Pipelines for the language models (the pipeline trainer's schedules, the
-  // runtime's balanced split of the blocks, no ZeRO on the stages).
-  // Context parallel (cp: the sequence over ranks) for the language models,
-  // without pipelines (their stages run dp x tp).
+  // Pipelines for the language models and the ResNets (the pipeline
+  // trainer's schedules, the runtime's balanced split of the blocks or of the
+  // residual layers, no ZeRO on the stages). Context parallel (cp: the
+  // sequence over ranks) for the language models, without pipelines (their
+  // stages run dp x tp).
   const bool lm = is_language_model(model);
-  const int64_t max_pp = lm ? std::min<int64_t>(ranks, cm.pipeline_layers()) : 1;
+  const bool resnet = std::holds_alternative<ResNetConfig>(model);
+  const int64_t max_pp = lm || resnet ? std::min<int64_t>(ranks, cm.pipeline_layers()) : 1;
   for (int64_t pp = 1; pp <= max_pp; ++pp) {
     if (ranks % pp != 0) continue;
     for (int64_t tp = 1; tp <= ranks / pp; ++tp) {
