@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "cli_run.h"
@@ -540,10 +541,43 @@ TEST(PlanAuto, SearchedPlanOnPipelineStagesRunsAsPriced) {
   }
 }
 
+// A two-stage ResNet on 28x28 single-channel images (Fashion-MNIST) with
+// `d0` and `d1` residual layers in its stages.
+json tiny_resnet(int d0, int d1) {
+  return {{"model_type", "resnet"},   {"num_channels", 1},  {"embedding_size", 16},
+          {"hidden_sizes", {16, 32}}, {"depths", {d0, d1}}, {"layer_type", "basic"},
+          {"num_labels", 10},         {"image_size", 28}};
+}
+
+// A run config of `model` on Fashion-MNIST in auto mode with the full search.
+json auto_run(const json& model, int steps) {
+  return {{"model", model},
+          {"data", {{"dataset", "fashion_mnist"}}},
+          {"train", {{"steps", steps}, {"batch_size", 16}, {"eval_batches", 1}}},
+          {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
+          {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+}
+
+// `machine` with a rank's usable share halfway between the least memory of
+// the candidates `in` picks and of the others: only the first kind fits.
+Cluster device_between(const Cluster& machine, const LocalAutoPlan& all,
+                       const std::function<bool(const Plan&)>& in) {
+  double least[2] = {0, 0};  // the others, the picked
+  for (const StepCost& c : all.candidates) {
+    double& x = least[in(c.plan) ? 1 : 0];
+    if (x == 0 || c.memory.total < x) x = c.memory.total;
+  }
+  EXPECT_GT(least[1], 0);  // priced among the candidates
+  EXPECT_LT(least[1], 0.97 * least[0]) << "no less memory than the other plans";
+  Cluster small = machine;
+  const double usable = 0.5 * (least[1] + least[0]);
+  small.device.memory_bytes = static_cast<int64_t>(double(machine.device.memory_bytes) * usable /
+                                                   all.candidates.front().usable_memory);
+  return small;
+}
+
 TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
-  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
-                      {"hidden_sizes", {16, 32}}, {"depths", {1, 1}},  {"layer_type", "basic"},
-                      {"num_labels", 10},         {"image_size", 28}};
+  const json model = tiny_resnet(1, 1);
   const ModelConfig mc = value_or_throw(parse_model_config(model));
   Plan p;
   p.pp = 2, p.micro_batch = 8, p.num_micro_batches = 2;
@@ -574,9 +608,7 @@ TEST(PlanAuto, ResNetPipelineMemoryMatchesThePipelineTrainer) {
 // charges the recomputed forward (more backward, recompute_s > 0). Selective
 // recompute (the attention core) is refused by name.
 TEST(PlanAuto, ResNetRecomputeRunsAsPriced) {
-  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
-                      {"hidden_sizes", {16, 32}}, {"depths", {2, 1}},  {"layer_type", "basic"},
-                      {"num_labels", 10},         {"image_size", 28}};
+  const json model = tiny_resnet(2, 1);
   const ModelConfig mc = value_or_throw(parse_model_config(model));
   const CostModel cm(TrainingJob{mc, 16, 1}, value_or_throw(share_machine(local(), 2)),
                      meshflow_cpu_constants());
@@ -639,28 +671,15 @@ TEST(PlanAuto, ResNetRecomputeRunsAsPriced) {
 // share per rank holds the recomputing plans and none without, it picks one,
 // writes recompute "full", and the run holds the memory it predicted.
 TEST(PlanAuto, ResNetAutoModeRecomputesWhereOnlyThatFits) {
-  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
-                      {"hidden_sizes", {16, 32}}, {"depths", {2, 1}},  {"layer_type", "basic"},
-                      {"num_labels", 10},         {"image_size", 28}};
-  json doc = {{"model", model},
-              {"data", {{"dataset", "fashion_mnist"}}},
-              {"train", {{"steps", 2}, {"batch_size", 16}, {"eval_batches", 1}}},
-              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
-              {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  const json model = tiny_resnet(2, 1);
+  json doc = auto_run(model, 2);
   const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
   const Cluster machine = local();
   const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
-  double least[2] = {0, 0};  // the least memory without recompute, with it
-  for (const StepCost& c : all.candidates) {
-    double& x = least[c.plan.recompute == Recompute::kFull ? 1 : 0];
-    if (x == 0 || c.memory.total < x) x = c.memory.total;
-  }
-  ASSERT_GT(least[1], 0);  // recompute priced among the candidates
-  ASSERT_LT(least[1], 0.97 * least[0]);
-  Cluster small = machine;  // a rank's usable share between the two
-  const double usable = 0.5 * (least[1] + least[0]);
-  small.device.memory_bytes = static_cast<int64_t>(double(machine.device.memory_bytes) * usable /
-                                                   all.candidates.front().usable_memory);
+  // A rank's usable share between the least memory with recompute and without.
+  const Cluster small =
+      device_between(machine, all, [](const Plan& p) { return p.recompute == Recompute::kFull; });
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const LocalAutoPlan chosen = value_or_throw(plan_local_run(rc, 2, small));
   EXPECT_EQ(chosen.best.plan.recompute, Recompute::kFull) << plan_label(chosen.best.plan);
   EXPECT_TRUE(chosen.best.fits);
@@ -680,15 +699,9 @@ TEST(PlanAuto, ResNetAutoModeRecomputesWhereOnlyThatFits) {
 // pipeline holds fits and no plan without one does, auto mode picks a
 // pipeline whose stages hold their predicted memory (within 5%).
 TEST(PlanAuto, ResNetAutoModePricesPipelines) {
-  const json model = {{"model_type", "resnet"},   {"num_channels", 1}, {"embedding_size", 16},
-                      {"hidden_sizes", {16, 32}}, {"depths", {2, 2}},  {"layer_type", "basic"},
-                      {"num_labels", 10},         {"image_size", 28}};
+  const json model = tiny_resnet(2, 2);
   const ModelConfig mc = value_or_throw(parse_model_config(model));
-  json doc = {{"model", model},
-              {"data", {{"dataset", "fashion_mnist"}}},
-              {"train", {{"steps", 1}, {"batch_size", 16}, {"eval_batches", 1}}},
-              {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}},
-              {"parallel", {{"mode", "auto"}, {"search", "full"}}}};
+  json doc = auto_run(model, 1);
   const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
   const Cluster machine = local();
   for (int ranks : {2, 4}) {
@@ -709,17 +722,8 @@ TEST(PlanAuto, ResNetAutoModePricesPipelines) {
   }
   // A device between the least memory of a pipeline and of every other plan.
   const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
-  double least[2] = {0, 0};  // without a pipeline, with one
-  for (const StepCost& c : all.candidates) {
-    double& x = least[c.plan.pp > 1 ? 1 : 0];
-    if (x == 0 || c.memory.total < x) x = c.memory.total;
-  }
-  ASSERT_GT(least[1], 0);
-  ASSERT_LT(least[1], 0.97 * least[0]) << "a pipeline holds no less than the other plans";
-  Cluster small = machine;
-  const double usable = 0.5 * (least[1] + least[0]);
-  small.device.memory_bytes = static_cast<int64_t>(double(machine.device.memory_bytes) * usable /
-                                                   all.candidates.front().usable_memory);
+  const Cluster small = device_between(machine, all, [](const Plan& p) { return p.pp > 1; });
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const LocalAutoPlan chosen = value_or_throw(plan_local_run(rc, 2, small));
   ASSERT_EQ(chosen.best.plan.pp, 2) << plan_label(chosen.best.plan);
   EXPECT_TRUE(chosen.best.fits);
