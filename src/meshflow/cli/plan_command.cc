@@ -482,10 +482,13 @@ void add_plan_commands(CLI::App& app) {
               "The blocks' linear layers in FP8 (Transformer Engine, TorchTitan's Float8): "
               "priced at the cluster file's device.peak_flops.fp8, attention and the head in "
               "16-bit");
+  char eager_cost[16];
+  std::snprintf(eager_cost, sizeof eager_cost, "%.2fx", CostConstants::kEagerElementwise);
   p->add_flag("--eager", po->eager,
               "The stack runs the model's memory-bound ops (norms, activations, rotary "
               "embedding, residual adds) eagerly, a kernel per PyTorch op (PyTorch without "
-              "torch.compile): priced at 2.62x the fused ops (docs/planner.md)");
+              "torch.compile): priced at " +
+                  std::string(eager_cost) + " the fused ops (docs/planner.md)");
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
                 "cuDNN's for Megatron-LM where the cluster file prices it), another fused "

@@ -50,33 +50,37 @@ double Cluster::peak_flops(DType dtype, bool allow_tf32) const {
   return v > 0 ? v : p.f32;
 }
 
+namespace {
+
+// A table's value at `x`: interpolated linearly in log(x) between the points
+// around it (ascending by key(p)), the end's value beyond either end.
+template <class Point, class Key, class Value>
+double log_interpolated(const std::vector<Point>& pts, double x, Key key, Value value) {
+  if (x <= key(pts.front())) return value(pts.front());
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (x > key(pts[i])) continue;
+    const double t = (std::log(x) - std::log(key(pts[i - 1]))) /
+                     (std::log(key(pts[i])) - std::log(key(pts[i - 1])));
+    return value(pts[i - 1]) + t * (value(pts[i]) - value(pts[i - 1]));
+  }
+  return value(pts.back());
+}
+
+}  // namespace
+
 double Cluster::matmul_efficiency(double flops) const {
   const std::vector<EfficiencyPoint>& c = device.matmul_efficiency;
   if (c.empty()) return 1.0;
-  const double g = flops / 1e9;
-  if (g <= c.front().gflop) return c.front().efficiency;
-  if (g >= c.back().gflop) return c.back().efficiency;
-  for (size_t i = 1; i < c.size(); ++i) {
-    if (g > c[i].gflop) continue;
-    const double t = (std::log(g) - std::log(c[i - 1].gflop)) /
-                     (std::log(c[i].gflop) - std::log(c[i - 1].gflop));
-    return c[i - 1].efficiency + t * (c[i].efficiency - c[i - 1].efficiency);
-  }
-  return c.back().efficiency;
+  return log_interpolated(
+      c, flops / 1e9, [](const EfficiencyPoint& p) { return p.gflop; },
+      [](const EfficiencyPoint& p) { return p.efficiency; });
 }
 
 double AttentionEfficiency::at(double keys, bool fwd) const {
-  const auto pick = [fwd](const AttentionPoint& p) { return fwd ? p.forward : p.backward; };
   if (by_keys.empty()) return fwd ? forward : backward;
-  if (keys <= by_keys.front().keys) return pick(by_keys.front());
-  if (keys >= by_keys.back().keys) return pick(by_keys.back());
-  for (size_t i = 1; i < by_keys.size(); ++i) {
-    if (keys > by_keys[i].keys) continue;
-    const double t = (std::log(keys) - std::log(by_keys[i - 1].keys)) /
-                     (std::log(by_keys[i].keys) - std::log(by_keys[i - 1].keys));
-    return pick(by_keys[i - 1]) + t * (pick(by_keys[i]) - pick(by_keys[i - 1]));
-  }
-  return pick(by_keys.back());
+  return log_interpolated(
+      by_keys, keys, [](const AttentionPoint& p) { return p.keys; },
+      [fwd](const AttentionPoint& p) { return fwd ? p.forward : p.backward; });
 }
 
 double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
