@@ -630,8 +630,14 @@ Mapped map_run(const json& run) {
     // Its rows without torch.compile ran the model's ops eagerly.
     const std::string techniques = get_str(par, "techniques") + " " + fw;
     if (!has(techniques, "torch.compile")) {
-      m.k.elementwise_cost = CostConstants::kEagerElementwise;
+      set_eager(&m.k);
       m.stack += "+eager";
+    } else if (has(get_str(run, "source"), "torchtitan 9dec370")) {
+      // Compiled blocks, the loss eager: TorchTitan's train.py of Dec 2024
+      // left it uncompiled ("TODO: compiling loss function causes CUDA
+      // errors"); its components/loss.py of 2025 compiles it with the model.
+      m.k.loss_bytes_per_logit = CostConstants::kEagerLossBytesPerLogit;
+      m.stack += "+eager-loss";
     }
   } else if (has(fw, "fsdp") || has(fw, "llm-foundry")) {
     // PyTorch FSDP (Composer, metaseq): the activation checkpoint inside each

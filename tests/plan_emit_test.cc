@@ -572,7 +572,7 @@ TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
   p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
   p.recompute = Recompute::kFull;
   CostConstants eager;
-  eager.elementwise_cost = CostConstants::kEagerElementwise;
+  set_eager(&eager);
   const TrainingJob job{model, 8, 8192};
   const auto compute = [&](const Cluster& cl, const CostConstants& k) {
     return value_or_throw(CostModel(job, cl, k).price(p)).compute_s;

@@ -7,7 +7,8 @@ a ring-attention rank's calls (PyTorch's context parallel, load-balanced
 causal), a LLaMA block forward and backward in eager mode and compiled with a
 per-op profile, FP8 GEMMs (tensorwise and rowwise scales), and a LLaMA
 block's activation memory by activation checkpoint (TorchTitan's op-level SAC
-among them), eager and compiled.
+among them), eager and compiled, and a whole LLaMA-3 8B step's memory
+(allocated and reserved) with its loss eager or compiled.
 
 Not part of the suite (it needs a GPU and PyTorch); its figures and the date
 they were taken are recorded in docs/cluster.md. Usage:
@@ -534,6 +535,118 @@ def section_memory():
                 save()
 
 
+def section_step():
+    """One training step's memory of a whole LLaMA-3 8B (bf16 weights, no
+    optimizer) at 2 x 8192 tokens, as TorchTitan runs it: op-level SAC on each
+    block, the blocks eager or compiled, the f32 cross-entropy eager (TorchTitan
+    2024) or compiled with the model (2025, compile components model and
+    loss). Reports the bytes the forward leaves, the peak allocated and the
+    peak reserved (what TorchTitan logs as its memory) over the weights and
+    their gradients; and the output projection with its loss alone, in bytes
+    per logit. Run it once with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    (TorchTitan's launch script) and once without."""
+    rows = []
+    b, s, h, vocab, layers = 2, 8192, 4096, 128256, 32
+    torch._dynamo.config.cache_size_limit = 64
+    from torch.utils.checkpoint import checkpoint
+
+    def xent(logits, labels):
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    # The output projection and loss alone, per logit.
+    for mode in ("eager", "compile"):
+        try:
+            torch.cuda.empty_cache()
+            x = torch.randn(b, s, h, device=DEV, dtype=BF16, requires_grad=True)
+            w = torch.randn(vocab, h, device=DEV, dtype=BF16, requires_grad=True)
+            labels = torch.randint(0, vocab, (b, s), device=DEV)
+            loss_fn = torch.compile(xent) if mode == "compile" else xent
+            loss_fn(F.linear(x, w), labels).backward()  # warm-up (compiles)
+            x.grad = w.grad = None
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            loss = loss_fn(F.linear(x, w), labels)
+            torch.cuda.synchronize()
+            after_fwd = torch.cuda.memory_allocated()
+            loss.backward()
+            torch.cuda.synchronize()
+            grads = x.grad.numel() * 2 + w.grad.numel() * 2
+            n = b * s * vocab
+            r = {"case": "loss", "mode": mode, "logits": n,
+                 "forward_left_per_logit": (after_fwd - base) / n,
+                 "peak_per_logit": (torch.cuda.max_memory_allocated() - base - grads) / n,
+                 "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            rows.append(r)
+            log("step loss %-7s left %.2f B/logit, peak %.2f B/logit (over the grads)"
+                % (mode, r["forward_left_per_logit"], r["peak_per_logit"]))
+            del x, w, labels, loss
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        RESULTS["step"] = rows
+        save()
+
+    for blocks_mode, loss_mode in (("eager", "eager"), ("compile", "eager"), ("compile", "compile")):
+        try:
+            torch.cuda.empty_cache()
+            torch.manual_seed(0)
+            emb = torch.nn.Embedding(vocab, h).to(DEV, BF16)
+            blocks = [Block(h, 32, 8, 14336).to(DEV, BF16) for _ in range(layers)]
+            norm = RMSNorm(h).to(DEV, BF16)
+            out = torch.nn.Linear(h, vocab, bias=False).to(DEV, BF16)
+
+            def wrap(blk):
+                def fn(x, f, blk=blk):
+                    return checkpoint(blk, x, f, use_reentrant=False, context_fn=op_sac_context,
+                                      preserve_rng_state=False)
+                return torch.compile(fn) if blocks_mode == "compile" else fn
+            fns = [wrap(blk) for blk in blocks]
+            loss_fn = torch.compile(xent) if loss_mode == "compile" else xent
+            tokens = torch.randint(0, vocab, (b, s), device=DEV)
+            labels = torch.randint(0, vocab, (b, s), device=DEV)
+            freqs, _, _ = block_inputs(1, s, h)
+            params = [q for m in [emb, norm, out] + blocks for q in m.parameters()]
+
+            def step():
+                y = chain(fns, emb(tokens), freqs)
+                return loss_fn(out(norm(y)), labels)
+            t0 = time.time()
+            step().backward()  # warm-up (compiles)
+            compile_s = time.time() - t0
+            for q in params:
+                q.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the reserved peak is the measured step's own
+            weights = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            reserved0 = torch.cuda.memory_reserved()
+            loss = step()
+            torch.cuda.synchronize()
+            after_fwd = torch.cuda.memory_allocated()
+            loss.backward()
+            torch.cuda.synchronize()
+            grad_bytes = sum(q.numel() * q.element_size() for q in params)
+            peak = torch.cuda.max_memory_allocated()
+            peak_reserved = torch.cuda.max_memory_reserved()
+            r = {"case": "llama3_8b", "blocks": blocks_mode, "loss": loss_mode, "batch": b, "seq": s,
+                 "weights_bytes": weights, "grad_bytes": grad_bytes,
+                 "forward_left_bytes": after_fwd - weights,
+                 "peak_allocated_bytes": peak, "peak_reserved_bytes": peak_reserved,
+                 "reserved_before_bytes": reserved0, "warmup_s": compile_s,
+                 "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+            rows.append(r)
+            gib = 2.0**30
+            log("step 8b blocks %-7s loss %-7s weights %.1f  fwd-left %.2f  peak alloc %.2f  "
+                "peak reserved %.2f GiB (grads %.1f; reserved/allocated %.3f; warm-up %.0f s)"
+                % (blocks_mode, loss_mode, weights / gib, (after_fwd - weights) / gib, peak / gib,
+                   peak_reserved / gib, grad_bytes / gib, peak_reserved / peak, compile_s))
+            del emb, blocks, norm, out, fns, tokens, labels, params, loss
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        RESULTS["step"] = rows
+        save()
+
+
 def section_fp8():
     """FP8 GEMMs through torch._scaled_mm (e4m3 x e4m3 -> bf16) with
     tensorwise and rowwise scales, against bf16, LLaMA-3 8B's linears at 8k and
@@ -575,7 +688,7 @@ def section_fp8():
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    order = ["env", "gemm", "attention", "ring", "block", "fp8", "sustained", "memory"]
+    order = ["env", "gemm", "attention", "ring", "block", "fp8", "sustained", "memory", "step"]
     for name in order:
         if SECTIONS and name not in SECTIONS and name != "env":
             continue

@@ -194,7 +194,7 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   // the same constants, so the two agree.
   if (stack) planner["stack"] = emit_target_key(*stack);
   if (cm.job().fp8) planner["fp8"] = true;
-  if (cm.constants().elementwise_cost != 1) planner["eager"] = true;
+  if (cm.constants().eager) planner["eager"] = true;
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
@@ -234,7 +234,7 @@ int run_plan(const PlanOptions& o) {
              !a.is_ok()) {
     return user_error(a.message());
   }
-  if (o.eager) k.elementwise_cost = CostConstants::kEagerElementwise;
+  if (o.eager) set_eager(&k);
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;
@@ -488,7 +488,9 @@ void add_plan_commands(CLI::App& app) {
               "The stack runs the model's memory-bound ops (norms, activations, rotary "
               "embedding, residual adds) eagerly, a kernel per PyTorch op (PyTorch without "
               "torch.compile): priced at " +
-                  std::string(eager_cost) + " the fused ops (docs/planner.md)");
+                  std::string(eager_cost) +
+                  " the fused ops, with the tensors eager PyTorch keeps for the backward and "
+                  "its f32 loss (docs/planner.md)");
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
                 "cuDNN's for Megatron-LM where the cluster file prices it), another fused "

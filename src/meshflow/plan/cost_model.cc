@@ -112,6 +112,12 @@ std::vector<bool> before_blocks(const Graph& g, const std::vector<int>& layer) {
 
 }  // namespace
 
+void set_eager(CostConstants* k) {
+  k->eager = true;
+  k->elementwise_cost = CostConstants::kEagerElementwise;
+  k->loss_bytes_per_logit = CostConstants::kEagerLossBytesPerLogit;
+}
+
 CostConstants megatron2021_constants() {
   CostConstants k;
   k.attention = AttentionKernel::kMaterialized;
@@ -1116,17 +1122,18 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   const double embed_act = double(p.micro_batch) * s_local * double(d.hidden) *
                            (act + (d.dropout ? 1.0 : 0.0)) / (p.sp ? double(p.tp) : 1.0);
   // Temporaries: the recompute working set (one layer's full activations),
-  // ZeRO-3's gathered weights of two layers (current + prefetch), f32 logits
-  // and their gradient on the head stage.
+  // ZeRO-3's gathered weights of two layers (current + prefetch), the loss's
+  // peak on the head stage (CostConstants::loss_bytes_per_logit).
   Plan no_rc = p;
   no_rc.recompute = Recompute::kNone;
   const bool op_sac = p.recompute == Recompute::kSelective && k_.selective_is_op_sac;
   const double rc_ws = p.recompute == Recompute::kFull || op_sac
-                           ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act)
+                           ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act,
+                                                    false, k_.eager)
                            : 0.0;
   const double z3_ws = p.zero >= 3 ? 2 * layer_params * w_b : 0.0;
-  const double logits =
-      2 * 4.0 * double(p.micro_batch) * s_local * double((d.vocab + p.tp - 1) / p.tp);
+  const double logits = k_.loss_bytes_per_logit * double(p.micro_batch) * s_local *
+                        double((d.vocab + p.tp - 1) / p.tp);
   MemoryBreakdown mb;
   model_states(stage_params(p, lc, stage, blocks), p, optimizer_state_bytes_per_param(mixed), act,
                &mb, cp_replicated_share(p, lc, blocks), &k_);

@@ -311,6 +311,23 @@ struct CostConstants {
   // (the ops priced here, not the GEMMs' and attention's memory floors).
   static constexpr double kEagerElementwise = 2.62;
   double elementwise_cost = 1.0;
+  // The stack runs the model in PyTorch's eager mode (`meshflow plan
+  // --eager`, set_eager): elementwise_cost at kEagerElementwise, the tensors
+  // the blocks' Python keeps for the backward (layer_activation_bytes) and
+  // the eager loss (loss_bytes_per_logit).
+  bool eager = false;
+  // Bytes per logit (an element of the head's [tokens, vocab / tp] output)
+  // the loss holds at its peak in the backward, over what the blocks keep: 8
+  // by default, f32 logits and their f32 gradient. Measured on one H200
+  // (PyTorch 2.11, bench/gpu/hopper_kernels.py's step section; docs/cluster.md)
+  // for TorchTitan's cross_entropy(pred.flatten(0, 1).float(), ...) over
+  // 16384 x 128256 logits: eager 11.44 (log_softmax's saved f32 output, the
+  // f32 gradients of its output and input, the bf16 one), compiled 3.44
+  // (bf16 logits and their gradient in fused kernels: TorchTitan since 2025
+  // compiles the loss with the model, as `--emit torchtitan` writes).
+  double loss_bytes_per_logit = 8.0;
+  static constexpr double kEagerLossBytesPerLogit = 11.44;
+  static constexpr double kCompiledLossBytesPerLogit = 3.44;
   // The stack overlaps tensor-parallel communication with the GEMMs it feeds
   // (Megatron-LM's --tp-comm-overlap with Transformer Engine's userbuffers,
   // TorchTitan's AsyncTP): each collective runs in tp chunks, chunk i's
@@ -345,6 +362,10 @@ struct CostConstants {
   // embedding and the head gather in 16-bit.
   bool fp8_weight_gather = false;
 };
+
+// PyTorch in eager mode (`meshflow plan --eager`, a plan file's plan.eager):
+// CostConstants::eager with its time (elementwise_cost) and loss memory.
+void set_eager(CostConstants* k);
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
 // unfused attention with materialized scores, gradients reduced after the
@@ -812,9 +833,11 @@ double static_arena_bytes(const Graph& g, const std::vector<ValueId>& kept = {})
 // Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022,
 // generalized to the model's ffn and kv heads; see docs/planner.md). With
 // `op_sac`, selective recompute keeps what TorchTitan's op-level SAC saves
-// (CostConstants::selective_is_op_sac).
+// (CostConstants::selective_is_op_sac); with `eager`, what PyTorch's eager
+// mode keeps of a LLaMA block as TorchTitan writes it (CostConstants::eager).
 double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
-                              AttentionKernel attention, double act_bytes, bool op_sac = false);
+                              AttentionKernel attention, double act_bytes, bool op_sac = false,
+                              bool eager = false);
 
 // TorchTitan's op-level SAC recomputes every second matmul of a block, in
 // forward order: of a LLaMA block's wq, wk, wv, wo, w1, w3, w2 the wk, wo and

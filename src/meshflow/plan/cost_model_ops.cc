@@ -168,7 +168,8 @@ double op_sac_matmul_share(const TransformerDims& d) {
 }
 
 double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t seq,
-                              AttentionKernel attention, double act_bytes, bool op_sac) {
+                              AttentionKernel attention, double act_bytes, bool op_sac,
+                              bool eager) {
   // Korthikanti et al. 2022, in units of 2 bytes (16-bit) per element, for s
   // local tokens (seq / cp), b sequences, h hidden, t = tp.
   const double s = double(seq) / double(p.cp), b = double(p.micro_batch), h = double(d.hidden),
@@ -181,11 +182,32 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
     // matmuls it saves (LLaMA: wq, wv, w1 split over tp, and w2's whole
     // partial sum before its reduction; GPT: qkv and fc1), the attention's
     // output and f32 log-sum-exp, and with sequence parallelism the two
-    // reduce_scatters' outputs (sequence-split).
+    // reduce_scatters' outputs (sequence-split). Eager PyTorch caches every
+    // output its policy saves; compiled, the partitioner keeps those the
+    // backward reads, which drops w2's output and the reduce_scatter after
+    // the MLP (they feed the residual add alone): 13.0 B a token and hidden
+    // unit measured for LLaMA-3 8B, 15.0 eager (docs/cluster.md).
     const double split = d.llama ? sbh + s * b * kv + sbh + s * b * f : 3 * sbh + sbh + s * b * f;
-    const double whole = d.llama ? sbh : 0.0;
-    const double scattered = p.sp && p.tp > 1 ? 2 * sbh / t : 0.0;
+    const double whole = d.llama && eager ? sbh : 0.0;
+    const double scattered = p.sp && p.tp > 1 ? (eager ? 2 : 1) * sbh / t : 0.0;
     return 2 * e * (sbh / (p.sp ? t : 1.0) + split / t + whole + scattered) + 4 * a * s * b / t;
+  }
+  const double scores_fused = 4 * a * s * b;  // the fused kernel's f32 log-sum-exp per row
+  if (eager && d.llama && p.recompute == Recompute::kNone) {
+    // A LLaMA block as TorchTitan writes it, run by eager PyTorch, keeps its
+    // Python's intermediates: each RMSNorm its input's f32 copy and its
+    // 16-bit output (the linears' input), RoPE its f32 q and k, SDPA the K
+    // and V repeated to every head, SwiGLU w1's and w3's outputs, silu's and
+    // their product. 53 B a token and hidden unit for LLaMA-3 8B, measured
+    // 52.0 (docs/cluster.md; Korthikanti's count, 34, is the compiled one's
+    // 36.5). No f32 copies where the activations are f32 already.
+    const double up = act_bytes < 4 ? 4.0 : 0.0;
+    const double replicated = 2 * (up + act_bytes) * sbh;
+    const double split = act_bytes * (sbh + 2 * sbh + sbh + 4 * s * b * f) + up * (sbh + s * b * kv);
+    const double scores = attention == AttentionKernel::kMaterialized
+                              ? 2 * e * a * s * double(seq) * b
+                              : scores_fused;
+    return replicated / (p.sp ? t : 1.0) + (split + scores) / t;
   }
   // Replicated region: two norm inputs (4), the QKV and MLP inputs (2 + 2),
   // and 1-byte dropout masks after attention and the MLP (1 + 1).
@@ -202,7 +224,7 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
   const double score_bytes = d.dropout ? 5 : 2;
   double scores = attention == AttentionKernel::kMaterialized
                       ? score_bytes * e * a * s * double(seq) * b
-                      : 4 * a * s * b;
+                      : scores_fused;
   if (p.recompute == Recompute::kSelective) scores = 0;
   return (replicated / (p.sp ? t : 1.0)) + (split + scores) / t;
 }
@@ -301,7 +323,8 @@ Result<double> CostModel::arena_bytes(const Plan& p, int64_t layers) const {
 Result<double> CostModel::layer_activations(const Plan& p) const {
   const double act = double(dtype_size(dtype_));
   const bool op_sac = k_.selective_is_op_sac;
-  if (!p.ops) return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act, op_sac);
+  if (!p.ops)
+    return layer_activation_bytes(dims_, p, job_.seq, k_.attention, act, op_sac, k_.eager);
   // A per-operator plan keeps what its program's backward reads: Korthikanti's
   // count for the Megatron layout at the same degrees, scaled by the ratio of
   // the two programs' stashed forward values per block.
@@ -334,7 +357,8 @@ Result<double> CostModel::layer_activations(const Plan& p) const {
     std::lock_guard<std::mutex> lock(mu_);
     stash_ratio_cache_.emplace(key, ratio);
   }
-  return ratio * layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act, op_sac);
+  return ratio *
+         layer_activation_bytes(dims_, megatron, job_.seq, k_.attention, act, op_sac, k_.eager);
 }
 
 Result<std::shared_ptr<const StrategySearch>> CostModel::op_search(int64_t tp, int64_t cp,

@@ -179,8 +179,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   if (planner.contains("eager")) {
     if (!planner.at("eager").is_boolean())
       return Status::invalid("plan.eager must be true or false, got " + planner.at("eager").dump());
-    if (planner.at("eager").get<bool>())
-      r.constants.elementwise_cost = CostConstants::kEagerElementwise;
+    if (planner.at("eager").get<bool>()) set_eager(&r.constants);
   }
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
