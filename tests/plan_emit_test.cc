@@ -563,11 +563,10 @@ TEST(PlanEmit, MegatronRunsCudnnAttentionOnHopper) {
 // file keeps the choice and `simulate` prices with it; a wrong value is
 // refused by name.
 TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
-  const ModelConfig model = value_or_throw(parse_model_config(value_or_throw(
-      read_json_file(source_dir() + "/configs/models/llama3_8b.json"))));
-  Cluster c = value_or_throw(
-      with_devices(value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json")),
-                   8));
+  const ModelConfig model = value_or_throw(parse_model_config(
+      value_or_throw(read_json_file(source_dir() + "/configs/models/llama3_8b.json"))));
+  Cluster c = value_or_throw(with_devices(
+      value_or_throw(load_cluster(source_dir() + "/configs/clusters/h100_sxm.json")), 8));
   Plan p;
   p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
   p.recompute = Recompute::kFull;

@@ -1127,10 +1127,10 @@ Result<MemoryBreakdown> CostModel::stage_memory(const Plan& p, const LayerCost& 
   Plan no_rc = p;
   no_rc.recompute = Recompute::kNone;
   const bool op_sac = p.recompute == Recompute::kSelective && k_.selective_is_op_sac;
-  const double rc_ws = p.recompute == Recompute::kFull || op_sac
-                           ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act,
-                                                    false, k_.eager)
-                           : 0.0;
+  const double rc_ws =
+      p.recompute == Recompute::kFull || op_sac
+          ? layer_activation_bytes(d, no_rc, job_.seq, k_.attention, act, false, k_.eager)
+          : 0.0;
   const double z3_ws = p.zero >= 3 ? 2 * layer_params * w_b : 0.0;
   const double logits = k_.loss_bytes_per_logit * double(p.micro_batch) * s_local *
                         double((d.vocab + p.tp - 1) / p.tp);

@@ -203,7 +203,8 @@ double layer_activation_bytes(const TransformerDims& d, const Plan& p, int64_t s
     // 36.5). No f32 copies where the activations are f32 already.
     const double up = act_bytes < 4 ? 4.0 : 0.0;
     const double replicated = 2 * (up + act_bytes) * sbh;
-    const double split = act_bytes * (sbh + 2 * sbh + sbh + 4 * s * b * f) + up * (sbh + s * b * kv);
+    const double split =
+        act_bytes * (sbh + 2 * sbh + sbh + 4 * s * b * f) + up * (sbh + s * b * kv);
     const double scores = attention == AttentionKernel::kMaterialized
                               ? 2 * e * a * s * double(seq) * b
                               : scores_fused;

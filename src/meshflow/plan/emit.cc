@@ -448,7 +448,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
       // [compile] components = ["model", "loss"], as emitted unless --eager.
       k->loss_bytes_per_logit = CostConstants::kCompiledLossBytesPerLogit;
-      k->fp8_weight_gather = true;    // float8.enable_fsdp_float8_all_gather, emitted with FP8
+      k->fp8_weight_gather = true;  // float8.enable_fsdp_float8_all_gather, emitted with FP8
       // ZeRO-1 is FSDP2 under its pipelines: one reduce-scatter after the
       // step's last backward, the first forward's gathers prefetched.
       k->zero1_reduce_after_backward = true;
