@@ -154,6 +154,41 @@ TEST(OpsPool, FiniteDifferenceGradients) {
   }
 }
 
+// A NaN in a window is that window's maximum, as in PyTorch, and the
+// gradient goes to it; the windows without one are untouched. The forward
+// pools rows then columns, the backward finds each window's first maximum:
+// they agree.
+TEST(OpsPool, MaxPoolPropagatesNaN) {
+  const Shape xs{{"batch", 1}, {"channels", 2}, {"height", 5}, {"width", 6}};
+  Graph g;
+  Builder b(g);
+  const ValueId xv = b.input("x", xs);
+  const ValueId y = b.max_pool2d(xv, {{3, 3}, {2, 2}, {1, 1}, {1, 1}});
+  const ValueId dyv = b.input("dy", g.shape(y));
+  const ValueId dx = b.op1(OpKind::kMaxPool2dGrad, {dyv, xv}, g.producer(y).attrs, "dx");
+  Tensor x = random_tensor(xs, 3);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  x.data<float>()[2 * 6 + 3] = nan;  // plane 0, row 2, column 3
+  x.data<float>()[30 + 0] = nan;     // plane 1, row 0, column 0 (a padded corner)
+  Tensor dy(g.shape(y), DType::F32);
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 1.f;
+  Executor ex(g, {.seed = 0, .fetch = {y, dx}, .run_elsewhere = {}, .offload = {}});
+  ASSERT_TRUE(ex.feed("x", x).is_ok());
+  ASSERT_TRUE(ex.feed("dy", dy).is_ok());
+  ex.run(ex.eval_order());
+  const float* out = ex.data_f(y);  // [1, 2, 3, 3]
+  const float* grad = ex.data_f(dx);
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t oh = 0; oh < 3; ++oh)
+      for (int64_t ow = 0; ow < 3; ++ow) {
+        // Windows rows 2oh-1..2oh+1, columns 2ow-1..2ow+1.
+        const bool has_nan = p == 0 ? (oh == 1 && (ow == 1 || ow == 2)) : (oh == 0 && ow == 0);
+        EXPECT_EQ(std::isnan(out[(p * 3 + oh) * 3 + ow]), has_nan) << p << " " << oh << " " << ow;
+      }
+  EXPECT_EQ(grad[2 * 6 + 3], 2.f);  // both windows that hold it
+  EXPECT_EQ(grad[30 + 0], 1.f);
+}
+
 std::string pool_error(const Shape& x, Pool2dOpts o, bool max = true) {
   Graph g;
   Builder b(g);
