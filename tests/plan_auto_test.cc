@@ -549,6 +549,35 @@ json tiny_resnet(int d0, int d1) {
           {"num_labels", 10},         {"image_size", 28}};
 }
 
+// Device::kernel_time_scale multiplies the roofline of its kinds alone: a
+// ResNet's step (pooling, batch norm, convolutions) grows by what its nodes
+// of those kinds add, a GPT's (none of them) does not move.
+TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
+  Cluster listed = value_or_throw(
+      load_cluster(meshflow::testing::source_dir() + "/configs/clusters/local_cpu.json"));
+  ASSERT_GT(listed.device.kernel_scale(OpKind::kMaxPool2d), 1.0);  // the shipped calibration's
+  Cluster plain = listed;
+  plain.device.kernel_time_scale.clear();
+  Plan p;
+  p.dp = 1, p.micro_batch = 16, p.num_micro_batches = 1;
+  const auto step = [&](const json& model, const Cluster& c) {
+    const ModelConfig mc = value_or_throw(parse_model_config(model));
+    return value_or_throw(
+        CostModel(TrainingJob{mc, 16, is_language_model(mc) ? 32 : 1}, c, meshflow_cpu_constants())
+            .price(p));
+  };
+  const json resnet = tiny_resnet(1, 1);
+  EXPECT_GT(step(resnet, listed).compute_s, 1.2 * step(resnet, plain).compute_s);
+  const json gpt = {{"model_type", "gpt2"},
+                    {"n_layer", 2},
+                    {"n_embd", 64},
+                    {"n_head", 4},
+                    {"n_positions", 32},
+                    {"vocab_size", 64},
+                    {"tie_word_embeddings", true}};
+  EXPECT_DOUBLE_EQ(step(gpt, listed).compute_s, step(gpt, plain).compute_s);
+}
+
 // A run config of `model` on Fashion-MNIST in auto mode with the full search.
 json auto_run(const json& model, int steps) {
   return {{"model", model},

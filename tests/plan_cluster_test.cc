@@ -196,6 +196,20 @@ TEST(PlanCluster, ErrorsNameTheKey) {
       << m;
 
   j = valid_cluster();
+  j["device"]["kernel_time_scale"] = {{"max_pool", 7.5}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.kernel_time_scale.max_pool: not an op kind"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("max_pool2d"), std::string::npos) << m;  // names valid ones
+  j["device"]["kernel_time_scale"] = {{"max_pool2d", -1}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.kernel_time_scale.max_pool2d must be a number in [0.01, 1000]"),
+            std::string::npos)
+      << m;
+  j["device"]["kernel_time_scale"] = {{"max_pool2d", "fast"}};
+  EXPECT_NE(error_of(j).find("got \"fast\""), std::string::npos) << error_of(j);
+
+  j = valid_cluster();
   j["devices_per_node"] = "eight";
   m = error_of(j);
   EXPECT_NE(m.find("cluster.devices_per_node must be an integer"), std::string::npos) << m;
@@ -489,6 +503,20 @@ TEST(PlanCluster, QuickCalibration) {
         EXPECT_LE(f, 1.0);
       }
   }
+  // The kernels the roofline misses, each its median time over its roofline
+  // on this calibration's numbers (pooling's scalar windows run several times
+  // over it; what they are on this machine is the point, so only sane bounds).
+  for (const char* kind :
+       {"max_pool2d", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad", "batch_norm",
+        "batch_norm_grad", "conv2d", "conv2d_grad_input", "conv2d_grad_weight"}) {
+    ASSERT_EQ(back->device.kernel_time_scale.count(kind), 1u) << kind;
+    EXPECT_GT(back->device.kernel_time_scale.at(kind), 0.01) << kind;
+    EXPECT_LT(back->device.kernel_time_scale.at(kind), 1000) << kind;
+  }
+  EXPECT_EQ(back->device.kernel_time_scale, cal->kernel_time_scale);
+  EXPECT_EQ(back->device.kernel_scale(OpKind::kMaxPool2d), cal->kernel_time_scale.at("max_pool2d"));
+  EXPECT_EQ(back->device.kernel_scale(OpKind::kRelu), 1.0);  // a kind it does not list
+  EXPECT_NE(report.find("over their roofline"), std::string::npos);
   EXPECT_NE(report.find("one thin side"), std::string::npos);
   EXPECT_NE(report.find("SGEMM"), std::string::npos);
   EXPECT_NE(report.find("all_reduce"), std::string::npos);

@@ -19,6 +19,10 @@
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/kernels/cpu/blas_core.h"
+#include "meshflow/kernels/kernel.h"
+#include "meshflow/ops/builder.h"
+#include "meshflow/ops/op_def.h"
+#include "meshflow/plan/cost_model.h"
 
 namespace meshflow::plan {
 namespace {
@@ -140,6 +144,95 @@ double measure_triad(bool quick) {
   return 3.0 * 4.0 * static_cast<double>(n) / t;
 }
 
+// x to 4 significant digits: the measurements are not better than that.
+double sig4(double x) {
+  if (x <= 0) return x;
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
+  return std::round(x * scale) / scale;
+}
+
+// Device::kernel_time_scale: the kinds whose CPU kernels are neither a
+// streaming pass nor a GEMM, each called as the executor calls it at a ResNet
+// stem's shape (configs/models/resnet_fashion.json: batch 32, 32 channels,
+// 28 x 28; 3x3 convolutions, pool 3x3 stride 2), its median time over the
+// roofline the cost model gives the node on `c` (cost_model_ops.cc
+// node_time_s with meshflow_cpu_constants()).
+std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick) {
+  Graph g;
+  Builder b(g);
+  const Shape xs{{"batch", 32}, {"channels", 32}, {"height", 28}, {"width", 28}};
+  const Shape cs{{"channels", 32}};
+  const ValueId x = b.input("x", xs);
+  const ValueId w = b.input("w", Shape{{"out", 32}, {"channels", 32}, {"kh", 3}, {"kw", 3}});
+  Conv2dOpts co;
+  co.stride = {1, 1}, co.padding = {1, 1};
+  const ValueId conv = b.conv2d(x, w, co, "conv");
+  Attrs ca = g.producer(conv).attrs;
+  ca.shape = xs;
+  const ValueId conv_dx = b.op1(OpKind::kConv2dGradInput, {x, w}, ca, "conv_dx");
+  ca.shape = g.shape(w);
+  const ValueId conv_dw = b.op1(OpKind::kConv2dGradWeight, {x, x}, ca, "conv_dw");
+  const ValueId maxp = b.max_pool2d(x, {{3, 3}, {2, 2}, {1, 1}, {1, 1}}, "max");
+  const ValueId maxp_dx = b.op1(OpKind::kMaxPool2dGrad, {b.input("dmax", g.shape(maxp)), x},
+                                g.producer(maxp).attrs, "max_dx");
+  const ValueId avgp = b.avg_pool2d(x, {{2, 2}, {2, 2}, {0, 0}, {1, 1}}, "avg");
+  Attrs aa = g.producer(avgp).attrs;
+  aa.shape = xs;
+  const ValueId avgp_dx =
+      b.op1(OpKind::kAvgPool2dGrad, {b.input("davg", g.shape(avgp))}, aa, "avg_dx");
+  const ValueId gamma = b.input("gamma", cs), beta = b.input("beta", cs);
+  const ValueId bn =
+      b.batch_norm(x, gamma, beta, b.input("running_mean", cs), b.input("running_var", cs));
+  const ValueId mean = b.input("mean", cs), rstd = b.input("rstd", cs);
+  const ValueId bn_dx =
+      b.op(OpKind::kBatchNormGrad, {x, x, gamma, mean, rstd}, g.producer(bn).attrs)[0];
+
+  // Every value's buffer, filled alike (values in [0, 1); rstd 1, training
+  // statistics: an i64 rng_offset of 0).
+  std::vector<std::vector<float>> buf(g.num_values());
+  for (ValueId v = 0; v < g.num_values(); ++v) {
+    buf[v].resize(static_cast<size_t>(std::max<int64_t>(g.shape(v).numel(), 2)));
+    for (size_t i = 0; i < buf[v].size(); ++i) buf[v][i] = float((i * 7919) % 1000) * 1e-3f + 0.5f;
+  }
+  int64_t training = 0;
+  const CostConstants k = meshflow_cpu_constants();
+  std::map<std::string, double> scales;
+  for (ValueId out : {conv, conv_dx, conv_dw, maxp, maxp_dx, avgp, avgp_dx, bn, bn_dx}) {
+    const Node& n = g.producer(out);
+    std::vector<void*> in, outs;
+    for (ValueId v : n.inputs) in.push_back(buf[v].data());
+    if (n.kind == OpKind::kBatchNorm) {
+      in.resize(6, nullptr);
+      in[5] = &training;
+    }
+    for (ValueId v : n.outputs) outs.push_back(buf[v].data());
+    const KernelFn fn = cpu_kernel(n.kind);
+    auto call = [&] {
+      KernelCall kc{g, n, in, outs};
+      fn(kc);
+    };
+    call();
+    // The median call, not the best: in a step the kernel meets the caches
+    // and threads its neighbours leave (the best of 5 gave batch norm 1.7x
+    // where a ResNet step's profile shows 2.5-3x).
+    std::vector<double> t(quick ? 5 : 15);
+    for (double& one : t) {
+      const auto t0 = Clock::now();
+      call();
+      one = seconds_since(t0);
+    }
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    const double median = t[t.size() / 2];
+    const OpCost cost = op_cost(g, n);
+    const double roofline =
+        std::max(c.matmul_time_s(cost.flops, DType::F32) / k.matmul_efficiency_scale,
+                 c.memory_time_s(cost.bytes));
+    if (roofline > 0)
+      scales[std::string(op_name(n.kind))] = sig4(std::clamp(median / roofline, 0.01, 1000.0));
+  }
+  return scales;
+}
+
 Status measure_all_reduce(bool quick, int ranks, std::vector<CollectiveSample>* out) {
   const std::vector<int64_t> counts =
       quick ? std::vector<int64_t>{1 << 8, 1 << 12, 1 << 16, 1 << 19}
@@ -257,18 +350,14 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
   const double n = options.ranks;
   cal.link_latency_s = cal.fit_intercept_s / (2 * (n - 1));
   cal.link_bandwidth_bytes_per_s = 2 * (n - 1) / n / cal.fit_s_per_byte;
+  cal.kernel_time_scale =
+      measure_kernel_scales(cluster_from_calibration(cal, "calibrating"), options.quick);
   cal.wall_s = seconds_since(t0);
   cal.others_busy = cpu_sample().others_busy_fraction(before);
   return cal;
 }
 
 namespace {
-// x to 4 significant digits: the measurements are not better than that.
-double sig4(double x) {
-  if (x <= 0) return x;
-  const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
-  return std::round(x * scale) / scale;
-}
 // The kernel set OpenBLAS runs is part of the machine's identity: the same
 // CPU runs SGEMM 4x slower on its generic fallback (kernels/cpu/blas_core.h).
 std::string device_name(const std::string& cpu, int threads) {
@@ -286,8 +375,8 @@ namespace {
 // Raise when calibrate() measures something else or otherwise (a cached
 // calibration of an older one is then measured again): 1, 2026-11-28, the
 // GEMM curve, the thin-GEMM grids on all threads and on one, the triad, the
-// local all_reduce link.
-constexpr int kCalibrationVersion = 1;
+// local all_reduce link; 2, 2026-11-28, and the kernel time scales.
+constexpr int kCalibrationVersion = 2;
 }  // namespace
 
 std::string calibration_software() {
@@ -317,6 +406,7 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
   }
   c.device.matmul_thin_efficiency = cal.thin_gemm;
   c.device.matmul_thin_efficiency_one_thread = cal.thin_gemm_one_thread;
+  c.device.kernel_time_scale = cal.kernel_time_scale;
   c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
   c.inter_node = c.intra_node;
   return c;
@@ -370,6 +460,11 @@ std::string format_calibration(const Calibration& cal) {
                 cal.fit_intercept_s * 1e6, 1e-9 / cal.fit_s_per_byte, cal.link_latency_s * 1e6,
                 cal.link_bandwidth_bytes_per_s / 1e9);
   s += line;
+  s += "kernels' measured time over their roofline (a ResNet stem's shape):\n";
+  for (const auto& [kind, scale] : cal.kernel_time_scale) {
+    std::snprintf(line, sizeof line, "  %-20s %7.2fx\n", kind.c_str(), scale);
+    s += line;
+  }
   std::snprintf(line, sizeof line, "calibration took %.2f s\n", cal.wall_s);
   s += line;
   return s;

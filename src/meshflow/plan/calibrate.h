@@ -1,7 +1,8 @@
 // Calibration: measures this machine so the planner can price plans for it:
 // the SGEMM rate at a few sizes (peak and efficiency curve), the streaming
-// memory bandwidth (a triad), and the alpha-beta of the local backend's
-// all_reduce at 2 in-process ranks. `meshflow bench --calibrate` runs it and
+// memory bandwidth (a triad), the alpha-beta of the local backend's
+// all_reduce at 2 in-process ranks, and the time the kernels the roofline
+// misses (pooling, batch norm, convolutions) take over it. `meshflow bench --calibrate` runs it and
 // writes the Cluster JSON (configs/clusters/local_cpu.json ships one result).
 //
 //   MF_ASSIGN_OR_RETURN(Calibration cal, calibrate({.quick = true}));
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,9 @@ struct Calibration {
   double fit_s_per_byte = 0;
   double link_latency_s = 0;
   double link_bandwidth_bytes_per_s = 0;
+  // Device::kernel_time_scale: each measured kind's best time over its
+  // roofline on the cluster the numbers above make.
+  std::map<std::string, double> kernel_time_scale;
   double wall_s = 0;  // how long the calibration took
   // The fraction of the machine other processes used while it measured: a
   // calibration beside other work (above ~10%) measured a share of the

@@ -88,6 +88,12 @@ double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const 
   return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
 }
 
+double Device::kernel_scale(OpKind kind) const {
+  if (kernel_time_scale.empty()) return 1.0;
+  const auto it = kernel_time_scale.find(std::string(op_name(kind)));
+  return it == kernel_time_scale.end() ? 1.0 : it->second;
+}
+
 double Cluster::fp8_matmul_time_s(double flops) const {
   if (flops <= 0) return 0;
   return flops / (device.peak_flops.fp8 * matmul_efficiency(flops) * device.fp8_matmul_efficiency);
@@ -396,9 +402,28 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
                  &d->matmul_thin_efficiency_one_thread);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
   read_efficiency(r, j, where, "fp8_matmul_efficiency", &d->fp8_matmul_efficiency);
-  json attention;
+  json attention, kernel_scale;
   r.object("attention_efficiency", &attention);
+  r.object("kernel_time_scale", &kernel_scale);
   MF_RETURN_IF_ERROR(r.finish());
+  // "kernel_time_scale": {"max_pool2d": 9.5, "batch_norm": 2.1, ...}
+  if (kernel_scale.is_null()) kernel_scale = json::object();
+  for (const auto& [kind, v] : kernel_scale.items()) {
+    const std::string at = where + ".kernel_time_scale." + kind;
+    bool known = false;
+    for (int k = 0; k < kNumOpKinds && !known; ++k) known = op_name(static_cast<OpKind>(k)) == kind;
+    if (!known)
+      return Status::invalid(at +
+                             ": not an op kind (the names of ir/op_kind.h: max_pool2d, "
+                             "batch_norm, conv2d_grad_weight, ...)");
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0.01 ||
+        v.get<double>() > 1000)
+      return Status::invalid(at +
+                             " must be a number in [0.01, 1000] (measured time over the "
+                             "roofline), got " +
+                             v.dump());
+    d->kernel_time_scale[kind] = v.get<double>();
+  }
   // "attention_efficiency": {"flash1": {"forward": 0.40, "backward": 0.30},
   //   "cudnn": {"by_keys": [[1024, 0.455, 0.230], [2048, ...], ...]}, ...}
   if (!attention.is_null()) {
@@ -513,6 +538,7 @@ J cluster_json(const Cluster& c) {
            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
            {"memory_efficiency", d.memory_efficiency}};
   if (d.fp8_matmul_efficiency != 1) dev["fp8_matmul_efficiency"] = d.fp8_matmul_efficiency;
+  if (!d.kernel_time_scale.empty()) dev["kernel_time_scale"] = d.kernel_time_scale;
   if (!d.attention_efficiency.empty()) {
     J kernels = J::object();
     for (const auto& [kernel, e] : d.attention_efficiency) {

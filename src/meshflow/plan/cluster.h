@@ -25,6 +25,7 @@
 #include "meshflow/core/dtype.h"
 #include "meshflow/core/mesh.h"
 #include "meshflow/core/status.h"
+#include "meshflow/ir/op_kind.h"
 #include "meshflow/parallel/collective_cost.h"
 #include "meshflow/parallel/reshard.h"
 
@@ -105,6 +106,13 @@ struct Device {
   // 73.4% against 80.3% in ml-engineering's MAMF tables, 0.914). 1 where a
   // file gives none.
   double fp8_matmul_efficiency = 1;
+  // A kernel's measured time over the roofline the cost model gives it, by
+  // op kind (ir/op_kind.h's names): for the kinds whose kernels are not a
+  // streaming pass or a GEMM (windows, per-channel reductions, convolutions'
+  // reorders), measured by `meshflow bench --calibrate` at a ResNet stem's
+  // shape on all threads; 1 for a kind not listed (the GPU files list none).
+  std::map<std::string, double> kernel_time_scale;
+  double kernel_scale(OpKind kind) const;
 };
 
 // Links and collectives are priced by parallel/collective_cost.h, the one

@@ -151,7 +151,10 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       t = std::max(compute_time_s(c.flops, f), cluster_.memory_time_s(c.bytes * byte_scale));
     }
   } else {
-    t = roofline_time_s(c.flops, c.bytes * byte_scale) * k_.elementwise_cost;
+    // (kernel_scale: the calibration's measured time over this roofline for
+    // the kinds it lists, the local CPU's windowed and per-channel kernels.)
+    t = roofline_time_s(c.flops, c.bytes * byte_scale) * k_.elementwise_cost *
+        cluster_.device.kernel_scale(n.kind);
   }
   return t;
 }
