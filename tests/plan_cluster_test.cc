@@ -476,7 +476,9 @@ TEST(PlanCluster, QuickCalibration) {
   o.quick = true;
   Result<Calibration> cal = calibrate(o);
   ASSERT_TRUE(cal.is_ok()) << cal.status().message();
-  EXPECT_LT(cal->wall_s, 3.0);
+  // About 1.7 s on an idle 2-core machine; the bound catches a runaway
+  // calibration under the suite's -j2 load, it does not benchmark it.
+  EXPECT_LT(cal->wall_s, 6.0);
   EXPECT_GT(cal->peak_flops, 1e8);
   EXPECT_GT(cal->memory_bandwidth_bytes_per_s, 1e8);
   EXPECT_GT(cal->link_bandwidth_bytes_per_s, 1e6);

@@ -215,7 +215,7 @@ std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick
     // The median call, not the best: in a step the kernel meets the caches
     // and threads its neighbours leave (the best of 5 gave batch norm 1.7x
     // where a ResNet step's profile shows 2.5-3x).
-    std::vector<double> t(quick ? 5 : 15);
+    std::vector<double> t(quick ? 3 : 15);
     for (double& one : t) {
       const auto t0 = Clock::now();
       call();
