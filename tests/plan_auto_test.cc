@@ -722,8 +722,9 @@ TEST(PlanAuto, ResNetAutoModeRecomputesWhereOnlyThatFits) {
 }
 
 // Local auto mode prices a ResNet's pipelines (its residual layers over the
-// stages, priced by chunk) beside dp and tp: on 2 and 4 ranks some
-// candidates are pipelines, every candidate but the searched ones reads back
+// stages, priced by chunk) and its height split (cp) beside dp and tp: on 2
+// and 4 ranks some candidates are pipelines and some split the height,
+// every candidate but the searched ones reads back
 // from the job its parallel section resolves to, and on a device where the least memory a
 // pipeline holds fits and no plan without one does, auto mode picks a
 // pipeline whose stages hold their predicted memory (within 5%).
@@ -735,10 +736,11 @@ TEST(PlanAuto, ResNetAutoModePricesPipelines) {
   const Cluster machine = local();
   for (int ranks : {2, 4}) {
     const LocalAutoPlan a = value_or_throw(plan_local_run(rc, ranks, machine));
-    int pipelines = 0;
+    int pipelines = 0, heights = 0;
     for (const StepCost& c : a.candidates) {
       SCOPED_TRACE(plan_label(c.plan));
       pipelines += c.plan.pp > 1;
+      heights += c.plan.cp > 1;
       if (c.plan.ops) continue;  // its tuples are found by searching again (above)
       json one = doc;
       one["parallel"] = value_or_throw(parallel_section(c.plan, mc));
@@ -748,6 +750,7 @@ TEST(PlanAuto, ResNetAutoModePricesPipelines) {
       EXPECT_EQ(*back, c.plan) << plan_label(*back);
     }
     EXPECT_GT(pipelines, 0) << ranks << " ranks";
+    EXPECT_GT(heights, 0) << ranks << " ranks";  // the image's height over cp
   }
   // A device between the least memory of a pipeline and of every other plan.
   const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, machine));
@@ -765,6 +768,34 @@ TEST(PlanAuto, ResNetAutoModePricesPipelines) {
   ASSERT_EQ(stages.size(), ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r)
     EXPECT_NEAR(stages[r].total / double(ranks[r]), 1.0, 0.05) << "stage " << r;
+}
+
+// Local auto mode's height split of a ResNet (cp = 2 on 2 ranks): the
+// parallel section it writes trains with one device's losses (the stem's
+// split propagated, halos at the windows) and holds the memory it priced
+// (within 5%).
+TEST(PlanAuto, ResNetAutoModesHeightSplitTrainsAsPriced) {
+  const json model = tiny_resnet(1, 1);
+  const ModelConfig mc = value_or_throw(parse_model_config(model));
+  json doc = auto_run(model, 2);
+  const RunConfig rc = value_or_throw(parse_run_config(doc, ""));
+  const LocalAutoPlan all = value_or_throw(plan_local_run(rc, 2, local()));
+  const StepCost* height = nullptr;
+  for (const StepCost& c : all.candidates)
+    if (c.plan.cp == 2 && c.plan.recompute == Recompute::kNone) height = &c;
+  ASSERT_NE(height, nullptr);
+  json one = doc;
+  one["parallel"] = value_or_throw(parallel_section(height->plan, mc));
+  std::vector<float> split_losses, single_losses;
+  const double held = held_peak(one, 2, 2, &split_losses);
+  EXPECT_NEAR(height->memory.total / held, 1.0, 0.05)
+      << "predicted " << height->memory.total << " held " << held;
+  json single = doc;
+  single["parallel"] = {{"mode", "data"}};
+  held_peak(single, 1, 2, &single_losses);
+  ASSERT_EQ(split_losses.size(), single_losses.size());
+  for (size_t i = 0; i < split_losses.size(); ++i)
+    EXPECT_NEAR(split_losses[i], single_losses[i], 1e-4 * std::abs(single_losses[i])) << i;
 }
 
 // Stages chosen under memory on meshflow's executor (CostModel::stage_split

@@ -106,9 +106,10 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   };
   // Pipelines for the language models and the ResNets (the pipeline
   // trainer's schedules, the runtime's balanced split of the blocks or of the
-  // residual layers, no ZeRO on the stages). Context parallel (cp: the
-  // sequence over ranks) for the language models, without pipelines (their
-  // stages run dp x tp).
+  // residual layers, no ZeRO on the stages). Context parallel without
+  // pipelines (their stages run dp x tp): a language model's sequence over
+  // ranks, a ResNet's image height (the stem's split, propagated; the
+  // Megatron-like layout alone, ring attention being a sequence's).
   const bool lm = is_language_model(model);
   const bool resnet = std::holds_alternative<ResNetConfig>(model);
   const int64_t max_pp = lm || resnet ? std::min<int64_t>(ranks, cm.pipeline_layers()) : 1;
@@ -121,7 +122,7 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
           first_invalid = "tp=" + str(tp) + " does not divide kv_heads=" + str(d.kv_heads);
         continue;
       }
-      for (int64_t cp = 1; cp <= (lm && pp == 1 ? ranks / tp : 1); ++cp) {
+      for (int64_t cp = 1; cp <= ((lm || resnet) && pp == 1 ? ranks / tp : 1); ++cp) {
         if ((ranks / (pp * tp)) % cp != 0) continue;
         const int64_t dp = ranks / (pp * tp * cp);
         // Micro-batches: the config's; a pipeline's at least pp of them
@@ -149,7 +150,7 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
               for (Recompute rcp : policies)
                 for (int zero = 0; zero <= (dp > 1 && pp == 1 ? 3 : 0); ++zero) {
                   if ((layout == 1 && tp == 1) || (layout >= 3 && cp == 1) ||
-                      (layout == 4 && tp == 1))
+                      (layout == 4 && tp == 1) || (resnet && cp > 1 && layout != 0))
                     continue;
                   Plan p;
                   p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp;
