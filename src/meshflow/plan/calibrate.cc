@@ -187,8 +187,8 @@ std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick
   const ValueId bn_dx =
       b.op(OpKind::kBatchNormGrad, {x, x, gamma, mean, rstd}, g.producer(bn).attrs)[0];
 
-  // Every value's buffer, filled alike (values in [0, 1); rstd 1, training
-  // statistics: an i64 rng_offset of 0).
+  // Every value's buffer, filled alike with values in [0.5, 1.5) (batch
+  // norm's training statistics: an i64 rng_offset of 0).
   std::vector<std::vector<float>> buf(g.num_values());
   for (ValueId v = 0; v < g.num_values(); ++v) {
     buf[v].resize(static_cast<size_t>(std::max<int64_t>(g.shape(v).numel(), 2)));
