@@ -157,7 +157,7 @@ double sig4(double x) {
 // 28 x 28; 3x3 convolutions, pool 3x3 stride 2), its median time over the
 // roofline the cost model gives the node on `c` (cost_model_ops.cc
 // node_time_s with meshflow_cpu_constants()).
-std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick) {
+std::map<std::string, double, std::less<>> measure_kernel_scales(const Cluster& c, bool quick) {
   Graph g;
   Builder b(g);
   const Shape xs{{"batch", 32}, {"channels", 32}, {"height", 28}, {"width", 28}};
@@ -196,7 +196,7 @@ std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick
   }
   int64_t training = 0;
   const CostConstants k = meshflow_cpu_constants();
-  std::map<std::string, double> scales;
+  std::map<std::string, double, std::less<>> scales;
   for (ValueId out : {conv, conv_dx, conv_dw, maxp, maxp_dx, avgp, avgp_dx, bn, bn_dx}) {
     const Node& n = g.producer(out);
     std::vector<void*> in, outs;
@@ -224,9 +224,7 @@ std::map<std::string, double> measure_kernel_scales(const Cluster& c, bool quick
     std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
     const double median = t[t.size() / 2];
     const OpCost cost = op_cost(g, n);
-    const double roofline =
-        std::max(c.matmul_time_s(cost.flops, DType::F32) / k.matmul_efficiency_scale,
-                 c.memory_time_s(cost.bytes));
+    const double roofline = roofline_time_s(c, k, DType::F32, cost.flops, cost.bytes);
     if (roofline > 0)
       scales[std::string(op_name(n.kind))] = sig4(std::clamp(median / roofline, 0.01, 1000.0));
   }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -78,7 +79,7 @@ struct Calibration {
   double link_bandwidth_bytes_per_s = 0;
   // Device::kernel_time_scale: each measured kind's best time over its
   // roofline on the cluster the numbers above make.
-  std::map<std::string, double> kernel_time_scale;
+  std::map<std::string, double, std::less<>> kernel_time_scale;
   double wall_s = 0;  // how long the calibration took
   // The fraction of the machine other processes used while it measured: a
   // calibration beside other work (above ~10%) measured a share of the

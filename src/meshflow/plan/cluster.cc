@@ -90,7 +90,7 @@ double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const 
 
 double Device::kernel_scale(OpKind kind) const {
   if (kernel_time_scale.empty()) return 1.0;
-  const auto it = kernel_time_scale.find(std::string(op_name(kind)));
+  const auto it = kernel_time_scale.find(op_name(kind));
   return it == kernel_time_scale.end() ? 1.0 : it->second;
 }
 

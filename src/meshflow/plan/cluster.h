@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -111,7 +112,7 @@ struct Device {
   // streaming pass or a GEMM (windows, per-channel reductions, convolutions'
   // reorders), measured by `meshflow bench --calibrate` at a ResNet stem's
   // shape on all threads; 1 for a kind not listed (the GPU files list none).
-  std::map<std::string, double> kernel_time_scale;
+  std::map<std::string, double, std::less<>> kernel_time_scale;
   double kernel_scale(OpKind kind) const;
 };
 

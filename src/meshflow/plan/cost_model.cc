@@ -217,8 +217,14 @@ double CostModel::optimizer_state_bytes_per_param(bool mixed) const {
   return (mixed ? 4.0 : 0.0) + 4.0 * double(job_.optimizer_states);
 }
 
+double roofline_time_s(const Cluster& c, const CostConstants& k, DType dtype, double flops,
+                       double bytes) {
+  return std::max(c.matmul_time_s(flops, dtype) / k.matmul_efficiency_scale,
+                  c.memory_time_s(bytes));
+}
+
 double CostModel::roofline_time_s(double flops, double bytes) const {
-  return std::max(compute_time_s(flops), cluster_.memory_time_s(bytes));
+  return plan::roofline_time_s(cluster_, k_, dtype_, flops, bytes);
 }
 
 CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)

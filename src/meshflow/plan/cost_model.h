@@ -363,6 +363,13 @@ struct CostConstants {
   bool fp8_weight_gather = false;
 };
 
+// The roofline the cost model gives an op of `flops` and `bytes` of memory
+// traffic on `c` under `k`: `dtype`'s matmul curve times
+// matmul_efficiency_scale against the memory stream (CostModel's, and what
+// the calibration measures Device::kernel_time_scale over).
+double roofline_time_s(const Cluster& c, const CostConstants& k, DType dtype, double flops,
+                       double bytes);
+
 // PyTorch in eager mode (`meshflow plan --eager`, a plan file's plan.eager):
 // CostConstants::eager with its time (elementwise_cost) and loss memory.
 void set_eager(CostConstants* k);
