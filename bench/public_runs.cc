@@ -129,6 +129,7 @@ struct Mapped {
   std::string cluster_file;
   int64_t gpus_per_node = 8;
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
+  std::optional<double> power_limit_w;           // stated by the source, per GPU
   bool fp8 = false;                              // the blocks' linears in FP8
   bool te_attention = false;  // Transformer Engine's attention kernel (Megatron-Core)
   Plan plan;
@@ -223,6 +224,15 @@ std::optional<double> stated_inter_node(const json& hw, int64_t gpus_per_node) {
   const double bytes = std::stod(m[1]) * (m[2].str()[0] == 't' ? 1e12 : 1e9) / 8;
   if (has(s, "per gpu")) return bytes;
   if (has(s, "inter-node") || has(s, "node-to-node") || has(s, "roce")) return bytes * per_node;
+  return std::nullopt;
+}
+
+// The GPUs' power limit where the source states one (hardware.gpu: "... 500W
+// power limit"): priced as the cluster file's device.power_limit_w.
+std::optional<double> stated_power_limit(const json& hw) {
+  std::smatch m;
+  const std::string g = lower(get_str(hw, "gpu"));
+  if (std::regex_search(g, m, std::regex(R"((\d+)\s*w power limit)"))) return std::stod(m[1]);
   return std::nullopt;
 }
 
@@ -563,6 +573,8 @@ Mapped map_run(const json& run) {
     m.gpus_per_node = 8;
     m.inferred.push_back("gpn=8");
   }
+  m.power_limit_w = stated_power_limit(hw);
+  if (m.power_limit_w) m.inferred.push_back("power=" + std::to_string(int(*m.power_limit_w)) + "W");
   m.inter_node_bytes_per_s = stated_inter_node(hw, m.gpus_per_node);
   if (m.inter_node_bytes_per_s) {
     char note[64];
@@ -919,6 +931,15 @@ int main(int argc, char** argv) {
     node.nodes = 1;
     node.devices_per_node = static_cast<int>(m.gpus_per_node);
     if (m.inter_node_bytes_per_s) node.inter_node.bandwidth_bytes_per_s = *m.inter_node_bytes_per_s;
+    if (m.power_limit_w) {
+      if (node.device.rated_power_w <= 0) {
+        std::fprintf(stderr,
+                     "%s/%s: run %d states a %g W power limit; the file has no rated_power_w\n",
+                     clusters.c_str(), m.cluster_file.c_str(), m.id, *m.power_limit_w);
+        return 1;
+      }
+      node.device.power_limit_w = std::min(*m.power_limit_w, node.device.rated_power_w);
+    }
     Result<Cluster> cluster = with_devices(node, m.gpus);
     if (!cluster.is_ok()) {
       invalid.emplace_back(m, "cluster: " + cluster.status().message());
@@ -1086,6 +1107,7 @@ int main(int argc, char** argv) {
     char net[32] = "";
     if (r.m.inter_node_bytes_per_s)
       std::snprintf(net, sizeof net, "%.4g", *r.m.inter_node_bytes_per_s);
+    if (r.m.power_limit_w) std::snprintf(net + std::strlen(net), 8, "@%.0fW", *r.m.power_limit_w);
     repeats[r.m.model_key + "|" + r.m.cluster_file + "|" + net + "|" +
             std::to_string(r.m.gpus_per_node) + "|" + plan_label(r.m.plan) + "|" + r.m.stack + "|" +
             std::to_string(r.m.global_batch) + "|" + std::to_string(r.m.seq)]

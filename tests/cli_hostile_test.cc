@@ -349,6 +349,18 @@ TEST_F(CliHostile, PlanOptionsOutOfRange) {
   expect_user_error(run(plan_args("--fix ''")), "--fix");
   expect_user_error(run(plan_args("--fix tp=99999999999999999999")), "--fix tp");
   expect_user_error(run(plan_args("--time-limit 0")), "--time-limit");
+  // A power limit needs the file's rated power (local_cpu.json has none) and
+  // may not exceed it.
+  expect_user_error(run(plan_args("--power-limit 500")), "gives no device.rated_power_w");
+  expect_user_error(run(plan_args("--power-limit 0")), "--power-limit");
+  const std::string h100 = "plan " + config("models/llama3_8b.json") + " --cluster " +
+                           config("clusters/h100_sxm.json") + " --gpus 8 --top 0 ";
+  expect_user_error(run(h100 + "--power-limit 800"), "above the rated 700 W");
+  const CliRun capped = run(h100 + "--power-limit 500");
+  EXPECT_EQ(capped.code, 0) << capped.output;
+  EXPECT_NE(capped.output.find("500 of 700 W: GEMMs and attention at 0.894 of the rated clock"),
+            std::string::npos)
+      << capped.output;
 }
 
 // Item 6: the plan search is bounded by more than the batch size.

@@ -39,13 +39,24 @@ std::string error_of(const json& j) {
 }
 
 TEST(PlanCluster, ShippedFilesParse) {
-  for (const char* f : {"dgx_a100_80gb", "h100_sxm", "h200_sxm", "local_cpu"}) {
+  // (Each named as its file: prediction_bands.json keys its bands by file.)
+  for (const char* f : {"a100_40gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm", "h200_sxm",
+                        "local_cpu"}) {
     Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
     ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
     EXPECT_EQ(c->name, f);
     EXPECT_EQ(c->nodes, 1);
     EXPECT_GT(c->device.peak_flops.f32, 0);
     EXPECT_GT(c->intra_node.effective_bandwidth(), 0);
+  }
+  // The GPU files state their rated board power and no limit (a limit is the
+  // deployment's, like its fabric's rate): compute at the rated clock.
+  for (const char* f : {"a100_40gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm", "h200_sxm"}) {
+    Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
+    ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
+    EXPECT_GE(c->device.rated_power_w, 400) << f;
+    EXPECT_EQ(c->device.power_limit_w, 0) << f;
+    EXPECT_EQ(c->device.compute_clock_scale(), 1.0) << f;
   }
   Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
   ASSERT_TRUE(a100.is_ok());
@@ -342,6 +353,15 @@ TEST(PlanCluster, LinkSelection) {
 }
 
 TEST(PlanCluster, WithDevices) {
+  // The GPU files state their rated board power and no limit (a limit is the
+  // deployment's, like its fabric's rate): compute at the rated clock.
+  for (const char* f : {"a100_40gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm", "h200_sxm"}) {
+    Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
+    ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
+    EXPECT_GE(c->device.rated_power_w, 400) << f;
+    EXPECT_EQ(c->device.power_limit_w, 0) << f;
+    EXPECT_EQ(c->device.compute_clock_scale(), 1.0) << f;
+  }
   Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
   ASSERT_TRUE(a100.is_ok());
   Result<Cluster> big = with_devices(*a100, 3072);
@@ -402,6 +422,50 @@ TEST(PlanCluster, EfficiencyCurveAndRoofline) {
   ASSERT_TRUE(flat.is_ok()) << flat.status().message();
   EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e6), 0.8);
   EXPECT_DOUBLE_EQ(flat->matmul_efficiency(1e15), 0.8);
+}
+
+// A power limit below the rated power: tensor-core-bound work (GEMMs in any
+// dtype, FP8 GEMMs, fused attention) at the cube root of the power ratio,
+// memory-bound work as before; the keys' errors name them.
+TEST(PlanCluster, PowerLimitSlowsComputeBoundWorkByTheCubeRootOfThePower) {
+  json j = valid_cluster();
+  j["device"]["peak_flops"]["fp8"] = 16e12;
+  j["device"]["rated_power_w"] = 700;
+  Result<Cluster> rated = parse_cluster(j);
+  ASSERT_TRUE(rated.is_ok()) << rated.status().message();
+  EXPECT_DOUBLE_EQ(rated->device.compute_clock_scale(), 1.0);  // no limit: rated
+  j["device"]["power_limit_w"] = 500;
+  Result<Cluster> capped = parse_cluster(j);
+  ASSERT_TRUE(capped.is_ok()) << capped.status().message();
+  const double s = std::cbrt(500.0 / 700.0);  // 0.894
+  EXPECT_NEAR(capped->device.compute_clock_scale(), s, 1e-12);
+  EXPECT_NEAR(capped->matmul_time_s(16e9, DType::BF16), rated->matmul_time_s(16e9, DType::BF16) / s,
+              1e-15);
+  EXPECT_NEAR(capped->fp8_matmul_time_s(16e9), rated->fp8_matmul_time_s(16e9) / s, 1e-15);
+  EXPECT_DOUBLE_EQ(capped->memory_time_s(1e9), rated->memory_time_s(1e9));
+  // A memory-bound op's roofline does not move; a compute-bound one's does.
+  EXPECT_DOUBLE_EQ(capped->roofline_time_s(1e6, 1e10, DType::BF16),
+                   rated->roofline_time_s(1e6, 1e10, DType::BF16));
+  EXPECT_GT(capped->roofline_time_s(1e12, 1e6, DType::BF16),
+            1.1 * rated->roofline_time_s(1e12, 1e6, DType::BF16));
+  // The keys round-trip through the cluster's JSON.
+  Result<Cluster> back = parse_cluster(json::parse(format_cluster_json(*capped)));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->device.power_limit_w, 500);
+  EXPECT_DOUBLE_EQ(back->device.rated_power_w, 700);
+
+  j["device"]["power_limit_w"] = 800;
+  std::string m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.power_limit_w must be at most rated_power_w (700 W), got 800"),
+            std::string::npos)
+      << m;
+  j["device"]["power_limit_w"] = -5;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.power_limit_w must be > 0"), std::string::npos) << m;
+  j["device"].erase("rated_power_w");
+  j["device"]["power_limit_w"] = 500;
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.device.power_limit_w needs rated_power_w"), std::string::npos) << m;
 }
 
 // Kernel efficiency by shape: a GEMM with one thin side runs at the grid's

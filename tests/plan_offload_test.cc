@@ -635,5 +635,31 @@ TEST(PlanCostModel, H200PricesMemoryBoundWorkByItsBandwidth) {
   }
 }
 
+// A power limit (TorchTitan's H100s ran at 500 of their 700 W): the GEMMs and
+// the fused attention at the cube root of the power ratio of the rated
+// clock, the optimizer's memory-bound pass and the collectives as before.
+TEST(PlanCostModel, PowerLimitSlowsTheGemmsAndAttentionAlone) {
+  const TrainingJob job{load_model("llama3_8b.json"), 16, 8192};
+  const Cluster rated = cluster("h100_96gb.json", 8);
+  Cluster capped = rated;
+  ASSERT_DOUBLE_EQ(rated.device.rated_power_w, 700);
+  capped.device.power_limit_w = 500;
+  const double s = std::cbrt(500.0 / 700.0);
+  const LayerCost a = value_or_throw(CostModel(job, rated).layer_cost(1, 1, 2));
+  const LayerCost b = value_or_throw(CostModel(job, capped).layer_cost(1, 1, 2));
+  EXPECT_NEAR(b.forward_matmul_s, a.forward_matmul_s / s, 1e-9 * a.forward_matmul_s);
+  EXPECT_NEAR(b.attention_core_s, a.attention_core_s / s, 1e-9 * a.attention_core_s);
+  Plan p;
+  p.dp = 8, p.micro_batch = 2, p.num_micro_batches = 1, p.zero = 3;
+  const StepCost r = value_or_throw(CostModel(job, rated).price(p));
+  const StepCost c = value_or_throw(CostModel(job, capped).price(p));
+  EXPECT_DOUBLE_EQ(c.optimizer_s, r.optimizer_s);
+  EXPECT_DOUBLE_EQ(c.comm.data_parallel, r.comm.data_parallel);  // the bytes the step moves
+  EXPECT_GT(c.compute_s, r.compute_s * 1.05);
+  EXPECT_LT(c.step_time_s, r.step_time_s / s);  // not everything is compute-bound
+  std::printf("llama3 8b dp=8 zero3 on h100_96gb: %.3f s at 700 W, %.3f s at 500 W (%.3f)\n",
+              r.step_time_s, c.step_time_s, c.step_time_s / r.step_time_s);
+}
+
 }  // namespace
 }  // namespace meshflow::plan

@@ -313,6 +313,8 @@ class Gen {
       a += " --attention " +
            one<std::string>({"fused", "flash1", "flash2", "materialized", "cudnn", "", "FLASH1"});
     if (coin(0.2)) a += " --fp8";
+    if (coin(0.2))
+      a += " --power-limit " + one<std::string>({"500", "700", "0", "-1", "1e9", "nan", "x"});
     return a;
   }
 
@@ -491,8 +493,9 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
       switch (gen.pick(7)) {
         case 0:
           dev[gen.one<std::string>({"memory_bytes", "memory_bandwidth_bytes_per_s",
-                                    "memory_efficiency", "fp8_matmul_efficiency"})] =
-              gen.coin(0.5) ? json(gen.one<double>({0, -1, 1e-9, 1e30, 0.5})) : gen.junk();
+                                    "memory_efficiency", "fp8_matmul_efficiency", "rated_power_w",
+                                    "power_limit_w"})] =
+              gen.coin(0.5) ? json(gen.one<double>({0, -1, 1e-9, 1e30, 0.5, 500})) : gen.junk();
           break;
         case 1:
           if (!editable(dev["peak_flops"])) break;

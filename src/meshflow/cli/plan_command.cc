@@ -221,6 +221,23 @@ int run_plan(const PlanOptions& o) {
   if (!model.is_ok()) return user_error(o.model + ": " + model.status().message());
   Result<Cluster> base = load_cluster(o.cluster);
   if (!base.is_ok()) return user_error(base.status().message());
+  if (o.power_limit_w > 0) {
+    if (base->device.rated_power_w <= 0)
+      return user_error("--power-limit: " + o.cluster +
+                        " gives no device.rated_power_w, the board power its compute figures "
+                        "hold at (700 for an H100 or H200 SXM, 400 for an A100 SXM)");
+    if (o.power_limit_w > base->device.rated_power_w) {
+      auto w = [](double x) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%g", x);
+        return std::string(b);
+      };
+      return user_error("--power-limit " + w(o.power_limit_w) + " W is above the rated " +
+                        w(base->device.rated_power_w) + " W of " + o.cluster +
+                        "'s device: give at most " + w(base->device.rated_power_w));
+    }
+    base->device.power_limit_w = o.power_limit_w;
+  }
   if (o.gpus < 1) return user_error("--gpus must be >= 1, got " + std::to_string(o.gpus));
   Result<Cluster> cluster = with_devices(*base, o.gpus);
   if (!cluster.is_ok()) return user_error(cluster.status().message());
@@ -337,6 +354,10 @@ int run_plan(const PlanOptions& o) {
     j["parameters"] = sum.parameters;
     j["cluster"] = cluster->name;
     j["device"] = cluster->device.name;
+    if (cluster->device.power_limit_w > 0) {
+      j["power_limit_w"] = cluster->device.power_limit_w;
+      j["compute_clock_scale"] = cluster->device.compute_clock_scale();
+    }
     j["gpus"] = o.gpus;
     j["global_batch"] = job.global_batch;
     j["seq"] = job.seq;
@@ -364,10 +385,18 @@ int run_plan(const PlanOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("model    %s: %s\n", o.model.c_str(), sum.text.c_str());
-    std::printf("cluster  %s: %lld x %s (%d nodes x %d), %s mixed precision\n",
+    std::string power;
+    if (cluster->device.compute_clock_scale() < 1) {
+      char b[128];
+      std::snprintf(b, sizeof b, "; %g of %g W: GEMMs and attention at %.3f of the rated clock",
+                    cluster->device.power_limit_w, cluster->device.rated_power_w,
+                    cluster->device.compute_clock_scale());
+      power = b;
+    }
+    std::printf("cluster  %s: %lld x %s (%d nodes x %d), %s mixed precision%s\n",
                 cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
                 cluster->nodes, cluster->devices_per_node,
-                std::string(dtype_name(cm.compute_dtype())).c_str());
+                std::string(dtype_name(cm.compute_dtype())).c_str(), power.c_str());
     std::printf("job      global batch %lld x seq %lld%s%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
                 (std::string(o.optimizer == "adamw" ? "" : "; optimizer " + o.optimizer) +
@@ -491,6 +520,11 @@ void add_plan_commands(CLI::App& app) {
                   std::string(eager_cost) +
                   " the fused ops, with the tensors eager PyTorch keeps for the backward and "
                   "its f32 loss (docs/planner.md)");
+  p->add_option("--power-limit", po->power_limit_w,
+                "The GPUs' power limit in watts (nvidia-smi -pl), at most the cluster file's "
+                "device.rated_power_w: GEMMs and attention priced at the clock it leaves, the "
+                "cube root of the power ratio (docs/cluster.md)")
+      ->check(CLI::Range(1.0, 100000.0));
   p->add_option("--attention", po->attention,
                 "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
                 "cuDNN's for Megatron-LM where the cluster file prices it), another fused "

@@ -48,6 +48,8 @@ struct PlanOptions {
   // file's device.peak_flops.fp8.
   bool fp8 = false;
   bool eager = false;  // the stack runs the model's memory-bound ops eagerly (PyTorch eager mode)
+  // The GPUs' power limit in watts (device.power_limit_w); 0: the file's.
+  double power_limit_w = 0;
 };
 
 // The most devices `plan --gpus` accepts (about ten times the largest clusters built).

@@ -85,7 +85,13 @@ double AttentionEfficiency::at(double keys, bool fwd) const {
 
 double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
   if (flops <= 0) return 0;
-  return flops / (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops));
+  return flops /
+         (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops) * device.compute_clock_scale());
+}
+
+double Device::compute_clock_scale() const {
+  if (!(power_limit_w > 0 && rated_power_w > 0) || power_limit_w >= rated_power_w) return 1.0;
+  return std::cbrt(power_limit_w / rated_power_w);
 }
 
 double Device::kernel_scale(OpKind kind) const {
@@ -96,7 +102,8 @@ double Device::kernel_scale(OpKind kind) const {
 
 double Cluster::fp8_matmul_time_s(double flops) const {
   if (flops <= 0) return 0;
-  return flops / (device.peak_flops.fp8 * matmul_efficiency(flops) * device.fp8_matmul_efficiency);
+  return flops / (device.peak_flops.fp8 * matmul_efficiency(flops) * device.fp8_matmul_efficiency *
+                  device.compute_clock_scale());
 }
 
 double ThinGrid::at(double dim_, double big_) const {
@@ -402,10 +409,23 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
                  &d->matmul_thin_efficiency_one_thread);
   read_efficiency(r, j, where, "memory_efficiency", &d->memory_efficiency);
   read_efficiency(r, j, where, "fp8_matmul_efficiency", &d->fp8_matmul_efficiency);
+  read_number(r, j, where, "rated_power_w", &d->rated_power_w, false,
+              "watts: the board power the compute figures hold at");
+  read_number(r, j, where, "power_limit_w", &d->power_limit_w, false,
+              "watts: the power limit the GPUs run at");
   json attention, kernel_scale;
   r.object("attention_efficiency", &attention);
   r.object("kernel_time_scale", &kernel_scale);
   MF_RETURN_IF_ERROR(r.finish());
+  if (d->power_limit_w > 0 && d->rated_power_w <= 0)
+    return Status::invalid(where +
+                           ".power_limit_w needs rated_power_w: the board power the device's "
+                           "compute figures were measured at (700 for an H100 or H200 SXM, 400 "
+                           "for an A100 SXM)");
+  if (d->power_limit_w > d->rated_power_w)
+    return Status::invalid(where + ".power_limit_w must be at most rated_power_w (" +
+                           num(d->rated_power_w) + " W), got " + num(d->power_limit_w) +
+                           " W: a limit above it runs no faster than the figures say");
   // "kernel_time_scale": {"max_pool2d": 9.5, "batch_norm": 2.1, ...}
   if (kernel_scale.is_null()) kernel_scale = json::object();
   for (const auto& [kind, v] : kernel_scale.items()) {
@@ -538,6 +558,8 @@ J cluster_json(const Cluster& c) {
            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
            {"memory_efficiency", d.memory_efficiency}};
   if (d.fp8_matmul_efficiency != 1) dev["fp8_matmul_efficiency"] = d.fp8_matmul_efficiency;
+  if (d.rated_power_w > 0) dev["rated_power_w"] = d.rated_power_w;
+  if (d.power_limit_w > 0) dev["power_limit_w"] = d.power_limit_w;
   if (!d.kernel_time_scale.empty()) dev["kernel_time_scale"] = d.kernel_time_scale;
   if (!d.attention_efficiency.empty()) {
     J kernels = J::object();

@@ -114,6 +114,25 @@ struct Device {
   // shape on all threads; 1 for a kind not listed (the GPU files list none).
   std::map<std::string, double, std::less<>> kernel_time_scale;
   double kernel_scale(OpKind kind) const;
+  // Board power, watts (both optional). rated_power_w: the power limit of the
+  // GPU its compute figures (peak x the efficiencies above) hold at, the
+  // datasheet's maximum (700 for an H100 or H200 SXM, 400 for an A100 SXM).
+  // power_limit_w: the limit the cluster runs its GPUs at (nvidia-smi -pl;
+  // 0: rated). Training GEMMs and fused attention already hold a Hopper at its
+  // power limit (a lent 700 W H100 ran back-to-back GEMMs at 1350 of its 1980
+  // MHz, drawing 699 W), so below it the clock drops until the power fits:
+  // dynamic power goes as f V^2 and the voltage with f, so the clock goes as
+  // the cube root of the power (compute_clock_scale). Memory-bound work and
+  // collectives are not priced slower.
+  double rated_power_w = 0;
+  double power_limit_w = 0;
+  // The clock a power limit leaves tensor-core-bound kernels, as a fraction of
+  // the rated one: (power_limit_w / rated_power_w)^(1/3), 1 without a limit.
+  // The whole board's power is taken as dynamic (a static part would lower
+  // it: 70 W of 700 gives 0.881 at 500 W, against 0.894), and the law holds
+  // above the voltage floor (roughly half the rated power; further down the
+  // clock falls faster than this says).
+  double compute_clock_scale() const;
 };
 
 // Links and collectives are priced by parallel/collective_cost.h, the one
