@@ -649,6 +649,7 @@ Mapped map_run(const json& run) {
       // left it uncompiled ("TODO: compiling loss function causes CUDA
       // errors"); its components/loss.py of 2025 compiles it with the model.
       m.k.loss_bytes_per_logit = CostConstants::kEagerLossBytesPerLogit;
+      m.k.allocator_reserved_ratio = CostConstants::kReservedRatioEagerLoss;
       m.stack += "+eager-loss";
     }
   } else if (has(fw, "fsdp") || has(fw, "llm-foundry")) {
@@ -994,7 +995,10 @@ int main(int argc, char** argv) {
     if (m.published_mem_gib) {
       const double gib = double(1ull << 30);
       const double reserve = double(cluster->device.memory_bytes) - cost->usable_memory;
-      r.mem_err = cost->memory.total / gib / *m.published_mem_gib - 1;
+      // The peak the stack reports: TorchTitan's is the allocator's reserved
+      // peak (CostConstants::allocator_reserved_ratio); the others, the
+      // tensors' (ratio 1).
+      r.mem_err = cost->reserved_memory / gib / *m.published_mem_gib - 1;
       r.mem_err_device = (cost->memory.total + reserve) / gib / *m.published_mem_gib - 1;
     }
     std::vector<std::string> notes = m.inferred;
@@ -1004,10 +1008,14 @@ int main(int argc, char** argv) {
                 r.params_b, (long long)m.gpus, plan_label(m.plan).c_str(), m.published_s,
                 r.predicted_s, 100 * r.err, join(notes, ",").c_str());
     if (verbose) {
-      char published_mem[48] = "";
+      char published_mem[96] = "";
       if (m.published_mem_gib)
         std::snprintf(published_mem, sizeof published_mem, " (published %.1f)",
                       *m.published_mem_gib);
+      if (cost->reserved_memory > cost->memory.total)
+        std::snprintf(published_mem + std::strlen(published_mem),
+                      sizeof published_mem - std::strlen(published_mem), ", reserved %.1f",
+                      cost->reserved_memory / double(1ull << 30));
       const StepCost& c = *cost;
       std::printf(
           "      %s on %s (%d/node): compute %.3f recompute %.3f tp %.3f cp %.3f pp %.3f bubble "

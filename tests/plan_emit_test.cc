@@ -409,12 +409,33 @@ TEST(PlanEmit, PricedAsTheTargetStackRunsIt) {
   EXPECT_LT(fsdp.comm.data_parallel, regathers.comm.data_parallel);
   EXPECT_GT(price(f32_reduce, z3).comm.data_parallel,
             price(CostConstants{}, z3).comm.data_parallel);
-  // The CLI says which stack it priced.
+  // TorchTitan logs its allocator's reserved peak: the tensors' peak times
+  // what a lent H200 measured for such a step under expandable segments
+  // (1.004 compiled, 1.063 eager); the other stacks report the tensors' peak.
+  EXPECT_DOUBLE_EQ(plain.reserved_memory, plain.memory.total);
+  EXPECT_DOUBLE_EQ(megatron.reserved_memory, megatron.memory.total);
+  EXPECT_NEAR(fsdp.reserved_memory, 1.004 * fsdp.memory.total, 1e-9 * fsdp.memory.total);
+  CostConstants titan_eager = stack_constants(EmitTarget::kTorchTitan, true);
+  set_eager(&titan_eager);
+  const StepCost eager = price(titan_eager, z3);
+  EXPECT_NEAR(eager.reserved_memory, 1.063 * eager.memory.total, 1e-9 * eager.memory.total);
+  CostConstants plain_eager;
+  set_eager(&plain_eager);  // eager PyTorch without a reserved-peak report: the tensors'
+  EXPECT_DOUBLE_EQ(price(plain_eager, z3).reserved_memory, price(plain_eager, z3).memory.total);
+  // The CLI says which stack it priced, and the memory as the stack reports it.
   testing::CliRun r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
                               source_dir() + "/configs/clusters/h100_sxm.json --gpus 64 " +
                               "--global-batch 512 --seq 4096 --emit megatron");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("priced as Megatron-LM's (gradients accumulated and all-reduced in f32"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("reserved by PyTorch's allocator"), std::string::npos) << r.output;
+  r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
+              "/configs/clusters/h100_sxm.json --gpus 64 --global-batch 512 --seq 4096 --emit "
+              "torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(" GiB per device reserved by PyTorch's allocator, priced as"),
             std::string::npos)
       << r.output;
 }

@@ -79,6 +79,9 @@ ojson plan_json(const StepCost& c, const std::vector<MemoryBreakdown>& stages) {
   j["memory_bytes_per_stage"] = json::array();  // a pipeline's stages, stage 0 first
   for (const MemoryBreakdown& m : stages) j["memory_bytes_per_stage"].push_back(m.total);
   j["usable_memory_bytes_per_device"] = c.usable_memory;
+  // The peak the stack's allocator reports reserved (TorchTitan's logged
+  // memory; total where the stack reports the tensors' peak).
+  j["reserved_memory_bytes_per_device"] = c.reserved_memory;
   j["comm_bytes_per_step"] = {{"tensor_parallel", c.comm.tensor_parallel},
                               {"context_parallel", c.comm.context_parallel},
                               {"pipeline", c.comm.pipeline},
@@ -344,8 +347,14 @@ int run_plan(const PlanOptions& o) {
         emit_plan(best.plan, job, cm.compute_dtype() == DType::BF16, *emit, o.eager);
     if (!text.is_ok()) return user_error(text.status().message());
     std::fputs(text->c_str(), stdout);
-    std::fprintf(stderr, "meshflow: best plan %s, %.3f s per step predicted, priced as %s\n",
+    // The memory as the stack reports it: TorchTitan logs its allocator's
+    // reserved peak (CostConstants::allocator_reserved_ratio).
+    std::fprintf(stderr,
+                 "meshflow: best plan %s, %.3f s per step predicted, %.1f GiB per device%s, "
+                 "priced as %s\n",
                  plan_label(best.plan).c_str(), best.step_time_s,
+                 best.reserved_memory / double(1 << 30),
+                 best.reserved_memory > best.memory.total ? " reserved by PyTorch's allocator" : "",
                  stack_priced(*emit, bf16).c_str());
   } else if (o.json) {
     ojson j;

@@ -116,6 +116,9 @@ void set_eager(CostConstants* k) {
   k->eager = true;
   k->elementwise_cost = CostConstants::kEagerElementwise;
   k->loss_bytes_per_logit = CostConstants::kEagerLossBytesPerLogit;
+  // A stack that reports the allocator's reserved peak reports eager's.
+  if (k->allocator_reserved_ratio > 1)
+    k->allocator_reserved_ratio = CostConstants::kReservedRatioEager;
 }
 
 CostConstants megatron2021_constants() {
@@ -1455,6 +1458,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   r.tokens_per_s = tokens / r.step_time_s;
   r.tflops_per_gpu = r.hardware_flops / r.step_time_s / n / 1e12;
   r.mfu = r.model_flops / r.step_time_s / (n * cl.peak_flops(dtype_));
+  r.reserved_memory = r.memory.total * k_.allocator_reserved_ratio;
   return r;
 }
 

@@ -257,6 +257,21 @@ struct CostConstants {
   // communicator buffers and allocator fragmentation (PyTorch typically reserves
   // 5-10% above allocated).
   double usable_memory_fraction = 0.92;
+  // What the stack's caching allocator reserves over the peak of the tensors
+  // it holds (PyTorch's max_memory_reserved() over max_memory_allocated()),
+  // for stacks that report the reserved peak (TorchTitan logs max_reserved;
+  // StepCost::reserved_memory): 1 by default, the tensors' peak. Measured on
+  // a lent H200 over one LLaMA-3 8B step (bench/gpu/hopper_kernels.py's step
+  // section, docs/cluster.md) under expandable segments, TorchTitan's
+  // PYTORCH_CUDA_ALLOC_CONF: 1.063 with the blocks and the loss eager, 1.062
+  // with the blocks compiled and the loss eager (TorchTitan of Dec 2024),
+  // 1.004 with both compiled (`--emit torchtitan`). The f32 loss's
+  // transients are what the allocator keeps. One workload's figures: other
+  // shapes fragment differently.
+  double allocator_reserved_ratio = 1.0;
+  static constexpr double kReservedRatioEager = 1.063;
+  static constexpr double kReservedRatioEagerLoss = 1.062;
+  static constexpr double kReservedRatioCompiled = 1.004;
   // Fraction of a link's bandwidth a p2p send reaches relative to a ring step
   // (1: the same effective bandwidth as collectives).
   double p2p_efficiency = 1.0;
@@ -453,6 +468,9 @@ struct StepCost {
   CommBreakdown comm;
   bool fits = false;  // memory.total <= usable device memory
   double usable_memory = 0;
+  // memory.total x CostConstants::allocator_reserved_ratio: the peak the
+  // stack's allocator reports reserved.
+  double reserved_memory = 0;
   double tokens_per_s = 0;
   double model_flops = 0;     // per step: 3 x forward FLOPs (no recompute), all devices
   double hardware_flops = 0;  // per step, counting recompute (Megatron's convention)

@@ -448,6 +448,9 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
       // [compile] components = ["model", "loss"], as emitted unless --eager.
       k->loss_bytes_per_logit = CostConstants::kCompiledLossBytesPerLogit;
+      // It logs the allocator's reserved peak (max_reserved), under
+      // expandable segments.
+      k->allocator_reserved_ratio = CostConstants::kReservedRatioCompiled;
       k->fp8_weight_gather = true;  // float8.enable_fsdp_float8_all_gather, emitted with FP8
       // ZeRO-1 is FSDP2 under its pipelines: one reduce-scatter after the
       // step's last backward, the first forward's gathers prefetched.
