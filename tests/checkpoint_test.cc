@@ -695,6 +695,22 @@ TEST(NonFinite, StopNamesTheStepAndTheFirstParameter) {
     EXPECT_NE(m.find("the first non-finite value: node 'h.1."), std::string::npos) << m;
     EXPECT_NE(m.find(", forward) of micro-batch 0"), std::string::npos) << m;
   }
+  // Four micro-batches, the third poisoned alone: the gradients it adds are
+  // NaN, and the replay names that micro-batch, not the first.
+  {
+    const InjectFault nan_micro("0:1:nan@2");
+    auto t3 = value_or_throw(
+        Trainer::create(run_config(small_gpt(), nullptr, 4, json{{"micro_batches", 4}})));
+    EXPECT_FALSE(t3->step().skipped);
+    try {
+      t3->step();
+      ADD_FAILURE() << "a NaN in the third micro-batch did not stop the run";
+    } catch (const StatusError& e) {
+      const std::string m = e.status().message();
+      EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
+      EXPECT_NE(m.find(", backward) of micro-batch 2 on rank 0"), std::string::npos) << m;
+    }
+  }
   // Two data-parallel ranks (rank 1 poisoned): the reduced gradients are
   // NaN on both, both stop, nothing hangs.
   const InjectFault nan1("1:1:nan");

@@ -60,4 +60,10 @@ bool nan_injected(int rank, int64_t step) {
   return injected("nan", rank, step);
 }
 
+bool nan_injected(int rank, int64_t step, int micro) {
+  if (nan_injected(rank, step)) return true;
+  const std::string kind = "nan@" + std::to_string(micro);
+  return injected(kind.c_str(), rank, step);
+}
+
 }  // namespace meshflow

@@ -6,6 +6,8 @@
 //   MESHFLOW_INJECT_FAULT=RANK:STEP:nan   rank RANK's backward seed is NaN in step STEP (the
 //                                         0-based step index): its gradients, and so the
 //                                         reduced ones, are not finite (train.on_nonfinite)
+//   MESHFLOW_INJECT_FAULT=RANK:STEP:nan@M the same in micro-batch M of that step alone (the
+//                                         one-program engine; the pipeline's poisons all)
 // (the command line handles the kinds "throw" and "kill": cli/commands.cc).
 #pragma once
 
@@ -23,5 +25,8 @@ void kill_if_injected(int rank, int64_t step);
 
 // True when the "nan" fault names (rank, step).
 bool nan_injected(int rank, int64_t step);
+// True when the "nan" fault names (rank, step), or "nan@M" names it and
+// micro-batch `micro` is M.
+bool nan_injected(int rank, int64_t step, int micro);
 
 }  // namespace meshflow

@@ -295,11 +295,11 @@ StepResult Trainer::step() {
   StepResult r;
   r.lr = rc_.schedule.at(step_);
   double loss_sum = 0;
-  // The backward seed averages over micro-batches (the program's loss is
-  // already the mean over the global micro-batch).
-  ex.feed_scalar("loss_scale",
-                 nan_injected(rank_, step_) ? std::nanf("") : 1.f / static_cast<float>(m));
   for (int micro = 0; micro < m; ++micro) {
+    // The backward seed averages over micro-batches (the program's loss is
+    // already the mean over the global micro-batch).
+    ex.feed_scalar("loss_scale",
+                   nan_injected(rank_, step_, micro) ? std::nanf("") : 1.f / static_cast<float>(m));
     BatchIndex at;
     at.seed = tc.seed;
     at.step = step_;
@@ -457,34 +457,45 @@ std::string Trainer::first_nonfinite_node() {
   const Graph& g = program_graph();
   const TrainConfig& tc = rc_.train;
   const int m = tc.micro_batches;
-  BatchIndex at;
-  at.seed = tc.seed;
-  at.step = step_;
-  at.micro_batches = m;
-  feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
-  const int32_t rng[2] = {static_cast<int32_t>(step_ * m), 0};
-  if (g.find("rng_offset") != kNoValue) throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
-  ex.feed_scalar("loss_scale",
-                 nan_injected(rank_, step_) ? std::nanf("") : 1.f / static_cast<float>(m));
+  // Every micro-batch is replayed, in order, as the step ran it (its batch,
+  // its dropout stream, its seed), whether or not an earlier one was found
+  // non-finite: every rank replays the same nodes, so a partitioned
+  // program's collectives match whichever rank finds what. The first
+  // micro-batch that produces a non-finite value names it: the gradients
+  // accumulate over the micro-batches, so a later one can poison them alone.
   std::string found;
-  ex.run(ex.forward_backward_order(), [&](NodeId id) {
-    if (!found.empty()) return;
-    const Node& n = g.node(id);
-    for (ValueId v : n.outputs) {
-      if (g.value(v).dtype != DType::F32) continue;
-      const float* p = ex.data_f(v);
-      const int64_t count = g.shape(v).numel();
-      for (int64_t i = 0; i < count; ++i)
-        if (!std::isfinite(p[i])) {
-          found = "node '" + n.name + "' (" + std::string(op_name(n.kind)) + ", " +
-                  (n.phase == Phase::kForward    ? std::string("forward")
-                   : n.phase == Phase::kBackward ? std::string("backward")
-                                                 : std::string(phase_name(n.phase))) +
-                  ") of micro-batch 0 on rank " + std::to_string(rank_);
-          return;
-        }
-    }
-  });
+  for (int micro = 0; micro < m; ++micro) {
+    BatchIndex at;
+    at.seed = tc.seed;
+    at.step = step_;
+    at.micro = micro;
+    at.micro_batches = m;
+    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
+    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), 0};
+    if (g.find("rng_offset") != kNoValue)
+      throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
+    ex.feed_scalar("loss_scale",
+                   nan_injected(rank_, step_, micro) ? std::nanf("") : 1.f / static_cast<float>(m));
+    ex.run(ex.forward_backward_order(), [&](NodeId id) {
+      if (!found.empty()) return;
+      const Node& n = g.node(id);
+      for (ValueId v : n.outputs) {
+        if (g.value(v).dtype != DType::F32) continue;
+        const float* p = ex.data_f(v);
+        const int64_t count = g.shape(v).numel();
+        for (int64_t i = 0; i < count; ++i)
+          if (!std::isfinite(p[i])) {
+            found = "node '" + n.name + "' (" + std::string(op_name(n.kind)) + ", " +
+                    (n.phase == Phase::kForward    ? std::string("forward")
+                     : n.phase == Phase::kBackward ? std::string("backward")
+                                                   : std::string(phase_name(n.phase))) +
+                    ") of micro-batch " + std::to_string(micro) + " on rank " +
+                    std::to_string(rank_);
+            return;
+          }
+      }
+    });
+  }
   return found;
 }
 

@@ -99,9 +99,10 @@ class Trainer : public Engine {
   // tensor (engine/state_checkpoint.h).
   std::vector<StateBlock> state_blocks();
   void split_optimizer_order();
-  // train.on_nonfinite "stop": the step's first micro-batch run again with
-  // every node's f32 outputs checked; the first node (program order) whose
-  // output is not finite, described ("" when none is on this rank).
+  // train.on_nonfinite "stop": the step's micro-batches run again, in order,
+  // with every node's f32 outputs checked; the first node (program order) of
+  // the first micro-batch whose output is not finite, described ("" when
+  // none is on this rank).
   std::string first_nonfinite_node();
   Status init_one_rank();
   Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
