@@ -296,21 +296,7 @@ StepResult Trainer::step() {
   r.lr = rc_.schedule.at(step_);
   double loss_sum = 0;
   for (int micro = 0; micro < m; ++micro) {
-    // The backward seed averages over micro-batches (the program's loss is
-    // already the mean over the global micro-batch).
-    ex.feed_scalar("loss_scale",
-                   nan_injected(rank_, step_, micro) ? std::nanf("") : 1.f / static_cast<float>(m));
-    BatchIndex at;
-    at.seed = tc.seed;
-    at.step = step_;
-    at.micro = micro;
-    at.micro_batches = m;
-    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
-    // Dropout: one stream per micro-batch; a rank's block draws its global
-    // elements of it, so the masks are those of one device.
-    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), 0};
-    if (g.find("rng_offset") != kNoValue)
-      throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
+    feed_micro_batch(micro);
     if (buckets_)
       run_traced(
           ex.forward_backward_order(), [&](NodeId id) { buckets_->on_node(ex, id, micro, m); },
@@ -452,6 +438,27 @@ Status Trainer::load_checkpoint(const std::string& path) {
   return Status::ok();
 }
 
+void Trainer::feed_micro_batch(int micro) {
+  const TrainConfig& tc = rc_.train;
+  const Graph& g = program_graph();
+  Executor& ex = *executor_;
+  const int m = tc.micro_batches;
+  // The backward seed averages over micro-batches (the program's loss is
+  // already the mean over the global micro-batch).
+  ex.feed_scalar("loss_scale",
+                 nan_injected(rank_, step_, micro) ? std::nanf("") : 1.f / static_cast<float>(m));
+  BatchIndex at;
+  at.seed = tc.seed;
+  at.step = step_;
+  at.micro = micro;
+  at.micro_batches = m;
+  feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
+  // Dropout: one stream per micro-batch; a rank's block draws its global
+  // elements of it, so the masks are those of one device.
+  const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), 0};
+  if (g.find("rng_offset") != kNoValue) throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
+}
+
 std::string Trainer::first_nonfinite_node() {
   Executor& ex = *executor_;
   const Graph& g = program_graph();
@@ -465,17 +472,7 @@ std::string Trainer::first_nonfinite_node() {
   // accumulate over the micro-batches, so a later one can poison them alone.
   std::string found;
   for (int micro = 0; micro < m; ++micro) {
-    BatchIndex at;
-    at.seed = tc.seed;
-    at.step = step_;
-    at.micro = micro;
-    at.micro_batches = m;
-    feed_batch(value_or_throw(data_->train_batch(at, micro_batch_, Shard{0, 1})));
-    const int32_t rng[2] = {static_cast<int32_t>(step_ * m + micro), 0};
-    if (g.find("rng_offset") != kNoValue)
-      throw_if_error(ex.feed_data("rng_offset", rng, sizeof rng));
-    ex.feed_scalar("loss_scale",
-                   nan_injected(rank_, step_, micro) ? std::nanf("") : 1.f / static_cast<float>(m));
+    feed_micro_batch(micro);
     ex.run(ex.forward_backward_order(), [&](NodeId id) {
       if (!found.empty()) return;
       const Node& n = g.node(id);

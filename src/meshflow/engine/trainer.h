@@ -104,6 +104,9 @@ class Trainer : public Engine {
   // the first micro-batch whose output is not finite, described ("" when
   // none is on this rank).
   std::string first_nonfinite_node();
+  // Feeds micro-batch `micro` of this step: its batch, its dropout stream and
+  // its backward seed (1/m).
+  void feed_micro_batch(int micro);
   Status init_one_rank();
   Status init_partitioned(const Mesh& mesh, const ReshardCostModel& cost,
                           const PartitionOptions* given);
