@@ -440,7 +440,8 @@ bool runs_sequence_parallel(const std::string& framework) {
 //       2022, metaseq): off.
 //   micro_batch, in order: stated; TorchTitan's local_batch_per_dp_rank (no
 //       gradient accumulation: one micro-batch of it with pp = 1; with pp > 1
-//       its pipeline_parallel_microbatch_size default 1); global / (dp x
+//       its pipeline_parallel_microbatch_size default 1, or at 9dec370 its
+//       pipeline_parallel_microbatches default pp: local / pp); global / (dp x
 //       grad_accum) when both known; 1 when pp > 1 (Megatron's default
 //       --micro-batch-size, the most common pipeline setting); global / dp
 //       (one micro-batch, no accumulation) when pp = 1.
@@ -532,8 +533,18 @@ void map_plan(const json& run, Mapped* m) {
   if (auto mb = get_int(par, "micro_batch")) {
     p.micro_batch = *mb;
   } else if (auto lb = get_int(par, "local_batch_per_dp_rank")) {
-    p.micro_batch = p.pp > 1 ? 1 : *lb;
-    m->inferred.push_back(p.pp > 1 ? "mb=1(pp)" : "mb=local");
+    // TorchTitan under pipelines: its pipeline_parallel_microbatch_size,
+    // default 1, since April 2025 (#1073); before it (the Dec 2024 benchmarks
+    // at 9dec370), experimental.pipeline_parallel_microbatches, default the
+    // pipeline degree: local batch / pp sequences a micro-batch.
+    const bool titan_2024 = has(get_str(run, "source"), "torchtitan 9dec370");
+    if (p.pp > 1 && titan_2024 && *lb % p.pp == 0) {
+      p.micro_batch = *lb / p.pp;
+      m->inferred.push_back("mb=local/pp");
+    } else {
+      p.micro_batch = p.pp > 1 ? 1 : *lb;
+      m->inferred.push_back(p.pp > 1 ? "mb=1(pp)" : "mb=local");
+    }
   } else if (auto ga = get_int(par, "grad_accum"); ga && p.dp > 0 && gb % (p.dp * *ga) == 0) {
     p.micro_batch = gb / (p.dp * *ga);
     m->inferred.push_back("mb=gb/(dp*ga)");
