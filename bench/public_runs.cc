@@ -1123,11 +1123,11 @@ int main(int argc, char** argv) {
   // from any model, so their published spread bounds what any model reaches.
   std::map<std::string, std::vector<double>> repeats;
   for (const Priced& r : priced) {
-    char net[32] = "";
+    char net[32] = "", power[16] = "";
     if (r.m.inter_node_bytes_per_s)
       std::snprintf(net, sizeof net, "%.4g", *r.m.inter_node_bytes_per_s);
-    if (r.m.power_limit_w) std::snprintf(net + std::strlen(net), 8, "@%.0fW", *r.m.power_limit_w);
-    repeats[r.m.model_key + "|" + r.m.cluster_file + "|" + net + "|" +
+    if (r.m.power_limit_w) std::snprintf(power, sizeof power, "%.0fW", *r.m.power_limit_w);
+    repeats[r.m.model_key + "|" + r.m.cluster_file + "|" + net + "|" + power + "|" +
             std::to_string(r.m.gpus_per_node) + "|" + plan_label(r.m.plan) + "|" + r.m.stack + "|" +
             std::to_string(r.m.global_batch) + "|" + std::to_string(r.m.seq)]
         .push_back(r.m.published_s);

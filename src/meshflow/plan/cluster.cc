@@ -83,10 +83,13 @@ double AttentionEfficiency::at(double keys, bool fwd) const {
       [fwd](const AttentionPoint& p) { return fwd ? p.forward : p.backward; });
 }
 
-double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
+double Cluster::compute_bound_time_s(double flops, double peak, double efficiency) const {
   if (flops <= 0) return 0;
-  return flops /
-         (peak_flops(dtype, allow_tf32) * matmul_efficiency(flops) * device.compute_clock_scale());
+  return flops / (peak * efficiency * device.compute_clock_scale());
+}
+
+double Cluster::matmul_time_s(double flops, DType dtype, bool allow_tf32) const {
+  return compute_bound_time_s(flops, peak_flops(dtype, allow_tf32), matmul_efficiency(flops));
 }
 
 double Device::compute_clock_scale() const {
@@ -101,9 +104,8 @@ double Device::kernel_scale(OpKind kind) const {
 }
 
 double Cluster::fp8_matmul_time_s(double flops) const {
-  if (flops <= 0) return 0;
-  return flops / (device.peak_flops.fp8 * matmul_efficiency(flops) * device.fp8_matmul_efficiency *
-                  device.compute_clock_scale());
+  return compute_bound_time_s(flops, device.peak_flops.fp8,
+                              matmul_efficiency(flops) * device.fp8_matmul_efficiency);
 }
 
 double ThinGrid::at(double dim_, double big_) const {

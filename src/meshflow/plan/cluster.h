@@ -195,6 +195,10 @@ struct Cluster {
   double peak_flops(DType dtype, bool allow_tf32 = false) const;
   // The efficiency curve at a call of `flops` FLOPs.
   double matmul_efficiency(double flops) const;
+  // Seconds for `flops` of tensor-core-bound work at `peak` FLOP/s sustaining
+  // `efficiency` of it, at the clock the device's power limit leaves
+  // (Device::compute_clock_scale): what GEMMs and fused attention cost.
+  double compute_bound_time_s(double flops, double peak, double efficiency) const;
   // Seconds for one matmul call of `flops` FLOPs: flops / (peak * efficiency).
   double matmul_time_s(double flops, DType dtype, bool allow_tf32 = false) const;
   // The same for an FP8 GEMM: at peak_flops.fp8 on the curve times

@@ -124,11 +124,10 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       const auto& kernels = cluster_.device.attention_efficiency;
       const auto it = kernels.find(k_.fused_attention);
       const double eff = it == kernels.end() ? 0 : it->second.at(double(tk), fwd);
-      // (A tensor-core-bound kernel, at the clock the power limit leaves.)
-      const double rate =
-          cluster_.peak_flops(dtype_, false) * eff * cluster_.device.compute_clock_scale();
-      t = eff > 0 ? std::max(c.flops / rate, cluster_.memory_time_s(c.bytes * byte_scale))
-                  : roofline_time_s(c.flops, c.bytes * byte_scale);
+      t = eff > 0
+              ? std::max(cluster_.compute_bound_time_s(c.flops, cluster_.peak_flops(dtype_), eff),
+                         cluster_.memory_time_s(c.bytes * byte_scale))
+              : roofline_time_s(c.flops, c.bytes * byte_scale);
     }
   } else if (n.kind == OpKind::kMatMul) {
     // One GEMM per batch element: the curve by its FLOPs, and by its shape
