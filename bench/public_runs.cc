@@ -130,6 +130,7 @@ struct Mapped {
   int64_t gpus_per_node = 8;
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
   std::optional<double> power_limit_w;           // stated by the source, per GPU
+  int64_t nvlink_island = 0;                     // GPUs per NVLink island (0: the node)
   bool fp8 = false;                              // the blocks' linears in FP8
   bool te_attention = false;  // Transformer Engine's attention kernel (Megatron-Core)
   Plan plan;
@@ -225,6 +226,18 @@ std::optional<double> stated_inter_node(const json& hw, int64_t gpus_per_node) {
   if (has(s, "per gpu")) return bytes;
   if (has(s, "inter-node") || has(s, "node-to-node") || has(s, "roce")) return bytes * per_node;
   return std::nullopt;
+}
+
+// GPUs per NVLink island where the source's node has more than one island.
+// BLOOM's README describes Jean Zay's 8-GPU A100 nodes as "8 GPUs per node
+// Using NVLink 4 inter-gpu connects": NV4, four NVLinks to each peer, which
+// on an A100's 12 links is three peers, a fully connected island of four
+// (an NVSwitch board connects every pair over its switches: NV12). The
+// islands of a node then meet over PCIe.
+int64_t stated_nvlink_island(const json& hw) {
+  const std::string s = lower(get_str(hw, "interconnect"));
+  if (has(s, "jean zay") && has(get_str(hw, "gpu"), "a100")) return 4;
+  return 0;
 }
 
 // The GPUs' power limit where the source states one (hardware.gpu: "... 500W
@@ -586,6 +599,9 @@ Mapped map_run(const json& run) {
   }
   m.power_limit_w = stated_power_limit(hw);
   if (m.power_limit_w) m.inferred.push_back("power=" + std::to_string(int(*m.power_limit_w)) + "W");
+  m.nvlink_island = stated_nvlink_island(hw);
+  if (m.nvlink_island > 0)
+    m.inferred.push_back("nvlink=" + std::to_string(m.nvlink_island) + "gpu-islands");
   m.inter_node_bytes_per_s = stated_inter_node(hw, m.gpus_per_node);
   if (m.inter_node_bytes_per_s) {
     char note[64];
@@ -943,6 +959,11 @@ int main(int argc, char** argv) {
     node.nodes = 1;
     node.devices_per_node = static_cast<int>(m.gpus_per_node);
     if (m.inter_node_bytes_per_s) node.inter_node.bandwidth_bytes_per_s = *m.inter_node_bytes_per_s;
+    if (m.nvlink_island > 0 && m.nvlink_island < m.gpus_per_node) {
+      // Between the islands: each GPU's PCIe link, the file's host link.
+      node.devices_per_island = static_cast<int>(m.nvlink_island);
+      node.between_islands = {node.host.link_bandwidth_bytes_per_s, node.inter_node.latency_s, 1.0};
+    }
     if (m.power_limit_w) {
       if (node.device.rated_power_w <= 0) {
         std::fprintf(stderr,

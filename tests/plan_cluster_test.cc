@@ -352,6 +352,74 @@ TEST(PlanCluster, LinkSelection) {
   EXPECT_DOUBLE_EQ(c->ring_link_for_axis(4, 2).effective_bandwidth(), 40e9);
 }
 
+// A node of NVLink islands (cluster.h: Cluster::devices_per_island): inside
+// an island intra_node; across the islands of a node between_islands, a ring
+// striped over as many paths as it has members on one island (at most the
+// intra-node link); a ring across nodes whose hops inside a node cross
+// islands no faster than that. The file round-trips, and its mistakes name
+// the key.
+TEST(PlanCluster, IslandsJoinOverTheirOwnLink) {
+  json j = valid_cluster();
+  j["devices_per_node"] = 8;  // 2 nodes of 8: four NVLink-bridged pairs each
+  j["islands"] = {{"devices", 2}, {"link", {{"bandwidth_bytes_per_s", 20e9}, {"latency_s", 2e-6}}}};
+  Result<Cluster> c = parse_cluster(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->island_devices(), 2);
+  EXPECT_EQ(&c->link_for_ranks({0, 1}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_ranks({1, 2}), &c->between_islands);  // neighbours, two islands
+  EXPECT_EQ(&c->link_for_ranks({0, 7}), &c->between_islands);
+  EXPECT_EQ(&c->link_for_ranks({7, 8}), &c->inter_node);
+  EXPECT_EQ(&c->link_for_axis(2, 1), &c->intra_node);  // tp=2 on a bridge
+  EXPECT_EQ(&c->link_for_axis(4, 1), &c->between_islands);
+  EXPECT_EQ(&c->link_for_axis(2, 2), &c->between_islands);  // {0, 2}
+  EXPECT_EQ(&c->link_for_axis(2, 8), &c->inter_node);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(2, 1).effective_bandwidth(), 50e9);  // 100 x 0.5
+  // tp=8 over four pairs: each pair's two PCIe paths at once.
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).effective_bandwidth(), 40e9);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(8, 1).latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(4, 2).effective_bandwidth(), 20e9);  // one a pair
+  // Across both nodes: eight 10 GB/s ports would give 80; the hops between
+  // the pairs inside a node give 40.
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(16, 1).effective_bandwidth(), 40e9);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(16, 1).latency_s, c->inter_node.latency_s);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(2, 8).effective_bandwidth(), 10e9);  // one a node
+  // The planner prices a redistribution on the same links.
+  const ReshardCostModel rc = reshard_costs(*c, value_or_throw(Mesh::parse("dp=2,tp=8")));
+  EXPECT_DOUBLE_EQ(rc.link(1, Collective::kAllGather).effective_bandwidth(), 40e9);
+  EXPECT_DOUBLE_EQ(rc.link(1, Collective::kAllToAll).effective_bandwidth(), 20e9);
+
+  // Written and read back alike; part of a node keeps the islands it holds.
+  Result<Cluster> back = parse_cluster(cluster_to_json(*c));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(back->devices_per_island, 2);
+  EXPECT_DOUBLE_EQ(back->between_islands.bandwidth_bytes_per_s, 20e9);
+  Result<Cluster> six = with_devices(*c, 6);
+  ASSERT_TRUE(six.is_ok());
+  EXPECT_EQ(six->island_devices(), 2);
+  EXPECT_TRUE(parse_cluster(cluster_to_json(*six)).is_ok());
+  Result<Cluster> two = with_devices(*c, 2);
+  ASSERT_TRUE(two.is_ok());
+  EXPECT_EQ(two->devices_per_island, 0);  // one island: the whole (smaller) node
+  EXPECT_EQ(&two->link_for_axis(2, 1), &two->intra_node);
+
+  j["islands"]["devices"] = 16;
+  std::string m = error_of(j);
+  EXPECT_NE(m.find("cluster.islands.devices must be at most cluster.devices_per_node (8), got 16"),
+            std::string::npos)
+      << m;
+  j["islands"] = {{"devices", 2}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.islands"), std::string::npos) << m;
+  EXPECT_NE(m.find("link"), std::string::npos) << m;
+  j["islands"] = {{"devices", 2}, {"link", {{"bandwidth_bytes_per_s", -1}}}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.islands.link"), std::string::npos) << m;
+  j["islands"] = {{"devices", 0}, {"link", {{"bandwidth_bytes_per_s", 1e9}}}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.islands"), std::string::npos) << m;
+  EXPECT_NE(m.find("devices"), std::string::npos) << m;
+}
+
 TEST(PlanCluster, WithDevices) {
   Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
   ASSERT_TRUE(a100.is_ok());

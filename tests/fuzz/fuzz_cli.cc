@@ -490,7 +490,7 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
     for (int k = 0; k < edits; ++k) {
       if (!editable(c["device"])) break;
       json& dev = c["device"];
-      switch (gen.pick(7)) {
+      switch (gen.pick(8)) {
         case 0:
           dev[gen.one<std::string>({"memory_bytes", "memory_bandwidth_bytes_per_s",
                                     "memory_efficiency", "fp8_matmul_efficiency", "rated_power_w",
@@ -529,6 +529,21 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
         case 5:
           c[gen.one<std::string>({"nodes", "devices_per_node"})] = gen.count();
           break;
+        case 6: {  // NVLink islands: their size, their link, or junk
+          json& isl = c["islands"];
+          if (gen.coin(0.3) || !editable(isl)) {
+            isl = gen.coin(0.5)
+                      ? json{{"devices", gen.count()}, {"link", {{"bandwidth_bytes_per_s", 25e9}}}}
+                      : gen.junk();
+          } else if (gen.coin(0.5)) {
+            isl["devices"] = gen.coin(0.5) ? json(gen.one<int>({0, 1, 2, 4, 9})) : gen.junk();
+          } else {
+            isl["link"] = gen.coin(0.5)
+                              ? json{{"bandwidth_bytes_per_s", gen.one<double>({0, -1, 1e9, 1e40})}}
+                              : gen.junk();
+          }
+          break;
+        }
         default:
           if (gen.coin(0.5) && dev.is_object())
             dev.erase(gen.one<std::string>(

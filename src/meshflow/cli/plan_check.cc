@@ -166,6 +166,7 @@ plan::Cluster refit_cluster(const plan::Cluster& local, const PlanCheck& c) {
   out.device.memory_bandwidth_bytes_per_s /= c.compute_ratio;
   out.intra_node.bandwidth_bytes_per_s /= c.comm_ratio;
   out.inter_node.bandwidth_bytes_per_s /= c.comm_ratio;
+  out.between_islands.bandwidth_bytes_per_s /= c.comm_ratio;
   return out;
 }
 

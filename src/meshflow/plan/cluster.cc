@@ -13,28 +13,52 @@ namespace meshflow::plan {
 
 const Link& Cluster::link_for_ranks(const std::vector<int64_t>& ranks) const {
   MF_CHECK(!ranks.empty());
-  const int64_t node = ranks[0] / devices_per_node;
+  const int64_t island = island_devices();
+  const int64_t node = ranks[0] / devices_per_node, first_island = ranks[0] / island;
+  bool one_island = true;
   for (int64_t r : ranks) {
     MF_CHECK(r >= 0 && r < total_devices());
     if (r / devices_per_node != node) return inter_node;
+    one_island = one_island && r / island == first_island;
   }
-  return intra_node;
+  return one_island ? intra_node : between_islands;
 }
 
 const Link& Cluster::link_for_axis(int64_t size, int64_t stride) const {
   MF_CHECK(size >= 1 && stride >= 1);
-  return (size - 1) * stride + 1 <= devices_per_node ? intra_node : inter_node;
+  const int64_t span = (size - 1) * stride + 1;
+  if (span <= island_devices()) return intra_node;
+  return span <= devices_per_node ? between_islands : inter_node;
 }
 
 Link Cluster::ring_link_for_axis(int64_t size, int64_t stride) const {
   MF_CHECK(size >= 1 && stride >= 1);
-  if ((size - 1) * stride + 1 <= devices_per_node) return intra_node;
-  return striped_inter_node(std::clamp<int64_t>(devices_per_node / stride, 1, size));
+  const int64_t span = (size - 1) * stride + 1, island = island_devices();
+  if (span <= island) return intra_node;
+  const Link islands = striped_between_islands(std::clamp<int64_t>(island / stride, 1, size));
+  if (span <= devices_per_node) return islands;
+  Link l = striped_inter_node(std::clamp<int64_t>(devices_per_node / stride, 1, size));
+  // The ring's hops inside a node cross its islands where its members there
+  // span more than one.
+  const int64_t in_node = std::clamp<int64_t>(devices_per_node / stride, 1, size);
+  if (island < devices_per_node && (in_node - 1) * stride + 1 > island &&
+      l.effective_bandwidth() > islands.effective_bandwidth())
+    l.bandwidth_bytes_per_s = islands.effective_bandwidth() / l.efficiency;
+  return l;
 }
 
 Link Cluster::striped_inter_node(int64_t k) const {
   MF_CHECK(k >= 1);
   Link l = inter_node;
+  l.bandwidth_bytes_per_s *= static_cast<double>(k);
+  const double cap = intra_node.effective_bandwidth();
+  if (k > 1 && l.effective_bandwidth() > cap) l.bandwidth_bytes_per_s = cap / l.efficiency;
+  return l;
+}
+
+Link Cluster::striped_between_islands(int64_t k) const {
+  MF_CHECK(k >= 1);
+  Link l = between_islands;
   l.bandwidth_bytes_per_s *= static_cast<double>(k);
   const double cap = intra_node.effective_bandwidth();
   if (k > 1 && l.effective_bandwidth() > cap) l.bandwidth_bytes_per_s = cap / l.efficiency;
@@ -183,6 +207,7 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices) {
   if (devices <= per) {
     r.nodes = 1;
     r.devices_per_node = static_cast<int>(devices);
+    if (r.devices_per_island >= r.devices_per_node) r.devices_per_island = 0;
     return r;
   }
   if (devices % per != 0) {
@@ -503,8 +528,9 @@ Result<Cluster> parse_cluster(const json& j) {
   r.required("intra_node");
   r.object("intra_node", &intra);
   r.object("inter_node", &inter);
-  json host;
+  json host, islands;
   r.object("host", &host);
+  r.object("islands", &islands);
   MF_RETURN_IF_ERROR(r.finish());
   if (j.contains("host")) {
     JsonObjectReader h(host, "cluster.host");
@@ -528,6 +554,23 @@ Result<Cluster> parse_cluster(const json& j) {
                            std::to_string(c.nodes) + ")");
   } else {
     c.inter_node = c.intra_node;  // one node: never used, kept sane
+  }
+  c.between_islands = c.intra_node;  // one island a node: never used
+  if (j.contains("islands")) {
+    JsonObjectReader ir(islands, "cluster.islands");
+    ir.required("devices");
+    ir.integer("devices", &c.devices_per_island, 1);
+    json link;
+    ir.required("link");
+    ir.object("link", &link);
+    MF_RETURN_IF_ERROR(ir.finish());
+    // (A node's last island may be smaller: a file resized to part of a node.)
+    if (c.devices_per_island > c.devices_per_node)
+      return Status::invalid("cluster.islands.devices must be at most cluster.devices_per_node (" +
+                             std::to_string(c.devices_per_node) + "), got " +
+                             std::to_string(c.devices_per_island));
+    c.between_islands = Link{};  // (absent keys: Link's defaults, not intra_node's)
+    MF_RETURN_IF_ERROR(parse_link(link, "cluster.islands.link", &c.between_islands));
   }
   return c;
 }
@@ -596,6 +639,8 @@ J cluster_json(const Cluster& c) {
            {"intra_node", link(c.intra_node)},
            {"inter_node", link(c.inter_node)}};
   if (!c.calibrated_with.empty()) out["calibrated_with"] = c.calibrated_with;
+  if (c.devices_per_island > 0)
+    out["islands"] = J{{"devices", c.devices_per_island}, {"link", link(c.between_islands)}};
   const Host& h = c.host;
   if (h.link_bandwidth_bytes_per_s > 0 || h.memory_bytes > 0 || h.nvme_bytes > 0)
     out["host"] = J{{"link_bandwidth_bytes_per_s", h.link_bandwidth_bytes_per_s},

@@ -161,6 +161,15 @@ struct Cluster {
   Device device;
   Link intra_node;
   Link inter_node;
+  // A node whose devices are not all on one NVLink fabric (optional key
+  // "islands"): its devices form islands of `devices_per_island` consecutive
+  // devices, joined inside by intra_node, and a device reaches another
+  // island of its node over `between_islands` (PCIe through the host: an
+  // 8-GPU server of NVLink-bridged pairs, a node of two 4-GPU NVLink boards,
+  // GPUs on PCIe alone with islands of 1). 0: the whole node is one island.
+  // A node's last island may hold fewer (a file resized to part of a node).
+  int devices_per_island = 0;
+  Link between_islands;
   Host host;  // optional "host" section
   // share_machine with more ranks than cores: the cores the ranks time-share
   // (a pipeline's ranks waiting in its bubble give theirs to the others:
@@ -169,27 +178,41 @@ struct Cluster {
 
   int64_t total_devices() const { return static_cast<int64_t>(nodes) * devices_per_node; }
 
+  // The devices of one island: devices_per_island, or the node's.
+  int64_t island_devices() const {
+    return devices_per_island > 0 && devices_per_island < devices_per_node ? devices_per_island
+                                                                           : devices_per_node;
+  }
   // The link a group of (global) device ranks communicates over: intra_node
-  // when every rank lies on one node (rank / devices_per_node), else inter_node.
+  // when every rank lies on one island (rank / island_devices()),
+  // between_islands when on one node (rank / devices_per_node), else
+  // inter_node.
   // REQUIRES: ranks non-empty, every rank in [0, total_devices()).
   const Link& link_for_ranks(const std::vector<int64_t>& ranks) const;
   // The same for a mesh axis of `size` ranks `stride` devices apart (groups
   // aligned to multiples of size * stride, as mesh axes are): intra_node when
-  // (size - 1) * stride + 1 <= devices_per_node, i.e. the group fits in a node.
-  // One device's port across nodes: what a point-to-point transfer or an
-  // all_to_all (every member of a node sending at once) gets.
+  // (size - 1) * stride + 1 <= island_devices(), i.e. the group fits in an
+  // island; between_islands when it fits in a node. One device's port: what
+  // a point-to-point transfer or an all_to_all (every member sending at
+  // once) gets.
   const Link& link_for_axis(int64_t size, int64_t stride) const;
   // The link a ring collective (all_reduce, all_gather, reduce_scatter) of
   // that axis runs at. Across nodes NCCL runs a ring per channel and spreads
   // the channels over the node's network ports, so a group with k members on
   // each node crosses each node boundary on k ports at once:
-  // striped_inter_node(min(size, devices_per_node / stride)).
+  // striped_inter_node(min(size, devices_per_node / stride)). Across the
+  // islands of a node alike, on each member's own path:
+  // striped_between_islands(min(size, island_devices() / stride)), which
+  // also bounds a ring across nodes whose hops inside a node cross islands.
   Link ring_link_for_axis(int64_t size, int64_t stride) const;
   // inter_node at k times the per-device bandwidth (latency and efficiency
   // unchanged), at most the intra-node link's effective bandwidth (the
   // ring's hops inside the node ride it). inter_node.bandwidth_bytes_per_s is
   // the node's network bandwidth divided by its devices.
   Link striped_inter_node(int64_t k) const;
+  // between_islands at k times its per-device bandwidth, at most intra_node's
+  // effective bandwidth.
+  Link striped_between_islands(int64_t k) const;
 
   // Peak FLOP/s of a matmul in `dtype` (F32 uses tf32 when allow_tf32).
   double peak_flops(DType dtype, bool allow_tf32 = false) const;

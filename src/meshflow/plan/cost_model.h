@@ -156,7 +156,8 @@ struct CostConstants {
   // device's port (Cluster::link_for_axis), which is what the 2021-22
   // Megatron-DeepSpeed runs got: Megatron-LM 2021 Table 2's ZeRO-3 rows at
   // 768 and 1536 GPUs are within 3% at one port and 2-4x too fast striped.
-  // Why that stack got less is not modelled (docs/planner.md).
+  // Why that stack got less is not modelled (docs/planner.md). Rings inside
+  // a node cross its islands (Cluster::islands) striped either way.
   bool striped_rings = true;
   // How much slower compute runs while a collective over the node's GPU links
   // overlaps it (NCCL's kernels hold SMs and memory bandwidth the GEMMs would
