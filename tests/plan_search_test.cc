@@ -1212,6 +1212,61 @@ TEST_F(PlanCli, AttentionKernelOfTheStack) {
       << bad.output;
 }
 
+// A node of NVLink-bridged pairs (cluster "islands"): tensor parallelism
+// inside a pair prices as on one NVLink fabric, across pairs over PCIe; the
+// plan file carries the islands, so simulate prices the same.
+TEST_F(PlanCli, NvlinkIslandsPriceTheGroupsThatCrossThem) {
+  json c = value_or_throw(read_json_file(dgx()));
+  c["islands"] = {{"devices", 2}, {"link", {{"bandwidth_bytes_per_s", 24e9}}}};
+  const std::string pairs = (dir_ / "pairs.json").string();
+  std::ofstream(pairs) << c.dump(2);
+  auto step = [&](const std::string& cluster, const std::string& tp, std::string* text,
+                  const std::string& gpus = "8") {
+    CliRun r = run("plan " + model("llama3_8b.json") + " --cluster " + cluster + " --gpus " + gpus +
+                   " --seq 8192 --global-batch 16 --top 0 --fix pp=1,cp=1,tp=" + tp +
+                   (text ? "" : " --json"));
+    EXPECT_EQ(r.code, 0) << r.output;
+    if (text) {
+      *text = r.output;
+      return 0.0;
+    }
+    return r.code == 0 ? json::parse(r.output)["plans"][0]["step_time_s"].get<double>() : 0.0;
+  };
+  // Two GPUs of a pair: one NVLink island, priced as the fabric.
+  EXPECT_DOUBLE_EQ(step(pairs, "2", nullptr, "2"), step(dgx(), "2", nullptr, "2"));
+  // Eight: tp=2 keeps its all_reduces on the bridges, its gradients' ring
+  // over dp=4 crosses the pairs; tp=8 crosses them with every all_reduce.
+  const double tp2 = step(pairs, "2", nullptr), tp2_fabric = step(dgx(), "2", nullptr);
+  const double crossing = step(pairs, "8", nullptr), fabric = step(dgx(), "8", nullptr);
+  EXPECT_GT(tp2, tp2_fabric);
+  EXPECT_GT(crossing, 1.05 * fabric) << crossing << " vs " << fabric;
+  EXPECT_GT(crossing / fabric, tp2 / tp2_fabric);
+  std::string text;
+  step(pairs, "8", &text);
+  EXPECT_NE(text.find("(1 nodes x 8; NVLink islands of 2, 24 GB/s a GPU between them)"),
+            std::string::npos)
+      << text;
+  // simulate prices each plan file on its own cluster, islands included.
+  auto simulated = [&](const std::string& cluster, const std::string& name) {
+    const std::string out = (dir_ / name).string();
+    CliRun w =
+        run("plan " + model("llama3_8b.json") + " --cluster " + cluster +
+            " --gpus 8 --seq 8192 --global-batch 16 --top 0 --fix pp=1,cp=1,tp=8 --out " + out);
+    EXPECT_EQ(w.code, 0) << w.output;
+    CliRun sim = run("simulate " + out);
+    EXPECT_EQ(sim.code, 0) << sim.output;
+    const size_t at = sim.output.find("predicted ");
+    EXPECT_NE(at, std::string::npos) << sim.output;
+    return std::make_pair(value_or_throw(read_json_file(out)),
+                          sim.output.substr(at, sim.output.find(" per step", at) - at));
+  };
+  const auto [on_pairs, t_pairs] = simulated(pairs, "pairs_plan.json");
+  const auto [on_fabric, t_fabric] = simulated(dgx(), "fabric_plan.json");
+  EXPECT_EQ(on_pairs["plan"]["cluster"]["islands"]["devices"], 2);
+  EXPECT_FALSE(on_fabric["plan"]["cluster"].contains("islands"));
+  EXPECT_NE(t_pairs, t_fabric);
+}
+
 TEST_F(PlanCli, TextOutOfPlanAndSimulateTrace) {
   const std::string out = (dir_ / "plan.json").string(), trace = (dir_ / "trace.json").string();
   CliRun r = run("plan " + model("llama2_70b.json") + " --cluster " + dgx() +
