@@ -14,9 +14,14 @@
 // runs until `--steps` clean steps (up to 8x that) and reports their median,
 // and how many of its steps were clean.
 //
-//   plan_accuracy [--cluster FILE (default: this machine's calibration)] [--steps 6] [--warmup 2]
+//   plan_accuracy [--cluster FILE|now (default: this machine's calibration)] [--steps 6] [--warmup
+//   2]
 //                 [--only NAME,...] [--model M.json] [--batch 16] [--seq 128] [--breakdown]
 //                 [--repeat R] [--profile] [--auto 2,4 [--auto-within 0.05]]
+// --cluster now: this machine measured at the start of the run (a shared VM's
+// speed drifts: on 2026-11-28 the 2-core VM's SGEMM ran at 201 GFLOP/s where
+// the calibration shipped that morning had 306, and the table against the
+// shipped file read 39% off, 12% against the fresh one);
 // --repeat R: each plan's measured time is the least of R runs (the least
 // disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and
 // memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
@@ -360,8 +365,13 @@ int main(int argc, char** argv) {
                 {"vocab_size", 256},
                 {"tie_word_embeddings", true}};
   if (!model_path.empty()) model = value_or_throw(read_json_file(model_path));
-  const plan::Cluster machine = value_or_throw(plan::load_local_cluster(cluster_path));
-  if (cluster_path.empty()) cluster_path = "this machine's (" + machine.device.name + ")";
+  const bool now = cluster_path == "now";
+  const plan::Cluster machine =
+      now ? plan::cluster_from_calibration(value_or_throw(plan::calibrate()), "local_cpu")
+          : value_or_throw(plan::load_local_cluster(cluster_path));
+  if (cluster_path.empty() || now)
+    cluster_path =
+        std::string(now ? "measured now: " : "") + "this machine's (" + machine.device.name + ")";
   const ModelConfig mc = value_or_throw(parse_model_config(model));
 
   const bool lm = is_language_model(mc);
