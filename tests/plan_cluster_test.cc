@@ -40,8 +40,8 @@ std::string error_of(const json& j) {
 
 TEST(PlanCluster, ShippedFilesParse) {
   // (Each named as its file: prediction_bands.json keys its bands by file.)
-  for (const char* f :
-       {"a100_40gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm", "h200_sxm", "local_cpu"}) {
+  for (const char* f : {"a100_40gb", "a100_pcie_80gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm",
+                        "h200_sxm", "local_cpu"}) {
     Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
     ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
     EXPECT_EQ(c->name, f);
@@ -58,6 +58,14 @@ TEST(PlanCluster, ShippedFilesParse) {
     EXPECT_EQ(c->device.power_limit_w, 0) << f;
     EXPECT_EQ(c->device.compute_clock_scale(), 1.0) << f;
   }
+  // The PCIe A100: the SXM part's curve (measured at 400 W) at its own 300 W
+  // board limit, NVLink-bridged pairs meeting over PCIe 4.0.
+  Result<Cluster> pcie = load_cluster(source_dir() + "/configs/clusters/a100_pcie_80gb.json");
+  ASSERT_TRUE(pcie.is_ok()) << pcie.status().message();
+  EXPECT_NEAR(pcie->device.compute_clock_scale(), 0.9086, 1e-4);
+  EXPECT_EQ(pcie->island_devices(), 2);
+  EXPECT_EQ(&pcie->link_for_axis(2, 1), &pcie->intra_node);
+  EXPECT_EQ(&pcie->link_for_axis(4, 1), &pcie->between_islands);
   Result<Cluster> a100 = load_cluster(source_dir() + "/configs/clusters/dgx_a100_80gb.json");
   ASSERT_TRUE(a100.is_ok());
   EXPECT_EQ(a100->total_devices(), 8);

@@ -478,7 +478,8 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
   const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
   Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2500);
   std::vector<json> bases;
-  for (const char* file : {"local_cpu.json", "dgx_a100_80gb.json", "h100_sxm.json"})
+  for (const char* file :
+       {"local_cpu.json", "dgx_a100_80gb.json", "h100_sxm.json", "a100_pcie_80gb.json"})
     bases.push_back(read_json_file(source_dir() + "/configs/clusters/" + file).value());
   int priced = 0, refused = 0;
   for (int i = 0; i < cases; ++i) {
