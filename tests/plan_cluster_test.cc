@@ -377,6 +377,18 @@ TEST(PlanCluster, IslandsJoinOverTheirOwnLink) {
   EXPECT_EQ(&c->link_for_ranks({1, 2}), &c->between_islands);  // neighbours, two islands
   EXPECT_EQ(&c->link_for_ranks({0, 7}), &c->between_islands);
   EXPECT_EQ(&c->link_for_ranks({7, 8}), &c->inter_node);
+  EXPECT_EQ(&c->link_for_ranks({8, 9}), &c->intra_node);  // the second node's first pair
+  {
+    // Islands of 3 in nodes of 8 (3, 3 and 2): each node's count from its start.
+    json odd = valid_cluster();
+    odd["devices_per_node"] = 8;
+    odd["islands"] = {{"devices", 3}, {"link", {{"bandwidth_bytes_per_s", 20e9}}}};
+    Result<Cluster> o = parse_cluster(odd);
+    ASSERT_TRUE(o.is_ok()) << o.status().message();
+    EXPECT_EQ(&o->link_for_ranks({8, 10}), &o->intra_node);
+    EXPECT_EQ(&o->link_for_ranks({6, 7}), &o->intra_node);  // the node's last island, of 2
+    EXPECT_EQ(&o->link_for_ranks({10, 11}), &o->between_islands);
+  }
   EXPECT_EQ(&c->link_for_axis(2, 1), &c->intra_node);  // tp=2 on a bridge
   EXPECT_EQ(&c->link_for_axis(4, 1), &c->between_islands);
   EXPECT_EQ(&c->link_for_axis(2, 2), &c->between_islands);  // {0, 2}

@@ -13,13 +13,15 @@ namespace meshflow::plan {
 
 const Link& Cluster::link_for_ranks(const std::vector<int64_t>& ranks) const {
   MF_CHECK(!ranks.empty());
+  // (Islands count from each node's first device.)
   const int64_t island = island_devices();
-  const int64_t node = ranks[0] / devices_per_node, first_island = ranks[0] / island;
+  const int64_t node = ranks[0] / devices_per_node;
+  const int64_t first_island = ranks[0] % devices_per_node / island;
   bool one_island = true;
   for (int64_t r : ranks) {
     MF_CHECK(r >= 0 && r < total_devices());
     if (r / devices_per_node != node) return inter_node;
-    one_island = one_island && r / island == first_island;
+    one_island = one_island && r % devices_per_node / island == first_island;
   }
   return one_island ? intra_node : between_islands;
 }
