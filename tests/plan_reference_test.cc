@@ -321,6 +321,30 @@ TEST(PlanCostModel, ForwardOnlyTpOverlapHidesTheForwardAlone) {
   EXPECT_LT(fwd.step_time_s, plain.step_time_s);
 }
 
+// A node of two NVLink islands of four (cluster "islands"): tp=8's
+// all_reduces cross them on the four GPUs' PCIe paths at once, also for the
+// 2021 stack, whose rings across nodes get one port (striped_rings is about
+// the network): 4 x 24 GB/s against NVLink's 300 x 0.6, not one path's 24.
+TEST(PlanCostModel, TpAcrossNvlinkIslandsRidesEachGpusPcie) {
+  const TpRow row;
+  const CostConstants k = megatron2021_constants();
+  Cluster islands = row.c;
+  islands.devices_per_island = 4;
+  islands.between_islands = {24e9, row.c.intra_node.latency_s, 1.0};
+  const StepCost fabric = value_or_throw(CostModel(row.job, row.c, k).price(row.p));
+  const StepCost split = value_or_throw(CostModel(row.job, islands, k).price(row.p));
+  const double ratio = split.tp_comm_s / fabric.tp_comm_s;
+  const double bw = row.c.intra_node.effective_bandwidth() / (4 * 24e9);  // 1.875
+  EXPECT_GT(ratio, 0.9 * bw) << ratio;
+  EXPECT_LE(ratio, bw * (1 + 1e-9)) << ratio;  // (latency terms unchanged)
+  EXPECT_NEAR(split.compute_s, fabric.compute_s, 1e-9 * fabric.compute_s);
+  // tp=4 inside an island: as on the fabric.
+  Plan p4 = row.p;
+  p4.tp = 4;
+  EXPECT_EQ(value_or_throw(CostModel(row.job, islands, k).price(p4)).tp_comm_s,
+            value_or_throw(CostModel(row.job, row.c, k).price(p4)).tp_comm_s);
+}
+
 // Materialized attention with a head size whose 16-bit rows are not a
 // multiple of 16 bytes (h 13824 over 128 heads: 108) runs its batched GEMMs
 // off the tensor cores, at the device's f32 rate: the same model with 96
