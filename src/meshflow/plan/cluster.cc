@@ -49,22 +49,26 @@ Link Cluster::ring_link_for_axis(int64_t size, int64_t stride) const {
   return l;
 }
 
-Link Cluster::striped_inter_node(int64_t k) const {
+namespace {
+
+// `base` at k times its bandwidth (latency and efficiency unchanged), at most
+// `cap` effective bytes per second when k > 1.
+Link striped(const Link& base, int64_t k, double cap) {
   MF_CHECK(k >= 1);
-  Link l = inter_node;
+  Link l = base;
   l.bandwidth_bytes_per_s *= static_cast<double>(k);
-  const double cap = intra_node.effective_bandwidth();
   if (k > 1 && l.effective_bandwidth() > cap) l.bandwidth_bytes_per_s = cap / l.efficiency;
   return l;
 }
 
+}  // namespace
+
+Link Cluster::striped_inter_node(int64_t k) const {
+  return striped(inter_node, k, intra_node.effective_bandwidth());
+}
+
 Link Cluster::striped_between_islands(int64_t k) const {
-  MF_CHECK(k >= 1);
-  Link l = between_islands;
-  l.bandwidth_bytes_per_s *= static_cast<double>(k);
-  const double cap = intra_node.effective_bandwidth();
-  if (k > 1 && l.effective_bandwidth() > cap) l.bandwidth_bytes_per_s = cap / l.efficiency;
-  return l;
+  return striped(between_islands, k, intra_node.effective_bandwidth());
 }
 
 double Cluster::peak_flops(DType dtype, bool allow_tf32) const {
