@@ -961,6 +961,13 @@ int main(int argc, char** argv) {
     if (m.inter_node_bytes_per_s) node.inter_node.bandwidth_bytes_per_s = *m.inter_node_bytes_per_s;
     if (m.nvlink_island > 0 && m.nvlink_island < m.gpus_per_node) {
       // Between the islands: each GPU's PCIe link, the file's host link.
+      if (node.host.link_bandwidth_bytes_per_s <= 0) {
+        std::fprintf(stderr,
+                     "%s/%s: run %d's nodes are NVLink islands joined over PCIe; the file has no "
+                     "host.link_bandwidth_bytes_per_s\n",
+                     clusters.c_str(), m.cluster_file.c_str(), m.id);
+        return 1;
+      }
       node.devices_per_island = static_cast<int>(m.nvlink_island);
       node.between_islands = {node.host.link_bandwidth_bytes_per_s, node.inter_node.latency_s, 1.0};
     }
