@@ -131,7 +131,9 @@ struct Mapped {
   std::optional<double> inter_node_bytes_per_s;  // stated by the source, per GPU
   std::optional<double> power_limit_w;           // stated by the source, per GPU
   int64_t nvlink_island = 0;                     // GPUs per NVLink island (0: the node)
-  bool fp8 = false;                              // the blocks' linears in FP8
+  // Full recompute of some blocks, how many not stated: the fewest that fit.
+  bool fewest_blocks_that_fit = false;
+  bool fp8 = false;           // the blocks' linears in FP8
   bool te_attention = false;  // Transformer Engine's attention kernel (Megatron-Core)
   Plan plan;
   CostConstants k;
@@ -419,10 +421,15 @@ Recompute map_recompute(const json& par, Mapped* m) {
     return Recompute::kFull;
   }
   if (r.rfind("selective", 0) == 0) {
-    // FMS's full-block AC on a fraction of the blocks is between none and
-    // full: priced as Megatron's selective (the attention core), recorded.
+    // FMS's full-block AC on a fraction of the blocks, the fraction not
+    // stated: whole blocks recompute, the fewest that let the step fit
+    // (Plan::recompute_layers, chosen in main once the cluster is known), as
+    // a user sets the fraction: recompute costs time, so no more than fits.
     // TorchTitan's op-level SAC is priced as itself (map_run).
-    if (has(r, "fraction")) m->inferred.push_back("rc=partial-block~sel");
+    if (has(r, "fraction") && has(r, "full-block")) {
+      m->fewest_blocks_that_fit = true;
+      return Recompute::kFull;
+    }
     return Recompute::kSelective;
   }
   if (r.rfind("none", 0) == 0) return Recompute::kNone;
@@ -1011,6 +1018,26 @@ int main(int argc, char** argv) {
             n.rfind("zero", 0) != 0 && n.rfind("sp=", 0) != 0)
           kept.push_back(n);
       m.inferred = std::move(kept);
+    }
+    if (m.fewest_blocks_that_fit && cm.invalid_reason(m.plan).empty() &&
+        m.plan.num_micro_batches > 0) {
+      // The fewest of each chunk's first blocks that fit (memory falls as
+      // more recompute: a bisection); all of them where none fewer fits.
+      Plan q = m.plan;
+      int64_t lo = 1, hi = cm.dims().layers / std::max<int64_t>(q.pp * q.vp, 1) - 1, n = 0;
+      while (lo <= hi) {
+        q.recompute_layers = (lo + hi) / 2;
+        Result<StepCost> c = cm.price(q);
+        if (c.is_ok() && c->fits) {
+          n = q.recompute_layers;
+          hi = q.recompute_layers - 1;
+        } else {
+          lo = q.recompute_layers + 1;
+        }
+      }
+      m.plan.recompute_layers = n;
+      m.inferred.push_back(n > 0 ? "rc=" + std::to_string(n) + "-blocks(fewest-that-fit)"
+                                 : "rc=all-blocks(none-fewer-fit)");
     }
     std::string why = cm.invalid_reason(m.plan);
     if (m.plan.num_micro_batches == 0)
