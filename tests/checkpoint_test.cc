@@ -664,37 +664,40 @@ bool same(const std::map<std::string, Tensor>& a, const std::map<std::string, Te
   return true;
 }
 
+// The message of the StatusError `step` stops the run with ("" and a failure
+// when it does not stop).
+template <typename F>
+std::string stop_message(F&& step, const char* what) {
+  try {
+    step();
+  } catch (const StatusError& e) {
+    return e.status().message();
+  }
+  ADD_FAILURE() << what << " did not stop the run";
+  return "";
+}
+
 TEST(NonFinite, StopNamesTheStepAndTheFirstParameter) {
   const InjectFault nan("0:1:nan");  // rank 0's gradients are NaN in the second step
   auto t = value_or_throw(Trainer::create(run_config(small_gpt(), nullptr, 4)));
   EXPECT_FALSE(t->step().skipped);
   const auto before = weights(*t);
-  try {
-    t->step();
-    ADD_FAILURE() << "a non-finite step did not stop the run";
-  } catch (const StatusError& e) {
-    const std::string m = e.status().message();
-    EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
-    EXPECT_NE(m.find("train.on_nonfinite"), std::string::npos) << m;
-    // The NaN seed enters the backward: the first non-finite value is there.
-    EXPECT_NE(m.find("; the first non-finite value: node '"), std::string::npos) << m;
-    EXPECT_NE(m.find(", backward) of micro-batch 0 on rank 0"), std::string::npos) << m;
-  }
+  std::string m = stop_message([&] { t->step(); }, "a non-finite step");
+  EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
+  EXPECT_NE(m.find("train.on_nonfinite"), std::string::npos) << m;
+  // The NaN seed enters the backward: the first non-finite value is there.
+  EXPECT_NE(m.find("; the first non-finite value: node '"), std::string::npos) << m;
+  EXPECT_NE(m.find(", backward) of micro-batch 0 on rank 0"), std::string::npos) << m;
   EXPECT_TRUE(same(before, weights(*t)));  // stopped before any update
   // A NaN weight in block 1: the loss is NaN, and the first non-finite value
   // is a forward node of block 1.
   auto t2 = value_or_throw(Trainer::create(run_config(small_gpt(), nullptr, 4)));
   const Graph& g2 = t2->program_graph();
   t2->executor().storage(g2.find("h.1.mlp.c_fc.weight")).data<float>()[0] = std::nanf("");
-  try {
-    t2->step();
-    ADD_FAILURE() << "a NaN weight did not stop the run";
-  } catch (const StatusError& e) {
-    const std::string m = e.status().message();
-    EXPECT_NE(m.find("step 1: the loss is nan"), std::string::npos) << m;
-    EXPECT_NE(m.find("the first non-finite value: node 'h.1."), std::string::npos) << m;
-    EXPECT_NE(m.find(", forward) of micro-batch 0"), std::string::npos) << m;
-  }
+  m = stop_message([&] { t2->step(); }, "a NaN weight");
+  EXPECT_NE(m.find("step 1: the loss is nan"), std::string::npos) << m;
+  EXPECT_NE(m.find("the first non-finite value: node 'h.1."), std::string::npos) << m;
+  EXPECT_NE(m.find(", forward) of micro-batch 0"), std::string::npos) << m;
   // Four micro-batches, the third poisoned alone: the gradients it adds are
   // NaN, and the replay names that micro-batch, not the first.
   {
@@ -702,14 +705,9 @@ TEST(NonFinite, StopNamesTheStepAndTheFirstParameter) {
     auto t3 = value_or_throw(
         Trainer::create(run_config(small_gpt(), nullptr, 4, json{{"micro_batches", 4}})));
     EXPECT_FALSE(t3->step().skipped);
-    try {
-      t3->step();
-      ADD_FAILURE() << "a NaN in the third micro-batch did not stop the run";
-    } catch (const StatusError& e) {
-      const std::string m = e.status().message();
-      EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
-      EXPECT_NE(m.find(", backward) of micro-batch 2 on rank 0"), std::string::npos) << m;
-    }
+    m = stop_message([&] { t3->step(); }, "a NaN in the third micro-batch");
+    EXPECT_NE(m.find("step 2: the gradient of '"), std::string::npos) << m;
+    EXPECT_NE(m.find(", backward) of micro-batch 2 on rank 0"), std::string::npos) << m;
   }
   // Two data-parallel ranks (rank 1 poisoned): the reduced gradients are
   // NaN on both, both stop, nothing hangs.
