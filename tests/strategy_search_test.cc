@@ -177,6 +177,27 @@ TEST(StrategySearch, TimeLimitReturnsTheBestFoundWithItsGap) {
   EXPECT_LE(cut.memory_bytes, o.memory_budget_bytes);        // that fits
 }
 
+// Prices no machine has (a cluster file of years-long message steps, the
+// fuzzer's case) get a message naming the term, not CLP's abort on an
+// objective coefficient past 1e25.
+TEST(StrategySearch, PricesBeyondAnyStepAreRefusedByName) {
+  const Graph g = training_graph(gpt(2, 64), 4, 16);
+  const Mesh mesh = value_or_throw(Mesh::parse("tp=2"));
+  StrategySearchOptions o;
+  o.cost.default_link.bandwidth_bytes_per_s = 1e9;
+  ASSERT_TRUE(search_strategies(g, mesh, o).is_ok());
+  o.cost.default_link.latency_s = 9.2e18;
+  Result<StrategySearch> r = search_strategies(g, mesh, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("out of range"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("priced at 1.8"), std::string::npos) << r.status().message();
+  o.cost.default_link.latency_s = 0;
+  o.node_time_s = [](const Graph&, const Node&) { return std::nan(""); };
+  r = search_strategies(g, mesh, o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("node '"), std::string::npos) << r.status().message();
+}
+
 // A 2-block GPT at batch 1 x seq 4096, and search options for a dp x cp
 // mesh whose cp runs ring attention over 100 GB/s links.
 Graph long_sequence_gpt() {

@@ -454,6 +454,28 @@ class Search {
                     least_mem / double(1 << 30));
       return Status::invalid(buf);
     }
+    // CLP asserts (aborting the process) on objective coefficients past 1e25:
+    // a price that large, or not finite, comes from cluster figures no
+    // machine has; say so rather than hand it to the solver.
+    constexpr double kMostTermS = 1e9;  // ~32 years (1e15 in the objective's units)
+    auto out_of_range = [&](double x, const std::string& what) {
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "strategy search: %s is priced at %.3g s (finite and at most %.0e s is "
+                    "a step's range): the cluster's figures are out of range (its links' "
+                    "latency and bandwidth, the device's peak and memory bandwidth)",
+                    what.c_str(), x, kMostTermS);
+      return Status::invalid(buf);
+    };
+    for (const Class& c : classes_)
+      for (size_t s = 0; s < c.cost.size(); ++s)
+        if (!(std::isfinite(c.cost[s]) && std::abs(c.cost[s]) <= kMostTermS))
+          return out_of_range(c.cost[s], "node '" + c.pattern + "' under " + c.st[s].to_string());
+    for (const Edge& e : edges_)
+      for (double x : e.cost)
+        if (!(std::isfinite(x) && std::abs(x) <= kMostTermS))
+          return out_of_range(x, "a redistribution between '" + classes_[e.u].pattern + "' and '" +
+                                     classes_[e.v].pattern + "'");
     // Columns: x per strategy of every class with a choice, then y per edge.
     std::vector<int> x0(classes_.size(), -1);
     int cols = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -274,17 +275,35 @@ std::string num(double x) {
 
 // Reads a number key of j (in the object `where`) that must be > 0, or >= 0
 // when allow_zero; the reader records the key as known and the first error.
+// The plausible ends of a cluster file's figures (read_number's bounds): a
+// link or memory slower than 1 MB/s, a device under 1 MFLOP/s, a message step
+// over a second describe no machine the planner prices.
+constexpr double kLeastBandwidth = 1e6;
+constexpr double kLeastFlops = 1e6;
+constexpr double kMostLatencyS = 1.0;
+
+// A number >= 0 (allow_zero) or > 0, and where given, at least `lo` when
+// positive and at most `hi`: the bounds keep a figure no machine has (a link
+// whose message step takes years, a device of a few FLOP/s) out of the
+// prices, where it would only surface as a solver's overflow.
 void read_number(JsonObjectReader& r, const json& j, const std::string& where,
-                 const std::string& key, double* out, bool allow_zero, const char* unit) {
+                 const std::string& key, double* out, bool allow_zero, const char* unit,
+                 double lo = 0, double hi = std::numeric_limits<double>::infinity()) {
   r.ignore({key.c_str()});
   if (!j.is_object() || !j.contains(key)) return;
   const json& v = j.at(key);
-  const std::string bound = allow_zero ? ">= 0" : "> 0";
+  std::string bound = allow_zero ? ">= 0" : "> 0";
+  const std::string top = std::isfinite(hi) ? num(hi) + "]" : std::string("inf)");
+  if (lo > 0)
+    bound = std::string(allow_zero ? "0 or in [" : "in [") + num(lo) + ", " + top;
+  else if (std::isfinite(hi))
+    bound = std::string(allow_zero ? "in [0, " : "in (0, ") + top;
   if (!v.is_number())
     return r.fail(where + "." + key + " must be a number " + bound + " (" + unit + "), got " +
                   json_type_name(v));
   const double x = v.get<double>();
-  if (!std::isfinite(x) || (allow_zero ? x < 0 : x <= 0))
+  const bool zero_ok = allow_zero && x == 0;
+  if (!std::isfinite(x) || (allow_zero ? x < 0 : x <= 0) || (!zero_ok && (x < lo || x > hi)))
     return r.fail(where + "." + key + " must be " + bound + " (" + unit + "), got " + num(x));
   *out = x;
 }
@@ -419,8 +438,9 @@ Status parse_link(const json& j, const std::string& where, Link* link) {
   JsonObjectReader r(j, where);
   r.required("bandwidth_bytes_per_s");
   read_number(r, j, where, "bandwidth_bytes_per_s", &link->bandwidth_bytes_per_s, false,
-              "bytes per second per device, one direction");
-  read_number(r, j, where, "latency_s", &link->latency_s, true, "seconds per message step");
+              "bytes per second per device, one direction", kLeastBandwidth);
+  read_number(r, j, where, "latency_s", &link->latency_s, true, "seconds per message step", 0,
+              kMostLatencyS);
   read_efficiency(r, j, where, "efficiency", &link->efficiency);
   return r.finish();
 }
@@ -435,7 +455,7 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   r.integer("memory_bytes", &d->memory_bytes, 1);
   r.required("memory_bandwidth_bytes_per_s");
   read_number(r, j, where, "memory_bandwidth_bytes_per_s", &d->memory_bandwidth_bytes_per_s, false,
-              "bytes per second");
+              "bytes per second", kLeastBandwidth);
   read_curve(r, j, where, &d->matmul_efficiency);
   read_thin_grid(r, j, where, "matmul_thin_efficiency", &d->matmul_thin_efficiency);
   read_thin_grid(r, j, where, "matmul_thin_efficiency_one_thread",
@@ -510,11 +530,11 @@ Status parse_device(const json& j, const std::string& where, Device* d) {
   JsonObjectReader pr(peak, pw);
   pr.required("f32");
   const char* unit = "FLOP per second";
-  read_number(pr, peak, pw, "f32", &d->peak_flops.f32, false, unit);
-  read_number(pr, peak, pw, "tf32", &d->peak_flops.tf32, false, unit);
-  read_number(pr, peak, pw, "bf16", &d->peak_flops.bf16, false, unit);
-  read_number(pr, peak, pw, "f16", &d->peak_flops.f16, false, unit);
-  read_number(pr, peak, pw, "fp8", &d->peak_flops.fp8, false, unit);
+  read_number(pr, peak, pw, "f32", &d->peak_flops.f32, false, unit, kLeastFlops);
+  read_number(pr, peak, pw, "tf32", &d->peak_flops.tf32, false, unit, kLeastFlops);
+  read_number(pr, peak, pw, "bf16", &d->peak_flops.bf16, false, unit, kLeastFlops);
+  read_number(pr, peak, pw, "f16", &d->peak_flops.f16, false, unit, kLeastFlops);
+  read_number(pr, peak, pw, "fp8", &d->peak_flops.fp8, false, unit, kLeastFlops);
   return pr.finish();
 }
 
