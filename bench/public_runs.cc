@@ -173,9 +173,14 @@ std::optional<double> published_memory_gib(const json& run) {
 // taken as the 80 GB part, recorded as inferred.
 void map_gpu(const json& hw, Mapped* m) {
   const std::string g = get_str(hw, "gpu");
-  if (has(g, "gb200") || has(g, "gb300") || has(g, "b200")) {
-    std::string kind = has(g, "gb200") ? "GB200" : has(g, "gb300") ? "GB300" : "B200";
-    m->skip.push_back("no cluster file for " + kind);
+  // Blackwell: the rack-scale parts as NVL72 NVLink domains of 18 trays of 4
+  // (configs/clusters/gb*_nvl72.json), the 8-GPU boards as DGX/HGX B200.
+  if (has(g, "gb200") || has(g, "gb300")) {
+    m->cluster_file = has(g, "gb200") ? "gb200_nvl72.json" : "gb300_nvl72.json";
+    return;
+  }
+  if (has(g, "b200")) {
+    m->cluster_file = "b200_sxm.json";
     return;
   }
   if (has(g, "h200")) {

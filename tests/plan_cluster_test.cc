@@ -40,8 +40,8 @@ std::string error_of(const json& j) {
 
 TEST(PlanCluster, ShippedFilesParse) {
   // (Each named as its file: prediction_bands.json keys its bands by file.)
-  for (const char* f : {"a100_40gb", "a100_pcie_80gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm",
-                        "h200_sxm", "local_cpu"}) {
+  for (const char* f : {"a100_40gb", "a100_pcie_80gb", "b200_sxm", "dgx_a100_80gb", "gb200_nvl72",
+                        "gb300_nvl72", "h100_96gb", "h100_sxm", "h200_sxm", "local_cpu"}) {
     Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
     ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
     EXPECT_EQ(c->name, f);
@@ -51,7 +51,8 @@ TEST(PlanCluster, ShippedFilesParse) {
   }
   // The GPU files state their rated board power and no limit (a limit is the
   // deployment's, like its fabric's rate): compute at the rated clock.
-  for (const char* f : {"a100_40gb", "dgx_a100_80gb", "h100_96gb", "h100_sxm", "h200_sxm"}) {
+  for (const char* f : {"a100_40gb", "b200_sxm", "dgx_a100_80gb", "gb200_nvl72", "gb300_nvl72",
+                        "h100_96gb", "h100_sxm", "h200_sxm"}) {
     Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + f + ".json");
     ASSERT_TRUE(c.is_ok()) << f << ": " << c.status().message();
     EXPECT_GE(c->device.rated_power_w, 400) << f;
@@ -460,6 +461,66 @@ TEST(PlanCluster, IslandsJoinOverTheirOwnLink) {
   m = error_of(j);
   EXPECT_NE(m.find("cluster.islands"), std::string::npos) << m;
   EXPECT_NE(m.find("devices"), std::string::npos) << m;
+}
+
+// A GB200 NVL72 rack: trays of 4 GPUs, all 72 on one NVLink fabric; racks
+// meet over the network.
+TEST(PlanCluster, NvlinkDomainsJoinWholeNodes) {
+  json j = valid_cluster();
+  j["nodes"] = 36;  // two domains of 18 nodes
+  j["nvlink_domain"] = {{"devices", 72}};
+  Result<Cluster> c = parse_cluster(j);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->fabric_devices(), 72);
+  EXPECT_EQ(c->island_devices(), 72);
+  EXPECT_EQ(&c->link_for_ranks({0, 5}), &c->intra_node);  // two trays, one rack
+  EXPECT_EQ(&c->link_for_ranks({0, 71}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_ranks({71, 72}), &c->inter_node);  // two racks
+  EXPECT_EQ(&c->link_for_ranks({72, 143}), &c->intra_node);
+  EXPECT_EQ(&c->link_for_axis(8, 1), &c->intra_node);  // tp=8 over two trays
+  EXPECT_EQ(&c->link_for_axis(2, 64), &c->intra_node);
+  EXPECT_EQ(&c->link_for_axis(2, 72), &c->inter_node);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(16, 1).effective_bandwidth(), 50e9);  // NVLink
+  // A ring over both racks: 72 members on each side, each GPU's own port,
+  // capped at NVLink's 50 GB/s; two racks one member each: one 10 GB/s port.
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(144, 1).effective_bandwidth(), 50e9);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(144, 1).latency_s, c->inter_node.latency_s);
+  EXPECT_DOUBLE_EQ(c->ring_link_for_axis(2, 72).effective_bandwidth(), 10e9);
+  // The same cluster without the domain: each tray its own fabric.
+  json trays = valid_cluster();
+  trays["nodes"] = 36;
+  Result<Cluster> t = parse_cluster(trays);
+  ASSERT_TRUE(t.is_ok());
+  EXPECT_EQ(&t->link_for_axis(8, 1), &t->inter_node);
+
+  // Written and read back alike; resized clusters keep their domains.
+  Result<Cluster> back = parse_cluster(cluster_to_json(*c));
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(back->devices_per_domain, 72);
+  Result<Cluster> eight = with_devices(*c, 8);
+  ASSERT_TRUE(eight.is_ok());
+  EXPECT_EQ(eight->nodes, 2);
+  EXPECT_EQ(&eight->link_for_ranks({0, 7}), &eight->intra_node);
+
+  j["nvlink_domain"]["devices"] = 6;  // not whole trays
+  std::string m = error_of(j);
+  EXPECT_NE(m.find("cluster.nvlink_domain.devices must be a whole number of nodes (a multiple of "
+                   "cluster.devices_per_node = 4), got 6"),
+            std::string::npos)
+      << m;
+  j["nvlink_domain"] = {{"devices", 72}, {"gpus", 72}};
+  EXPECT_NE(error_of(j).find("cluster.nvlink_domain: unknown key 'gpus'"), std::string::npos)
+      << error_of(j);
+  j["nvlink_domain"] = {{"devices", 8}};
+  j["islands"] = {{"devices", 2}, {"link", {{"bandwidth_bytes_per_s", 20e9}}}};
+  m = error_of(j);
+  EXPECT_NE(m.find("cluster.islands and cluster.nvlink_domain"), std::string::npos) << m;
+  j.erase("islands");
+  j["nvlink_domain"] = {{"devices", 4}};  // the node itself: no domain
+  Result<Cluster> own = parse_cluster(j);
+  ASSERT_TRUE(own.is_ok());
+  EXPECT_EQ(own->devices_per_domain, 0);
+  EXPECT_EQ(own->fabric_devices(), 4);
 }
 
 TEST(PlanCluster, WithDevices) {

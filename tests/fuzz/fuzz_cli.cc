@@ -478,8 +478,8 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
   const int cases = env_int("MESHFLOW_FUZZ_CASES", 120) / 2;
   Gen gen(env_int("MESHFLOW_FUZZ_SEED", 1) + 2500);
   std::vector<json> bases;
-  for (const char* file :
-       {"local_cpu.json", "dgx_a100_80gb.json", "h100_sxm.json", "a100_pcie_80gb.json"})
+  for (const char* file : {"local_cpu.json", "dgx_a100_80gb.json", "h100_sxm.json",
+                           "a100_pcie_80gb.json", "gb200_nvl72.json"})
     bases.push_back(read_json_file(source_dir() + "/configs/clusters/" + file).value());
   int priced = 0, refused = 0;
   for (int i = 0; i < cases; ++i) {
@@ -491,7 +491,7 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
     for (int k = 0; k < edits; ++k) {
       if (!editable(c["device"])) break;
       json& dev = c["device"];
-      switch (gen.pick(8)) {
+      switch (gen.pick(9)) {
         case 0:
           dev[gen.one<std::string>({"memory_bytes", "memory_bandwidth_bytes_per_s",
                                     "memory_efficiency", "fp8_matmul_efficiency", "rated_power_w",
@@ -543,6 +543,14 @@ TEST_F(Fuzz, ClusterFilesNeverCrash) {
                               ? json{{"bandwidth_bytes_per_s", gen.one<double>({0, -1, 1e9, 1e40})}}
                               : gen.junk();
           }
+          break;
+        }
+        case 7: {  // an NVLink domain over nodes: its size, or junk
+          json& dom = c["nvlink_domain"];
+          dom = gen.coin(0.6)
+                    ? json{{"devices", gen.coin(0.5) ? json(gen.one<int>({0, 4, 6, 8, 72}))
+                                                     : json(gen.count())}}
+                    : gen.junk();
           break;
         }
         default:

@@ -410,6 +410,8 @@ int run_plan(const PlanOptions& o) {
                     cluster->between_islands.effective_bandwidth() / 1e9);
       islands = b;
     }
+    if (cluster->fabric_devices() > cluster->devices_per_node)
+      islands = "; NVLink domains of " + std::to_string(cluster->fabric_devices()) + " GPUs";
     std::printf("cluster  %s: %lld x %s (%d nodes x %d%s), %s mixed precision%s\n",
                 cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
                 cluster->nodes, cluster->devices_per_node, islands.c_str(),

@@ -15,14 +15,14 @@ namespace meshflow::plan {
 const Link& Cluster::link_for_ranks(const std::vector<int64_t>& ranks) const {
   MF_CHECK(!ranks.empty());
   // (Islands count from each node's first device.)
-  const int64_t island = island_devices();
-  const int64_t node = ranks[0] / devices_per_node;
-  const int64_t first_island = ranks[0] % devices_per_node / island;
+  const int64_t island = island_devices(), fabric = fabric_devices();
+  const int64_t node = ranks[0] / fabric;
+  const int64_t first_island = ranks[0] % fabric / island;
   bool one_island = true;
   for (int64_t r : ranks) {
     MF_CHECK(r >= 0 && r < total_devices());
-    if (r / devices_per_node != node) return inter_node;
-    one_island = one_island && r % devices_per_node / island == first_island;
+    if (r / fabric != node) return inter_node;
+    one_island = one_island && r % fabric / island == first_island;
   }
   return one_island ? intra_node : between_islands;
 }
@@ -31,20 +31,21 @@ const Link& Cluster::link_for_axis(int64_t size, int64_t stride) const {
   MF_CHECK(size >= 1 && stride >= 1);
   const int64_t span = (size - 1) * stride + 1;
   if (span <= island_devices()) return intra_node;
-  return span <= devices_per_node ? between_islands : inter_node;
+  return span <= fabric_devices() ? between_islands : inter_node;
 }
 
 Link Cluster::ring_link_for_axis(int64_t size, int64_t stride) const {
   MF_CHECK(size >= 1 && stride >= 1);
-  const int64_t span = (size - 1) * stride + 1, island = island_devices();
+  const int64_t span = (size - 1) * stride + 1, island = island_devices(),
+                fabric = fabric_devices();
   if (span <= island) return intra_node;
   const Link islands = striped_between_islands(std::clamp<int64_t>(island / stride, 1, size));
-  if (span <= devices_per_node) return islands;
-  Link l = striped_inter_node(std::clamp<int64_t>(devices_per_node / stride, 1, size));
+  if (span <= fabric) return islands;
+  Link l = striped_inter_node(std::clamp<int64_t>(fabric / stride, 1, size));
   // The ring's hops inside a node cross its islands where its members there
   // span more than one.
-  const int64_t in_node = std::clamp<int64_t>(devices_per_node / stride, 1, size);
-  if (island < devices_per_node && (in_node - 1) * stride + 1 > island &&
+  const int64_t in_node = std::clamp<int64_t>(fabric / stride, 1, size);
+  if (island < fabric && (in_node - 1) * stride + 1 > island &&
       l.effective_bandwidth() > islands.effective_bandwidth())
     l.bandwidth_bytes_per_s = islands.effective_bandwidth() / l.efficiency;
   return l;
@@ -554,9 +555,10 @@ Result<Cluster> parse_cluster(const json& j) {
   r.required("intra_node");
   r.object("intra_node", &intra);
   r.object("inter_node", &inter);
-  json host, islands;
+  json host, islands, domain;
   r.object("host", &host);
   r.object("islands", &islands);
+  r.object("nvlink_domain", &domain);
   MF_RETURN_IF_ERROR(r.finish());
   if (j.contains("host")) {
     JsonObjectReader h(host, "cluster.host");
@@ -597,6 +599,23 @@ Result<Cluster> parse_cluster(const json& j) {
                              std::to_string(c.devices_per_island));
     c.between_islands = Link{};  // (absent keys: Link's defaults, not intra_node's)
     MF_RETURN_IF_ERROR(parse_link(link, "cluster.islands.link", &c.between_islands));
+  }
+  if (j.contains("nvlink_domain")) {
+    JsonObjectReader dr(domain, "cluster.nvlink_domain");
+    dr.required("devices");
+    dr.integer("devices", &c.devices_per_domain, 1);
+    MF_RETURN_IF_ERROR(dr.finish());
+    const std::string per = std::to_string(c.devices_per_node);
+    if (c.devices_per_domain % c.devices_per_node != 0)
+      return Status::invalid(
+          "cluster.nvlink_domain.devices must be a whole number of nodes (a multiple of "
+          "cluster.devices_per_node = " +
+          per + "), got " + std::to_string(c.devices_per_domain));
+    if (j.contains("islands"))
+      return Status::invalid(
+          "cluster.islands and cluster.nvlink_domain describe different machines (a node split "
+          "into NVLink islands; an NVLink fabric joining whole nodes): give one");
+    if (c.devices_per_domain == c.devices_per_node) c.devices_per_domain = 0;  // the node's own
   }
   return c;
 }
@@ -667,6 +686,7 @@ J cluster_json(const Cluster& c) {
   if (!c.calibrated_with.empty()) out["calibrated_with"] = c.calibrated_with;
   if (c.devices_per_island > 0)
     out["islands"] = J{{"devices", c.devices_per_island}, {"link", link(c.between_islands)}};
+  if (c.devices_per_domain > 0) out["nvlink_domain"] = J{{"devices", c.devices_per_domain}};
   const Host& h = c.host;
   if (h.link_bandwidth_bytes_per_s > 0 || h.memory_bytes > 0 || h.nvme_bytes > 0)
     out["host"] = J{{"link_bandwidth_bytes_per_s", h.link_bandwidth_bytes_per_s},

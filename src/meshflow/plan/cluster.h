@@ -170,6 +170,12 @@ struct Cluster {
   // A node's last island may hold fewer (a file resized to part of a node).
   int devices_per_island = 0;
   Link between_islands;
+  // An NVLink fabric larger than a node (optional key "nvlink_domain"): every
+  // `devices_per_domain` consecutive devices, a whole number of nodes, are
+  // joined by intra_node (a GB200 NVL72 rack: 72 GPUs over its NVLink
+  // switches, 18 trays of 4); devices of different domains talk over
+  // inter_node. 0: each node is its own fabric. Not with islands.
+  int devices_per_domain = 0;
   Host host;  // optional "host" section
   // share_machine with more ranks than cores: the cores the ranks time-share
   // (a pipeline's ranks waiting in its bubble give theirs to the others:
@@ -178,15 +184,19 @@ struct Cluster {
 
   int64_t total_devices() const { return static_cast<int64_t>(nodes) * devices_per_node; }
 
-  // The devices of one island: devices_per_island, or the node's.
+  // The devices one NVLink fabric joins: an nvlink_domain's, else a node's.
+  int64_t fabric_devices() const {
+    return devices_per_domain > devices_per_node ? devices_per_domain : devices_per_node;
+  }
+  // The devices of one island: devices_per_island, or the fabric's.
   int64_t island_devices() const {
     return devices_per_island > 0 && devices_per_island < devices_per_node ? devices_per_island
-                                                                           : devices_per_node;
+                                                                           : fabric_devices();
   }
   // The link a group of (global) device ranks communicates over: intra_node
   // when every rank lies on one island (rank / island_devices()),
   // between_islands when on one node (rank / devices_per_node), else
-  // inter_node.
+  // inter_node. (With an nvlink_domain, "node" reads "domain" here and below.)
   // REQUIRES: ranks non-empty, every rank in [0, total_devices()).
   const Link& link_for_ranks(const std::vector<int64_t>& ranks) const;
   // The same for a mesh axis of `size` ranks `stride` devices apart (groups

@@ -295,7 +295,7 @@ Link CostModel::collective_link(OpKind kind, int64_t group, const std::string& a
 Link CostModel::ring_link(int64_t size, int64_t stride) const {
   // (Inside a node the rings cross its islands on each member's own path,
   // whichever the stack: NCCL's rings inside a node.)
-  const bool in_node = (size - 1) * stride + 1 <= cluster_.devices_per_node;
+  const bool in_node = (size - 1) * stride + 1 <= cluster_.fabric_devices();
   return k_.striped_rings || in_node ? cluster_.ring_link_for_axis(size, stride)
                                      : cluster_.link_for_axis(size, stride);
 }

@@ -169,7 +169,7 @@ std::vector<std::pair<int64_t, int64_t>> tp_cp_groups(const CostModel& cm, int64
                                                       const SearchOptions& o) {
   const TransformerDims& d = cm.dims();
   const FixedChoices& fx = o.fixed;
-  const int64_t per_node = cm.cluster().devices_per_node;
+  const int64_t per_node = cm.cluster().fabric_devices();  // tp stays on NVLink
   // cp: the sequence; a ResNet's image height (its seq is 1).
   const int64_t split_rows =
       std::holds_alternative<ResNetConfig>(cm.job().model)
@@ -563,7 +563,7 @@ Result<SearchResult> search_until(const CostModel& cm, int64_t devices,
     std::string msg = "no valid plan on " + str(devices) + " devices" + pinned + ": ";
     if (r.evaluated == 0) {
       msg += "no dp*tp*pp*cp = " + str(devices) +
-             " with tp <= " + str(cm.cluster().devices_per_node) +
+             " with tp <= " + str(cm.cluster().fabric_devices()) +
              " dividing heads=" + str(d.heads) + ", pp <= layers=" + str(cm.pipeline_layers()) +
              " and dp dividing the global batch " + str(cm.job().global_batch);
       // Which device counts near this one would factor.
