@@ -10,17 +10,14 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/core/check.h"
 #include "meshflow/plan/search.h"
+#include "shipped_files.h"
 
 namespace meshflow::plan {
 namespace {
 
 using meshflow::testing::source_dir;
 
-ModelConfig load_model(const std::string& name) {
-  Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
-  MF_CHECK(j.is_ok()) << j.status().message();
-  return value_or_throw(parse_model_config(*j));
-}
+using meshflow::testing::load_model;
 
 Cluster nvl72(int64_t gpus, bool domain = true) {
   Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/gb200_nvl72.json");

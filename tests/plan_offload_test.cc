@@ -12,23 +12,15 @@
 #include "meshflow/core/check.h"
 #include "meshflow/plan/emit.h"
 #include "meshflow/plan/search.h"
+#include "shipped_files.h"
 
 namespace meshflow::plan {
 namespace {
 
 using meshflow::testing::source_dir;
 
-ModelConfig load_model(const std::string& name) {
-  Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
-  MF_CHECK(j.is_ok()) << j.status().message();
-  return value_or_throw(parse_model_config(*j));
-}
-
-Cluster cluster(const std::string& name, int64_t gpus) {
-  Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + name);
-  MF_CHECK(c.is_ok()) << c.status().message();
-  return value_or_throw(with_devices(*c, gpus));
-}
+using meshflow::testing::load_model;
+using meshflow::testing::load_sized_cluster;
 
 // LLaMA-3 70B, batch 64 x 4096, on one DGX A100 (8 x 80 GB): no plan fits on
 // the devices (ZeRO-3's parameters and gradients alone are 33 GiB a device,
@@ -36,7 +28,7 @@ Cluster cluster(const std::string& name, int64_t gpus) {
 // host; on 64 GPUs plans fit without it and none is offloaded.
 TEST(PlanOffload, ChosenOnlyWhenNothingElseFits) {
   const TrainingJob job{load_model("llama3_70b.json"), 64, 4096};
-  CostModel eight(job, cluster("dgx_a100_80gb.json", 8));
+  CostModel eight(job, load_sized_cluster("dgx_a100_80gb.json", 8));
   SearchOptions o;
   o.top_k = 1;
   const SearchResult r = value_or_throw(search_plans(eight, 8, o));
@@ -55,7 +47,7 @@ TEST(PlanOffload, ChosenOnlyWhenNothingElseFits) {
   EXPECT_NE(none.status().message().find("does not fit on 8 devices"), std::string::npos)
       << none.status().message();
   // Where plans fit, none offloads.
-  CostModel many(job, cluster("dgx_a100_80gb.json", 64));
+  CostModel many(job, load_sized_cluster("dgx_a100_80gb.json", 64));
   o.fixed = FixedChoices{};
   const SearchResult big = value_or_throw(search_plans(many, 64, o));
   for (const StepCost& c : big.plans) EXPECT_EQ(c.plan.offload, Offload::kNone);
@@ -65,7 +57,7 @@ TEST(PlanOffload, ChosenOnlyWhenNothingElseFits) {
 // (gradients down, weights up), the CPU update at the node's memory
 // bandwidth shared by its devices, and with NVMe the state's read and write.
 TEST(PlanOffload, PricedFromTheHostSection) {
-  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 8);
   CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 64, 2048}, c);
   Plan p;
   p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
@@ -97,14 +89,15 @@ TEST(PlanOffload, PricedFromTheHostSection) {
 
 TEST(PlanOffload, InvalidPlansSayWhy) {
   CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
-               cluster("dgx_a100_80gb.json", 8));
+               load_sized_cluster("dgx_a100_80gb.json", 8));
   Plan p;
   p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 8;
   p.offload = Offload::kHost;
   EXPECT_NE(cm.invalid_reason(p).find("needs zero >= 1"), std::string::npos)
       << cm.invalid_reason(p);
   // A cluster file without a host section.
-  CostModel bare(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048}, cluster("h100_96gb.json", 8));
+  CostModel bare(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
+                 load_sized_cluster("h100_96gb.json", 8));
   p.zero = 1;
   EXPECT_NE(bare.invalid_reason(p).find("cluster file's \"host\" section"), std::string::npos)
       << bare.invalid_reason(p);
@@ -148,7 +141,7 @@ TEST(PlanOffload, EmittedForTheStacksThatRunIt) {
 // broadcast from its owner after the updates.
 TEST(PlanGroup, LargestGroupSetsTheStateAndBroadcastsAreAdded) {
   CostModel cm(TrainingJob{load_model("llama3_8b.json"), 256, 2048},
-               cluster("dgx_a100_80gb.json", 32));
+               load_sized_cluster("dgx_a100_80gb.json", 32));
   Plan p;
   p.dp = 32, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
   p.recompute = Recompute::kFull;
@@ -182,7 +175,7 @@ TEST(PlanGroup, LargestGroupSetsTheStateAndBroadcastsAreAdded) {
 // search finds it.
 TEST(PlanRing, RunsWhereUlyssesCannotAndIsPricedByItsShifts) {
   CostModel cm(TrainingJob{load_model("llama3_8b.json"), 16, 8192},
-               cluster("dgx_a100_80gb.json", 16));
+               load_sized_cluster("dgx_a100_80gb.json", 16));
   Plan p;
   p.dp = 1, p.cp = 16, p.micro_batch = 1, p.num_micro_batches = 16, p.zero = 1;
   p.recompute = Recompute::kFull;
@@ -219,7 +212,7 @@ TEST(PlanAttention, FusedKernelAtItsOwnEfficiency) {
   double ratio[2];
   const int64_t seqs[2] = {2048, 65536};
   for (int i = 0; i < 2; ++i) {
-    Cluster fa2 = cluster("h100_sxm.json", 8), gemm = fa2;
+    Cluster fa2 = load_sized_cluster("h100_sxm.json", 8), gemm = fa2;
     ASSERT_EQ(fa2.device.attention_efficiency.count("flash2"), 1u);
     gemm.device.attention_efficiency.clear();
     const StepCost slow = value_or_throw(CostModel(TrainingJob{model, 8, seqs[i]}, fa2).price(p));
@@ -243,7 +236,7 @@ TEST(PlanAttention, TheStacksKernelByName) {
   std::get<LlamaConfig>(model).max_position_embeddings = 32768;
   Plan p;
   p.dp = 8, p.micro_batch = 1, p.num_micro_batches = 1, p.zero = 3;
-  const Cluster a100 = cluster("dgx_a100_80gb.json", 8);
+  const Cluster a100 = load_sized_cluster("dgx_a100_80gb.json", 8);
   CostConstants flash1, unlisted;
   flash1.fused_attention = "flash1";
   unlisted.fused_attention = "cudnn";
@@ -276,9 +269,10 @@ TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
   p.zero = 1;
   CostConstants overlap;
   overlap.tp_comm_overlap = true;
-  const StepCost plain = value_or_throw(CostModel(job, cluster("h100_sxm.json", 64)).price(p));
+  const StepCost plain =
+      value_or_throw(CostModel(job, load_sized_cluster("h100_sxm.json", 64)).price(p));
   const StepCost hidden =
-      value_or_throw(CostModel(job, cluster("h100_sxm.json", 64), overlap).price(p));
+      value_or_throw(CostModel(job, load_sized_cluster("h100_sxm.json", 64), overlap).price(p));
   ASSERT_GT(plain.tp_comm_s, 0);
   const double s = CostConstants{}.tp_overlap_compute_slowdown;
   const double covered = 1.0 / 8 + 7.0 / 8 * s / (1 + s);           // 0.26 at s = 0.189
@@ -290,9 +284,10 @@ TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
   EXPECT_LT(saved, 1.25 * (plain.tp_comm_s - hidden.tp_comm_s));
   // Over the nodes' links (tp=16 on 8-GPU nodes) the GEMMs cover less of it.
   p.tp = 16, p.pp = 4;
-  const StepCost wide = value_or_throw(CostModel(job, cluster("h100_sxm.json", 64)).price(p));
+  const StepCost wide =
+      value_or_throw(CostModel(job, load_sized_cluster("h100_sxm.json", 64)).price(p));
   const StepCost wide_overlap =
-      value_or_throw(CostModel(job, cluster("h100_sxm.json", 64), overlap).price(p));
+      value_or_throw(CostModel(job, load_sized_cluster("h100_sxm.json", 64), overlap).price(p));
   EXPECT_GT(wide.tp_comm_s, plain.tp_comm_s);
   EXPECT_GT(wide_overlap.tp_comm_s / wide.tp_comm_s, hidden.tp_comm_s / plain.tp_comm_s);
   std::printf("gpt3 175b tp comm: tp=8 %.2f s -> %.2f s overlapped; tp=16 %.2f s -> %.2f s\n",
@@ -304,7 +299,7 @@ TEST(PlanTpOverlap, ExposesTheFirstChunkWhereTheGemmsCoverTheRest) {
 // compute: where both run, the ring is the cheaper cp.
 TEST(PlanRing, BeatsUlyssesWithFewKvHeads) {
   CostModel cm(TrainingJob{load_model("llama3_70b.json"), 64, 8192},
-               cluster("dgx_a100_80gb.json", 64));
+               load_sized_cluster("dgx_a100_80gb.json", 64));
   Plan p;
   p.dp = 8, p.tp = 4, p.cp = 2, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = 1;
   p.recompute = Recompute::kFull;
@@ -334,7 +329,7 @@ TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
   StepCost at[2];
   const int64_t seqs[2] = {8192, 131072};
   for (int i = 0; i < 2; ++i) {
-    CostModel cm(TrainingJob{model, 16, seqs[i]}, cluster("dgx_a100_80gb.json", 16));
+    CostModel cm(TrainingJob{model, 16, seqs[i]}, load_sized_cluster("dgx_a100_80gb.json", 16));
     ASSERT_TRUE(cm.invalid_reason(p).empty()) << cm.invalid_reason(p);
     at[i] = value_or_throw(cm.price(p));
   }
@@ -344,7 +339,7 @@ TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
   EXPECT_LT(at[1].cp_comm_s, 0.2 * at[1].compute_s);
   // The zigzag order cuts the sequence into 2*cp chunks: 4104 = 8 x 513 is
   // split by cp=8, but not into 16 chunks.
-  CostModel odd(TrainingJob{model, 16, 4104}, cluster("dgx_a100_80gb.json", 16));
+  CostModel odd(TrainingJob{model, 16, 4104}, load_sized_cluster("dgx_a100_80gb.json", 16));
   p.cp = 8, p.dp = 2, p.num_micro_batches = 8;
   EXPECT_NE(odd.invalid_reason(p).find("2*cp = 16 chunks"), std::string::npos)
       << odd.invalid_reason(p);
@@ -361,7 +356,7 @@ TEST(PlanRing, ShiftsHideUnderTheBlocksCompute) {
 TEST(PlanRing, BesideSequenceParallelStashesLess) {
   ModelConfig model = load_model("llama3_70b.json");
   std::get<LlamaConfig>(model).max_position_embeddings = 32768;
-  CostModel cm(TrainingJob{model, 64, 32768}, cluster("h100_sxm.json", 64));
+  CostModel cm(TrainingJob{model, 64, 32768}, load_sized_cluster("h100_sxm.json", 64));
   Plan p;
   p.dp = 2, p.tp = 8, p.cp = 4, p.micro_batch = 1, p.num_micro_batches = 32, p.zero = 1;
   p.ring = true;
@@ -395,7 +390,7 @@ TEST(PlanRing, BesideSequenceParallelStashesLess) {
 // compute takes 1.189x its time alone, and one after the other the step takes
 // 1.102x the overlapped one.
 TEST(PlanCostModel, OverlapSlowsComputeByTheRingsBandwidth) {
-  const Cluster c = cluster("h100_sxm.json", 64);
+  const Cluster c = load_sized_cluster("h100_sxm.json", 64);
   const TrainingJob job{load_model("gpt3_13b.json"), 64, 2048};
   const CostModel cm(job, c);
   const double s = CostConstants{}.overlap_compute_slowdown;
@@ -448,7 +443,7 @@ TEST(PlanCostModel, OverlapSlowsComputeByTheRingsBandwidth) {
 TEST(PlanCostModel, TorchTitansOpSacRecomputesEverySecondMatmul) {
   const ModelConfig model = load_model("llama3_8b.json");
   const TrainingJob job{model, 16, 8192};
-  const Cluster c = cluster("h100_sxm.json", 8);
+  const Cluster c = load_sized_cluster("h100_sxm.json", 8);
   const TransformerDims d = value_or_throw(transformer_dims(model));
   // wk, wo, w3 of wq, wk, wv, wo, w1, w3, w2: (h kv + h^2 + h f) / (2h^2 + 2h kv + 3h f).
   EXPECT_NEAR(op_sac_matmul_share(d), 79.69 / 218.10, 1e-3);
@@ -502,7 +497,7 @@ TEST(PlanCostModel, TorchTitansOpSacRecomputesEverySecondMatmul) {
 TEST(PlanCostModel, EagerPyTorchKeepsItsIntermediatesAndItsF32Loss) {
   const ModelConfig model = load_model("llama3_8b.json");
   const TrainingJob job{model, 16, 8192};
-  const Cluster c = cluster("h100_sxm.json", 8);
+  const Cluster c = load_sized_cluster("h100_sxm.json", 8);
   const TransformerDims d = value_or_throw(transformer_dims(model));
   Plan p;
   p.dp = 8, p.micro_batch = 2, p.num_micro_batches = 1, p.zero = 3;
@@ -551,7 +546,7 @@ TEST(PlanCostModel, EagerPyTorchKeepsItsIntermediatesAndItsF32Loss) {
 TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
   const ModelConfig model = load_model("llama3_8b.json");
   TrainingJob job{model, 16, 8192};
-  const Cluster c = cluster("h100_sxm.json", 8);
+  const Cluster c = load_sized_cluster("h100_sxm.json", 8);
   const LayerCost bf16 = value_or_throw(CostModel(job, c).layer_cost(1, 1, 2));
   job.fp8 = true;
   const CostModel cm(job, c);
@@ -594,7 +589,7 @@ TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
               1e-6 * g16.comm.data_parallel);
   EXPECT_LT(g8.dp_comm_s, g16.dp_comm_s);
   EXPECT_GT(all, blocks);
-  const CostModel a100(job, cluster("dgx_a100_80gb.json", 8));
+  const CostModel a100(job, load_sized_cluster("dgx_a100_80gb.json", 8));
   EXPECT_NE(a100.status().message().find("FP8 training needs the device's FP8 tensor-core rate"),
             std::string::npos)
       << a100.status().message();
@@ -624,8 +619,8 @@ TEST(PlanCostModel, H200PricesMemoryBoundWorkByItsBandwidth) {
     double t[2];
     int i = 0;
     for (const char* name : {"h100_sxm.json", "h200_sxm.json"}) {
-      const LayerCost lc = value_or_throw(
-          CostModel(job, cluster(name, 8), constants).layer_cost(k.tp, 1, k.micro_batch));
+      const LayerCost lc = value_or_throw(CostModel(job, load_sized_cluster(name, 8), constants)
+                                              .layer_cost(k.tp, 1, k.micro_batch));
       t[i++] = lc.forward_s + lc.backward_s + lc.weight_grad_s;
     }
     EXPECT_NEAR(t[1] / t[0], k.measured, 0.02) << k.model << " eager " << k.eager;
@@ -640,7 +635,7 @@ TEST(PlanCostModel, H200PricesMemoryBoundWorkByItsBandwidth) {
 // clock, the optimizer's memory-bound pass and the collectives as before.
 TEST(PlanCostModel, PowerLimitSlowsTheGemmsAndAttentionAlone) {
   const TrainingJob job{load_model("llama3_8b.json"), 16, 8192};
-  const Cluster rated = cluster("h100_96gb.json", 8);
+  const Cluster rated = load_sized_cluster("h100_96gb.json", 8);
   Cluster capped = rated;
   ASSERT_DOUBLE_EQ(rated.device.rated_power_w, 700);
   capped.device.power_limit_w = 500;

@@ -20,6 +20,7 @@
 #include "meshflow/plan/prediction_band.h"
 #include "meshflow/plan/search.h"
 #include "meshflow/plan/simulate.h"
+#include "shipped_files.h"
 
 namespace meshflow::plan {
 namespace {
@@ -28,21 +29,8 @@ namespace fs = std::filesystem;
 
 using meshflow::testing::source_dir;
 
-ModelConfig load_model(const std::string& name) {
-  Result<json> j = read_json_file(source_dir() + "/configs/models/" + name);
-  MF_CHECK(j.is_ok()) << j.status().message();
-  Result<ModelConfig> m = parse_model_config(*j);
-  MF_CHECK(m.is_ok()) << m.status().message();
-  return *m;
-}
-
-Cluster cluster(const std::string& name, int64_t gpus) {
-  Result<Cluster> c = load_cluster(source_dir() + "/configs/clusters/" + name);
-  MF_CHECK(c.is_ok()) << c.status().message();
-  Result<Cluster> n = with_devices(*c, gpus);
-  MF_CHECK(n.is_ok()) << n.status().message();
-  return *n;
-}
+using meshflow::testing::load_model;
+using meshflow::testing::load_sized_cluster;
 
 TEST(PlanModels, ShippedConfigsParseWithTheirSizes) {
   struct Want {
@@ -67,7 +55,7 @@ TEST(PlanCostModel, RankProgramIsTheModelsBlockAsThePartitionerSplitsIt) {
   // count; at tp=4 each rank holds a quarter of the weights, and the block
   // holds Megatron's collectives: 2 all_reduces forward, 2 backward.
   const ModelConfig m = load_model("gpt3_1.3b.json");
-  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 8);
   Result<LocalProgram> p1 = build_rank_program(m, {1, 2048, 1, 1}, c, 2);
   Result<LocalProgram> p4 = build_rank_program(m, {1, 2048, 4, 1}, c, 2);
   ASSERT_TRUE(p1.is_ok()) << p1.status().message();
@@ -108,7 +96,7 @@ TEST(PlanCostModel, ProgramWithoutTheOptimizerComputesAsTheRunsDoes) {
     int64_t tp, cp;
     bool sp, ring;
   };
-  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 8);
   for (const Case& k :
        {Case{"llama3_8b.json", 2, 2, true, true}, Case{"gpt3_1.3b.json", 2, 2, true, true},
         Case{"llama3_8b.json", 4, 1, true, false}, Case{"gpt3_1.3b.json", 4, 1, false, false}}) {
@@ -138,7 +126,7 @@ TEST(PlanCostModel, ProgramWithoutTheOptimizerComputesAsTheRunsDoes) {
 // of other micro-batches and meshes is the one lowered alone.
 TEST(PlanCostModel, ReshardPlansKeptAcrossProgramsChangeNoProgram) {
   const ModelConfig m = load_model("llama3_8b.json");
-  const Cluster c = cluster("dgx_a100_80gb.json", 8);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 8);
   auto collectives = [&](const RankShape& s, ReshardPlanCaches* kept) {
     Result<LocalProgram> p = build_rank_program(m, s, c, 2, nullptr, kept);
     MF_CHECK(p.is_ok()) << p.status().message();
@@ -170,7 +158,7 @@ TEST(PlanCostModel, CollectivesInsideKernelsAreDeclaredRecordedAndPriced) {
   // inside its kernel: the op table declares them, the partitioner records
   // them for explain, and the cost model prices them with the head.
   const ModelConfig m = load_model("gpt_bytes_small.json");
-  const Cluster c = cluster("dgx_a100_80gb.json", 2);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 2);
   Result<LocalProgram> p = build_rank_program(m, {2, 64, 2, 1}, c, 2);
   ASSERT_TRUE(p.is_ok()) << p.status().message();
   int inside = 0;
@@ -194,7 +182,7 @@ TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
   Result<json> j = read_json_file(source_dir() + "/configs/models/mlp_fashion.json");
   ASSERT_TRUE(j.is_ok());
   const ModelConfig m = *parse_model_config(*j);
-  CostModel cm(TrainingJob{m, 256, 1}, cluster("dgx_a100_80gb.json", 4));
+  CostModel cm(TrainingJob{m, 256, 1}, load_sized_cluster("dgx_a100_80gb.json", 4));
   ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
   EXPECT_FALSE(cm.has_blocks());
   Plan p;
@@ -212,7 +200,7 @@ TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
   piped.dp = 1, piped.pp = 2, piped.micro_batch = 256;
   EXPECT_NE(cm.invalid_reason(piped).find("no transformer blocks"), std::string::npos);
   // tp=3 divides no hidden width: the partitioner says which dim.
-  CostModel three(TrainingJob{m, 255, 1}, cluster("dgx_a100_80gb.json", 3));
+  CostModel three(TrainingJob{m, 255, 1}, load_sized_cluster("dgx_a100_80gb.json", 3));
   Plan p3;
   p3.tp = 3, p3.micro_batch = 255;
   Result<StepCost> bad = three.price(p3);
@@ -231,7 +219,7 @@ TEST(PlanCostModel, PricesAnyModelTheEngineBuilds) {
 // all_reduce per layer) and image height (cp: halo exchanges), with ZeRO.
 TEST(PlanCostModel, PricesResNetPlansDataChannelAndHeight) {
   const ModelConfig m = load_model("resnet50.json");
-  CostModel cm(TrainingJob{m, 256, 1}, cluster("dgx_a100_80gb.json", 8));
+  CostModel cm(TrainingJob{m, 256, 1}, load_sized_cluster("dgx_a100_80gb.json", 8));
   ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
   Plan data;
   data.dp = 8, data.micro_batch = 32, data.num_micro_batches = 1;
@@ -321,7 +309,7 @@ TEST(PlanCostModel, PricesResNetPlansDataChannelAndHeight) {
 // faster than of all; at 128 its plans without it fit and none recomputes.
 TEST(PlanSearch, ResNetRecomputesOnlyWhereItMustFit) {
   const ModelConfig m = load_model("resnet50.json");
-  CostModel cm(TrainingJob{m, 8192, 1}, cluster("a100_40gb.json", 8));
+  CostModel cm(TrainingJob{m, 8192, 1}, load_sized_cluster("a100_40gb.json", 8));
   ASSERT_TRUE(cm.status().is_ok()) << cm.status().message();
   SearchOptions o;
   o.top_k = 3;
@@ -355,7 +343,7 @@ TEST(PlanSearch, ResNetRecomputesOnlyWhereItMustFit) {
 
 TEST(PlanCostModel, MoreParallelismLessMemoryAndZeroStagesOrder) {
   CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 256, 2048},
-               cluster("dgx_a100_80gb.json", 64));
+               load_sized_cluster("dgx_a100_80gb.json", 64));
   Plan p;
   p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 32;
   p.recompute = Recompute::kSelective;
@@ -389,7 +377,7 @@ TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
     CostConstants k;
     k.fsdp_shard_grad_op = fsdp;
     CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 12 * gpus, 2048},
-                 cluster("h100_sxm.json", gpus), k);
+                 load_sized_cluster("h100_sxm.json", gpus), k);
     Plan p;
     p.dp = gpus, p.micro_batch = 12, p.num_micro_batches = 1, p.zero = 2;
     Result<StepCost> c = cm.price(p);
@@ -411,7 +399,7 @@ TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
 StepCost price_dp(const CostConstants& k, const char* model, const char* cluster_file, int64_t gpus,
                   int64_t micro_batch, int zero, Recompute recompute = Recompute::kNone) {
   CostModel cm(TrainingJob{load_model(model), micro_batch * gpus, 2048},
-               cluster(cluster_file, gpus), k);
+               load_sized_cluster(cluster_file, gpus), k);
   Plan p;
   p.dp = gpus, p.micro_batch = micro_batch, p.num_micro_batches = 1, p.zero = zero;
   p.recompute = recompute;
@@ -467,7 +455,7 @@ TEST(PlanCostModel, F32GradientAccumulationHoldsFourBytesPerGradient) {
     CostConstants k;
     k.grad_accumulation_bytes = grad_b;
     CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 8, 2048},
-                 cluster("dgx_a100_80gb.json", 64), k);
+                 load_sized_cluster("dgx_a100_80gb.json", 64), k);
     Plan p;
     p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = zero;
     return value_or_throw(cm.price(p));
@@ -495,7 +483,7 @@ TEST(PlanCostModel, F32GradientAccumulationHoldsFourBytesPerGradient) {
 TEST(PlanCostModel, DeepSpeedOptimizersHoldWhatTheirCodeAllocates) {
   auto price = [](const CostConstants& k, int zero) {
     CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 8 * 8, 2048},
-                 cluster("dgx_a100_80gb.json", 64), k);
+                 load_sized_cluster("dgx_a100_80gb.json", 64), k);
     Plan p;
     p.dp = 8, p.tp = 8, p.micro_batch = 1, p.num_micro_batches = 8, p.zero = zero;
     return value_or_throw(cm.price(p));
@@ -537,7 +525,7 @@ TEST(PlanCostModel, DeepSpeedOptimizersHoldWhatTheirCodeAllocates) {
 // and keeps its input alone; the others keep every activation.
 TEST(PlanCostModel, RecomputingSomeBlocksIsBetweenNoneAndFull) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
-               cluster("dgx_a100_80gb.json", 1024));
+               load_sized_cluster("dgx_a100_80gb.json", 1024));
   Plan p;
   p.dp = 16, p.tp = 8, p.pp = 8, p.micro_batch = 1, p.num_micro_batches = 96;
   auto price = [&](Recompute rc, int64_t n) {
@@ -576,7 +564,7 @@ TEST(PlanCostModel, RecomputingSomeBlocksIsBetweenNoneAndFull) {
 
 TEST(PlanCostModel, BubbleShrinksWithInterleavingAndZeroBubble) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
-               cluster("dgx_a100_80gb.json", 1024));
+               load_sized_cluster("dgx_a100_80gb.json", 1024));
   Plan p;
   p.dp = 16, p.tp = 8, p.pp = 8, p.micro_batch = 1, p.num_micro_batches = 96;
   p.recompute = Recompute::kFull;
@@ -645,7 +633,7 @@ TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
       p.num_micro_batches = m;
       p.micro_batch = 96 / m;
       const CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 96, 2048},
-                         cluster("dgx_a100_80gb.json", 32));
+                         load_sized_cluster("dgx_a100_80gb.json", 32));
       const StepCost sim = value_or_throw(cm.price(p));
       const StepCost closed = value_or_throw(cm.price(p, CostModel::PipelineModel::kClosedForm));
       const double pipeline = sim.step_time_s - sim.dp_comm_s - sim.optimizer_s;
@@ -678,7 +666,8 @@ TEST(PlanCostModel, PipelineIsTheRuntimesScheduleSimulated) {
 // micro-batches in flight, does not fit; the split gives it fewer blocks and
 // the last stage (one in flight) more, and every stage fits.
 TEST(PlanStages, MemoryAwareSplitFitsWhereBalancedDoesNot) {
-  CostModel cm(TrainingJob{load_model("llama3_70b.json"), 256, 8192}, cluster("h100_sxm.json", 64));
+  CostModel cm(TrainingJob{load_model("llama3_70b.json"), 256, 8192},
+               load_sized_cluster("h100_sxm.json", 64));
   Plan p;
   p.dp = 2, p.tp = 4, p.cp = 2, p.pp = 4, p.sp = true;
   p.micro_batch = 4, p.num_micro_batches = 32;
@@ -721,7 +710,7 @@ TEST(PlanStages, MemoryAwareSplitFitsWhereBalancedDoesNot) {
   ASSERT_FALSE(r.plans.empty());
   EXPECT_FALSE(r.plans[0].plan.layers_per_stage.empty()) << plan_label(r.plans[0].plan);
   // Nothing fits: a budget no split meets gives no split.
-  Cluster tiny = cluster("h100_sxm.json", 64);
+  Cluster tiny = load_sized_cluster("h100_sxm.json", 64);
   tiny.device.memory_bytes = int64_t{1} << 30;
   CostModel small(TrainingJob{load_model("llama3_70b.json"), 256, 8192}, tiny);
   EXPECT_TRUE(value_or_throw(small.stage_split(p)).empty());
@@ -734,7 +723,7 @@ TEST(PlanStages, HeavyHeadGetsFewerBlocks) {
   json j = value_or_throw(read_json_file(source_dir() + "/configs/models/gpt3_1.3b.json"));
   j["vocab_size"] = 256000;
   const ModelConfig model = value_or_throw(parse_model_config(j));
-  CostModel cm(TrainingJob{model, 512, 2048}, cluster("dgx_a100_80gb.json", 64));
+  CostModel cm(TrainingJob{model, 512, 2048}, load_sized_cluster("dgx_a100_80gb.json", 64));
   Plan p;
   p.dp = 8, p.tp = 2, p.pp = 4;
   p.micro_batch = 4, p.num_micro_batches = 16;
@@ -756,7 +745,8 @@ TEST(PlanStages, HeavyHeadGetsFewerBlocks) {
 // third block and the rest from the two-block program. Every part of the
 // step is positive (it was -7.7 s of compute and -0.59 s per step).
 TEST(PlanCostModel, EveryPartOfTheStepIsPositive) {
-  CostModel cm(TrainingJob{load_model("llama3_70b.json"), 256, 8192}, cluster("h100_sxm.json", 64));
+  CostModel cm(TrainingJob{load_model("llama3_70b.json"), 256, 8192},
+               load_sized_cluster("h100_sxm.json", 64));
   Plan p;
   p.dp = 8, p.tp = 4, p.cp = 2, p.sp = true;
   p.micro_batch = 1, p.num_micro_batches = 32;
@@ -775,7 +765,7 @@ TEST(PlanCostModel, EveryPartOfTheStepIsPositive) {
 
 TEST(PlanStages, InvalidSplitsSayWhy) {
   CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 512, 2048},
-               cluster("dgx_a100_80gb.json", 64));
+               load_sized_cluster("dgx_a100_80gb.json", 64));
   Plan p;
   p.dp = 8, p.tp = 2, p.pp = 4;
   p.micro_batch = 4, p.num_micro_batches = 16;
@@ -809,7 +799,7 @@ TEST(PlanSearch, SimulatedTimelineRunsTheRuntimesSchedule) {
   // match the closed form the search ranks by; interleaving and zb-h1 run
   // between the bubble-free time and 1F1B's.
   CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 64, 2048},
-               cluster("dgx_a100_80gb.json", 32));
+               load_sized_cluster("dgx_a100_80gb.json", 32));
   Plan p;
   p.dp = 1, p.tp = 8, p.pp = 4, p.micro_batch = 1, p.num_micro_batches = 64;
   double one_f_one_b = 0;
@@ -836,7 +826,7 @@ TEST(PlanSearch, SimulatedTimelineRunsTheRuntimesSchedule) {
 
 TEST(PlanSearch, Gpt3On1024GpusIsFast) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
-               cluster("dgx_a100_80gb.json", 1024));
+               load_sized_cluster("dgx_a100_80gb.json", 1024));
   Result<SearchResult> r = search_plans(cm, 1024, SearchOptions{});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   std::printf(
@@ -870,7 +860,7 @@ TEST(PlanSearch, Gpt3On1024GpusIsFast) {
 // otherwise at 16 sequences than at 1).
 TEST(PlanCostModel, ExactStrategiesPriceEachMicroBatchAsItsRunAnnotates) {
   const TrainingJob job{load_model("gpt3_175b.json"), 1536, 2048};
-  const Cluster c = cluster("dgx_a100_80gb.json", 1024);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 1024);
   auto plan = [](int64_t mb) {
     Plan p;
     p.dp = 16, p.tp = 8, p.pp = 8, p.sp = true, p.zero = 1;
@@ -895,7 +885,7 @@ TEST(PlanCostModel, ExactStrategiesPriceEachMicroBatchAsItsRunAnnotates) {
 // form) end with the leaders.
 TEST(PlanSearch, ReturnedPlansArePricedAsTheirRunsAre) {
   const TrainingJob job{load_model("gpt3_175b.json"), 1536, 2048};
-  const Cluster c = cluster("dgx_a100_80gb.json", 1024);
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 1024);
   CostModel cm(job, c);
   // megatron-sp at tp=8, whose strategy varies with the micro-batch: the
   // model has priced micro-batch 1 (as a sweep does first), then searches
@@ -921,7 +911,8 @@ TEST(PlanSearch, TheAnswerDoesNotDependOnTheThreads) {
   // model's caches; their findings merge in the sweep's order. Each run gets
   // a fresh cost model, so the threads race to fill the caches.
   auto search = [](const std::string& model, int64_t gpus, int threads) {
-    CostModel cm(TrainingJob{load_model(model), 512, 2048}, cluster("a100_40gb.json", gpus));
+    CostModel cm(TrainingJob{load_model(model), 512, 2048},
+                 load_sized_cluster("a100_40gb.json", gpus));
     SearchOptions o;
     o.threads = threads;
     o.top_k = 8;
@@ -950,7 +941,7 @@ TEST(PlanSearch, TheAnswerDoesNotDependOnTheThreads) {
 
 TEST(PlanSearch, OneTrillionOn3072GpusIsFast) {
   CostModel cm(TrainingJob{load_model("gpt_1t.json"), 3072, 2048},
-               cluster("dgx_a100_80gb.json", 3072));
+               load_sized_cluster("dgx_a100_80gb.json", 3072));
   Result<SearchResult> r = search_plans(cm, 3072, SearchOptions{});
   ASSERT_TRUE(r.is_ok()) << r.status().message();
   std::printf("GPT 1T on 3072 A100: %lld plans priced (%lld fit) in %.3f s; best %s\n",
@@ -961,7 +952,7 @@ TEST(PlanSearch, OneTrillionOn3072GpusIsFast) {
 
 TEST(PlanSearch, FixPinsEveryChoice) {
   CostModel cm(TrainingJob{load_model("gpt3_13b.json"), 512, 2048},
-               cluster("dgx_a100_80gb.json", 128));
+               load_sized_cluster("dgx_a100_80gb.json", 128));
   Result<FixedChoices> all = parse_fixed(
       "dp=8,tp=4,pp=4,cp=1,sp=true,vp=2,micro_batch=2,schedule=interleaved,recompute=selective,"
       "zero=1");
@@ -993,7 +984,7 @@ TEST(PlanSearch, FixPinsEveryChoice) {
 // faster; one block fewer does not fit. Pinned to 0, none is returned.
 TEST(PlanSearch, FullRecomputeOfFewerBlocksWhereTheyFit) {
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 1536, 2048},
-               cluster("a100_40gb.json", 256));
+               load_sized_cluster("a100_40gb.json", 256));
   SearchOptions o;
   o.fixed = value_or_throw(parse_fixed("cp=1,recompute=full"));
   o.top_k = 8;
@@ -1042,7 +1033,7 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
   // 175B on 8 GPUs: does not fit at any plan; the answer names the memory
   // needed and a device count that fits.
   CostModel cm(TrainingJob{load_model("gpt3_175b.json"), 64, 2048},
-               cluster("dgx_a100_80gb.json", 8));
+               load_sized_cluster("dgx_a100_80gb.json", 8));
   Result<SearchResult> r = search_plans(cm, 8, SearchOptions{});
   ASSERT_FALSE(r.is_ok());
   const std::string m = r.status().message();
@@ -1051,7 +1042,7 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
   EXPECT_NE(m.find("it fits on"), std::string::npos) << m;
   std::printf("%s\n", m.c_str());
   // A device count that does not fill whole nodes.
-  Result<Cluster> c = with_devices(cluster("dgx_a100_80gb.json", 8), 12);
+  Result<Cluster> c = with_devices(load_sized_cluster("dgx_a100_80gb.json", 8), 12);
   ASSERT_FALSE(c.is_ok());
   EXPECT_NE(c.status().message().find("e.g. 8 or 16"), std::string::npos);
   // Pins no plan can meet: the message says why.
@@ -1060,7 +1051,7 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
   ASSERT_TRUE(f.is_ok());
   o.fixed = *f;
   CostModel small(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
-                  cluster("dgx_a100_80gb.json", 12 * 8));
+                  load_sized_cluster("dgx_a100_80gb.json", 12 * 8));
   r = search_plans(small, 96, o);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("tp=3 does not divide heads=16"), std::string::npos)
@@ -1073,7 +1064,7 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
 // 175B), and no per-operator search starts (each CBC solve stops by it).
 TEST(PlanSearch, PastTheTimeLimitNothingMoreIsPriced) {
   CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 64, 2048},
-               cluster("dgx_a100_80gb.json", 8));
+               load_sized_cluster("dgx_a100_80gb.json", 8));
   SearchOptions o;
   o.time_limit_s = 1e-9;
   Result<SearchResult> r = search_plans(cm, 8, o);
