@@ -274,8 +274,6 @@ std::string num(double x) {
   return os.str();
 }
 
-// Reads a number key of j (in the object `where`) that must be > 0, or >= 0
-// when allow_zero; the reader records the key as known and the first error.
 // The plausible ends of a cluster file's figures (read_number's bounds): a
 // link or memory slower than 1 MB/s, a device under 1 MFLOP/s, a message step
 // over a second describe no machine the planner prices.
@@ -283,10 +281,12 @@ constexpr double kLeastBandwidth = 1e6;
 constexpr double kLeastFlops = 1e6;
 constexpr double kMostLatencyS = 1.0;
 
-// A number >= 0 (allow_zero) or > 0, and where given, at least `lo` when
-// positive and at most `hi`: the bounds keep a figure no machine has (a link
-// whose message step takes years, a device of a few FLOP/s) out of the
-// prices, where it would only surface as a solver's overflow.
+// Reads a number key of j (in the object `where`) that must be > 0, or >= 0
+// when allow_zero, and where given at least `lo` when positive and at most
+// `hi`; the reader records the key as known and the first error. The bounds
+// keep a figure no machine has (a link whose message step takes years, a
+// device of a few FLOP/s) out of the prices, where it would only surface as
+// a solver's overflow.
 void read_number(JsonObjectReader& r, const json& j, const std::string& where,
                  const std::string& key, double* out, bool allow_zero, const char* unit,
                  double lo = 0, double hi = std::numeric_limits<double>::infinity()) {
