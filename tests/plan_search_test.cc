@@ -1056,6 +1056,21 @@ TEST(PlanSearch, ImpossibleRequestsSayWhatWouldFit) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("tp=3 does not divide heads=16"), std::string::npos)
       << r.status().message();
+  // Sizes whose element counts overflow int64 (read as 2.8e14 parameters and
+  // -0 bytes before) are refused by name, as is a sequence too long to count.
+  json big = value_or_throw(read_json_file(source_dir() + "/configs/models/llama3_8b.json"));
+  big["hidden_size"] = int64_t{1} << 30, big["intermediate_size"] = (int64_t{1} << 31) - 1;
+  CostModel huge(TrainingJob{value_or_throw(parse_model_config(big)), 64, 2048},
+                 load_sized_cluster("h100_sxm.json", 8));
+  EXPECT_NE(huge.status().message().find("past the sizes the planner prices: about 3.14e+20"),
+            std::string::npos)
+      << huge.status().message();
+  big = value_or_throw(read_json_file(source_dir() + "/configs/models/llama3_8b.json"));
+  big["max_position_embeddings"] = (int64_t{1} << 31) - 1;
+  CostModel longest(TrainingJob{value_or_throw(parse_model_config(big)), 8, int64_t{1} << 30},
+                    load_sized_cluster("h100_sxm.json", 8));
+  EXPECT_NE(longest.status().message().find("a shorter --seq"), std::string::npos)
+      << longest.status().message();
 }
 
 // A time limit bounds the whole search. Past it no group prices another

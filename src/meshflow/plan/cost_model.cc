@@ -251,6 +251,11 @@ CostModel::CostModel(TrainingJob job, Cluster cluster, CostConstants constants)
     pipeline_layers_ = 0;
     for (int64_t depth : r->depths) pipeline_layers_ += depth;
   }
+  if (Status big = check_priceable_size(dims_, job_.seq);
+      is_language_model(job_.model) && !big.is_ok()) {
+    status_ = big;
+    return;
+  }
   const ModelSummary sum = summarize(job_.model, job_.seq);
   num_parameters_ = sum.parameters;
   forward_flops_per_token_ = sum.forward_flops_per_token;

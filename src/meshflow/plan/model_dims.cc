@@ -1,5 +1,7 @@
 #include "meshflow/plan/model_dims.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 namespace meshflow::plan {
@@ -66,6 +68,36 @@ Status check_local_shape(const TransformerDims& d, const RankShape& s) {
   if (s.blocks < 1) return Status::invalid("blocks must be >= 1, got " + str(s.blocks));
   if (s.seq > d.max_seq)
     return Status::invalid("seq=" + str(s.seq) + " exceeds the model's maximum " + str(d.max_seq));
+  return Status::ok();
+}
+
+Status check_priceable_size(const TransformerDims& d, int64_t seq) {
+  // (A model of hidden 2^30 and ffn 2^31 was read as 2.8e14 parameters
+  // and -0 bytes before this check.)
+  const double h = double(d.hidden), f = double(d.ffn), v = double(d.vocab),
+               kv = double(d.kv_heads) * double(d.head_dim);
+  const double params = double(d.layers) * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * v * h;
+  const double weight = std::max({h * f, v * h, h * h});
+  const double row = double(seq) * std::max({h, f, v});
+  constexpr double kMostElements = double(int64_t{1} << 40);  // 4 TiB of f32
+  constexpr double kMostParameters = 1e15;
+  auto fmt = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g", x);
+    return std::string(b);
+  };
+  if (params > kMostParameters || weight > kMostElements)
+    return Status::invalid("the model is past the sizes the planner prices: about " + fmt(params) +
+                           " parameters, its largest weight " + fmt(weight) +
+                           " elements (hidden_size x intermediate_size or vocab_size); at most " +
+                           fmt(kMostParameters) + " parameters and " + fmt(kMostElements) +
+                           " elements a weight");
+  if (row > kMostElements)
+    return Status::invalid("seq=" + std::to_string(seq) +
+                           " makes one sequence's widest activation " + fmt(row) +
+                           " elements (seq x the widest of hidden_size, intermediate_size, "
+                           "vocab_size); the planner prices at most " +
+                           fmt(kMostElements) + ": a shorter --seq");
   return Status::ok();
 }
 

@@ -25,6 +25,11 @@ struct TransformerDims {
 // REQUIRES nothing; errors for a model that is not a language model.
 Result<TransformerDims> transformer_dims(const ModelConfig& model);
 
+// Errors for a model whose sizes would overflow the planner's int64 element
+// and byte counts: over 1e15 parameters, a weight or one sequence of `seq`
+// tokens' widest activation over 2^40 elements. Counted in double.
+Status check_priceable_size(const TransformerDims& d, int64_t seq);
+
 // Errors name the dim and the degree that does not divide it (s.recompute ignored).
 Status check_local_shape(const TransformerDims& d, const RankShape& s);
 
