@@ -422,6 +422,8 @@ int run_plan(const PlanOptions& o) {
                  (job.fp8 ? "; the blocks' linears in FP8" : ""))
                     .c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
+    std::printf("stack    %s; --emit megatron|deepspeed|torchtitan prices that framework's\n",
+                stack_assumed(cm.constants(), cm.compute_dtype()).c_str());
     std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
                 static_cast<long long>(r->fitting), r->search_time_s);

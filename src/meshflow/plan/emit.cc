@@ -490,4 +490,29 @@ std::string stack_priced(EmitTarget t, bool bf16) {
   return "";
 }
 
+std::string stack_assumed(const CostConstants& k, DType compute) {
+  const double act = double(dtype_size(compute));
+  auto bytes = [&](double b) { return (b > 0 ? b : act) == 4 ? "f32" : "16-bit"; };
+  std::string s = "gradients held in " + std::string(bytes(k.grad_accumulation_bytes)) +
+                  " and reduced in " + bytes(k.grad_reduce_bytes) +
+                  (k.overlap_grad_reduce ? ", the reduction overlapped with the backward"
+                                         : ", reduced after the backward");
+  if (k.zero3_prefetch) s += ", ZeRO-3's gathers prefetched";
+  switch (k.attention) {
+    case AttentionKernel::kFused:
+      s += ", fused attention (" + k.fused_attention + ")";
+      break;
+    case AttentionKernel::kMaterialized:
+      s += ", attention scores materialized";
+      break;
+    case AttentionKernel::kBlockedCpu:
+      s += ", the CPU's blocked attention";
+      break;
+  }
+  s += k.tp_comm_overlap ? ", tensor-parallel collectives overlapped"
+                         : ", tensor-parallel collectives not overlapped";
+  if (k.eager) s += ", elementwise ops eager";
+  return s;
+}
+
 }  // namespace meshflow::plan
