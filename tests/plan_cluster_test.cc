@@ -501,6 +501,14 @@ TEST(PlanCluster, NvlinkDomainsJoinWholeNodes) {
   ASSERT_TRUE(eight.is_ok());
   EXPECT_EQ(eight->nodes, 2);
   EXPECT_EQ(&eight->link_for_ranks({0, 7}), &eight->intra_node);
+  // Part of one node: the node is the fabric, and the file reads back (on
+  // nodes of 8, five devices: 72 is no multiple of 5).
+  json wide = j;
+  wide["devices_per_node"] = 8, wide["nodes"] = 9;
+  Result<Cluster> five = with_devices(value_or_throw(parse_cluster(wide)), 5);
+  ASSERT_TRUE(five.is_ok());
+  EXPECT_EQ(five->fabric_devices(), 5);
+  EXPECT_TRUE(parse_cluster(cluster_to_json(*five)).is_ok());
 
   j["nvlink_domain"]["devices"] = 6;  // not whole trays
   std::string m = error_of(j);

@@ -216,6 +216,7 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices) {
     r.nodes = 1;
     r.devices_per_node = static_cast<int>(devices);
     if (r.devices_per_island >= r.devices_per_node) r.devices_per_island = 0;
+    r.devices_per_domain = 0;  // one (partial) node: its own fabric
     return r;
   }
   if (devices % per != 0) {
