@@ -422,7 +422,7 @@ int run_plan(const PlanOptions& o) {
                  (job.fp8 ? "; the blocks' linears in FP8" : ""))
                     .c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
-    std::printf("stack    %s; --emit megatron|deepspeed|torchtitan prices that framework's\n",
+    std::printf("stack    %s; --emit megatron|deepspeed|torchtitan prices that framework's own\n",
                 stack_assumed(cm.constants(), cm.compute_dtype()).c_str());
     std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
