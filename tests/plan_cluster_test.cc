@@ -257,22 +257,23 @@ TEST(PlanCluster, ErrorsNameTheKey) {
 
   // Figures no machine has (the fuzzer's years-long message step reached the
   // ILP as a coefficient CLP aborts on): refused with the range.
-  j = valid_cluster();
-  j["inter_node"]["latency_s"] = 9223372036854775807.0;
-  m = error_of(j);
-  EXPECT_NE(m.find("cluster.inter_node.latency_s must be in [0, 1] (seconds per message step)"),
-            std::string::npos)
-      << m;
-  j = valid_cluster();
-  j["device"]["memory_bandwidth_bytes_per_s"] = 5;
-  m = error_of(j);
-  EXPECT_NE(m.find("cluster.device.memory_bandwidth_bytes_per_s must be in [1e+06, inf)"),
-            std::string::npos)
-      << m;
-  j = valid_cluster();
-  j["device"]["peak_flops"]["bf16"] = 1e-300;
-  EXPECT_NE(error_of(j).find("peak_flops.bf16 must be in [1e+06, inf)"), std::string::npos)
-      << error_of(j);
+  const struct {
+    const char* pointer;
+    double value;
+    const char* want;
+  } absurd[] = {
+      {"/inter_node/latency_s", 9223372036854775807.0,
+       "cluster.inter_node.latency_s must be in [0, 1] (seconds per message step)"},
+      {"/device/memory_bandwidth_bytes_per_s", 5,
+       "cluster.device.memory_bandwidth_bytes_per_s must be in [1e+06, inf)"},
+      {"/device/peak_flops/bf16", 1e-300, "peak_flops.bf16 must be in [1e+06, inf)"},
+  };
+  for (const auto& a : absurd) {
+    j = valid_cluster();
+    j[json::json_pointer(a.pointer)] = a.value;
+    m = error_of(j);
+    EXPECT_NE(m.find(a.want), std::string::npos) << m;
+  }
 
   j = valid_cluster();
   j["intra_node"]["efficiency"] = 1.5;

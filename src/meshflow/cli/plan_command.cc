@@ -402,19 +402,19 @@ int run_plan(const PlanOptions& o) {
                     cluster->device.compute_clock_scale());
       power = b;
     }
-    std::string islands;
+    std::string fabric;  // islands inside a node, or a domain over nodes
     if (cluster->island_devices() < cluster->devices_per_node) {
       char b[128];
       std::snprintf(b, sizeof b, "; NVLink islands of %lld, %g GB/s a GPU between them",
                     static_cast<long long>(cluster->island_devices()),
                     cluster->between_islands.effective_bandwidth() / 1e9);
-      islands = b;
+      fabric = b;
     }
     if (cluster->fabric_devices() > cluster->devices_per_node)
-      islands = "; NVLink domains of " + std::to_string(cluster->fabric_devices()) + " GPUs";
+      fabric = "; NVLink domains of " + std::to_string(cluster->fabric_devices()) + " GPUs";
     std::printf("cluster  %s: %lld x %s (%d nodes x %d%s), %s mixed precision%s\n",
                 cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
-                cluster->nodes, cluster->devices_per_node, islands.c_str(),
+                cluster->nodes, cluster->devices_per_node, fabric.c_str(),
                 std::string(dtype_name(cm.compute_dtype())).c_str(), power.c_str());
     std::printf("job      global batch %lld x seq %lld%s%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),

@@ -41,10 +41,10 @@ Link Cluster::ring_link_for_axis(int64_t size, int64_t stride) const {
   if (span <= island) return intra_node;
   const Link islands = striped_between_islands(std::clamp<int64_t>(island / stride, 1, size));
   if (span <= fabric) return islands;
-  Link l = striped_inter_node(std::clamp<int64_t>(fabric / stride, 1, size));
+  const int64_t in_node = std::clamp<int64_t>(fabric / stride, 1, size);  // members a node
+  Link l = striped_inter_node(in_node);
   // The ring's hops inside a node cross its islands where its members there
   // span more than one.
-  const int64_t in_node = std::clamp<int64_t>(fabric / stride, 1, size);
   if (island < fabric && (in_node - 1) * stride + 1 > island &&
       l.effective_bandwidth() > islands.effective_bandwidth())
     l.bandwidth_bytes_per_s = islands.effective_bandwidth() / l.efficiency;

@@ -76,6 +76,7 @@ Status check_priceable_size(const TransformerDims& d, int64_t seq) {
   // and -0 bytes before this check.)
   const double h = double(d.hidden), f = double(d.ffn), v = double(d.vocab),
                kv = double(d.kv_heads) * double(d.head_dim);
+  // (An upper bound for both block kinds: GPT's 4h^2 + 2hf has kv = h.)
   const double params = double(d.layers) * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * v * h;
   const double weight = std::max({h * f, v * h, h * h});
   const double row = double(seq) * std::max({h, f, v});
