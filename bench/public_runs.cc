@@ -743,6 +743,11 @@ Mapped map_run(const json& run) {
     // fused kernel where the file prices it).
     m.te_attention = true;
     m.stack += "+te-attn";
+    // Its interleaved schedule's p2p under the other chunks' compute
+    // (overlap_p2p_comm, Megatron-LM's default there), as `--emit megatron`
+    // prices it.
+    m.k.overlap_p2p_interleaved = true;
+    if (m.plan.schedule == ScheduleKind::kInterleaved) m.stack += "+p2p-overlap";
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.

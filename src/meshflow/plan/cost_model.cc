@@ -938,15 +938,20 @@ StageTimes CostModel::slowest_stage(const Plan& p, const LayerCost& lc, double* 
     if (total(t) > most) most = total(t), st = t;
   }
 
-  // ---- pipeline: p2p sends (Megatron's scatter/gather: 1/tp of the activation)
+  // ---- pipeline: p2p sends. Under sequence parallelism the activation
+  // between stages is already split over tp (Megatron-Core's p2p tensor
+  // shape is seq / tp): each rank sends its shard, nothing is gathered.
+  // Without it, Megatron's scatter/gather: 1/tp of the activation sent, then
+  // all_gathered over tp.
   const int64_t pp_stride = p.tp * p.cp * p.dp;
   const Link& pp_link = cl.link_for_axis(p.pp, pp_stride);
-  *p2p_bytes = k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
+  const bool split = p.sp && p.tp > 1;
+  *p2p_bytes = split || k_.p2p_scatter_gather ? act_buf / double(p.tp) : act_buf;
   st.p2p_s = 0;
   if (p.pp > 1) {
     st.p2p_s =
         cl.collective_time_s(Collective::kSendRecv, 2, *p2p_bytes, pp_link) / k_.p2p_efficiency;
-    if (k_.p2p_scatter_gather)
+    if (k_.p2p_scatter_gather && !split)
       st.p2p_s += cl.collective_time_s(Collective::kAllGather, p.tp, act_buf, tp_link);
   }
   return st;

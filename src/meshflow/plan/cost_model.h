@@ -279,6 +279,17 @@ struct CostConstants {
   // Megatron-LM's scatter/gather optimization: each p2p send carries 1/tp of the
   // activation and the receiver all_gathers it over the tp link (2021 paper, Sec. 4.1).
   bool p2p_scatter_gather = true;
+  // The interleaved schedule's p2p runs under the other chunks' compute in its
+  // steady 1F1B phase: Megatron-LM's overlap_p2p_comm, on by default for
+  // interleaved schedules (--no-overlap-p2p-communication turns it off; it is
+  // turned off for the others), its warm-up and flush blocking. Priced as the
+  // runtime's schedule with each message an asynchronous delay (SimCosts::p2p)
+  // and the compute it runs under slowed as by an overlapped collective on
+  // the pipeline's link (overlap_slowdown_on). false: every send blocks the
+  // chunk that sends it (DeepSpeed's pipeline engine, PyTorch's pipelining
+  // schedules, which wait on each step's batched sends and receives, the
+  // 2021 Megatron-LM, meshflow's runtime).
+  bool overlap_p2p_interleaved = false;
   MemoryModel memory_model = MemoryModel::kMegatron;
   // Gradient reductions (and ZeRO gathers) as one collective per parameter
   // tensor, each paying its ring latency (meshflow's partitioned program), or
@@ -464,7 +475,11 @@ struct StepCost {
   double bubble_s = 0;
   double dp_comm_s = 0;  // exposed gradient reduce / ZeRO gathers
   double optimizer_s = 0;
-  StageTimes stage;        // per micro-batch, the slowest stage
+  StageTimes stage;  // per micro-batch, the slowest stage
+  // A pipeline's per-chunk costs its schedule was simulated with (each
+  // message on the action that sends it, or with the interleaved schedule's
+  // p2p overlapped a delay of its own): what simulate_step draws.
+  SimCosts pipeline_costs;
   MemoryBreakdown memory;  // the device with the most (a pipeline's worst stage)
   CommBreakdown comm;
   bool fits = false;  // memory.total <= usable device memory
@@ -741,6 +756,12 @@ class CostModel {
   // One chunk's simulated F, B, W (1/vp of the stage, each F and Bi carrying its message).
   // On time-shared cores (Cluster::shared_cores) the simulation runs them so.
   SimCosts chunk_sim_costs(const Plan& p, const StageTimes& st) const;
+  // CostConstants::overlap_p2p_interleaved applies to p.
+  bool p2p_overlapped(const Plan& p) const;
+  // What a chunk's `compute` seconds lose to a message of `p2p` seconds
+  // running under them on the pipeline's link (the overlapped collectives'
+  // slowdown, overlap_slowdown_on); the rest of the message is a delay.
+  double p2p_under_compute_s(const Plan& p, double compute, double p2p) const;
   // Parameters per device on stage `stage` holding `blocks` blocks; the most
   // over the plan's stages.
   double stage_params(const Plan& p, const LayerCost& lc, int64_t stage, double blocks) const;

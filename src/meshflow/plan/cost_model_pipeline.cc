@@ -28,9 +28,27 @@ SimCosts CostModel::chunk_sim_costs(const Plan& p, const StageTimes& st) const {
   costs.backward_weight = st.weight_grad_s / v;
   costs.backward = costs.backward_input + costs.backward_weight;
   costs.p2p = 0;
+  if (p2p_overlapped(p)) {  // each message a delay; its compute slowed
+    costs.forward = st.forward_s / v + p2p_under_compute_s(p, st.forward_s / v, st.p2p_s);
+    costs.backward_input = st.backward_s / v + p2p_under_compute_s(p, st.backward_s / v, st.p2p_s);
+    costs.backward = costs.backward_input + costs.backward_weight;
+    costs.p2p = st.p2p_s;
+  }
   costs.cores = static_cast<int>(cluster_.shared_cores);
   costs.ranks_per_stage = static_cast<int>(p.dp * p.tp * p.cp);
   return costs;
+}
+
+bool CostModel::p2p_overlapped(const Plan& p) const {
+  return k_.overlap_p2p_interleaved && p.pp > 1 && p.schedule == ScheduleKind::kInterleaved;
+}
+
+double CostModel::p2p_under_compute_s(const Plan& p, double compute, double p2p) const {
+  const Link& link = cluster_.link_for_axis(p.pp, axis_stride(p, "pp"));
+  const double s = std::max(overlap_slowdown_on(link), 0.0);
+  // overlap_exposed_s's share while the message is shorter than the
+  // compute (slowed); past that the whole compute runs slowed.
+  return std::min(p2p * s / (1 + s), compute * s);
 }
 
 // A chunk-priced pipeline's ranks: each holds the chunks the schedule
@@ -156,7 +174,15 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
   StepCost& r = *out;
   const double m = double(p.num_micro_batches), pp = double(p.pp), v = double(p.vp);
   const double F = st.forward_s, B = st.backward_s, W = st.weight_grad_s, T = F + B + W;
-  const double p2p_mb = 2 * v * st.p2p_s;  // per micro-batch: activation out, gradient back
+  // Per micro-batch: an activation out and a gradient back, each blocking its
+  // chunk, or with the interleaved schedule's p2p overlapped what they slow
+  // the chunks they run under, their delay paid once per stage in the
+  // warm-up and the flush.
+  const bool async = p2p_overlapped(p);
+  const double p2p_mb =
+      async
+          ? v * (p2p_under_compute_s(p, F / v, st.p2p_s) + p2p_under_compute_s(p, B / v, st.p2p_s))
+          : 2 * v * st.p2p_s;
   const double steady = m * (T + p2p_mb);
   double pipeline = steady;
   if (p.pp > 1) {
@@ -166,7 +192,7 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
         pipeline = (m + pp - 1) * (T + p2p_mb);
         break;
       case ScheduleKind::kInterleaved:
-        pipeline = (m * v + pp - 1) * (T + p2p_mb) / v;
+        pipeline = (m * v + pp - 1) * (T + p2p_mb) / v + (async ? 2 * (pp - 1) * st.p2p_s : 0.0);
         break;
       case ScheduleKind::kZbH1:
         // Qi et al. 2023: ZB-H1 (1F1B's memory) leaves (p-1)(F+B-W);
@@ -186,6 +212,7 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
       pipeline = *sim;
     }
   }
+  if (p.pp > 1) r.pipeline_costs = chunk_sim_costs(p, st);
   r.bubble_s = pipeline - steady;
   r.pp_comm_s = m * p2p_mb;
   r.recompute_s = m * st.recompute_s;

@@ -434,8 +434,9 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
   switch (t) {
     case EmitTarget::kMegatron:
       if (bf16) k->grad_accumulation_bytes = 4, k->grad_reduce_bytes = 4;
-      k->overlap_param_gather = true;  // --overlap-param-gather, which it emits
-      k->tp_backward_overlap = true;   // its tensor-parallel layers' async backward
+      k->overlap_param_gather = true;     // --overlap-param-gather, which it emits
+      k->tp_backward_overlap = true;      // its tensor-parallel layers' async backward
+      k->overlap_p2p_interleaved = true;  // overlap_p2p_comm, its interleaved default
       break;
     case EmitTarget::kDeepSpeed:
       k->zero_grad_partition_bytes = 4;
@@ -476,9 +477,11 @@ std::string stack_priced(EmitTarget t, bool bf16) {
     case EmitTarget::kMegatron:
       return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32, their "
                     "reduction, the distributed optimizer's gather and the tensor-parallel "
-                    "backward's collectives overlapped)"
+                    "backward's collectives overlapped, the interleaved schedule's p2p under the "
+                    "other chunks' compute)"
                   : "Megatron-LM's (the gradients' reduction, the distributed optimizer's "
-                    "gather and the tensor-parallel backward's collectives overlapped)";
+                    "gather and the tensor-parallel backward's collectives overlapped, the "
+                    "interleaved schedule's p2p under the other chunks' compute)";
     case EmitTarget::kDeepSpeed:
       return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
              "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
@@ -498,6 +501,7 @@ std::string stack_assumed(const CostConstants& k, DType compute) {
                   (k.overlap_grad_reduce ? ", the reduction overlapped with the backward"
                                          : ", reduced after the backward");
   if (k.zero3_prefetch) s += ", ZeRO-3's gathers prefetched";
+  if (k.overlap_p2p_interleaved) s += ", the interleaved schedule's p2p overlapped";
   switch (k.attention) {
     case AttentionKernel::kFused:
       s += ", fused attention (" + k.fused_attention + ")";

@@ -29,18 +29,21 @@ SimulatedStep simulate_step(const StepCost& c) {
   so.stages = static_cast<int>(pp);
   so.micro_batches = static_cast<int>(p.num_micro_batches);
   so.virtual_stages = static_cast<int>(v);
+  // The costs the cost model simulated (StepCost::pipeline_costs), each
+  // rank with a device of its own: a message blocking the action that sends
+  // it is drawn inside it; one overlapped (costs.p2p) on the p2p track.
   SimCosts costs;
-  costs.forward = c.stage.forward_s / double(v);
-  costs.backward_input = c.stage.backward_s / double(v);
-  costs.backward_weight = c.stage.weight_grad_s / double(v);
-  costs.backward = costs.backward_input + costs.backward_weight;
-  costs.p2p = pp > 1 ? c.stage.p2p_s : 0.0;
-  // zb-v's order: made for the chunk costs with each message's time on the
-  // action that carries it, as the cost model prices it.
+  if (pp > 1) {
+    costs = c.pipeline_costs;
+  } else {
+    costs.forward = c.stage.forward_s / double(v);
+    costs.backward_input = c.stage.backward_s / double(v);
+    costs.backward_weight = c.stage.weight_grad_s / double(v);
+    costs.backward = costs.backward_input + costs.backward_weight;
+  }
+  costs.cores = 0;
+  // zb-v's order: made for these chunk costs, as the cost model made it.
   so.zb_v_costs = costs;
-  so.zb_v_costs.forward += costs.p2p;
-  so.zb_v_costs.backward_input += costs.p2p;
-  so.zb_v_costs.backward += costs.p2p;
   Result<meshflow::Schedule> sched = make_schedule(so);
   MF_CHECK(sched.is_ok()) << plan_label(p) << ": " << sched.status().message();
   Result<SimResult> sim = simulate(*sched, costs);
@@ -77,9 +80,12 @@ SimulatedStep simulate_step(const StepCost& c) {
       const std::vector<std::pair<std::string, std::string>> args = {
           {"micro_batch", std::to_string(a.micro)}, {"chunk", std::to_string(a.chunk)}};
       if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
-        if (costs.p2p > 0)
+        // An overlapped message from the send on; a blocking one at the end
+        // of the action that carried it.
+        const double msg = costs.p2p > 0 ? costs.p2p : c.stage.p2p_s;
+        if (msg > 0)
           out.trace.span(p2p, a.kind == ActionKind::kSendAct ? "send activation" : "send gradient",
-                         "send", t * us, dur * us, args);
+                         "send", (costs.p2p > 0 ? t : t - msg) * us, msg * us, args);
         continue;
       }
       if (!is_compute(a.kind)) continue;
