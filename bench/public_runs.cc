@@ -748,6 +748,9 @@ Mapped map_run(const json& run) {
     // prices it.
     m.k.overlap_p2p_interleaved = true;
     if (m.plan.schedule == ScheduleKind::kInterleaved) m.stack += "+p2p-overlap";
+    // Transformer Engine's FP8 weights cast on a step's first micro-batch and
+    // cached for the rest (Megatron-Core's set_is_first_microbatch).
+    m.k.fp8_weight_cache = true;
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.

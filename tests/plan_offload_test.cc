@@ -569,6 +569,28 @@ TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
   }
   EXPECT_NEAR(fp8.forward_matmul_s, gemm + cast, 1e-3 * fp8.forward_matmul_s);
   EXPECT_LT(fp8.forward_matmul_s, 0.65 * bf16.forward_matmul_s);
+  // Transformer Engine's weight cache (Megatron-Core's schedules): the GEMMs
+  // cast their activations and gradients alone; the step casts the stage's
+  // block weights once (4 bytes an element: read, FP8 copy, its transpose).
+  CostConstants cached;
+  cached.fp8_weight_cache = true;
+  const CostModel te(job, c, cached);
+  double cast_x = 0;
+  for (const auto& [k, n] : kn) cast_x += c.memory_time_s(1.5 * tokens * k);
+  EXPECT_NEAR(value_or_throw(te.layer_cost(1, 1, 2)).forward_matmul_s, gemm + cast_x,
+              1e-3 * fp8.forward_matmul_s);
+  Plan accumulating;
+  accumulating.dp = 1, accumulating.micro_batch = 2, accumulating.num_micro_batches = 8;
+  const StepCost every = value_or_throw(cm.price(accumulating));
+  const StepCost once = value_or_throw(te.price(accumulating));
+  EXPECT_NEAR(once.optimizer_s - every.optimizer_s,
+              c.memory_time_s(4.0 * double(d.layers) * double(fp8.layer_params)),
+              1e-9 * once.optimizer_s);
+  // Saved: the weight's cast in each forward and input-gradient GEMM of
+  // every block, for each of the 8 micro-batches, less the step's one cast.
+  EXPECT_NEAR(every.step_time_s - once.step_time_s,
+              8.0 * 2 * double(d.layers) * (cast - cast_x) - (once.optimizer_s - every.optimizer_s),
+              0.05 * 8.0 * 2 * double(d.layers) * (cast - cast_x));
   std::printf(
       "llama3 8b block forward GEMMs, s=8192 mb 2 on H100: bf16 %.2f ms, fp8 %.2f ms "
       "(%.2f of it the casts)\n",

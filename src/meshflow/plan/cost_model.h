@@ -388,6 +388,16 @@ struct CostConstants {
   // turns on): 1 byte an element instead of the compute dtype's; the
   // embedding and the head gather in 16-bit.
   bool fp8_weight_gather = false;
+  // With TrainingJob::fp8, the stack casts each block weight to FP8 once a
+  // step and reuses it for the step's micro-batches: Transformer Engine's
+  // weight cache, which Megatron-Core's schedules drive
+  // (set_is_first_microbatch on a step's first micro-batch: quantize and
+  // cache; the later ones read the cache). The blocks' GEMMs then cast only
+  // their activations and gradients, and the step pays one cast of the
+  // stage's block weights (read 2 bytes, write the FP8 copy and its
+  // transpose: 4 bytes an element). false: every GEMM casts its operands
+  // (TorchTitan's Float8Linear, Composer's TE layers without the flag).
+  bool fp8_weight_cache = false;
 };
 
 // The roofline the cost model gives an op of `flops` and `bytes` of memory

@@ -142,8 +142,14 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       // reads two of the three operands (x, W, dy), each cast once from the
       // compute dtype (read 2 bytes, write 1) and read by two GEMMs: 1.5
       // bytes an input element a GEMM, on top of its own traffic at 1 byte.
+      // The weight's cast is the step's where the stack caches it
+      // (CostConstants::fp8_weight_cache).
       double in = 0;
-      for (ValueId v : n.inputs) in += double(g.shape(v).numel());
+      for (ValueId v : n.inputs) {
+        const NodeId from = g.value(v).producer;
+        if (k_.fp8_weight_cache && from >= 0 && g.node(from).kind == OpKind::kParameter) continue;
+        in += double(g.shape(v).numel());
+      }
       const double cast = 1.5 * in;
       const double gemm = cluster_.fp8_matmul_time_s(c.flops) / (k_.matmul_efficiency_scale * f);
       t = std::max(gemm, cluster_.memory_time_s(c.bytes * byte_scale * 0.5)) +

@@ -437,6 +437,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->overlap_param_gather = true;     // --overlap-param-gather, which it emits
       k->tp_backward_overlap = true;      // its tensor-parallel layers' async backward
       k->overlap_p2p_interleaved = true;  // overlap_p2p_comm, its interleaved default
+      k->fp8_weight_cache = true;         // TE's FP8 weights cached for the step
       break;
     case EmitTarget::kDeepSpeed:
       k->zero_grad_partition_bytes = 4;
@@ -502,6 +503,7 @@ std::string stack_assumed(const CostConstants& k, DType compute) {
                                          : ", reduced after the backward");
   if (k.zero3_prefetch) s += ", ZeRO-3's gathers prefetched";
   if (k.overlap_p2p_interleaved) s += ", the interleaved schedule's p2p overlapped";
+  if (k.fp8_weight_cache) s += ", FP8 weights cast once a step";
   switch (k.attention) {
     case AttentionKernel::kFused:
       s += ", fused attention (" + k.fused_attention + ")";
