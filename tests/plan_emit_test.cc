@@ -405,9 +405,19 @@ TEST(PlanEmit, PricedAsTheTargetStackRunsIt) {
   pz1.tp = 8, pz1.dp = 4, pz1.pp = 2, pz1.num_micro_batches = 128, pz1.sp = true;
   CostConstants titan_overlapped = stack_constants(EmitTarget::kTorchTitan, true);
   titan_overlapped.zero1_reduce_after_backward = false;
-  EXPECT_GT(price(stack_constants(EmitTarget::kTorchTitan, true), pz1).dp_comm_s,
-            price(titan_overlapped, pz1).dp_comm_s);
+  const StepCost titan_pp = price(stack_constants(EmitTarget::kTorchTitan, true), pz1);
+  EXPECT_GT(titan_pp.dp_comm_s, price(titan_overlapped, pz1).dp_comm_s);
+  // FSDP2 holds its gradients in the f32 reduce dtype: under the pipeline's
+  // no-sync micro-batches each backward's bf16 gradient is added into an
+  // unsharded f32 one (to_accumulated_grad_if_needed); under ZeRO-3 the
+  // shards are its f32 sharded parameters' gradients.
+  const StepCost bf16_pp = price(CostConstants{}, pz1);
+  EXPECT_NEAR(titan_pp.memory.grads, 2 * bf16_pp.memory.grads, 1e-6 * bf16_pp.memory.grads);
+  EXPECT_NEAR(titan_pp.memory.grads, 4 * titan_pp.memory.params / 2, 1e-6 * titan_pp.memory.grads);
+  EXPECT_EQ(stack_constants(EmitTarget::kTorchTitan, false).grad_accumulation_bytes, 0);
   const StepCost fsdp = price(stack_constants(EmitTarget::kTorchTitan, true), z3);
+  EXPECT_NEAR(fsdp.memory.grads, 2 * price(CostConstants{}, z3).memory.grads,
+              1e-6 * fsdp.memory.grads);
   const StepCost regathers = price(f32_reduce, z3);
   EXPECT_LT(fsdp.comm.data_parallel, regathers.comm.data_parallel);
   EXPECT_GT(price(f32_reduce, z3).comm.data_parallel,

@@ -446,6 +446,12 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       break;
     case EmitTarget::kTorchTitan:
       k->grad_reduce_bytes = 4;
+      // FSDP2 under mixed precision holds gradients in its reduce dtype: the
+      // sharded ones in the f32 of its sharded parameters, and under a
+      // pipeline's no-sync micro-batches the unsharded ones accumulated in
+      // f32 (FSDPParam.to_accumulated_grad_if_needed upcasts each backward's
+      // 16-bit gradient to reduce_dtype).
+      if (bf16) k->grad_accumulation_bytes = 4;
       k->zero3_gather_for_recompute = false;
       k->selective_is_op_sac = true;  // what selective_ac_option = "op" runs
       // [compile] components = ["model", "loss"], as emitted unless --eager.
@@ -487,7 +493,7 @@ std::string stack_priced(EmitTarget t, bool bf16) {
       return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
              "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
     case EmitTarget::kTorchTitan:
-      return "TorchTitan's (gradients reduced in f32, recompute inside the FSDP unit, "
+      return "TorchTitan's (gradients held and reduced in f32, recompute inside the FSDP unit, "
              "selective recompute as its op-level SAC, FSDP2 under pipelines as ZeRO-1 "
              "reduced after the last backward)";
   }
