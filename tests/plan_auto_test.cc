@@ -21,6 +21,7 @@
 #include "meshflow/engine/trainer.h"
 #include "meshflow/plan/auto_plan.h"
 #include "meshflow/plan/calibrate.h"
+#include "meshflow/plan/simulate.h"
 #include "scoped_env.h"
 
 namespace meshflow::plan {
@@ -118,6 +119,12 @@ TEST(PlanAuto, PipelineRanksTimeShareTheCores) {
   EXPECT_LT(a.step_time_s, 0.9 * b.step_time_s);
   const double work = a.compute_s + a.tp_comm_s + a.pp_comm_s;  // one rank's, at a quarter
   EXPECT_GT(a.step_time_s, work * 4 / 2 / 2);  // 4 ranks' work, each core 2 quarters' speed
+  // `meshflow simulate`'s trace runs the same time-shared schedule: its
+  // step is the price's (its actions drawn as long as they ran, stretched
+  // past their cost while more ranks than cores compute).
+  const SimulatedStep sim = simulate_step(a);
+  EXPECT_NEAR(sim.step_time_s / a.step_time_s, 1.0, 1e-9);
+  EXPECT_LT(sim.step_time_s, 0.9 * simulate_step(b).step_time_s);
   Plan dp;
   dp.dp = 4, dp.micro_batch = 4, dp.num_micro_batches = 1;
   // (its collectives' messages pay the transport's spin time on shared cores)

@@ -450,6 +450,7 @@ void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
             q.pop_front();
           }
           res->start[size_t(r)][pc[size_t(r)]] = now;
+          res->finish[size_t(r)][pc[size_t(r)]] = now;
           ++pc[size_t(r)];
           moved = true;
         }
@@ -478,6 +479,7 @@ void run_time_shared(const Schedule& s, const SimCosts& costs, SimResult* res) {
       left[size_t(r)] -= dt * speed;
       if (left[size_t(r)] <= 1e-12 * std::max(1.0, dt * speed)) {
         left[size_t(r)] = -1;
+        res->finish[size_t(r)][pc[size_t(r)]] = now;
         ++pc[size_t(r)];
       }
     }
@@ -513,6 +515,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
   SimResult res;
   res.start.resize(p);
   for (int r = 0; r < p; ++r) res.start[r].assign(s.ranks[r].size(), 0.0);
+  res.finish = res.start;
 
   // Executes rank r's next action; returns false when it must wait for a message.
   auto step = [&](int r) -> Result<bool> {
@@ -603,6 +606,7 @@ Result<SimResult> simulate(const Schedule& s, const SimCosts& costs) {
     }
     rs.clock += cost;
     rs.busy += cost;
+    res.finish[r][i] = rs.clock;
     ++rs.pc;
     return true;
   };

@@ -154,12 +154,14 @@ Result<Schedule> make_schedule(const ScheduleOptions& options);
 
 struct SimResult {
   double makespan = 0;
-  std::vector<double> busy;                // per rank: compute time
-  double bubble_fraction = 0;              // 1 - sum(busy) / (p * makespan)
-  std::vector<int> peak_in_flight;         // per rank: max (mb, chunk) pairs with F done and B
-                                           // (zb-h1, zb-v: W) not yet done
-  std::vector<double> peak_stash_bytes;    // per rank: the most SimCosts::stash_bytes held at once
-  std::vector<std::vector<double>> start;  // per rank, per action: start time
+  std::vector<double> busy;                 // per rank: compute time
+  double bubble_fraction = 0;               // 1 - sum(busy) / (p * makespan)
+  std::vector<int> peak_in_flight;          // per rank: max (mb, chunk) pairs with F done and B
+                                            // (zb-h1, zb-v: W) not yet done
+  std::vector<double> peak_stash_bytes;     // per rank: the most SimCosts::stash_bytes held at once
+  std::vector<std::vector<double>> start;   // per rank, per action: start time
+  std::vector<std::vector<double>> finish;  // per rank, per action: end time (time-shared
+                                            // cores stretch a compute action past its cost)
 };
 
 // Runs the lists. Errors name the rank and action: a dependency run before

@@ -29,9 +29,10 @@ SimulatedStep simulate_step(const StepCost& c) {
   so.stages = static_cast<int>(pp);
   so.micro_batches = static_cast<int>(p.num_micro_batches);
   so.virtual_stages = static_cast<int>(v);
-  // The costs the cost model simulated (StepCost::pipeline_costs), each
-  // rank with a device of its own: a message blocking the action that sends
-  // it is drawn inside it; one overlapped (costs.p2p) on the p2p track.
+  // The costs the cost model simulated (StepCost::pipeline_costs): a message
+  // blocking the action that sends it is drawn inside it, one overlapped
+  // (costs.p2p) on the p2p track; ranks time-sharing a machine's cores
+  // (SimCosts::cores) stretch their actions, drawn as they ran.
   SimCosts costs;
   if (pp > 1) {
     costs = c.pipeline_costs;
@@ -41,27 +42,12 @@ SimulatedStep simulate_step(const StepCost& c) {
     costs.backward_weight = c.stage.weight_grad_s / double(v);
     costs.backward = costs.backward_input + costs.backward_weight;
   }
-  costs.cores = 0;
   // zb-v's order: made for these chunk costs, as the cost model made it.
   so.zb_v_costs = costs;
   Result<meshflow::Schedule> sched = make_schedule(so);
   MF_CHECK(sched.is_ok()) << plan_label(p) << ": " << sched.status().message();
   Result<SimResult> sim = simulate(*sched, costs);
   MF_CHECK(sim.is_ok()) << plan_label(p) << ": " << sim.status().message();
-  auto duration = [&](ActionKind k) {
-    switch (k) {
-      case ActionKind::kForward:
-        return costs.forward;
-      case ActionKind::kBackward:
-        return costs.backward;
-      case ActionKind::kBackwardInput:
-        return costs.backward_input;
-      case ActionKind::kBackwardWeight:
-        return costs.backward_weight;
-      default:
-        return costs.p2p;  // sends (eager, on the p2p row) and receives
-    }
-  };
 
   const double us = 1e6;
   SimulatedStep out;
@@ -76,7 +62,7 @@ SimulatedStep simulate_step(const StepCost& c) {
     const std::vector<Action>& acts = sched->ranks[r];
     for (size_t k = 0; k < acts.size(); ++k) {
       const Action& a = acts[k];
-      const double t = sim->start[r][k], dur = duration(a.kind);
+      const double t = sim->start[r][k], dur = sim->finish[r][k] - t;
       const std::vector<std::pair<std::string, std::string>> args = {
           {"micro_batch", std::to_string(a.micro)}, {"chunk", std::to_string(a.chunk)}};
       if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
