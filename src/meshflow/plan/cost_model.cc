@@ -1370,7 +1370,9 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   // the parameters split or partial over it), once per step.
   r.optimizer_s += ls * lc.opt_comm_s + lc.opt_comm_outside_s;
   // FP8 weights cached for the step's micro-batches: one cast of the stage's
-  // block weights (and its transpose) a step (CostConstants::fp8_weight_cache).
+  // block weights (and its transpose) a step (CostConstants::fp8_weight_cache;
+  // priced by chunk, of every weight of the rank's chunks: a bound, the
+  // embedding's and the head's few included).
   if (job_.fp8 && k_.fp8_weight_cache)
     r.optimizer_s += cl.memory_time_s(4.0 * (by_chunk ? p_stage : ls * double(lc.layer_params)));
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
