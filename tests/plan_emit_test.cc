@@ -662,6 +662,10 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   for (const char* flag :
        {"--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"})
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag << "\n" << r.output;
+  // The header says how the price treats the stack's FP8 weights.
+  EXPECT_NE(r.output.find("; FP8 weights cast once a step, Transformer Engine's cache)"),
+            std::string::npos)
+      << r.output;
   std::string args;
   for (std::istringstream in(r.output); std::getline(in, args);)
     if (args.rfind("--", 0) == 0) megatron_flags(args);
@@ -669,6 +673,9 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("[model]\nconverters = [\"float8\"]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[float8]\nfilter_fqns = [\"output\"]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; FP8 weights cast every forward, gathered in FP8 under FSDP)"),
+            std::string::npos)
+      << r.output;
   // With FSDP, its gathers in FP8 (as priced: fp8_weight_gather).
   r = run_cli(base + " --emit torchtitan --fix tp=1,pp=1,zero=3");
   ASSERT_EQ(r.code, 0) << r.output;

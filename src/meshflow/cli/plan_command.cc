@@ -355,7 +355,7 @@ int run_plan(const PlanOptions& o) {
                  plan_label(best.plan).c_str(), best.step_time_s,
                  best.reserved_memory / double(1 << 30),
                  best.reserved_memory > best.memory.total ? " reserved by PyTorch's allocator" : "",
-                 stack_priced(*emit, bf16).c_str());
+                 stack_priced(*emit, bf16, cm.job().fp8).c_str());
   } else if (o.json) {
     ojson j;
     j["model"] = o.model;

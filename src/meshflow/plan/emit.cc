@@ -479,25 +479,32 @@ CostConstants stack_constants(EmitTarget t, bool bf16) {
   return k;
 }
 
-std::string stack_priced(EmitTarget t, bool bf16) {
+std::string stack_priced(EmitTarget t, bool bf16, bool fp8) {
+  std::string s;
   switch (t) {
     case EmitTarget::kMegatron:
-      return bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32, their "
-                    "reduction, the distributed optimizer's gather and the tensor-parallel "
-                    "backward's collectives overlapped, the interleaved schedule's p2p under the "
-                    "other chunks' compute)"
-                  : "Megatron-LM's (the gradients' reduction, the distributed optimizer's "
-                    "gather and the tensor-parallel backward's collectives overlapped, the "
-                    "interleaved schedule's p2p under the other chunks' compute)";
+      s = bf16 ? "Megatron-LM's (gradients accumulated and all-reduced in f32, their "
+                 "reduction, the distributed optimizer's gather and the tensor-parallel "
+                 "backward's collectives overlapped, the interleaved schedule's p2p under the "
+                 "other chunks' compute)"
+               : "Megatron-LM's (the gradients' reduction, the distributed optimizer's "
+                 "gather and the tensor-parallel backward's collectives overlapped, the "
+                 "interleaved schedule's p2p under the other chunks' compute)";
+      if (fp8) s.insert(s.size() - 1, "; FP8 weights cast once a step, Transformer Engine's cache");
+      break;
     case EmitTarget::kDeepSpeed:
-      return "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
-             "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
+      s = "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
+          "reduce bucket; without ZeRO, gradients all-reduced after the backward)";
+      break;
     case EmitTarget::kTorchTitan:
-      return "TorchTitan's (gradients held and reduced in f32, recompute inside the FSDP unit, "
-             "selective recompute as its op-level SAC, FSDP2 under pipelines as ZeRO-1 "
-             "reduced after the last backward)";
+      s = "TorchTitan's (gradients held and reduced in f32, recompute inside the FSDP unit, "
+          "selective recompute as its op-level SAC, FSDP2 under pipelines as ZeRO-1 "
+          "reduced after the last backward)";
+      if (fp8)
+        s.insert(s.size() - 1, "; FP8 weights cast every forward, gathered in FP8 under FSDP");
+      break;
   }
-  return "";
+  return s;
 }
 
 std::string stack_assumed(const CostConstants& k, DType compute) {
