@@ -761,8 +761,9 @@ class CostModel {
   StageTimes slowest_stage(const Plan& p, const LayerCost& lc, double* p2p_bytes) const;
   Result<double> pipeline_time(const Plan& p, const StageTimes& st, PipelineModel model,
                                StepCost* r) const;
-  // The makespan of the runtime's schedule for p's micro-batches, simulated.
-  Result<double> simulated_pipeline_s(const Plan& p, const StageTimes& st) const;
+  // The makespan of the runtime's schedule for p's micro-batches, simulated
+  // with `costs` (chunk_sim_costs).
+  Result<double> simulated_pipeline_s(const Plan& p, const SimCosts& costs) const;
   // One chunk's simulated F, B, W (1/vp of the stage, each F and Bi carrying its message).
   // On time-shared cores (Cluster::shared_cores) the simulation runs them so.
   SimCosts chunk_sim_costs(const Plan& p, const StageTimes& st) const;

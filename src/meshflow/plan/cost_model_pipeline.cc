@@ -131,9 +131,8 @@ Result<std::vector<MemoryBreakdown>> CostModel::memory_by_rank(const Plan& p,
   return out;
 }
 
-Result<double> CostModel::simulated_pipeline_s(const Plan& p, const StageTimes& st) const {
+Result<double> CostModel::simulated_pipeline_s(const Plan& p, const SimCosts& costs) const {
   // zb-v's order is made for these chunk costs, as the runtime's for its own.
-  const SimCosts costs = chunk_sim_costs(p, st);
   int zb_v_order = -1;
   auto makespan = [&](int64_t m) -> Result<double> {
     ScheduleOptions so;
@@ -206,13 +205,13 @@ Result<double> CostModel::pipeline_time(const Plan& p, const StageTimes& st, Pip
         pipeline = steady + (pp - 1) * (std::max(F, F + B - W) / 2 + 2 * st.p2p_s);
         break;
     }
+    r.pipeline_costs = chunk_sim_costs(p, st);
     if (model == PipelineModel::kSimulated) {
-      Result<double> sim = simulated_pipeline_s(p, st);
+      Result<double> sim = simulated_pipeline_s(p, r.pipeline_costs);
       if (!sim.is_ok()) return sim.status().with_context("plan " + plan_label(p));
       pipeline = *sim;
     }
   }
-  if (p.pp > 1) r.pipeline_costs = chunk_sim_costs(p, st);
   r.bubble_s = pipeline - steady;
   r.pp_comm_s = m * p2p_mb;
   r.recompute_s = m * st.recompute_s;
