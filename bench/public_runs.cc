@@ -133,7 +133,8 @@ struct Mapped {
   int64_t nvlink_island = 0;                     // GPUs per NVLink island (0: the node)
   // Full recompute of some blocks, how many not stated: the fewest that fit.
   bool fewest_blocks_that_fit = false;
-  bool fp8 = false;           // the blocks' linears in FP8
+  bool fp8 = false;                                  // the blocks' linears in FP8
+  Fp8Scaling fp8_scaling = Fp8Scaling::kTensorwise;  // torchao's rowwise recipe where stated
   bool te_attention = false;  // Transformer Engine's attention kernel (Megatron-Core)
   Plan plan;
   CostConstants k;
@@ -601,7 +602,12 @@ Mapped map_run(const json& run) {
   map_gpu(hw, &m);
   if (is_fp8(par)) {
     m.fp8 = true;
-    m.inferred.push_back("fp8");
+    // torchao's rowwise recipe ("quantization=float8 rowwise"); tensorwise
+    // otherwise (Transformer Engine, torchao's default before its recipes).
+    const bool rowwise =
+        has(get_str(par, "techniques"), "rowwise") || has(get_str(par, "precision"), "rowwise");
+    if (rowwise) m.fp8_scaling = Fp8Scaling::kRowwise;
+    m.inferred.push_back(rowwise ? "fp8(rowwise)" : "fp8");
   }
   if (auto n = get_int(hw, "gpus_per_node")) {
     m.gpus_per_node = *n;
@@ -1010,6 +1016,7 @@ int main(int argc, char** argv) {
     }
     TrainingJob job{m.model, m.global_batch, m.seq};
     job.fp8 = m.fp8;
+    job.fp8_scaling = m.fp8_scaling;
     CostConstants k = m.k;
     if (m.te_attention) apply_stack_attention(EmitTarget::kMegatron, *cluster, &k);
     CostModel cm(job, *cluster, k);

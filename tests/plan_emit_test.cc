@@ -673,7 +673,8 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("[model]\nconverters = [\"float8\"]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[float8]\nfilter_fqns = [\"output\"]"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("; FP8 weights cast every forward, gathered in FP8 under FSDP)"),
+  EXPECT_NE(r.output.find("; FP8 weights cast every forward, gathered in FP8 under FSDP, the tp "
+                          "all-gathers in FP8)"),
             std::string::npos)
       << r.output;
   // With FSDP, its gathers in FP8 (as priced: fp8_weight_gather).
@@ -684,6 +685,8 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
             std::string::npos)
       << r.output;
   EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).fp8_weight_gather);
+  EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).fp8_tp_all_gather);
+  EXPECT_FALSE(stack_constants(EmitTarget::kMegatron, true).fp8_tp_all_gather);
   r = run_cli(base + " --emit deepspeed");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("DeepSpeed's config has no FP8 training of its own"), std::string::npos)
@@ -721,6 +724,67 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   r = run_cli("simulate " + out);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("plan.fp8 must be true or false"), std::string::npos) << r.output;
+}
+
+// --fp8-scaling rowwise (torchao's rowwise recipe): TorchTitan gets its
+// recipe_name and no FP8 all-gather (tensorwise's alone), priced slower than
+// tensorwise; Megatron (Transformer Engine has no rowwise recipe) and a
+// scaling without --fp8 or with an unknown name are refused by name; the plan
+// file keeps it and simulate prices it so.
+TEST(PlanEmit, Fp8RowwiseIsTorchaosRecipe) {
+  const std::string base = "plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " +
+                           source_dir() + "/configs/clusters/h100_sxm.json --gpus 64 " +
+                           "--global-batch 512 --seq 4096 --fix tp=1,pp=1,zero=3 --fp8";
+  testing::CliRun r = run_cli(base + " --fp8-scaling rowwise --emit torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[float8]\nfilter_fqns = [\"output\"]\nrecipe_name = \"rowwise\"\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("enable_fsdp_float8_all_gather"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("FP8 rowwise: each GEMM casts its operands per row"), std::string::npos)
+      << r.output;
+  auto step = [](const std::string& out) {
+    const size_t at = out.find("s per step predicted");
+    EXPECT_NE(at, std::string::npos) << out;
+    const size_t from = out.rfind(", ", at);
+    return std::stod(out.substr(from + 2, at - from - 2));
+  };
+  const double rowwise = step(r.output);
+  r = run_cli(base + " --fp8-scaling tensorwise --emit torchtitan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("recipe_name"), std::string::npos) << r.output;
+  EXPECT_GT(rowwise, 1.02 * step(r.output));
+
+  r = run_cli(base + " --fp8-scaling rowwise --emit megatron");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("Transformer Engine has no rowwise recipe"), std::string::npos)
+      << r.output;
+  r = run_cli("plan " + source_dir() + "/configs/models/llama3_8b.json --cluster " + source_dir() +
+              "/configs/clusters/h100_sxm.json --gpus 8 --fp8-scaling rowwise");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--fp8-scaling rowwise: it scales the FP8 linears of --fp8; add --fp8"),
+            std::string::npos)
+      << r.output;
+  r = run_cli(base + " --fp8-scaling columnwise");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--fp8-scaling must be tensorwise (one scale a tensor) or rowwise"),
+            std::string::npos)
+      << r.output;
+
+  const TempDir dir("fp8rw");
+  const std::string out = dir.file("plan.json");
+  r = run_cli(base + " --fp8-scaling rowwise --top 0 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the blocks' linears in FP8, rowwise scaled"), std::string::npos)
+      << r.output;
+  nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(plan["plan"]["fp8_scaling"], "rowwise");
+  expect_simulate_agrees(out);
+  plan["plan"]["fp8_scaling"] = "per-row";
+  std::ofstream(out) << plan.dump();
+  r = run_cli("simulate " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("plan.fp8_scaling must be tensorwise"), std::string::npos) << r.output;
 }
 
 }  // namespace

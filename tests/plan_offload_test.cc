@@ -617,6 +617,88 @@ TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
       << a100.status().message();
 }
 
+// TrainingJob::fp8_scaling rowwise (torchao's rowwise recipe): each GEMM casts
+// both its operands itself (3 bytes an input element, no shared FP8 copy) and
+// runs at fp8_rowwise_gemm_efficiency of the FP8 rate; FSDP gathers the
+// weights in 16-bit, and Transformer Engine's weight cache does not apply.
+TEST(PlanCostModel, Fp8RowwiseCastsPerGemmOnSlowerKernels) {
+  const ModelConfig model = load_model("llama3_8b.json");
+  TrainingJob job{model, 16, 8192};
+  job.fp8 = true;
+  const Cluster c = load_sized_cluster("h100_sxm.json", 8);
+  const LayerCost tensorwise = value_or_throw(CostModel(job, c).layer_cost(1, 1, 2));
+  job.fp8_scaling = Fp8Scaling::kRowwise;
+  const LayerCost rowwise = value_or_throw(CostModel(job, c).layer_cost(1, 1, 2));
+  const TransformerDims d = value_or_throw(transformer_dims(model));
+  const double h = double(d.hidden), kv = double(d.kv_heads * d.head_dim), f = double(d.ffn);
+  const double tokens = 2.0 * 8192;
+  const std::vector<std::pair<double, double>> kn = {{h, h}, {h, kv}, {h, kv}, {h, h},
+                                                     {h, f}, {h, f},  {f, h}};
+  const CostConstants k;
+  ASSERT_GT(k.fp8_rowwise_gemm_efficiency, 0.5);
+  ASSERT_LT(k.fp8_rowwise_gemm_efficiency, 1.0);
+  double gemm = 0, cast = 0;
+  for (const auto& [kk, n] : kn) {
+    gemm += c.fp8_matmul_time_s(2 * tokens * kk * n) /
+            (k.matmul_efficiency_scale * k.fp8_rowwise_gemm_efficiency);
+    cast += c.memory_time_s(3.0 * (tokens * kk + kk * n));
+  }
+  EXPECT_NEAR(rowwise.forward_matmul_s, gemm + cast, 1e-3 * rowwise.forward_matmul_s);
+  EXPECT_GT(rowwise.forward_matmul_s, 1.1 * tensorwise.forward_matmul_s);
+  EXPECT_DOUBLE_EQ(rowwise.attention_core_s, tensorwise.attention_core_s);
+  // Transformer Engine's cache is a tensorwise recipe's: a rowwise job casts
+  // its weights in every GEMM and pays no step cast.
+  CostConstants cached;
+  cached.fp8_weight_cache = true;
+  EXPECT_DOUBLE_EQ(value_or_throw(CostModel(job, c, cached).layer_cost(1, 1, 2)).forward_matmul_s,
+                   rowwise.forward_matmul_s);
+  // FSDP's FP8 gathers are tensorwise's alone: rowwise gathers 16-bit.
+  Plan z3;
+  z3.dp = 8, z3.micro_batch = 2, z3.num_micro_batches = 1, z3.zero = 3;
+  CostConstants gather8;
+  gather8.fp8_weight_gather = true;
+  const StepCost plain = value_or_throw(CostModel(job, c).price(z3));
+  const StepCost asked = value_or_throw(CostModel(job, c, gather8).price(z3));
+  EXPECT_DOUBLE_EQ(asked.comm.data_parallel, plain.comm.data_parallel);
+  // The names, and a wrong one named with the two valid.
+  EXPECT_EQ(value_or_throw(parse_fp8_scaling("rowwise", "x")), Fp8Scaling::kRowwise);
+  EXPECT_STREQ(fp8_scaling_name(Fp8Scaling::kTensorwise), "tensorwise");
+  const Result<Fp8Scaling> bad = parse_fp8_scaling("blockwise", "--fp8-scaling");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--fp8-scaling must be tensorwise (one scale a tensor) or "
+                                        "rowwise"),
+            std::string::npos)
+      << bad.status().message();
+  std::printf(
+      "llama3 8b block forward GEMMs, s=8192 mb 2 on H100: fp8 tensorwise %.2f ms, "
+      "rowwise %.2f ms\n",
+      1e3 * tensorwise.forward_matmul_s, 1e3 * rowwise.forward_matmul_s);
+}
+
+// CostConstants::fp8_tp_all_gather (TorchTitan's enable_float8_tensorwise_tp):
+// a sequence-parallel block's tp all_gathers move 1 byte an element under
+// tensorwise FP8, its reduce_scatters 16-bit; rowwise gathers in 16-bit.
+TEST(PlanCostModel, Fp8TensorwiseGathersTheTpActivationsInFp8) {
+  TrainingJob job{load_model("llama3_70b.json"), 16, 8192};
+  job.fp8 = true;
+  const Cluster c = load_sized_cluster("h100_sxm.json", 8);
+  CostConstants titan;
+  titan.fp8_tp_all_gather = true;
+  const LayerCost plain = value_or_throw(CostModel(job, c).layer_cost(8, 1, 1, true));
+  const LayerCost fp8 = value_or_throw(CostModel(job, c, titan).layer_cost(8, 1, 1, true));
+  // Two gathers and two reduce_scatters of s x h a block and pass, each
+  // moving 7/8 of the buffer: the gathers' half of the bytes is halved.
+  const double buffer = 8192.0 * 8192.0 * 2;
+  const double per_pass = 4 * 7.0 / 8 * buffer;
+  EXPECT_NEAR(plain.tp_fwd_bytes, per_pass, 1e-6 * per_pass);
+  EXPECT_NEAR(fp8.tp_fwd_bytes, 0.75 * per_pass, 1e-6 * per_pass);
+  EXPECT_LT(fp8.tp_fwd_s, plain.tp_fwd_s);
+  EXPECT_LT(fp8.tp_bwd_s, plain.tp_bwd_s);
+  job.fp8_scaling = Fp8Scaling::kRowwise;
+  const LayerCost rowwise = value_or_throw(CostModel(job, c, titan).layer_cost(8, 1, 1, true));
+  EXPECT_DOUBLE_EQ(rowwise.tp_fwd_bytes, plain.tp_fwd_bytes);
+}
+
 // The H200 is an H100 with 1.43 times the memory bandwidth: a block's
 // GEMMs and attention run at the same rates, its memory-bound ops faster.
 // Measured on one of each (PyTorch 2.11, bench/gpu/hopper_kernels.py's block

@@ -197,6 +197,8 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   // the same constants, so the two agree.
   if (stack) planner["stack"] = emit_target_key(*stack);
   if (cm.job().fp8) planner["fp8"] = true;
+  if (cm.job().fp8 && cm.job().fp8_scaling != Fp8Scaling::kTensorwise)
+    planner["fp8_scaling"] = fp8_scaling_name(cm.job().fp8_scaling);
   if (cm.constants().eager) planner["eager"] = true;
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
@@ -288,6 +290,19 @@ int run_plan(const PlanOptions& o) {
     return user_error("--fp8: " + o.cluster + " gives no FP8 rate for its device ('" +
                       cluster->device.name +
                       "'): device.peak_flops.fp8 (FP8 tensor cores: Hopper and later)");
+  if (!o.fp8_scaling.empty()) {
+    if (!o.fp8)
+      return user_error("--fp8-scaling " + o.fp8_scaling +
+                        ": it scales the FP8 linears of --fp8; add --fp8, or drop it");
+    Result<Fp8Scaling> sc = parse_fp8_scaling(o.fp8_scaling, "--fp8-scaling");
+    if (!sc.is_ok()) return user_error(sc.status().message());
+    job.fp8_scaling = *sc;
+  }
+  if (job.fp8 && job.fp8_scaling == Fp8Scaling::kRowwise && emit == EmitTarget::kMegatron)
+    return user_error(
+        "--fp8-scaling rowwise --emit megatron: Transformer Engine has no rowwise recipe "
+        "(Megatron-LM's --fp8-recipe: delayed, tensorwise, mxfp8, blockwise); plan with "
+        "--fp8-scaling tensorwise, or emit torchtitan");
   if (o.fp8 && emit == EmitTarget::kDeepSpeed)
     return user_error(
         "--fp8 --emit deepspeed: DeepSpeed's config has no FP8 training of its own; plan "
@@ -355,7 +370,7 @@ int run_plan(const PlanOptions& o) {
                  plan_label(best.plan).c_str(), best.step_time_s,
                  best.reserved_memory / double(1 << 30),
                  best.reserved_memory > best.memory.total ? " reserved by PyTorch's allocator" : "",
-                 stack_priced(*emit, bf16, cm.job().fp8).c_str());
+                 stack_priced(*emit, bf16, cm.job().fp8, cm.job().fp8_scaling).c_str());
   } else if (o.json) {
     ojson j;
     j["model"] = o.model;
@@ -373,6 +388,7 @@ int run_plan(const PlanOptions& o) {
     j["optimizer"] = o.optimizer;
     j["dtype"] = std::string(dtype_name(cm.compute_dtype()));
     j["fp8"] = job.fp8;  // the blocks' linears in FP8 (--fp8)
+    if (job.fp8) j["fp8_scaling"] = fp8_scaling_name(job.fp8_scaling);
     j["fixed"] = so.fixed.to_string();
     ojson plans = ojson::array();
     for (size_t i = 0; i < r->plans.size(); ++i) {
@@ -419,7 +435,9 @@ int run_plan(const PlanOptions& o) {
     std::printf("job      global batch %lld x seq %lld%s%s\n",
                 static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
                 (std::string(o.optimizer == "adamw" ? "" : "; optimizer " + o.optimizer) +
-                 (job.fp8 ? "; the blocks' linears in FP8" : ""))
+                 (job.fp8 ? std::string("; the blocks' linears in FP8") +
+                                (job.fp8_scaling == Fp8Scaling::kRowwise ? ", rowwise scaled" : "")
+                          : ""))
                     .c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
     std::printf("stack    %s; --emit megatron|deepspeed|torchtitan prices that framework's own\n",
@@ -532,6 +550,11 @@ void add_plan_commands(CLI::App& app) {
               "The blocks' linear layers in FP8 (Transformer Engine, TorchTitan's Float8): "
               "priced at the cluster file's device.peak_flops.fp8, attention and the head in "
               "16-bit");
+  p->add_option("--fp8-scaling", po->fp8_scaling,
+                "With --fp8, how the FP8 operands are scaled: tensorwise (one scale a tensor, "
+                "default; Transformer Engine, torchao's tensorwise) or rowwise (torchao's "
+                "rowwise recipe: each GEMM casts its operands per row, on slower kernels, "
+                "FSDP gathers in 16-bit; --emit torchtitan writes its recipe_name)");
   char eager_cost[16];
   std::snprintf(eager_cost, sizeof eager_cost, "%.2fx", CostConstants::kEagerElementwise);
   p->add_flag("--eager", po->eager,

@@ -47,6 +47,8 @@ struct PlanOptions {
   // The blocks' linear layers in FP8 (TrainingJob::fp8); needs the cluster
   // file's device.peak_flops.fp8.
   bool fp8 = false;
+  // With fp8: "tensorwise" (default) or "rowwise" (TrainingJob::fp8_scaling).
+  std::string fp8_scaling;
   bool eager = false;  // the stack runs the model's memory-bound ops eagerly (PyTorch eager mode)
   // The GPUs' power limit in watts (device.power_limit_w); 0: the file's.
   double power_limit_w = 0;

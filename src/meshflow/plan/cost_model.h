@@ -69,6 +69,13 @@ namespace meshflow::plan {
 
 struct NodeTotals;  // cost_model.cc: what a program's nodes cost, by kind of work
 
+// TrainingJob::fp8_scaling.
+enum class Fp8Scaling { kTensorwise, kRowwise };
+// "tensorwise" | "rowwise" (torchao's recipe names, TorchTitan's
+// float8.recipe_name), and back; an unknown name is invalid, naming both.
+const char* fp8_scaling_name(Fp8Scaling s);
+Result<Fp8Scaling> parse_fp8_scaling(const std::string& name, const std::string& what);
+
 struct TrainingJob {
   ModelConfig model;
   int64_t global_batch = 1;  // sequences per optimizer step
@@ -85,6 +92,13 @@ struct TrainingJob {
   // embedding and the head stay 16-bit (both stacks leave the output layer
   // out). `meshflow plan --fp8`. Needs device.peak_flops.fp8.
   bool fp8 = false;
+  // How those FP8 operands are scaled (`meshflow plan --fp8-scaling`):
+  // one scale a tensor (Transformer Engine's recipes, torchao's tensorwise),
+  // or one a row along the GEMM's reduction axis (torchao's rowwise recipe,
+  // TorchTitan's float8.recipe_name = "rowwise"), which each GEMM casts its
+  // two operands for itself and runs slower kernels
+  // (CostConstants::fp8_rowwise_gemm_efficiency).
+  Fp8Scaling fp8_scaling = Fp8Scaling::kTensorwise;
 };
 
 // How attention runs on the device: fused (FlashAttention: scores stay on chip,
@@ -388,6 +402,13 @@ struct CostConstants {
   // turns on): 1 byte an element instead of the compute dtype's; the
   // embedding and the head gather in 16-bit.
   bool fp8_weight_gather = false;
+  // With TrainingJob::fp8 tensorwise, the stack all-gathers a block's
+  // activations over tp in FP8: TorchTitan's enable_float8_tensorwise_tp
+  // (on whenever its float8 recipe is tensorwise) casts the sequence-parallel
+  // input before its gather (torchao's PrepareFloat8ModuleInput) and the
+  // output's gradient before the backward's gather (Float8RowwiseParallel):
+  // its tp all_gathers move 1 byte an element, the reduce_scatters 16-bit.
+  bool fp8_tp_all_gather = false;
   // With TrainingJob::fp8, the stack casts each block weight to FP8 once a
   // step and reuses it for the step's micro-batches: Transformer Engine's
   // weight cache, which Megatron-Core's schedules drive
@@ -398,6 +419,21 @@ struct CostConstants {
   // transpose: 4 bytes an element). false: every GEMM casts its operands
   // (TorchTitan's Float8Linear, Composer's TE layers without the flag).
   bool fp8_weight_cache = false;
+  // With TrainingJob::fp8_scaling rowwise (torchao's rowwise recipe: every
+  // operand scaled per row along the GEMM's reduction axis): the fraction
+  // of the per-tensor FP8 rate its GEMMs reach. The forward runs PyTorch's
+  // CUTLASS rowwise kernel (90-100% of cuBLAS's per-tensor one for most
+  // shapes, down to 50% for some: pytorch/pytorch#147971), the two backward
+  // GEMMs cuBLAS's without fast accumulation and the scales applied after
+  // (torchao's addmm_float8_unwrapped, pytorch/ao#1325). Fitted once, on
+  // torchao's own measurement (torchao/float8/README.md, "Training
+  // benchmarks": Llama3-8B on 8 H100s, FSDP2, per-op SAC, batch 1 at 8192:
+  // rowwise 6768 tokens/s against tensorwise's 7689.5), not on the public
+  // set (docs/planner.md). Each rowwise GEMM also casts both its operands
+  // itself (no FP8 copy shared by the two GEMMs that read a tensor, each
+  // along its own axis), and FSDP gathers the weights in 16-bit (float8
+  // all-gather is tensorwise's alone).
+  double fp8_rowwise_gemm_efficiency = 0.865;
 };
 
 // The roofline the cost model gives an op of `flops` and `bytes` of memory

@@ -143,15 +143,21 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
       // compute dtype (read 2 bytes, write 1) and read by two GEMMs: 1.5
       // bytes an input element a GEMM, on top of its own traffic at 1 byte.
       // The weight's cast is the step's where the stack caches it
-      // (CostConstants::fp8_weight_cache).
+      // (CostConstants::fp8_weight_cache). Rowwise scaling casts each
+      // operand per GEMM, along that GEMM's reduction axis: 3 bytes an input
+      // element, on kernels at fp8_rowwise_gemm_efficiency of the rate.
+      const bool rowwise = job_.fp8_scaling == Fp8Scaling::kRowwise;
       double in = 0;
       for (ValueId v : n.inputs) {
         const NodeId from = g.value(v).producer;
-        if (k_.fp8_weight_cache && from >= 0 && g.node(from).kind == OpKind::kParameter) continue;
+        if (k_.fp8_weight_cache && !rowwise && from >= 0 && g.node(from).kind == OpKind::kParameter)
+          continue;
         in += double(g.shape(v).numel());
       }
-      const double cast = 1.5 * in;
-      const double gemm = cluster_.fp8_matmul_time_s(c.flops) / (k_.matmul_efficiency_scale * f);
+      const double cast = (rowwise ? 3.0 : 1.5) * in;
+      const double gemm =
+          cluster_.fp8_matmul_time_s(c.flops) /
+          (k_.matmul_efficiency_scale * f * (rowwise ? k_.fp8_rowwise_gemm_efficiency : 1.0));
       t = std::max(gemm, cluster_.memory_time_s(c.bytes * byte_scale * 0.5)) +
           cluster_.memory_time_s(cast);
     } else {
@@ -164,6 +170,19 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
         cluster_.device.kernel_scale(n.kind);
   }
   return t;
+}
+
+const char* fp8_scaling_name(Fp8Scaling s) {
+  return s == Fp8Scaling::kRowwise ? "rowwise" : "tensorwise";
+}
+
+Result<Fp8Scaling> parse_fp8_scaling(const std::string& name, const std::string& what) {
+  if (name == "tensorwise") return Fp8Scaling::kTensorwise;
+  if (name == "rowwise") return Fp8Scaling::kRowwise;
+  return Status::invalid(what +
+                         " must be tensorwise (one scale a tensor) or rowwise (one a row: "
+                         "torchao's rowwise recipe), got '" +
+                         name + "'");
 }
 
 double op_sac_recomputed_params(const TransformerDims& d) {

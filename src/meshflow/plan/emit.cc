@@ -347,7 +347,11 @@ Result<std::string> torchtitan(const Plan& p, const TrainingJob& job, const Tran
     // FSDP's weight gathers in FP8 (priced so: fp8_weight_gather) with one
     // all_reduce of the scales (TorchTitan's recommendation for tensorwise).
     out += "\n[float8]\nfilter_fqns = [\"output\"]\n";
-    if (p.zero > 0) {
+    // torchao's rowwise recipe (TrainingJob::fp8_scaling), whose weights
+    // FSDP gathers in 16-bit: float8 all-gather is tensorwise's alone.
+    if (job.fp8_scaling == Fp8Scaling::kRowwise) {
+      out += "recipe_name = \"rowwise\"\n";
+    } else if (p.zero > 0) {
       out += "enable_fsdp_float8_all_gather = true\n";
       out += "precompute_float8_dynamic_scale_for_fsdp = true\n";
     }
@@ -414,6 +418,11 @@ Result<std::string> emit_plan(const Plan& p, const TrainingJob& job, bool bf16, 
                               bool eager) {
   MF_ASSIGN_OR_RETURN(const TransformerDims d, model_dims(job, t));
   MF_RETURN_IF_ERROR(emit_check(p, d, t));
+  if (job.fp8 && job.fp8_scaling == Fp8Scaling::kRowwise && t == EmitTarget::kMegatron)
+    return Status::invalid(
+        "--emit megatron: Transformer Engine has no rowwise FP8 recipe (Megatron-LM's "
+        "--fp8-recipe: delayed, tensorwise, mxfp8, blockwise); plan with tensorwise scaling, "
+        "or emit torchtitan");
   if (job.fp8 && t == EmitTarget::kDeepSpeed)
     return Status::invalid(
         "--emit deepspeed: DeepSpeed's config has no FP8 training of its own (it runs "
@@ -460,6 +469,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       // expandable segments.
       k->allocator_reserved_ratio = CostConstants::kReservedRatioCompiled;
       k->fp8_weight_gather = true;  // float8.enable_fsdp_float8_all_gather, emitted with FP8
+      k->fp8_tp_all_gather = true;  // enable_float8_tensorwise_tp, on with tensorwise FP8
       // ZeRO-1 is FSDP2 under its pipelines: one reduce-scatter after the
       // step's last backward, the first forward's gathers prefetched.
       k->zero1_reduce_after_backward = true;
@@ -479,7 +489,7 @@ CostConstants stack_constants(EmitTarget t, bool bf16) {
   return k;
 }
 
-std::string stack_priced(EmitTarget t, bool bf16, bool fp8) {
+std::string stack_priced(EmitTarget t, bool bf16, bool fp8, Fp8Scaling scaling) {
   std::string s;
   switch (t) {
     case EmitTarget::kMegatron:
@@ -500,8 +510,14 @@ std::string stack_priced(EmitTarget t, bool bf16, bool fp8) {
       s = "TorchTitan's (gradients held and reduced in f32, recompute inside the FSDP unit, "
           "selective recompute as its op-level SAC, FSDP2 under pipelines as ZeRO-1 "
           "reduced after the last backward)";
-      if (fp8)
-        s.insert(s.size() - 1, "; FP8 weights cast every forward, gathered in FP8 under FSDP");
+      if (fp8 && scaling == Fp8Scaling::kRowwise)
+        s.insert(s.size() - 1,
+                 "; FP8 rowwise: each GEMM casts its operands per row, weights gathered in "
+                 "16-bit under FSDP");
+      else if (fp8)
+        s.insert(s.size() - 1,
+                 "; FP8 weights cast every forward, gathered in FP8 under FSDP, the tp "
+                 "all-gathers in FP8");
       break;
   }
   return s;

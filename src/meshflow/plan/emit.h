@@ -76,7 +76,8 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k);
 void apply_stack_attention(EmitTarget t, const Cluster& c, CostConstants* k);
 // One line for the user: "Megatron-LM's (gradients accumulated and reduced in f32)";
 // with fp8, how the stack treats its FP8 weights.
-std::string stack_priced(EmitTarget t, bool bf16, bool fp8 = false);
+std::string stack_priced(EmitTarget t, bool bf16, bool fp8 = false,
+                         Fp8Scaling scaling = Fp8Scaling::kTensorwise);
 // What plain `meshflow plan` (no --emit) prices, read from `k`: the
 // gradients' bytes and their reduction's overlap, ZeRO-3's prefetch, the
 // attention kernel, the tensor-parallel collectives, eager elementwise ops.

@@ -167,6 +167,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
       return Status::invalid("plan.fp8 must be true or false, got " + planner.at("fp8").dump());
     r.job.fp8 = planner.at("fp8").get<bool>();
   }
+  if (planner.contains("fp8_scaling")) {
+    if (!planner.at("fp8_scaling").is_string())
+      return Status::invalid("plan.fp8_scaling must be tensorwise or rowwise, got " +
+                             planner.at("fp8_scaling").dump());
+    MF_ASSIGN_OR_RETURN(
+        r.job.fp8_scaling,
+        parse_fp8_scaling(planner.at("fp8_scaling").get<std::string>(), "plan.fp8_scaling"));
+  }
   // The model's memory-bound ops run eagerly (`meshflow plan --eager`).
   if (planner.contains("eager")) {
     if (!planner.at("eager").is_boolean())
