@@ -313,6 +313,8 @@ class Gen {
       a += " --attention " +
            one<std::string>({"fused", "flash1", "flash2", "materialized", "cudnn", "", "FLASH1"});
     if (coin(0.2)) a += " --fp8";
+    if (coin(0.1))
+      a += " --fp8-scaling " + one<std::string>({"rowwise", "tensorwise", "", "ROWWISE", "x"});
     if (coin(0.2))
       a += " --power-limit " + one<std::string>({"500", "700", "0", "-1", "1e9", "nan", "x"});
     return a;
@@ -441,8 +443,9 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
               gen.count();
           break;
         case 6:
-          f["plan"][gen.one<std::string>({"attention", "cluster", "gpus", "stack", "fp8"})] =
-              gen.junk();
+          f["plan"]
+           [gen.one<std::string>({"attention", "cluster", "gpus", "stack", "fp8", "fp8_scaling"})] =
+               gen.junk();
           break;
         case 7:
           f.erase(gen.one<std::string>({"plan", "model", "parallel", "train"}));
