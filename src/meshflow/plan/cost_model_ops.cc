@@ -140,12 +140,17 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
     if (job_.fp8 && n.layer >= 0) {
       // A block's linear in FP8 (TrainingJob::fp8). Each of its three GEMMs
       // reads two of the three operands (x, W, dy), each cast once from the
-      // compute dtype (read 2 bytes, write 1) and read by two GEMMs: 1.5
-      // bytes an input element a GEMM, on top of its own traffic at 1 byte.
-      // The weight's cast is the step's where the stack caches it
+      // compute dtype into both layouts the GEMMs read (read 2 bytes, write
+      // 1 + 1: torchao's float8 roofline, roofline_utils.py, its amax fused
+      // into the producer; Transformer Engine's cast_transpose) and read by
+      // two GEMMs: 2 bytes an input element a GEMM, on top of its own traffic
+      // at 1 byte. The weight's cast is the step's where the stack caches it
       // (CostConstants::fp8_weight_cache). Rowwise scaling casts each
-      // operand per GEMM, along that GEMM's reduction axis: 3 bytes an input
-      // element, on kernels at fp8_rowwise_gemm_efficiency of the rate.
+      // operand per GEMM along that GEMM's reduction axis, one layout: read
+      // 2, write 1, with its amax in the same pass along a row (the forward's
+      // two operands, dy in the input gradient) or in a pass of its own
+      // along a column (the other three): 4 bytes an input element on
+      // average, on kernels at fp8_rowwise_gemm_efficiency of the rate.
       const bool rowwise = job_.fp8_scaling == Fp8Scaling::kRowwise;
       double in = 0;
       for (ValueId v : n.inputs) {
@@ -154,7 +159,7 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
           continue;
         in += double(g.shape(v).numel());
       }
-      const double cast = (rowwise ? 3.0 : 1.5) * in;
+      const double cast = (rowwise ? 4.0 : 2.0) * in;
       const double gemm =
           cluster_.fp8_matmul_time_s(c.flops) /
           (k_.matmul_efficiency_scale * f * (rowwise ? k_.fp8_rowwise_gemm_efficiency : 1.0));
