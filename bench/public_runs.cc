@@ -757,6 +757,9 @@ Mapped map_run(const json& run) {
     // Transformer Engine's FP8 weights cast on a step's first micro-batch and
     // cached for the rest (Megatron-Core's set_is_first_microbatch).
     m.k.fp8_weight_cache = true;
+    // Its sequence-parallel all-gathers quantized first (LayerNormLinear's
+    // quantized ln_out, grad_output_preprocess's FP8 gather).
+    m.k.fp8_tp_all_gather = true;
   }
   // Megatron-LM's --overlap-param-gather: the distributed optimizer's gather
   // under the next step's first forward.

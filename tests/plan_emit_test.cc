@@ -663,7 +663,8 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
        {"--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"})
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag << "\n" << r.output;
   // The header says how the price treats the stack's FP8 weights.
-  EXPECT_NE(r.output.find("; FP8 weights cast once a step, Transformer Engine's cache)"),
+  EXPECT_NE(r.output.find("; FP8 weights cast once a step, Transformer Engine's cache, the tp "
+                          "all-gathers in FP8)"),
             std::string::npos)
       << r.output;
   std::string args;
@@ -686,7 +687,8 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
       << r.output;
   EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).fp8_weight_gather);
   EXPECT_TRUE(stack_constants(EmitTarget::kTorchTitan, true).fp8_tp_all_gather);
-  EXPECT_FALSE(stack_constants(EmitTarget::kMegatron, true).fp8_tp_all_gather);
+  EXPECT_TRUE(stack_constants(EmitTarget::kMegatron, true).fp8_tp_all_gather);
+  EXPECT_FALSE(stack_constants(EmitTarget::kDeepSpeed, true).fp8_tp_all_gather);
   r = run_cli(base + " --emit deepspeed");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("DeepSpeed's config has no FP8 training of its own"), std::string::npos)

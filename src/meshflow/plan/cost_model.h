@@ -407,8 +407,10 @@ struct CostConstants {
   // activations over tp in FP8: TorchTitan's enable_float8_tensorwise_tp
   // (on whenever its float8 recipe is tensorwise) casts the sequence-parallel
   // input before its gather (torchao's PrepareFloat8ModuleInput) and the
-  // output's gradient before the backward's gather (Float8RowwiseParallel):
-  // its tp all_gathers move 1 byte an element, the reduce_scatters 16-bit.
+  // output's gradient before the backward's gather (Float8RowwiseParallel);
+  // Transformer Engine quantizes LayerNormLinear's norm output before its
+  // gather and the gradient before the backward's (grad_output_preprocess):
+  // the tp all_gathers move 1 byte an element, the reduce_scatters 16-bit.
   bool fp8_tp_all_gather = false;
   // With TrainingJob::fp8, the stack casts each block weight to FP8 once a
   // step and reuses it for the step's micro-batches: Transformer Engine's

@@ -447,6 +447,7 @@ void apply_stack_constants(EmitTarget t, bool bf16, CostConstants* k) {
       k->tp_backward_overlap = true;      // its tensor-parallel layers' async backward
       k->overlap_p2p_interleaved = true;  // overlap_p2p_comm, its interleaved default
       k->fp8_weight_cache = true;         // TE's FP8 weights cached for the step
+      k->fp8_tp_all_gather = true;        // TE's sequence-parallel gathers quantized first
       break;
     case EmitTarget::kDeepSpeed:
       k->zero_grad_partition_bytes = 4;
@@ -500,7 +501,10 @@ std::string stack_priced(EmitTarget t, bool bf16, bool fp8, Fp8Scaling scaling) 
                : "Megatron-LM's (the gradients' reduction, the distributed optimizer's "
                  "gather and the tensor-parallel backward's collectives overlapped, the "
                  "interleaved schedule's p2p under the other chunks' compute)";
-      if (fp8) s.insert(s.size() - 1, "; FP8 weights cast once a step, Transformer Engine's cache");
+      if (fp8)
+        s.insert(s.size() - 1,
+                 "; FP8 weights cast once a step, Transformer Engine's cache, the tp all-gathers "
+                 "in FP8");
       break;
     case EmitTarget::kDeepSpeed:
       s = "DeepSpeed's (ZeRO-1/2: the step's f32 gradient partition and a 5e8-element "
