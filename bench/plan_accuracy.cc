@@ -82,6 +82,7 @@ struct Case {
 
 struct Measured {
   double step_s = 0;         // median over steps of the slowest rank's step
+  double best_s = 0;         // the fastest of those steps (the least disturbed)
   double spread = 0;         // (max - min) / median of those steps
   MemoryStats memory;        // the rank with the largest peak (a pipeline's: without its stash)
   double peak = 0;           // its peak bytes (Engine::peak_bytes)
@@ -266,6 +267,7 @@ Result<Measured> measure(const json& model, const Case& c, const json& parallel,
   m.steps = static_cast<int>(all.size());
   const std::vector<double>& use = good.size() >= 2 ? good : all;
   m.step_s = median(use);
+  m.best_s = *std::min_element(use.begin(), use.end());
   m.spread =
       (*std::max_element(use.begin(), use.end()) - *std::min_element(use.begin(), use.end())) /
       m.step_s;
@@ -464,9 +466,9 @@ int main(int argc, char** argv) {
               model.dump().c_str(), batch, lm ? seq : 1, cluster_path.c_str(),
               machine.device.peak_flops.f32 / 1e9,
               machine.device.memory_bandwidth_bytes_per_s / 1e9);
-  std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s\n", "plan", "ranks", "pred ms",
-              "meas ms", "err", "noise", "clean", "pred MiB", "meas MiB", "err");
-  std::vector<double> time_err, mem_err;
+  std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s %8s %7s\n", "plan", "ranks", "pred ms",
+              "meas ms", "err", "noise", "clean", "pred MiB", "meas MiB", "err", "best ms", "err");
+  std::vector<double> time_err, mem_err, best_err;
   // Prices and runs one case, prints its row; its measured seconds (0: failed).
   auto run_case = [&](const Case& c) -> double {
     plan::TrainingJob job{mc, batch, lm ? seq : 1};
@@ -508,12 +510,16 @@ int main(int argc, char** argv) {
     const double te = pc->step_time_s / me->step_s - 1;
     const double mem_meas = me->peak;
     const double memerr = pc->memory.total / mem_meas - 1;
+    const double be = pc->step_time_s / me->best_s - 1;
     time_err.push_back(std::abs(te));
     mem_err.push_back(std::abs(memerr));
-    std::printf("%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %3d/%-2d %10.2f %10.2f %+6.1f%%\n",
-                name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
-                100 * me->spread, me->clean, me->steps, mib(pc->memory.total), mib(mem_meas),
-                100 * memerr);
+    best_err.push_back(std::abs(be));
+    std::printf(
+        "%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %3d/%-2d %10.2f %10.2f %+6.1f%% %8.1f "
+        "%+6.1f%%\n",
+        name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te, 100 * me->spread,
+        me->clean, me->steps, mib(pc->memory.total), mib(mem_meas), 100 * memerr, me->best_s * 1e3,
+        100 * be);
     if (breakdown) {
       const plan::MemoryBreakdown& m = pc->memory;
       const MemoryStats& ms = me->memory;
@@ -587,8 +593,8 @@ int main(int argc, char** argv) {
   if (!time_err.empty())
     std::printf(
         "median |error|: step time %.1f%% (issue 12's target <= 10%%), peak memory %.1f%% (<= 5%%) "
-        "over "
-        "%zu plans\n",
-        100 * median(time_err), 100 * median(mem_err), time_err.size());
+        "over %zu plans; against each plan's fastest step (the least disturbed, as the "
+        "calibration's best-of-N rates are) %.1f%%\n",
+        100 * median(time_err), 100 * median(mem_err), time_err.size(), 100 * median(best_err));
   return 0;
 }
