@@ -540,6 +540,20 @@ TEST(PlanCostModel, EagerPyTorchKeepsItsIntermediatesAndItsF32Loss) {
   EXPECT_NEAR(eager_cost.memory.activations / compiled_cost.memory.activations, 53.0 / 34.0, 0.01);
 }
 
+// ZeRO-3 over 8 ranks, one micro-batch of 2: the FP8 gather tests' plan.
+Plan fsdp_over_8() {
+  Plan p;
+  p.dp = 8, p.micro_batch = 2, p.num_micro_batches = 1, p.zero = 3;
+  return p;
+}
+
+// FSDP's weight gathers in FP8 (TorchTitan's enable_fsdp_float8_all_gather).
+CostConstants fp8_gathers() {
+  CostConstants k;
+  k.fp8_weight_gather = true;
+  return k;
+}
+
 // TrainingJob::fp8: the blocks' linear GEMMs at the device's FP8 rate plus
 // the casts of their operands (2 bytes an input element a GEMM: read 2, write
 // both layouts, shared by two GEMMs); the
@@ -599,12 +613,8 @@ TEST(PlanCostModel, Fp8RunsTheBlocksLinearsAtTheFp8Rate) {
   // FSDP's gathers in FP8 (TorchTitan's enable_fsdp_float8_all_gather): a
   // ZeRO-3 step moves the blocks' weights at 1 byte an element, the
   // gradients' reduce_scatters and the embedding/head's gathers unchanged.
-  Plan z3;
-  z3.dp = 8, z3.micro_batch = 2, z3.num_micro_batches = 1, z3.zero = 3;
-  CostConstants gather8;
-  gather8.fp8_weight_gather = true;
-  const StepCost g16 = value_or_throw(CostModel(job, c).price(z3));
-  const StepCost g8 = value_or_throw(CostModel(job, c, gather8).price(z3));
+  const StepCost g16 = value_or_throw(CostModel(job, c).price(fsdp_over_8()));
+  const StepCost g8 = value_or_throw(CostModel(job, c, fp8_gathers()).price(fsdp_over_8()));
   const double blocks = double(d.layers) * double(fp8.layer_params);
   const double all = blocks + double(fp8.embed_params + fp8.head_params);
   // Two gathers a step (forward, backward) of every weight, over 8 ranks.
@@ -655,12 +665,8 @@ TEST(PlanCostModel, Fp8RowwiseCastsPerGemmOnSlowerKernels) {
   EXPECT_DOUBLE_EQ(value_or_throw(CostModel(job, c, cached).layer_cost(1, 1, 2)).forward_matmul_s,
                    rowwise.forward_matmul_s);
   // FSDP's FP8 gathers are tensorwise's alone: rowwise gathers 16-bit.
-  Plan z3;
-  z3.dp = 8, z3.micro_batch = 2, z3.num_micro_batches = 1, z3.zero = 3;
-  CostConstants gather8;
-  gather8.fp8_weight_gather = true;
-  const StepCost plain = value_or_throw(CostModel(job, c).price(z3));
-  const StepCost asked = value_or_throw(CostModel(job, c, gather8).price(z3));
+  const StepCost plain = value_or_throw(CostModel(job, c).price(fsdp_over_8()));
+  const StepCost asked = value_or_throw(CostModel(job, c, fp8_gathers()).price(fsdp_over_8()));
   EXPECT_DOUBLE_EQ(asked.comm.data_parallel, plain.comm.data_parallel);
   // The names, and a wrong one named with the two valid.
   EXPECT_EQ(value_or_throw(parse_fp8_scaling("rowwise", "x")), Fp8Scaling::kRowwise);

@@ -89,9 +89,9 @@ struct TrainingJob {
   // weight gradient) in FP8 with per-tensor scaling (Transformer Engine's
   // recipe, TorchTitan's Float8 linears): at the device's FP8 rate, their
   // operands cast from the compute dtype once each, into both layouts the
-  // GEMMs read; attention, norms, the
-  // embedding and the head stay 16-bit (both stacks leave the output layer
-  // out). `meshflow plan --fp8`. Needs device.peak_flops.fp8.
+  // GEMMs read; attention, norms, the embedding and the head stay 16-bit
+  // (both stacks leave the output layer out). `meshflow plan --fp8`. Needs
+  // device.peak_flops.fp8.
   bool fp8 = false;
   // How those FP8 operands are scaled (`meshflow plan --fp8-scaling`):
   // one scale a tensor (Transformer Engine's recipes, torchao's tensorwise),
