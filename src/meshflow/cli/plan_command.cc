@@ -554,7 +554,8 @@ void add_plan_commands(CLI::App& app) {
                 "With --fp8, how the FP8 operands are scaled: tensorwise (one scale a tensor, "
                 "default; Transformer Engine, torchao's tensorwise) or rowwise (torchao's "
                 "rowwise recipe: each GEMM casts its operands per row, on slower kernels, "
-                "FSDP gathers in 16-bit; --emit torchtitan writes its recipe_name)");
+                "FSDP gathers in 16-bit; --emit torchtitan writes its recipe_name)")
+      ->check(CLI::IsMember({"tensorwise", "rowwise"}));
   char eager_cost[16];
   std::snprintf(eager_cost, sizeof eager_cost, "%.2fx", CostConstants::kEagerElementwise);
   p->add_flag("--eager", po->eager,
