@@ -431,8 +431,9 @@ struct CostConstants {
   // (torchao's addmm_float8_unwrapped, pytorch/ao#1325). Fitted once, on
   // torchao's own measurement (torchao/float8/README.md, "Training
   // benchmarks": Llama3-8B on 8 H100s, FSDP2, per-op SAC, batch 1 at 8192:
-  // rowwise 6768 tokens/s against tensorwise's 7689.5), not on the public
-  // set (docs/planner.md). Each rowwise GEMM also casts both its operands
+  // rowwise 6768 tokens/s against tensorwise's 7689.5;
+  // bench/fits/torchao_float8_readme.json), not on the public set
+  // (docs/planner.md). Each rowwise GEMM also casts both its operands
   // itself (no FP8 copy shared by the two GEMMs that read a tensor, each
   // along its own axis), and FSDP gathers the weights in 16-bit (float8
   // all-gather is tensorwise's alone).
