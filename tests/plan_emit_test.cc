@@ -516,6 +516,18 @@ testing::CliRun expect_simulate_agrees(const std::string& path) {
   return r;
 }
 
+// `meshflow simulate` refuses the plan file at `path` once its plan.`key` is
+// `bad`, with exit 2 and a message containing `says`.
+void expect_simulate_refuses(const std::string& path, const std::string& key,
+                             const nlohmann::json& bad, const std::string& says) {
+  nlohmann::json plan = nlohmann::json::parse(std::ifstream(path));
+  plan["plan"][key] = bad;
+  std::ofstream(path) << plan.dump();
+  const testing::CliRun r = run_cli("simulate " + path);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(says), std::string::npos) << says << "\n" << r.output;
+}
+
 // A plan file written with --emit names the stack it was priced as, and
 // `meshflow simulate` prices it with that stack's constants: the same step
 // time as `plan` printed (TorchTitan's op-level SAC fits LLaMA-3 8B at 8192
@@ -540,14 +552,9 @@ TEST(PlanEmit, PlanFileKeepsTheStackSimulatePricesWith) {
   r = run_cli("simulate " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("warning: the plan needs"), std::string::npos) << r.output;
-  plan["plan"]["stack"] = "jax";
-  std::ofstream(out) << plan.dump();
-  r = run_cli("simulate " + out);
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("plan.stack must be the --emit target the plan was priced for "
-                          "(megatron, deepspeed or torchtitan), got \"jax\""),
-            std::string::npos)
-      << r.output;
+  expect_simulate_refuses(out, "stack", "jax",
+                          "plan.stack must be the --emit target the plan was priced for "
+                          "(megatron, deepspeed or torchtitan), got \"jax\"");
 }
 
 // Megatron-LM's attention is Transformer Engine's, which on Hopper prefers
@@ -639,13 +646,7 @@ TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
   r = run_cli(base + " --emit torchtitan --eager");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("[compile]"), std::string::npos) << r.output;
-  nlohmann::json file = nlohmann::json::parse(std::ifstream(out));
-  file["plan"]["eager"] = 1;
-  std::ofstream(out) << file.dump();
-  r = run_cli("simulate " + out);
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("plan.eager must be true or false, got 1"), std::string::npos)
-      << r.output;
+  expect_simulate_refuses(out, "eager", 1, "plan.eager must be true or false, got 1");
 }
 
 // --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets
@@ -721,11 +722,7 @@ TEST(PlanEmit, Fp8IsSpelledByTheStacksThatRunIt) {
   nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(plan["plan"]["fp8"], true);
   expect_simulate_agrees(out);
-  plan["plan"]["fp8"] = "yes";
-  std::ofstream(out) << plan.dump();
-  r = run_cli("simulate " + out);
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("plan.fp8 must be true or false"), std::string::npos) << r.output;
+  expect_simulate_refuses(out, "fp8", "yes", "plan.fp8 must be true or false");
 }
 
 // --fp8-scaling rowwise (torchao's rowwise recipe): TorchTitan gets its
@@ -782,11 +779,7 @@ TEST(PlanEmit, Fp8RowwiseIsTorchaosRecipe) {
   nlohmann::json plan = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(plan["plan"]["fp8_scaling"], "rowwise");
   expect_simulate_agrees(out);
-  plan["plan"]["fp8_scaling"] = "per-row";
-  std::ofstream(out) << plan.dump();
-  r = run_cli("simulate " + out);
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("plan.fp8_scaling must be tensorwise"), std::string::npos) << r.output;
+  expect_simulate_refuses(out, "fp8_scaling", "per-row", "plan.fp8_scaling must be tensorwise");
 }
 
 }  // namespace

@@ -314,9 +314,8 @@ double CostModel::collective_node_time_s(const Graph& g, const Mesh& mesh, const
   *axis = mesh.axis_name(n.attrs.mesh_axis);
   // A block's tp all_gathers in FP8 where the stack casts before them
   // (CostConstants::fp8_tp_all_gather).
-  const bool fp8 = job_.fp8 && job_.fp8_scaling == Fp8Scaling::kTensorwise &&
-                   k_.fp8_tp_all_gather && n.kind == OpKind::kAllGather && n.layer >= 0 &&
-                   *axis == "tp";
+  const bool fp8 = job_.fp8_tensorwise() && k_.fp8_tp_all_gather && n.kind == OpKind::kAllGather &&
+                   n.layer >= 0 && *axis == "tp";
   const double buffer =
       double(elems) * (fp8 ? 1.0 : double(dtype_size(dt == DType::F32 ? dtype_ : dt)));
   return collective_time_on(n.kind, n.attrs.group_size, buffer, *axis, p, bytes);
@@ -1379,7 +1378,7 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   // block weights (and its transpose) a step (CostConstants::fp8_weight_cache;
   // priced by chunk, of every weight of the rank's chunks: a bound, the
   // embedding's and the head's few included).
-  if (job_.fp8 && job_.fp8_scaling == Fp8Scaling::kTensorwise && k_.fp8_weight_cache)
+  if (job_.fp8_tensorwise() && k_.fp8_weight_cache)
     r.optimizer_s += cl.memory_time_s(4.0 * (by_chunk ? p_stage : ls * double(lc.layer_params)));
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 

@@ -100,6 +100,9 @@ struct TrainingJob {
   // two operands for itself and runs slower kernels
   // (CostConstants::fp8_rowwise_gemm_efficiency).
   Fp8Scaling fp8_scaling = Fp8Scaling::kTensorwise;
+  // FP8 with one scale a tensor: what FP8 weight gathers, tp gathers and
+  // Transformer Engine's weight cache need.
+  bool fp8_tensorwise() const { return fp8 && fp8_scaling == Fp8Scaling::kTensorwise; }
 };
 
 // How attention runs on the device: fused (FlashAttention: scores stay on chip,

@@ -40,8 +40,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
   // Bytes an element of the weights' all_gathers: the compute dtype's, or
   // with FP8 gathers 1 for the blocks' weights (CostConstants::fp8_weight_gather).
   double gather_b = act;
-  if (job_.fp8 && job_.fp8_scaling == Fp8Scaling::kTensorwise && k_.fp8_weight_gather &&
-      p_stage > 0) {
+  if (job_.fp8_tensorwise() && k_.fp8_weight_gather && p_stage > 0) {
     const double blocks = std::min(1.0, ls * double(lc.layer_params) / p_stage);
     gather_b = blocks * 1.0 + (1 - blocks) * act;
   }
