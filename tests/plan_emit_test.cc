@@ -780,6 +780,16 @@ TEST(PlanEmit, Fp8RowwiseIsTorchaosRecipe) {
   EXPECT_EQ(plan["plan"]["fp8_scaling"], "rowwise");
   expect_simulate_agrees(out);
   expect_simulate_refuses(out, "fp8_scaling", "per-row", "plan.fp8_scaling must be tensorwise");
+  expect_simulate_refuses(out, "fp8_scaling", 3, "plan.fp8_scaling must be tensorwise or rowwise");
+  // The library refuses it for Megatron too (a caller other than the CLI).
+  TrainingJob job{model("llama3_8b.json"), 512, 4096};
+  job.fp8 = true, job.fp8_scaling = Fp8Scaling::kRowwise;
+  Plan p;
+  p.dp = 64, p.micro_batch = 1, p.num_micro_batches = 8;
+  expect_refused(p, job, EmitTarget::kMegatron, "Transformer Engine has no rowwise FP8 recipe");
+  EXPECT_NE(value_or_throw(emit_plan(p, job, true, EmitTarget::kTorchTitan))
+                .find("recipe_name = \"rowwise\""),
+            std::string::npos);
 }
 
 }  // namespace
