@@ -1179,6 +1179,21 @@ TEST_F(PlanCli, PredictionBandFromThePublishedRunsSpread) {
           "/dgx_a100_80gb.json --gpus 1024 --top 0");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("prediction_bands.json.clusters.x[]"), std::string::npos) << r.output;
+  // A ResNet has no band: the published runs are all transformer LMs.
+  r = run("plan " + model("resnet50.json") + " --cluster " + dgx() +
+          " --gpus 64 --global-batch 2048 --top 0 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json cnn = json::parse(r.output);
+  EXPECT_FALSE(cnn["plans"][0].contains("band_s")) << r.output;
+  EXPECT_NE(cnn["plans"][0]["band_none"].get<std::string>().find("none is a resnet"),
+            std::string::npos)
+      << r.output;
+  r = run("plan " + model("resnet50.json") + " --cluster " + dgx() +
+          " --gpus 64 --global-batch 2048 --top 0");
+  EXPECT_NE(r.output.find("band            none: the published runs that set the bands are "
+                          "transformer language models"),
+            std::string::npos)
+      << r.output;
 }
 
 // --attention names the stack's kernel: flash1 (listed by the cluster file)
@@ -1346,6 +1361,14 @@ TEST_F(PlanCli, UserErrorsExit2WithAnAnswer) {
   r = run("plan " + model("mlp_fashion.json") + " --cluster " + dgx() + " --gpus 4 --seq 128");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("an mlp has no sequence"), std::string::npos) << r.output;
+  r = run("plan " + model("resnet50.json") + " --cluster " + dgx() + " --gpus 4 --seq 128");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("a resnet has no sequence"), std::string::npos) << r.output;
+  r = run("plan " + model("resnet50.json") + " --cluster " + dgx() + " --gpus 4 --attention cudnn");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("is a resnet, which has no attention; plan it without --attention"),
+            std::string::npos)
+      << r.output;
   r = run("plan " + model("mlp_fashion.json") + " --cluster " + dgx() + " --gpus 4 --fix pp=2");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("no transformer blocks"), std::string::npos) << r.output;

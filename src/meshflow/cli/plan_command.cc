@@ -224,6 +224,10 @@ int run_plan(const PlanOptions& o) {
   if (!mj.is_ok()) return user_error(mj.status().message());
   Result<ModelConfig> model = parse_model_config(*mj);
   if (!model.is_ok()) return user_error(o.model + ": " + model.status().message());
+  if (o.attention_given && !is_language_model(*model))
+    return user_error("--attention " + o.attention + ": " + o.model + " is " +
+                      (std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp") +
+                      ", which has no attention; plan it without --attention");
   Result<Cluster> base = load_cluster(o.cluster);
   if (!base.is_ok()) return user_error(base.status().message());
   if (o.power_limit_w > 0) {
@@ -268,7 +272,9 @@ int run_plan(const PlanOptions& o) {
   }
   const bool lm = is_language_model(*model);
   if (!lm && o.seq > 1)
-    return user_error(o.model + ": --seq is for language models; an mlp has no sequence");
+    return user_error(o.model + ": --seq is for language models; " +
+                      (std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp") +
+                      " has no sequence");
   TrainingJob job;
   job.model = *model;
   job.seq = 1;
@@ -351,8 +357,15 @@ int run_plan(const PlanOptions& o) {
       Result<PredictionBands> b = load_prediction_bands(path);
       if (!b.is_ok()) return user_error(b.status().message());
       bands = std::move(*b);
-      band.entry = find_band(bands, base->name, o.gpus);
-      if (!band.entry)
+      band.entry = lm ? find_band(bands, base->name, o.gpus) : nullptr;
+      if (!lm)
+        // (bench/public_runs prices published transformer LM runs alone; a
+        // convolutional network's or an MLP's kernels err differently.)
+        band.why_none =
+            "the published runs that set the bands are transformer language models; "
+            "none is " +
+            std::string(std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp");
+      else if (!band.entry)
         band.why_none = "no published runs on " + base->name + " at " + std::to_string(o.gpus) +
                         " GPUs in " + path;
     }
@@ -398,6 +411,8 @@ int run_plan(const PlanOptions& o) {
                         {"high", band.entry->hi * r->plans[i].step_time_s},
                         {"runs", band.entry->runs},
                         {"gpus", band_range(*band.entry)}};
+      else if (!band.why_none.empty())
+        pj["band_none"] = band.why_none;  // why this prediction has no band
       if (i > 0) pj["why_slower"] = explain_loss(best, r->plans[i]);
       plans.push_back(pj);
     }
@@ -432,8 +447,8 @@ int run_plan(const PlanOptions& o) {
                 cluster->name.c_str(), static_cast<long long>(o.gpus), cluster->device.name.c_str(),
                 cluster->nodes, cluster->devices_per_node, fabric.c_str(),
                 std::string(dtype_name(cm.compute_dtype())).c_str(), power.c_str());
-    std::printf("job      global batch %lld x seq %lld%s%s\n",
-                static_cast<long long>(job.global_batch), static_cast<long long>(job.seq),
+    std::printf("job      global batch %lld %s%s%s\n", static_cast<long long>(job.global_batch),
+                (lm ? "x seq " + std::to_string(job.seq) : std::string("examples")).c_str(),
                 (std::string(o.optimizer == "adamw" ? "" : "; optimizer " + o.optimizer) +
                  (job.fp8 ? std::string("; the blocks' linears in FP8") +
                                 (job.fp8_scaling == Fp8Scaling::kRowwise ? ", rowwise scaled" : "")
@@ -441,7 +456,7 @@ int run_plan(const PlanOptions& o) {
                     .c_str(),
                 so.fixed.to_string().empty() ? "" : ("; pinned " + so.fixed.to_string()).c_str());
     std::printf("stack    %s; --emit megatron|deepspeed|torchtitan prices that framework's own\n",
-                stack_assumed(cm.constants(), cm.compute_dtype()).c_str());
+                stack_assumed(cm.constants(), cm.compute_dtype(), lm).c_str());
     std::printf("search   %lld plans priced, %lld valid, %lld fit in memory, in %.3f s\n",
                 static_cast<long long>(r->evaluated), static_cast<long long>(r->valid),
                 static_cast<long long>(r->fitting), r->search_time_s);
@@ -570,12 +585,16 @@ void add_plan_commands(CLI::App& app) {
                 "device.rated_power_w: GEMMs and attention priced at the clock it leaves, the "
                 "cube root of the power ratio (docs/cluster.md)")
       ->check(CLI::Range(1.0, 100000.0));
-  p->add_option("--attention", po->attention,
-                "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
-                "cuDNN's for Megatron-LM where the cluster file prices it), another fused "
-                "kernel the cluster file prices (flash1: FlashAttention-1 and its Triton port; "
-                "cudnn) or materialized (Megatron-LM 2021)");
-  p->callback([po]() { std::exit(guard([&] { return run_plan(*po); })); });
+  CLI::Option* attention =
+      p->add_option("--attention", po->attention,
+                    "Attention kernel: fused (FlashAttention-2; with --emit, the stack's own: "
+                    "cuDNN's for Megatron-LM where the cluster file prices it), another fused "
+                    "kernel the cluster file prices (flash1: FlashAttention-1 and its Triton port; "
+                    "cudnn) or materialized (Megatron-LM 2021)");
+  p->callback([po, attention]() {
+    po->attention_given = attention->count() > 0;
+    std::exit(guard([&] { return run_plan(*po); }));
+  });
 
   auto so = std::make_shared<SimulateOptions>();
   CLI::App* s = app.add_subcommand("simulate", "Chrome trace of one predicted step of a plan");

@@ -527,7 +527,7 @@ std::string stack_priced(EmitTarget t, bool bf16, bool fp8, Fp8Scaling scaling) 
   return s;
 }
 
-std::string stack_assumed(const CostConstants& k, DType compute) {
+std::string stack_assumed(const CostConstants& k, DType compute, bool has_attention) {
   const double act = double(dtype_size(compute));
   auto bytes = [&](double b) { return (b > 0 ? b : act) == 4 ? "f32" : "16-bit"; };
   std::string s = "gradients held in " + std::string(bytes(k.grad_accumulation_bytes)) +
@@ -537,16 +537,18 @@ std::string stack_assumed(const CostConstants& k, DType compute) {
   if (k.zero3_prefetch) s += ", ZeRO-3's gathers prefetched";
   if (k.overlap_p2p_interleaved) s += ", the interleaved schedule's p2p overlapped";
   if (k.fp8_weight_cache) s += ", FP8 weights cast once a step";
-  switch (k.attention) {
-    case AttentionKernel::kFused:
-      s += ", fused attention (" + k.fused_attention + ")";
-      break;
-    case AttentionKernel::kMaterialized:
-      s += ", attention scores materialized";
-      break;
-    case AttentionKernel::kBlockedCpu:
-      s += ", the CPU's blocked attention";
-      break;
+  if (has_attention) {  // (a ResNet's or an MLP's has none)
+    switch (k.attention) {
+      case AttentionKernel::kFused:
+        s += ", fused attention (" + k.fused_attention + ")";
+        break;
+      case AttentionKernel::kMaterialized:
+        s += ", attention scores materialized";
+        break;
+      case AttentionKernel::kBlockedCpu:
+        s += ", the CPU's blocked attention";
+        break;
+    }
   }
   s += k.tp_comm_overlap ? ", tensor-parallel collectives overlapped"
                          : ", tensor-parallel collectives not overlapped";

@@ -80,7 +80,8 @@ std::string stack_priced(EmitTarget t, bool bf16, bool fp8 = false,
                          Fp8Scaling scaling = Fp8Scaling::kTensorwise);
 // What plain `meshflow plan` (no --emit) prices, read from `k`: the
 // gradients' bytes and their reduction's overlap, ZeRO-3's prefetch, the
-// attention kernel, the tensor-parallel collectives, eager elementwise ops.
-std::string stack_assumed(const CostConstants& k, DType compute);
+// attention kernel (where the model has attention), the tensor-parallel
+// collectives, eager elementwise ops.
+std::string stack_assumed(const CostConstants& k, DType compute, bool has_attention = true);
 
 }  // namespace meshflow::plan

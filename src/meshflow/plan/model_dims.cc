@@ -37,7 +37,9 @@ Result<TransformerDims> transformer_dims(const ModelConfig& model) {
     return d;
   }
   return Status::invalid(
-      "an mlp has no transformer layers, heads or positions (the sizes of a gpt2 or llama model)");
+      std::string(std::holds_alternative<ResNetConfig>(model) ? "a resnet" : "an mlp") +
+      " has no transformer layers, heads or positions (the sizes of a gpt2 or "
+      "llama model)");
 }
 
 namespace {
