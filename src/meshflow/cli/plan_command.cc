@@ -225,8 +225,7 @@ int run_plan(const PlanOptions& o) {
   Result<ModelConfig> model = parse_model_config(*mj);
   if (!model.is_ok()) return user_error(o.model + ": " + model.status().message());
   if (o.attention_given && !is_language_model(*model))
-    return user_error("--attention " + o.attention + ": " + o.model + " is " +
-                      (std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp") +
+    return user_error("--attention " + o.attention + ": " + o.model + " is " + model_noun(*model) +
                       ", which has no attention; plan it without --attention");
   Result<Cluster> base = load_cluster(o.cluster);
   if (!base.is_ok()) return user_error(base.status().message());
@@ -272,8 +271,7 @@ int run_plan(const PlanOptions& o) {
   }
   const bool lm = is_language_model(*model);
   if (!lm && o.seq > 1)
-    return user_error(o.model + ": --seq is for language models; " +
-                      (std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp") +
+    return user_error(o.model + ": --seq is for language models; " + model_noun(*model) +
                       " has no sequence");
   TrainingJob job;
   job.model = *model;
@@ -364,7 +362,7 @@ int run_plan(const PlanOptions& o) {
         band.why_none =
             "the published runs that set the bands are transformer language models; "
             "none is " +
-            std::string(std::holds_alternative<ResNetConfig>(*model) ? "a resnet" : "an mlp");
+            model_noun(*model);
       else if (!band.entry)
         band.why_none = "no published runs on " + base->name + " at " + std::to_string(o.gpus) +
                         " GPUs in " + path;

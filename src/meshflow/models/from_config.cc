@@ -74,6 +74,12 @@ bool is_language_model(const ModelConfig& cfg) {
   return std::holds_alternative<GptConfig>(cfg) || std::holds_alternative<LlamaConfig>(cfg);
 }
 
+std::string model_noun(const ModelConfig& cfg) {
+  if (std::holds_alternative<MlpConfig>(cfg)) return "an mlp";
+  if (std::holds_alternative<ResNetConfig>(cfg)) return "a resnet";
+  return std::holds_alternative<GptConfig>(cfg) ? "a gpt2 model" : "a llama model";
+}
+
 ModelSummary summarize(const ModelConfig& cfg, int64_t seq) {
   ModelSummary s;
   if (const auto* c = std::get_if<MlpConfig>(&cfg)) {

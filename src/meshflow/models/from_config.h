@@ -27,6 +27,9 @@ Result<ModelGraph> build_model(const ModelConfig& cfg, int64_t batch, int64_t se
 
 // True for language models (inputs tokens/targets [batch, seq]).
 bool is_language_model(const ModelConfig& cfg);
+// The model's kind as a message names it: "an mlp", "a resnet", "a gpt2
+// model", "a llama model".
+std::string model_noun(const ModelConfig& cfg);
 
 struct ModelSummary {
   std::string kind;  // "mlp" | "gpt" | "llama" | "resnet"

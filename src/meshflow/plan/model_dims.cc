@@ -36,10 +36,9 @@ Result<TransformerDims> transformer_dims(const ModelConfig& model) {
     d.dropout = false;
     return d;
   }
-  return Status::invalid(
-      std::string(std::holds_alternative<ResNetConfig>(model) ? "a resnet" : "an mlp") +
-      " has no transformer layers, heads or positions (the sizes of a gpt2 or "
-      "llama model)");
+  return Status::invalid(model_noun(model) +
+                         " has no transformer layers, heads or positions (the sizes of a gpt2 or "
+                         "llama model)");
 }
 
 namespace {
