@@ -280,7 +280,8 @@ class Gen {
 
   std::string plan_args() {
     static const std::vector<std::string> models = {"gpt_bytes_small.json", "gpt3_175b.json",
-                                                    "llama3_8b.json", "mlp_fashion.json"};
+                                                    "llama3_8b.json", "mlp_fashion.json",
+                                                    "resnet_fashion.json"};
     static const std::vector<std::string> fixes = {"tp=8",
                                                    "tp=8,tp=4",
                                                    ",,,",
