@@ -594,7 +594,8 @@ int main(int argc, char** argv) {
             "auto on %d ranks: chose %s; its median step %+.1f%% against the fastest median (%s), "
             "%s; its fastest step %+.1f%% against the fastest step measured (%s)\n",
             ranks, chosen_name.c_str(), 100 * slower, by_median.c_str(),
-            slower <= std::max(chosen.spread, fastest.spread)
+            by_median == chosen_name ? "the fastest median itself"
+            : slower <= std::max(chosen.spread, fastest.spread)
                 ? "within the two plans' step spread (not told apart on this machine)"
                 : "beyond the two plans' step spread",
             100 * (chosen.best_s / fastest_best.best_s - 1), by_best.c_str());

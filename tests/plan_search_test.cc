@@ -1181,7 +1181,7 @@ TEST_F(PlanCli, PredictionBandFromThePublishedRunsSpread) {
   EXPECT_NE(r.output.find("prediction_bands.json.clusters.x[]"), std::string::npos) << r.output;
   // A ResNet has no band: the published runs are all transformer LMs.
   r = run("plan " + model("resnet50.json") + " --cluster " + dgx() +
-          " --gpus 64 --global-batch 2048 --top 0 --json");
+          " --gpus 8 --global-batch 256 --top 0 --json");
   ASSERT_EQ(r.code, 0) << r.output;
   const json cnn = json::parse(r.output);
   EXPECT_FALSE(cnn["plans"][0].contains("band_s")) << r.output;
@@ -1189,7 +1189,7 @@ TEST_F(PlanCli, PredictionBandFromThePublishedRunsSpread) {
             std::string::npos)
       << r.output;
   r = run("plan " + model("resnet50.json") + " --cluster " + dgx() +
-          " --gpus 64 --global-batch 2048 --top 0");
+          " --gpus 8 --global-batch 256 --top 0");
   EXPECT_NE(r.output.find("band            none: the published runs that set the bands are "
                           "transformer language models"),
             std::string::npos)

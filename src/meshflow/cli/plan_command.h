@@ -33,12 +33,12 @@ struct PlanOptions {
   int top = 3;
   bool json = false;
   std::string out;
-  std::string fix;  // "tp=8,pp=4"
-  std::string attention = "fused";
-  bool attention_given = false;  // --attention on the command line  // fused | flash1 | ... |
-                                 // materialized (Megatron-LM 2021)
-  double time_limit_s = 60;      // the search stops here with the best plan so far
-  int threads = 0;               // the search's threads (0: one per core)
+  std::string fix;                  // "tp=8,pp=4"
+  std::string attention = "fused";  // fused | flash1 | ... | materialized (Megatron-LM 2021)
+  bool attention_given = false;     // --attention on the command line (a model without
+                                    // attention refuses it)
+  double time_limit_s = 60;         // the search stops here with the best plan so far
+  int threads = 0;                  // the search's threads (0: one per core)
   // megatron | deepspeed | torchtitan: print the best plan in that stack's
   // spelling (plan/emit.h) as the only output on stdout.
   std::string emit;
