@@ -22,9 +22,10 @@
 // speed drifts: on 2026-11-28 the 2-core VM's SGEMM ran at 201 GFLOP/s where
 // the calibration shipped that morning had 306, and the table against the
 // shipped file read 39% off, 12% against the fresh one);
-// --repeat R: each plan's measured time is the least of R runs (the least
-// disturbed when the machine is shared); --breakdown: the predicted and measured parts of time and
-// memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
+// --repeat R: each plan's measured time is the least disturbed of R runs,
+// taken in rounds over all the plans (A B C, A B C, ...) so that the
+// machine's drift falls on every plan alike; --breakdown: the predicted and measured parts of time
+// and memory and the program's collectives; --profile: rank 0's kernel time by op kind beside the
 // roofline of the same nodes and that roofline with each matmul's shape (the
 // cluster file's thin-GEMM grid); --auto N,...: auto mode's choice on N ranks
 // against every plan it priced that fits and is predicted within
@@ -40,7 +41,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -382,6 +385,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> lm_cases = {
       {"dp1", 1, "dp=1", "dp"},
       {"dp1-mb4", 1, "dp=1", "dp", 0, "none", 4},
+      {"dp1-mb16", 1, "dp=1", "dp", 0, "none", 16},
       {"dp1-full", 1, "dp=1", "dp", 0, "full"},
       {"dp1-selective", 1, "dp=1", "dp", 0, "selective"},
       {"dp2", 2, "dp=2", "dp"},
@@ -471,44 +475,64 @@ int main(int argc, char** argv) {
   std::printf("%-16s %5s %10s %10s %7s %6s %6s %10s %10s %7s %8s %7s\n", "plan", "ranks", "pred ms",
               "meas ms", "err", "noise", "clean", "pred MiB", "meas MiB", "err", "best ms", "err");
   std::vector<double> time_err, mem_err, best_err;
-  // Prices and runs one case, prints its row; what it measured (step_s 0: failed).
-  auto run_case = [&](const Case& c) -> Measured {
+  // A case priced: its cluster (the machine shared among its ranks; the
+  // profile reads it while the case runs), the price, and the section run.
+  struct Priced {
+    Case c;
+    std::unique_ptr<plan::Cluster> cl;
+    plan::StepCost pc;
+    json parallel;
+    std::string name;  // with the planner's stages
+  };
+  auto price_case = [&](const Case& c) -> std::optional<Priced> {
     plan::TrainingJob job{mc, batch, lm ? seq : 1};
-    const plan::Cluster cl = value_or_throw(plan::share_machine(machine, c.ranks));
-    plan::CostModel cm(job, cl, plan::meshflow_cpu_constants());
-    g_cluster = &cl;
+    Priced p{c,
+             std::make_unique<plan::Cluster>(value_or_throw(plan::share_machine(machine, c.ranks))),
+             {},
+             {},
+             c.name};
+    plan::CostModel cm(job, *p.cl, plan::meshflow_cpu_constants());
     plan::Plan planned = plan_of(c, batch);
     if (c.planned) {
       Result<std::vector<int64_t>> split = cm.stage_split(planned);
       if (!split.is_ok() || split->empty()) {
         std::printf("%-16s no stage split fits: %s\n", c.name.c_str(),
                     split.is_ok() ? "(none)" : split.status().message().c_str());
-        return {};
+        return std::nullopt;
       }
       planned.layers_per_stage = *split;
+      for (size_t i = 0; i < planned.layers_per_stage.size(); ++i)
+        p.name += (i ? "/" : " ") + std::to_string(planned.layers_per_stage[i]);
     }
     Result<plan::StepCost> pc = cm.price(planned);
     if (!pc.is_ok()) {
       std::printf("%-16s prediction failed: %s\n", c.name.c_str(), pc.status().message().c_str());
-      return {};
+      return std::nullopt;
     }
-    const json parallel = parallel_of(mc, c, pc->plan);  // (an ops plan: the strategies priced)
-    // The least disturbed of `repeat` runs (the machine may be shared).
-    Result<Measured> me = measure(model, c, parallel, batch, seq, warmup, steps);
-    for (int r = 1; r < repeat && me.is_ok(); ++r) {
-      Result<Measured> again = measure(model, c, parallel, batch, seq, warmup, steps);
-      if (!again.is_ok()) continue;
-      if (again->clean > me->clean || (again->clean == me->clean && again->step_s < me->step_s))
-        me = std::move(again);
+    p.pc = *pc;
+    p.parallel = parallel_of(mc, c, pc->plan);  // (an ops plan: the strategies priced)
+    return p;
+  };
+  // One run of a priced case, kept where it is the least disturbed so far
+  // (more clean steps, then the faster median).
+  auto measure_into = [&](const Priced& p, Result<Measured>* best) {
+    g_cluster = p.cl.get();
+    Result<Measured> m = measure(model, p.c, p.parallel, batch, seq, warmup, steps);
+    if (!m.is_ok()) {
+      if (!best->is_ok() || best->value().steps == 0) *best = std::move(m);
+      return;
     }
+    if (!best->is_ok() || best->value().steps == 0 || m->clean > (*best)->clean ||
+        (m->clean == (*best)->clean && m->step_s < (*best)->step_s))
+      *best = std::move(m);
+  };
+  // Prints a case's row; what it measured (step_s 0: failed).
+  auto report = [&](const Priced& p, const Result<Measured>& me) -> Measured {
     if (!me.is_ok()) {
-      std::printf("%-16s run failed: %s\n", c.name.c_str(), me.status().message().c_str());
+      std::printf("%-16s run failed: %s\n", p.c.name.c_str(), me.status().message().c_str());
       return {};
     }
-    std::string name = c.name;  // with the planner's stages
-    if (c.planned)
-      for (size_t i = 0; i < planned.layers_per_stage.size(); ++i)
-        name += (i ? "/" : " ") + std::to_string(planned.layers_per_stage[i]);
+    const plan::StepCost* pc = &p.pc;
     const double te = pc->step_time_s / me->step_s - 1;
     const double mem_meas = me->peak;
     const double memerr = pc->memory.total / mem_meas - 1;
@@ -519,9 +543,9 @@ int main(int argc, char** argv) {
     std::printf(
         "%-16s %5d %10.1f %10.1f %+6.1f%% %5.0f%% %3d/%-2d %10.2f %10.2f %+6.1f%% %8.1f "
         "%+6.1f%%\n",
-        name.c_str(), c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te, 100 * me->spread,
-        me->clean, me->steps, mib(pc->memory.total), mib(mem_meas), 100 * memerr, me->best_s * 1e3,
-        100 * be);
+        p.name.c_str(), p.c.ranks, pc->step_time_s * 1e3, me->step_s * 1e3, 100 * te,
+        100 * me->spread, me->clean, me->steps, mib(pc->memory.total), mib(mem_meas), 100 * memerr,
+        me->best_s * 1e3, 100 * be);
     if (breakdown) {
       const plan::MemoryBreakdown& m = pc->memory;
       const MemoryStats& ms = me->memory;
@@ -537,6 +561,27 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
     return *me;
+  };
+  // Prices, runs and reports the cases. With --repeat R > 1 the runs go in
+  // rounds over all the cases (A B C, A B C, ...), so a drift of the shared
+  // machine's speed over minutes falls on every case alike; each case keeps
+  // its least disturbed run. With one run each, every row prints as it runs.
+  // One Measured per case, in order (step_s 0: not priced or failed).
+  auto run_cases = [&](const std::vector<Case>& cases) -> std::vector<Measured> {
+    std::vector<std::optional<Priced>> priced;
+    for (const Case& c : cases) priced.push_back(price_case(c));
+    std::vector<Measured> out(cases.size());
+    std::vector<Result<Measured>> best(cases.size(), Measured{});
+    for (int r = 0; r < repeat; ++r)
+      for (size_t i = 0; i < cases.size(); ++i) {
+        if (!priced[i]) continue;
+        measure_into(*priced[i], &best[i]);
+        if (repeat == 1) out[i] = report(*priced[i], best[i]);
+      }
+    if (repeat > 1)
+      for (size_t i = 0; i < cases.size(); ++i)
+        if (priced[i]) out[i] = report(*priced[i], best[i]);
+    return out;
   };
   if (!auto_ranks.empty()) {
     // Auto mode's choice against the plans it priced: every fitting candidate
@@ -559,6 +604,7 @@ int main(int argc, char** argv) {
       const std::string chosen_name = plan::plan_label(a.best.plan);
       std::string by_median, by_best;
       Measured fastest, fastest_best, chosen;
+      std::vector<Case> run;
       for (const plan::StepCost& sc : a.candidates) {
         // (and the chosen plan, which may lie farther: within the spread)
         if (!sc.fits || (sc.step_time_s > a.fastest.step_time_s * (1 + auto_within) &&
@@ -581,12 +627,17 @@ int main(int argc, char** argv) {
         c.pp = static_cast<int>(p.pp);
         c.schedule = std::string(schedule_name(p.schedule));
         c.layers = p.layers_per_stage;
-        const Measured m = run_case(c);
+        run.push_back(std::move(c));
+      }
+      const std::vector<Measured> measured = run_cases(run);
+      for (size_t i = 0; i < run.size(); ++i) {
+        const Measured& m = measured[i];
+        const std::string& name = run[i].name;
         if (m.step_s <= 0) continue;
-        if (fastest.step_s == 0 || m.step_s < fastest.step_s) fastest = m, by_median = c.name;
+        if (fastest.step_s == 0 || m.step_s < fastest.step_s) fastest = m, by_median = name;
         if (fastest_best.best_s == 0 || m.best_s < fastest_best.best_s)
-          fastest_best = m, by_best = c.name;
-        if (c.name == chosen_name) chosen = m;
+          fastest_best = m, by_best = name;
+        if (name == chosen_name) chosen = m;
       }
       if (chosen.step_s > 0 && fastest.step_s > 0) {
         const double slower = chosen.step_s / fastest.step_s - 1;
@@ -603,10 +654,11 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  for (const Case& c : cases) {
-    if (!only.empty() && only.find("," + c.name + ",") == std::string::npos) continue;
-    run_case(c);
-  }
+  std::vector<Case> chosen_cases;
+  for (const Case& c : cases)
+    if (only.empty() || only.find("," + c.name + ",") != std::string::npos)
+      chosen_cases.push_back(c);
+  run_cases(chosen_cases);
   if (!time_err.empty())
     std::printf(
         "median |error|: step time %.1f%% (issue 12's target <= 10%%), peak memory %.1f%% (<= 5%%) "

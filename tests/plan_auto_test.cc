@@ -585,6 +585,40 @@ TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
   EXPECT_DOUBLE_EQ(step(gpt, listed).compute_s, step(gpt, plain).compute_s);
 }
 
+// meshflow's runtime sums the micro-batches' gradients in f32 buckets
+// (runtime/grad_buckets.cc): a copy, then an add pass per later micro-batch,
+// priced at memory bandwidth over the rank's parameters; a GPU stack's
+// GEMMs accumulate into the gradients and price none.
+TEST(PlanAuto, GradientBucketAccumulationIsPriced) {
+  const Cluster c = value_or_throw(
+      load_cluster(meshflow::testing::source_dir() + "/configs/clusters/local_cpu.json"));
+  const json gpt = {{"model_type", "gpt2"},
+                    {"n_layer", 2},
+                    {"n_embd", 64},
+                    {"n_head", 4},
+                    {"n_positions", 32},
+                    {"vocab_size", 64},
+                    {"tie_word_embeddings", true}};
+  const ModelConfig mc = value_or_throw(parse_model_config(gpt));
+  CostConstants k = meshflow_cpu_constants();
+  ASSERT_TRUE(k.grads_accumulated_in_buckets);
+  const CostModel buckets(TrainingJob{mc, 16, 32}, c, k);
+  k.grads_accumulated_in_buckets = false;
+  const CostModel none(TrainingJob{mc, 16, 32}, c, k);
+  const double params = buckets.num_parameters();
+  for (int64_t m : {1, 4, 16}) {
+    SCOPED_TRACE("micro-batches " + std::to_string(m));
+    Plan p;
+    p.dp = 1, p.micro_batch = 16 / m, p.num_micro_batches = m;
+    const StepCost a = value_or_throw(buckets.price(p)), b = value_or_throw(none.price(p));
+    const double passes =
+        m > 1 ? 2.0 + 3.0 * double(m - 1) : 0.0;  // one rank, one micro-batch: none
+    EXPECT_NEAR(a.optimizer_s - b.optimizer_s, c.memory_time_s(4.0 * params * passes), 1e-12);
+    EXPECT_NEAR(a.step_time_s - b.step_time_s, a.optimizer_s - b.optimizer_s, 1e-12);
+  }
+  EXPECT_FALSE(CostConstants{}.grads_accumulated_in_buckets);
+}
+
 // A run config of `model` on Fashion-MNIST in auto mode with the full search.
 json auto_run(const json& model, int steps) {
   return {{"model", model},

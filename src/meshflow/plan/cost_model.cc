@@ -146,6 +146,7 @@ CostConstants meshflow_cpu_constants() {
   k.recompute_from_pass = true;
   k.memory_model = MemoryModel::kStaticArena;
   k.zero_arena_program = true;
+  k.grads_accumulated_in_buckets = true;
   // The in-process transport's overlap (ring attention's shifts) is not
   // measured against the CPU kernels; the GPU figure is not carried over.
   k.overlap_compute_slowdown = 0;
@@ -1380,6 +1381,11 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   // embedding's and the head's few included).
   if (job_.fp8_tensorwise() && k_.fp8_weight_cache)
     r.optimizer_s += cl.memory_time_s(4.0 * (by_chunk ? p_stage : ls * double(lc.layer_params)));
+  // Micro-batches summed in f32 buckets (CostConstants::grads_accumulated_in_buckets):
+  // a copy (2 x 4 bytes an element) and an add pass (3 x 4) for each later one.
+  if (k_.grads_accumulated_in_buckets && (p.num_micro_batches > 1 || replicas > 1))
+    r.optimizer_s +=
+        cl.memory_time_s(4.0 * p_stage * (2.0 + 3.0 * double(p.num_micro_batches - 1)));
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
   if (by_chunk) {

@@ -341,6 +341,16 @@ struct CostConstants {
   // ZeRO program at every dp and micro-batch doubled a ResNet-50 search on
   // 16 GPUs (5.5 s to 11.0 s).
   bool zero_arena_program = false;
+  // The gradients are summed over micro-batches outside the program, in f32
+  // gradient buckets (meshflow's runtime, runtime/grad_buckets.cc): each
+  // micro-batch after the first adds its gradients to the buckets in a pass
+  // over memory (read both, write one), the first copies them in, as does a
+  // step of one micro-batch whose gradients are reduced over replicas.
+  // false (the GPU stacks): the backward's GEMMs accumulate into the
+  // gradients themselves. A step of 16 micro-batches of one sequence ran
+  // 0.15-0.18 s slower than one of 16 sequences on this VM (2026-11-29) where
+  // the cost model priced 12 ms; these passes are 4-6 ms each there.
+  bool grads_accumulated_in_buckets = false;
   // How much more the stack's memory-bound ops (norms, rotary embedding,
   // activations, residual adds, the loss) cost than one fused kernel per op
   // of the graph, which is what they are priced at: 1 where a compiler or

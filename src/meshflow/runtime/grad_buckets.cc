@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 
+#include "meshflow/kernels/cpu/parallel.h"
 #include "meshflow/ops/op_def.h"
 #include "meshflow/parallel/reshard_exec.h"
 
@@ -167,7 +168,11 @@ void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {
       b.pending = b.total;
       b.launched = false;
     } else {
-      for (int64_t i = 0; i < s.count; ++i) dst[i] += src[i];
+      // (on the rank's threads: a pass over memory a micro-batch, priced as
+      // CostConstants::grads_accumulated_in_buckets)
+      cpu::parallel_for(s.count, 1, [dst, src](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) dst[i] += src[i];
+      });
     }
     if (micro == m - 1 && --b.pending == 0 && overlap_) launch(b);
   }
