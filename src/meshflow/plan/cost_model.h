@@ -348,8 +348,8 @@ struct CostConstants {
   // step of one micro-batch whose gradients are reduced over replicas.
   // false (the GPU stacks): the backward's GEMMs accumulate into the
   // gradients themselves. A step of 16 micro-batches of one sequence ran
-  // 0.15-0.18 s slower than one of 16 sequences on this VM (2026-11-29) where
-  // the cost model priced 12 ms; these passes are 4-6 ms each there.
+  // 0.15-0.18 s slower than one of 16 sequences on the 2-core VM
+  // (2026-11-29); these passes are 21 ms of it (docs/planner.md).
   bool grads_accumulated_in_buckets = false;
   // How much more the stack's memory-bound ops (norms, rotary embedding,
   // activations, residual adds, the loss) cost than one fused kernel per op
