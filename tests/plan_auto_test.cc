@@ -559,6 +559,17 @@ json tiny_resnet(int d0, int d1) {
 // Device::kernel_time_scale multiplies the roofline of its kinds alone: a
 // ResNet's step (pooling, batch norm, convolutions) grows by what its nodes
 // of those kinds add, a GPT's (none of them) does not move.
+// A GPT of 2 blocks of width 64 over 32 positions.
+json tiny_gpt() {
+  return {{"model_type", "gpt2"},
+          {"n_layer", 2},
+          {"n_embd", 64},
+          {"n_head", 4},
+          {"n_positions", 32},
+          {"vocab_size", 64},
+          {"tie_word_embeddings", true}};
+}
+
 TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
   Cluster listed = value_or_throw(
       load_cluster(meshflow::testing::source_dir() + "/configs/clusters/local_cpu.json"));
@@ -575,13 +586,7 @@ TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
   };
   const json resnet = tiny_resnet(1, 1);
   EXPECT_GT(step(resnet, listed).compute_s, 1.2 * step(resnet, plain).compute_s);
-  const json gpt = {{"model_type", "gpt2"},
-                    {"n_layer", 2},
-                    {"n_embd", 64},
-                    {"n_head", 4},
-                    {"n_positions", 32},
-                    {"vocab_size", 64},
-                    {"tie_word_embeddings", true}};
+  const json gpt = tiny_gpt();
   EXPECT_DOUBLE_EQ(step(gpt, listed).compute_s, step(gpt, plain).compute_s);
 }
 
@@ -592,13 +597,7 @@ TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
 TEST(PlanAuto, GradientBucketAccumulationIsPriced) {
   const Cluster c = value_or_throw(
       load_cluster(meshflow::testing::source_dir() + "/configs/clusters/local_cpu.json"));
-  const json gpt = {{"model_type", "gpt2"},
-                    {"n_layer", 2},
-                    {"n_embd", 64},
-                    {"n_head", 4},
-                    {"n_positions", 32},
-                    {"vocab_size", 64},
-                    {"tie_word_embeddings", true}};
+  const json gpt = tiny_gpt();
   const ModelConfig mc = value_or_throw(parse_model_config(gpt));
   CostConstants k = meshflow_cpu_constants();
   ASSERT_TRUE(k.grads_accumulated_in_buckets);
