@@ -518,12 +518,9 @@ int main(int argc, char** argv) {
   auto measure_into = [&](const Priced& p, Result<Measured>* best) {
     g_cluster = p.cl.get();
     Result<Measured> m = measure(model, p.c, p.parallel, batch, seq, warmup, steps);
-    if (!m.is_ok()) {
-      if (!best->is_ok() || best->value().steps == 0) *best = std::move(m);
-      return;
-    }
-    if (!best->is_ok() || best->value().steps == 0 || m->clean > (*best)->clean ||
-        (m->clean == (*best)->clean && m->step_s < (*best)->step_s))
+    if (!best->is_ok() ||
+        (m.is_ok() && (m->clean > (*best)->clean ||
+                       (m->clean == (*best)->clean && m->step_s < (*best)->step_s))))
       *best = std::move(m);
   };
   // Prints a case's row; what it measured (step_s 0: failed).
@@ -571,7 +568,7 @@ int main(int argc, char** argv) {
     std::vector<std::optional<Priced>> priced;
     for (const Case& c : cases) priced.push_back(price_case(c));
     std::vector<Measured> out(cases.size());
-    std::vector<Result<Measured>> best(cases.size(), Measured{});
+    std::vector<Result<Measured>> best(cases.size(), Status::internal("not run"));
     for (int r = 0; r < repeat; ++r)
       for (size_t i = 0; i < cases.size(); ++i) {
         if (!priced[i]) continue;
