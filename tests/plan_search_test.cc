@@ -385,6 +385,31 @@ TEST(PlanCostModel, FsdpShardGradOpPaysItsPerUnitLatency) {
   EXPECT_NEAR(b_fsdp / b_ds, 1.0, 1e-9);
 }
 
+// ZeRO-2 keeps only its shard of the gradients, so DeepSpeed's stage 2 and
+// meshflow's runtime reduce-scatter every micro-batch's gradients in its
+// backward; ZeRO-1 accumulates them whole and reduce-scatters once. With one
+// micro-batch the two send the same bytes; with m, ZeRO-2 sends m - 1 more
+// reduce-scatters of the gradients (and holds a shard of them, not all).
+TEST(PlanCostModel, ZeroTwoReduceScattersEveryMicroBatch) {
+  auto price = [](int zero, int64_t m) {
+    CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 2 * m * 64, 2048},
+                 load_sized_cluster("h100_sxm.json", 64), CostConstants{});
+    Plan p;
+    p.dp = 64, p.micro_batch = 2, p.num_micro_batches = m, p.zero = zero;
+    return value_or_throw(cm.price(p));
+  };
+  const StepCost one1 = price(1, 1), one2 = price(2, 1);
+  EXPECT_NEAR(one2.comm.data_parallel / one1.comm.data_parallel, 1.0, 1e-12);
+  const StepCost z1_2 = price(1, 2), z2_2 = price(2, 2), z1_4 = price(1, 4), z2_4 = price(2, 4);
+  EXPECT_NEAR(z1_4.comm.data_parallel / one1.comm.data_parallel, 1.0, 1e-12);
+  const double extra_2 = z2_2.comm.data_parallel - z1_2.comm.data_parallel;
+  const double extra_4 = z2_4.comm.data_parallel - z1_4.comm.data_parallel;
+  EXPECT_GT(extra_2, 0.2 * z1_2.comm.data_parallel);
+  EXPECT_NEAR(extra_4 / extra_2, 3.0, 1e-9);
+  EXPECT_GE(z2_4.dp_comm_s, z1_4.dp_comm_s);
+  EXPECT_LT(z2_4.memory.grads, z1_4.memory.grads);
+}
+
 // A data-parallel plan of `model` on `gpus` GPUs of `cluster_file` (its
 // global batch: gpus x micro_batch sequences in one micro-batch), priced with
 // constants `k`: the stack constants' tests vary one field of k.

@@ -255,8 +255,9 @@ struct CostConstants {
   // forward in every micro-batch and keeps them for the backward, and
   // reduce_scatters its gradients after its backward; per unit, each paying
   // its ring latency, hidden under the unit's compute as ZeRO-3's
-  // (zero3_prefetch). False: DeepSpeed's stage 2, gradients reduce_scattered
-  // and the weights gathered once a step.
+  // (zero3_prefetch). False: DeepSpeed's stage 2 (and meshflow's runtime),
+  // each micro-batch's gradients reduce_scattered in its backward, the shard
+  // accumulated, and the weights gathered once a step.
   bool fsdp_shard_grad_op = false;
   // ZeRO-1/2's weight all_gather after the update runs under the next
   // step's first forward, bucket by bucket as each layer needs its weights

@@ -96,6 +96,14 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       dp_exposed = overlap_exposed_s(t, window);
       dp_bytes = 2 * ring_dp * grad_bytes;
     } else if (p.zero == 1 || (p.zero == 2 && !k_.fsdp_shard_grad_op)) {
+      // ZeRO-1 keeps the whole accumulated gradients and reduce-scatters them
+      // once, after the last backward. ZeRO-2 keeps only its shard, so every
+      // micro-batch's gradients are reduce-scattered in that micro-batch's
+      // backward: m reduce-scatters a step, each under its own backward
+      // (DeepSpeed's stage 2 "communicates during non gradient accumulation
+      // boundaries as well"; meshflow's partitioner: LocalProgram's
+      // early_grad, runs_per_step). The weights are gathered once a step.
+      const double rs_calls = p.zero == 2 ? m : 1.0;
       const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
       double ag = dp_collective(Collective::kAllGather, params * gather_b);
       // The gradient norm over sharded gradients: the partitioned program sums
@@ -103,9 +111,9 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       // the program's one all_reduce in the optimizer phase), not per tensor.
       if (k_.collective_per_tensor)
         ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
-      dp_exposed =
-          overlap_exposed_s(rs, window) + (k_.overlap_param_gather ? overlap_exposed_s(ag, F) : ag);
-      dp_bytes = ring_dp * (grad_bytes + params * gather_b);
+      dp_exposed = rs_calls * overlap_exposed_s(rs, window) +
+                   (k_.overlap_param_gather ? overlap_exposed_s(ag, F) : ag);
+      dp_bytes = ring_dp * (rs_calls * grad_bytes + params * gather_b);
     } else {
       // By layer: ZeRO-3, and ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (its
       // gather before the forward only, kept for the backward).
