@@ -395,6 +395,9 @@ int main(int argc, char** argv) {
       {"dp2-tp2", 4, "dp=2,tp=2", "megatron"},
       {"dp2-zero1", 2, "dp=2", "dp", 1},
       {"dp2-zero2", 2, "dp=2", "dp", 2},
+      // ZeRO-2 reduce-scatters each micro-batch's gradients (ZeRO-1 once).
+      {"dp2-zero1-mb4", 2, "dp=2", "dp", 1, "none", 4},
+      {"dp2-zero2-mb4", 2, "dp=2", "dp", 2, "none", 4},
       {"dp2-zero3", 2, "dp=2", "dp", 3},
       {"dp4-zero1", 4, "dp=4", "dp", 1},
       {"dp4-zero3", 4, "dp=4", "dp", 3},
