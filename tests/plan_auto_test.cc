@@ -14,6 +14,7 @@
 #include <set>
 
 #include "cli_run.h"
+#include "meshflow/cli/plan_check.h"
 #include "meshflow/comm/communicator.h"
 #include "meshflow/comm/local_world.h"
 #include "meshflow/engine/job.h"
@@ -412,6 +413,31 @@ TEST(PlanAuto, ErrorsSayWhy) {
       << a.status().message();
   Result<Cluster> missing = load_local_cluster("/nonexistent/cluster.json");
   EXPECT_FALSE(missing.is_ok());
+}
+
+// The plan check compares like with like: the planner prices the runtime's
+// sums of micro-batches' gradients in its buckets as optimizer time
+// (CostConstants::grads_accumulated_in_buckets), so the measured optimizer
+// part holds them too (Engine::grad_accumulate_seconds), beside the norm and
+// update kernels; an engine that timed no kernels reports step and memory
+// only. The trainer's figure grows with each step it sums micro-batches in.
+TEST(PlanAuto, PlanCheckCountsTheBucketSumsAsOptimizerTime) {
+  std::vector<double> first(kNumOpKinds, 0.0), end(kNumOpKinds, 0.0);
+  end[static_cast<int>(OpKind::kAdamWUpdate)] = 0.02;
+  end[static_cast<int>(OpKind::kMatMul)] = 0.5;
+  const cli::RunMeasurement m = cli::measure_run(first, end, 2, {0.3, 0.31}, 0.0, 0.01, 1000);
+  EXPECT_NEAR(m.optimizer_s, (0.02 + 0.01) / 2, 1e-12);
+  EXPECT_NEAR(m.compute_s, 0.25, 1e-12);
+  const cli::RunMeasurement untimed = cli::measure_run({}, {}, 2, {0.3, 0.31}, 0.0, 0.01, 1000);
+  EXPECT_EQ(untimed.optimizer_s, 0.0);
+
+  auto tr = value_or_throw(Trainer::create(run_config(json{{"mode", "data"}}, 8, 4)));
+  EXPECT_EQ(tr->grad_accumulate_seconds(), 0.0);
+  tr->step();
+  const double one = tr->grad_accumulate_seconds();
+  EXPECT_GT(one, 0.0);
+  tr->step();
+  EXPECT_GT(tr->grad_accumulate_seconds(), one);
 }
 
 // The static-arena memory model against the executor: one rank, the whole

@@ -30,7 +30,7 @@ struct RunMeasurement {
   double step_s = 0;         // median step time
   double compute_s = 0;      // kernels that are neither collectives nor the optimizer
   double collectives_s = 0;  // collective kernels + the time a step waited on bucketed reductions
-  double optimizer_s = 0;    // norm, clipping and update kernels
+  double optimizer_s = 0;    // norm, clipping and update kernels, and the gradient buckets' sums
   bool by_kind = false;      // the engine timed its kernels (else only step and memory)
   int64_t peak_bytes = 0;
   // Whose kernels these are: rank `rank` of `ranks` (slowest_rank_measurement
@@ -39,12 +39,13 @@ struct RunMeasurement {
 };
 
 // seconds_by_kind (Engine::seconds_by_kind) after the first step and at the
-// end, the steps between, their wall times and the time they waited on
-// gradient reductions, and the rank's peak memory.
+// end, the steps between, their wall times, the time they waited on gradient
+// reductions and summed micro-batches' gradients into the buckets
+// (Engine::grad_accumulate_seconds over those steps), and the rank's peak memory.
 RunMeasurement measure_run(const std::vector<double>& after_first,
                            const std::vector<double>& at_end, int steps,
                            std::vector<double> step_seconds, double comm_wait_s,
-                           int64_t peak_bytes);
+                           double grad_accumulate_s, int64_t peak_bytes);
 
 // Collective over every rank of `comm`: each rank's measurement `mine`
 // gathered, the one with the most kernel time (compute + collectives +

@@ -91,6 +91,9 @@ class Engine {
   // Seconds of kernel time per OpKind so far (indexed by the kind; empty when
   // the engine does not profile).
   virtual std::vector<double> seconds_by_kind() const { return {}; }
+  // Seconds so far spent summing micro-batches' gradients into the gradient
+  // buckets (GradientBuckets::accumulate_seconds; 0 without buckets).
+  virtual double grad_accumulate_seconds() const { return 0; }
 };
 
 }  // namespace meshflow

@@ -780,6 +780,13 @@ std::vector<double> PipelineTrainer::seconds_by_kind() const {
   return sum;
 }
 
+double PipelineTrainer::grad_accumulate_seconds() const {
+  double s = 0;
+  for (const auto& l : impl_->locals)
+    if (l.buckets) s += l.buckets->accumulate_seconds();
+  return s;
+}
+
 void PipelineTrainer::set_profiling(bool on) {
   for (auto& l : impl_->locals) l.ex->set_profiling(on);
 }

@@ -128,6 +128,7 @@ class PipelineTrainer : public Engine {
   // Kernel seconds by op kind over this rank's chunk executors, while
   // profiling (set_profiling: every chunk's executor).
   std::vector<double> seconds_by_kind() const override;
+  double grad_accumulate_seconds() const override;
   void set_profiling(bool on);
   void set_trace(TraceWriter* trace);
 

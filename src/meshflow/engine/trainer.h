@@ -85,6 +85,9 @@ class Trainer : public Engine {
   double flops_scale() const override { return world_; }
   std::string profile_report() const override { return executor_->profile_report(); }
   std::vector<double> seconds_by_kind() const override { return executor_->seconds_by_kind(); }
+  double grad_accumulate_seconds() const override {
+    return buckets_ ? buckets_->accumulate_seconds() : 0.0;
+  }
   int steps_done() const override { return step_; }
   // Chrome trace of each step (meshflow train --trace): per micro-batch a
   // forward and a backward span, one span per collective node, the gradient

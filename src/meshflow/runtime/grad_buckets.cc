@@ -158,6 +158,8 @@ void GradientBuckets::launch(Bucket& b) {
 }
 
 void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {
+  if (slots_of_node_[id].empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   for (int si : slots_of_node_[id]) {
     const Slot& s = slots_[si];
     Bucket& b = buckets_[s.bucket];
@@ -176,6 +178,7 @@ void GradientBuckets::on_node(Executor& ex, NodeId id, int micro, int m) {
     }
     if (micro == m - 1 && --b.pending == 0 && overlap_) launch(b);
   }
+  accumulate_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 Status GradientBuckets::finish(Executor& ex) {

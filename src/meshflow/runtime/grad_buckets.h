@@ -85,6 +85,10 @@ class GradientBuckets {
   std::vector<NodeId> without_replaced(const std::vector<NodeId>& order) const;
 
   double last_wait_seconds() const { return wait_s_; }  // time finish() blocked
+  // Seconds on_node has spent so far copying and adding the micro-batches'
+  // gradients into the buckets (the plan check's optimizer part: the planner
+  // prices it there, CostConstants::grads_accumulated_in_buckets).
+  double accumulate_seconds() const { return accumulate_s_; }
   int64_t bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
@@ -115,6 +119,7 @@ class GradientBuckets {
   std::vector<Bucket> buckets_;
   std::vector<bool> replaced_;  // node id -> run by the buckets
   double wait_s_ = 0;
+  double accumulate_s_ = 0;
 };
 
 }  // namespace meshflow
