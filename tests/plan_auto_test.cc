@@ -618,8 +618,9 @@ TEST(PlanAuto, KernelTimeScaleSlowsItsKindsAlone) {
 
 // meshflow's runtime sums the micro-batches' gradients in f32 buckets
 // (runtime/grad_buckets.cc): a copy, then an add pass per later micro-batch,
-// priced at memory bandwidth over the rank's parameters; a GPU stack's
-// GEMMs accumulate into the gradients and price none.
+// priced at memory bandwidth over the rank's parameters (its shard of them
+// under ZeRO-2/3); a GPU stack's GEMMs accumulate into the gradients and
+// price none.
 TEST(PlanAuto, GradientBucketAccumulationIsPriced) {
   const Cluster c = value_or_throw(
       load_cluster(meshflow::testing::source_dir() + "/configs/clusters/local_cpu.json"));
@@ -640,6 +641,22 @@ TEST(PlanAuto, GradientBucketAccumulationIsPriced) {
         m > 1 ? 2.0 + 3.0 * double(m - 1) : 0.0;  // one rank, one micro-batch: none
     EXPECT_NEAR(a.optimizer_s - b.optimizer_s, c.memory_time_s(4.0 * params * passes), 1e-12);
     EXPECT_NEAR(a.step_time_s - b.step_time_s, a.optimizer_s - b.optimizer_s, 1e-12);
+  }
+  // Under ZeRO-2/3 a rank sums its shard: the gradients are reduce-scattered
+  // in each micro-batch's backward (ZeRO-1 sums them whole).
+  const Cluster two = value_or_throw(share_machine(c, 2));
+  k.grads_accumulated_in_buckets = true;
+  const CostModel buckets2(TrainingJob{mc, 16, 32}, two, k);
+  k.grads_accumulated_in_buckets = false;
+  const CostModel none2(TrainingJob{mc, 16, 32}, two, k);
+  for (int zero : {1, 2, 3}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    Plan p;
+    p.dp = 2, p.micro_batch = 2, p.num_micro_batches = 4, p.zero = zero;
+    const StepCost a = value_or_throw(buckets2.price(p)), b = value_or_throw(none2.price(p));
+    const double summed = zero >= 2 ? params / 2 : params;
+    EXPECT_NEAR(a.optimizer_s - b.optimizer_s, two.memory_time_s(4.0 * summed * (2.0 + 3.0 * 3)),
+                1e-12);
   }
   EXPECT_FALSE(CostConstants{}.grads_accumulated_in_buckets);
 }

@@ -1382,10 +1382,12 @@ Result<StepCost> CostModel::price(const Plan& p, PipelineModel model) const {
   if (job_.fp8_tensorwise() && k_.fp8_weight_cache)
     r.optimizer_s += cl.memory_time_s(4.0 * (by_chunk ? p_stage : ls * double(lc.layer_params)));
   // Micro-batches summed in f32 buckets (CostConstants::grads_accumulated_in_buckets):
-  // a copy (2 x 4 bytes an element) and an add pass (3 x 4) for each later one.
-  if (k_.grads_accumulated_in_buckets && (p.num_micro_batches > 1 || replicas > 1))
-    r.optimizer_s +=
-        cl.memory_time_s(4.0 * p_stage * (2.0 + 3.0 * double(p.num_micro_batches - 1)));
+  // a copy (2 x 4 bytes an element) and an add pass (3 x 4) for each later one,
+  // of the rank's shard under ZeRO-2/3 (reduce-scattered in the backward).
+  if (k_.grads_accumulated_in_buckets && (p.num_micro_batches > 1 || replicas > 1)) {
+    const double summed = p.zero >= 2 ? p_stage / double(replicas) : p_stage;
+    r.optimizer_s += cl.memory_time_s(4.0 * summed * (2.0 + 3.0 * double(p.num_micro_batches - 1)));
+  }
   r.step_time_s = pipeline + r.dp_comm_s + r.optimizer_s;
 
   if (by_chunk) {
