@@ -346,7 +346,8 @@ struct CostConstants {
   // gradient buckets (meshflow's runtime, runtime/grad_buckets.cc): each
   // micro-batch after the first adds its gradients to the buckets in a pass
   // over memory (read both, write one), the first copies them in, as does a
-  // step of one micro-batch whose gradients are reduced over replicas.
+  // step of one micro-batch whose gradients are reduced over replicas; under
+  // ZeRO-2/3 the rank's shard alone (reduce-scattered in the backward).
   // false (the GPU stacks): the backward's GEMMs accumulate into the
   // gradients themselves. A step of 16 micro-batches of one sequence ran
   // 0.15-0.18 s slower than one of 16 sequences on the 2-core VM
