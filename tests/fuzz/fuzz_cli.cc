@@ -375,9 +375,16 @@ TEST_F(Fuzz, ConfigsNeverCrash) {
     std::ofstream(path) << cfg.dump();
     const std::string ranks = std::to_string(gen.one<int>({1, 1, 2, 3, 4}));
     const int cmd = gen.pick(3);
-    const std::string args = cmd == 0   ? "train " + path + " --quiet --ranks " + ranks
-                             : cmd == 1 ? "explain " + path + " --no-nodes --ranks " + ranks
-                                        : "graph " + path + " --phase forward";
+    std::string args = cmd == 0   ? "train " + path + " --quiet --ranks " + ranks
+                       : cmd == 1 ? "explain " + path + " --no-nodes --ranks " + ranks
+                                  : "graph " + path + " --phase forward";
+    // The train-time plan check and its refit of the local cluster file:
+    // priced, or refused in one line for a layout it cannot read back.
+    if (cmd == 0 && gen.coin(0.3)) args += " --check-plan";
+    if (cmd == 0 && gen.coin(0.15))
+      args += " --calibrate-from-run " +
+              gen.one<std::string>(
+                  {(dir_ / "refit.json").string(), "/nonexistent/dir/refit.json", dir_.string()});
     check(args, "case " + std::to_string(i) + " config " + cfg.dump());
     if (HasFailure()) return;  // one reproducer is enough
   }
