@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "cli_run.h"
 #include "meshflow/config/json_reader.h"
@@ -295,6 +296,20 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("plans priced"), std::string::npos) << r.output;
+  // A mesh without its size-1 axes (tp=2, not dp=1,tp=2) is the same program:
+  // priced, not refused for the planner's {batch: dp} rule or its split
+  // tuples' dp.
+  for (const auto& [mesh, preset, label] :
+       {std::tuple{"tp=2", "megatron", "dp=1 tp=2 pp=1 mb=8x1"},
+        std::tuple{"cp=2", "ulysses", "dp=1 tp=1 pp=1 cp=2 mb=8x1"}}) {
+    r = run_cli("explain " +
+                config(json{{"mode", "semi"}, {"mesh", mesh}, {"preset", preset}}, false, 8) +
+                " --ranks 2 --no-nodes --predict");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("predicted on this machine: ") + label), std::string::npos)
+        << mesh << "\n"
+        << r.output;
+  }
   r = run_cli("explain " +
               config(json{{"mode", "semi"},
                           {"mesh", "dp=2"},

@@ -1,6 +1,7 @@
 // A resolved job as the planner's plan (engine/job.h: plan_of_job), for the
 // train-time plan check of a layout the user chose.
 #include <algorithm>
+#include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,11 +23,20 @@ std::string str(int64_t x) {
 // Everything of a resolved job that decides what runs, as one line: two jobs
 // with the same key build the same programs on the same meshes. (Not the
 // mode: once resolved, "data" over several ranks and "semi" with the preset
-// dp are the same partitioned program.)
+// dp are the same partitioned program. Nor an axis of size 1, which splits
+// nothing: the mesh {tp: 2} a user writes and the planner's {dp: 1, tp: 2}
+// with its rule {batch: dp} are one program.)
 std::string layout_key(const Job& j) {
   const StrategyConfig& par = j.rc.parallel;
-  std::string k = std::string(j.partitioned ? "partitioned" : "one program") + " mesh " +
-                  j.mesh.to_string() + " micro-batches " + str(j.micro_batches);
+  auto trivial = [&](const std::string& axis) {
+    const int i = j.mesh.axis_index(axis);
+    return i < 0 || j.mesh.size(i) == 1;
+  };
+  std::string mesh;
+  for (const MeshAxis& a : j.mesh.axes())
+    if (a.size > 1) mesh += (mesh.empty() ? "" : ", ") + a.name + ": " + str(a.size);
+  std::string k = std::string(j.partitioned ? "partitioned" : "one program") + " mesh {" + mesh +
+                  "} micro-batches " + str(j.micro_batches);
   if (j.pipeline) {
     const PipelineConfig& pc = *j.pipeline;
     k += " pipeline " + str(pc.stages) + " " + std::string(schedule_name(pc.schedule)) + " v" +
@@ -37,14 +47,39 @@ std::string layout_key(const Job& j) {
   if (!par.preset.empty()) k += " preset " + par.preset;
   if (j.seq_zigzag > 1) k += " zigzag over " + str(j.seq_zigzag);
   if (par.zero > 0) k += " zero" + str(par.zero) + " " + par.zero_style;
-  std::vector<std::pair<std::string, std::string>> rules = par.rules.rules;
+  std::vector<std::pair<std::string, std::string>> rules;
+  for (const auto& rule : par.rules.rules) {
+    const std::vector<std::string> axes = DimRules::axes_in(rule.second);
+    if (!std::all_of(axes.begin(), axes.end(), trivial)) rules.push_back(rule);
+  }
   std::sort(rules.begin(), rules.end());
   if (!rules.empty()) {
     k += " rules {";
     for (const auto& [dim, axis] : rules) k += dim + ":" + axis + " ";
     k += "}";
   }
-  for (const auto& [pattern, splits] : par.strategies) k += " " + pattern + "=" + splits;
+  // A split tuple's trivial axes as 1 ("(dp, cp, 1, 1)" on dp = 1 is "(1, cp, 1, 1)";
+  // numbers, MindSpore's split counts, stay).
+  auto splits_key = [&](const std::string& splits) {
+    std::string out, name;
+    auto flush = [&] {
+      const bool axis = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+      out += axis && trivial(name) ? "1" : name;
+      name.clear();
+    };
+    for (char c : splits) {
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
+        name += c;
+      } else {
+        flush();
+        out += c;
+      }
+    }
+    flush();
+    return out;
+  };
+  for (const auto& [pattern, splits] : par.strategies)
+    k += " " + pattern + "=" + splits_key(splits);
   const RecomputePolicy& rcp = j.rc.train.recompute;
   k += " recompute " + str(rcp.mode);
   if (!rcp.layers.empty()) {
