@@ -647,6 +647,39 @@ TEST_F(Job, ExplainResolvesLikeTrain) {
   EXPECT_NE(e.output.find("has a pp axis but no parallel.pipeline"), std::string::npos) << e.output;
 }
 
+// train.micro_batches stands for a pipeline's when the pipeline section sets
+// none (its schedule checked with it); both set and different is an error
+// naming the two, and a count the interleaved schedule cannot run names the
+// counts it can.
+TEST_F(Job, PipelineTakesTheTrainMicroBatchesItDoesNotSet) {
+  auto with_micro_batches = [&](const json& parallel, int m) {
+    const std::string path = config(parallel);
+    json j = json::parse(std::ifstream(path));
+    j["train"]["micro_batches"] = m;
+    std::ofstream(path) << j.dump(2);
+    return path;
+  };
+  const json pipe = {{"mode", "semi"}, {"mesh", "dp=1"}, {"pipeline", {{"stages", 2}}}};
+  CliRun e = run_cli("explain " + with_micro_batches(pipe, 4) + " --ranks 2 --no-nodes");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("pipeline 2 stages"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("4 micro-batches"), std::string::npos) << e.output;
+  json inter = pipe;
+  inter["pipeline"]["schedule"] = "interleaved", inter["pipeline"]["virtual_stages"] = 2;
+  e = run_cli("explain " + with_micro_batches(inter, 4) + " --ranks 2 --no-nodes");
+  EXPECT_EQ(e.code, 0) << e.output;
+  e = run_cli("explain " + with_micro_batches(inter, 1) + " --ranks 2 --no-nodes");
+  EXPECT_TRUE(one_line_error(e)) << e.output;
+  EXPECT_NE(e.output.find("got micro_batches=1; use 2\n"), std::string::npos) << e.output;
+  json both = pipe;
+  both["pipeline"]["micro_batches"] = 2;
+  e = run_cli("explain " + with_micro_batches(both, 4) + " --ranks 2 --no-nodes");
+  EXPECT_TRUE(one_line_error(e)) << e.output;
+  EXPECT_NE(e.output.find("train.micro_batches=4 differs from pipeline.micro_batches=2"),
+            std::string::npos)
+      << e.output;
+}
+
 // Sizes no machine here can hold: one line naming the biggest tensors (or the
 // key out of range), exit 2, before anything is allocated.
 TEST_F(Job, ModelsTooLargeForTheMachineAreUserErrors) {

@@ -300,7 +300,12 @@ Result<Job> resolve_job(RunConfig rc_in, int world, const PipelineConfig* pipeli
     if (pipeline) {
       pc = *pipeline;
     } else {
-      Result<PipelineConfig> parsed = parse_pipeline_config(par.pipeline);
+      // train.micro_batches stands for the pipeline's where the pipeline
+      // section sets none (checked against its schedule as if written there).
+      json section = par.pipeline;
+      if (section.is_object() && !section.contains("micro_batches") && rc.train.micro_batches > 1)
+        section["micro_batches"] = rc.train.micro_batches;
+      Result<PipelineConfig> parsed = parse_pipeline_config(section);
       if (!parsed.is_ok()) return parsed.status().with_context("parallel");
       pc = *parsed;
     }

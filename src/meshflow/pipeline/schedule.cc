@@ -301,12 +301,14 @@ Result<Schedule> make_schedule(const ScheduleOptions& o) {
     return Status::invalid("pipeline.virtual_stages=" + std::to_string(v) + " needs schedule " +
                            "\"interleaved\" (or \"zb-v\" with 2); schedule \"" + name +
                            "\" runs one chunk per rank (virtual_stages 1)");
-  if (o.kind == ScheduleKind::kInterleaved && v > 1 && m % p != 0)
+  if (o.kind == ScheduleKind::kInterleaved && v > 1 && m % p != 0) {
+    const int below = std::max(p, m / p * p), above = (m / p + 1) * p;
     return Status::invalid(
         "pipeline schedule \"interleaved\" with virtual_stages=" + std::to_string(v) +
         " needs micro_batches divisible by stages=" + std::to_string(p) +
-        ", got micro_batches=" + std::to_string(m) + "; use " +
-        std::to_string(std::max(p, m / p * p)) + " or " + std::to_string((m / p + 1) * p));
+        ", got micro_batches=" + std::to_string(m) + "; use " + std::to_string(below) +
+        (above != below ? " or " + std::to_string(above) : ""));
+  }
   Schedule s;
   s.options = o;
   std::vector<Order> orders(p);
