@@ -393,6 +393,8 @@ int main(int argc, char** argv) {
       {"tp2", 2, "dp=1,tp=2", "megatron"},
       {"tp2-sp", 2, "dp=1,tp=2", "megatron-sp"},
       {"dp2-tp2", 4, "dp=2,tp=2", "megatron"},
+      {"dp2-tp2-sp", 4, "dp=2,tp=2", "megatron-sp"},
+      {"dp2-tp2-zero1", 4, "dp=2,tp=2", "megatron", 1},
       {"dp2-zero1", 2, "dp=2", "dp", 1},
       {"dp2-zero2", 2, "dp=2", "dp", 2},
       // ZeRO-2 reduce-scatters each micro-batch's gradients (ZeRO-1 once).
@@ -421,10 +423,15 @@ int main(int argc, char** argv) {
       {"dp2-cp2-ops-zero1", 4, "dp=2,cp=2", "ops", 1},
       {"dp2-cp2-ring-zero1", 4, "dp=2,cp=2", "ring", 1},
       {"tp2-cp2-ring-sp", 4, "dp=1,tp=2,cp=2", "ring-sp"},
+      // Megatron on tp with Ulysses on cp, and the ring beside plain tp:
+      // auto mode's other two tp x cp layouts.
+      {"tp2-cp2", 4, "dp=1,tp=2,cp=2", "megatron"},
+      {"tp2-cp2-ring", 4, "dp=1,tp=2,cp=2", "ring"},
       // Pipelines (the pipeline trainer, from the section the planner writes).
       {"pp2-1f1b-mb4", 2, "dp=1", "", 0, "none", 4, 2, "1f1b"},
       {"pp2-1f1b-mb4-planned", 2, "dp=1", "", 0, "none", 4, 2, "1f1b", {}, true},
       {"pp2-1f1b-mb4-full:1", 2, "dp=1", "", 0, "full", 4, 2, "1f1b", {}, false, 1},
+      {"pp2-1f1b-mb4-selective", 2, "dp=1", "", 0, "selective", 4, 2, "1f1b"},
       {"pp2-gpipe-mb4", 2, "dp=1", "", 0, "none", 4, 2, "gpipe"},
       {"pp4-1f1b-mb4", 4, "dp=1", "", 0, "none", 4, 4, "1f1b"},
       {"pp4-1f1b-mb4-planned", 4, "dp=1", "", 0, "none", 4, 4, "1f1b", {}, true},
