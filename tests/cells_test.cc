@@ -5,7 +5,6 @@
 #include "meshflow/models/cells.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,6 +18,7 @@
 #include "meshflow/io/safetensors.h"
 #include "meshflow/models/from_config.h"
 #include "meshflow/runtime/run_config.h"
+#include "temp_dir_test.h"
 
 namespace meshflow {
 namespace {
@@ -162,16 +162,8 @@ TEST(Cells, RecomputeNamesGiveTheirBlocks) {
 
 // ---- through the CLI, on the Fashion-MNIST ResNet (3 stages of 1 block) ----
 
-class CellsCli : public ::testing::Test {
+class CellsCli : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_cells_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string config(const json& train_extra, const json& parallel) {
     json j;
     j["model"] = source_dir() + "/configs/models/resnet_fashion.json";
@@ -220,7 +212,6 @@ class CellsCli : public ::testing::Test {
                 {"pooler", 1},
                 {"classifier", 1}}}}}};
   }
-  fs::path dir_;
   int n_ = 0;
 };
 

@@ -4,7 +4,6 @@
 // under `timeout` where a regression would hang.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "cli_run.h"
+#include "temp_dir_test.h"
 
 namespace {
 
@@ -49,18 +49,8 @@ void expect_user_error(const CliRun& r, const std::string& must_contain) {
       << "expected one line: " << r.output;
 }
 
-class CliHostile : public ::testing::Test {
+class CliHostile : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_hostile_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   std::string write(const json& j, const std::string& name = "run.json") {
     std::ofstream(path(name)) << j.dump(2);
     return path(name);
@@ -86,8 +76,6 @@ class CliHostile : public ::testing::Test {
     return "plan " + config("models/gpt_bytes_small.json") + " --cluster " +
            config("clusters/local_cpu.json") + " --gpus 1 " + rest;
   }
-
-  fs::path dir_;
 };
 
 // Item 1: a filesystem error (a name longer than NAME_MAX) is one line, exit 2.

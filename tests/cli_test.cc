@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli_run.h"
+#include "temp_dir_test.h"
 
 namespace {
 
@@ -22,16 +23,8 @@ CliRun run(const std::string& args) {
   return meshflow::testing::run_cli(args);
 }
 
-class Cli : public ::testing::Test {
+class Cli : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes a run config and returns its path.
   std::string write(const json& j, const std::string& name = "run.json") {
     std::string p = (dir_ / name).string();
@@ -53,8 +46,6 @@ class Cli : public ::testing::Test {
          {{"steps", 2}, {"batch_size", 4}, {"seq_len", 16}, {"threads", 1}, {"eval_batches", 1}}},
         {"optimizer", {{"type", "adamw"}, {"lr", 1e-3}}}};
   }
-
-  fs::path dir_;
 };
 
 // One line, naming the thing, exit code 2.

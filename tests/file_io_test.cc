@@ -4,12 +4,12 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "meshflow/io/safetensors.h"
+#include "temp_dir_test.h"
 
 namespace meshflow {
 namespace {
@@ -19,17 +19,8 @@ namespace fs = std::filesystem;
 #define EXPECT_HAS(text, part) \
   EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
 
-class FileIo : public ::testing::Test {
+class FileIo : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_file_io_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
 };
 
 TEST_F(FileIo, ReadsARegularFile) {

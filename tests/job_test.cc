@@ -2,7 +2,6 @@
 // (engine/job.h, parallel/configured.h) and nothing in the "parallel" section
 // is silently dropped or silently replicated. Each case runs the real binary.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/plan/auto_plan.h"
 #include "scoped_env.h"
+#include "temp_dir_test.h"
 
 namespace meshflow {
 namespace {
@@ -27,16 +27,8 @@ using testing::CliRun;
 using testing::run_cli;
 using testing::source_dir;
 
-class Job : public ::testing::Test {
+class Job : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_job_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A small GPT (or the MLP) run config with `parallel` (null: none).
   std::string config(const json& parallel, bool mlp = false, int batch = 8, int seq = 32) {
     json j;
@@ -78,7 +70,6 @@ class Job : public ::testing::Test {
     const double x = std::stod(m[1]);
     return m[2] == "KiB" ? x / 1024 : m[2] == "GiB" ? x * 1024 : x;
   }
-  fs::path dir_;
   int n_ = 0;
 };
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli_run.h"
+#include "temp_dir_test.h"
 
 namespace {
 
@@ -30,17 +31,8 @@ CliRun run(const std::string& args) {
 
 using meshflow::testing::source_dir;
 
-class PipelineCli : public ::testing::Test {
+class PipelineCli : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_pipecli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string write(const json& j, const std::string& name = "run.json") {
     std::ofstream(path(name)) << j.dump(2);
     return path(name);
@@ -69,8 +61,6 @@ class PipelineCli : public ::testing::Test {
   static json pipeline(int stages, const std::string& schedule, int micro_batches) {
     return {{"stages", stages}, {"schedule", schedule}, {"micro_batches", micro_batches}};
   }
-
-  fs::path dir_;
 };
 
 std::vector<json> read_lines(const std::string& p) {

@@ -4,7 +4,6 @@
 // user errors with their answers, and the plans written training as planned.
 // (The cost model and the search: tests/plan_search_test.cc.)
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include "meshflow/config/json_reader.h"
 #include "meshflow/plan/prediction_band.h"
 #include "shipped_files.h"
+#include "temp_dir_test.h"
 
 namespace meshflow::plan {
 namespace {
@@ -29,18 +29,10 @@ CliRun run(const std::string& args) {
   return meshflow::testing::run_cli(args);
 }
 
-class PlanCli : public ::testing::Test {
+class PlanCli : public meshflow::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("meshflow_plan_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string model(const std::string& f) { return source_dir() + "/configs/models/" + f; }
   std::string dgx() { return source_dir() + "/configs/clusters/dgx_a100_80gb.json"; }
-  fs::path dir_;
 };
 
 TEST_F(PlanCli, JsonKeysOtherToolsRead) {
@@ -339,9 +331,7 @@ TEST_F(PlanCli, OptimizerSetsTheModelStates) {
 TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   // `meshflow plan` on the MLP config, its --out written and trained: the
   // rules it writes are the ones the planner partitioned its program with.
-  const std::string out =
-      (fs::temp_directory_path() / ("meshflow_mlp_plan_" + std::to_string(::getpid()) + ".json"))
-          .string();
+  const std::string out = path("mlp_plan.json");
   CliRun r = run("plan " + model("mlp_fashion.json") + " --cluster " + source_dir() +
                  "/configs/clusters/local_cpu.json --gpus 4 --global-batch 64 --top 0 " +
                  "--fix tp=2,ops=false --out " + out);
@@ -352,15 +342,12 @@ TEST_F(PlanCli, MlpPlanWrittenTrainsAsPlanned) {
   EXPECT_EQ(f["parallel"]["rules"]["hidden"], "tp") << f["parallel"].dump();
   CliRun t = run("train " + out + " --ranks 4 --steps 2 --quiet");
   EXPECT_EQ(t.code, 0) << t.output;
-  fs::remove(out);
 }
 
 TEST_F(PlanCli, ResNetPipelinePlanWrittenTrainsAsPlanned) {
   // A ResNet's residual layers on two pipeline stages, written and trained:
   // the runtime splits the program as the planner priced it (balanced chunks).
-  const std::string out =
-      (fs::temp_directory_path() / ("meshflow_resnet_pp_" + std::to_string(::getpid()) + ".json"))
-          .string();
+  const std::string out = path("resnet_pp.json");
   CliRun r = run("plan " + model("resnet_fashion.json") + " --cluster " + source_dir() +
                  "/configs/clusters/local_cpu.json --gpus 4 --global-batch 32 --top 0 " +
                  "--fix pp=2,tp=2,schedule=1f1b --out " + out);
@@ -403,15 +390,12 @@ TEST_F(PlanCli, ResNetPipelinePlanWrittenTrainsAsPlanned) {
   const CliRun back = predicted(by_cells);
   EXPECT_EQ(back.code, 2) << back.output;
   EXPECT_NE(back.output.find("stages follow the model's order"), std::string::npos) << back.output;
-  fs::remove(out);
 }
 
 TEST_F(PlanCli, ResNetHeightPlanWrittenTrainsAsPlanned) {
   // A ResNet plan splitting the images' height over cp, written and trained:
   // the split tuple it writes is the one its program was priced with.
-  const std::string out =
-      (fs::temp_directory_path() / ("meshflow_resnet_plan_" + std::to_string(::getpid()) + ".json"))
-          .string();
+  const std::string out = path("resnet_plan.json");
   CliRun r = run("plan " + model("resnet_fashion.json") + " --cluster " + source_dir() +
                  "/configs/clusters/local_cpu.json --gpus 2 --global-batch 32 --top 0 " +
                  "--fix cp=2 --out " + out);
@@ -424,7 +408,6 @@ TEST_F(PlanCli, ResNetHeightPlanWrittenTrainsAsPlanned) {
   EXPECT_EQ(t.code, 0) << t.output;
   CliRun e = run("explain " + out + " --ranks 2 --no-nodes");
   EXPECT_NE(e.output.find("neighbor_exchange over cp"), std::string::npos) << e.output;
-  fs::remove(out);
 }
 
 }  // namespace
