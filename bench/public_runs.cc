@@ -738,6 +738,15 @@ Mapped map_run(const json& run) {
     apply_stack_constants(EmitTarget::kDeepSpeed, false, &m.k);
     m.stack += "+ds-zero-buffers";
   }
+  // BigScience's BLOOM-176B jobs on Jean Zay launched every kernel
+  // synchronously: tr11-176B-ml.slurm exports CUDA_LAUNCH_BLOCKING=1 ("do not
+  // remove or the training will hang and nodes will be lost w/o this
+  // workaround"), which chronicles-prequel.md adopted after jobs of 320 GPUs
+  // hung without it, before the 48-node (384-GPU) benchmarks.
+  if (has(get_str(run, "source"), "tr11-176B-ml")) {
+    m.k.blocking_launch_s = CostConstants::kBlockingLaunch;
+    m.inferred.push_back("launch=blocking");
+  }
   // Megatron-LM's tensor-parallel layers run the backward's collectives under
   // the weight-gradient GEMMs (Megatron-Core; Megatron-LM since 2022), as
   // `--emit megatron` prices it; not the 2021 forks of Megatron-DeepSpeed.

@@ -369,6 +369,7 @@ enum Slot {
   kParams,
   kParamTensors,
   kNodes,
+  kLaunches,  // kernels launched per micro-batch: compute nodes and collectives
   kCollectives,
   kInputBytes,  // fed data of one micro-batch
   kSlots
@@ -437,6 +438,7 @@ LayerCost layer_cost_of(const Totals& one, const Totals& block, const Totals& em
   lc.embed_param_tensors = int(count(embed[kParamTensors]));
   lc.head_params = count(head[kParams]), lc.head_param_tensors = int(count(head[kParamTensors]));
   lc.nodes = int(count(one[kNodes]));
+  lc.block_launches = int(count(block[kLaunches]));
   lc.input_bytes = one[kInputBytes];
   lc.collectives = int(count(one[kCollectives]));
   return lc;
@@ -529,6 +531,14 @@ void CostModel::price_nodes(const Graph& g, const Mesh& mesh, const Plan& p,
     if (is_recompute(g, n)) {
       t[kRecompute] += time;
       if (is_collective(n.kind)) t[comm_axis == "cp" ? kRecomputeCp : kRecomputeTp] += time;
+    }
+    // Launched synchronously, the kernel's host dispatch adds to the rank's
+    // time (CostConstants::blocking_launch_s); a collective's too, counted as
+    // compute, not as time on the wire.
+    t[kLaunches] += 1;
+    if (k_.blocking_launch_s > 0) {
+      t[fwd ? kFwd : wgrad[i] ? kWgrad : kBwd] += k_.blocking_launch_s;
+      if (is_recompute(g, n)) t[kRecompute] += k_.blocking_launch_s;
     }
   }
 }

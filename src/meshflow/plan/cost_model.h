@@ -353,6 +353,26 @@ struct CostConstants {
   // 0.15-0.18 s slower than one of 16 sequences on the 2-core VM
   // (2026-11-29); these passes are 21 ms of it (docs/planner.md).
   bool grads_accumulated_in_buckets = false;
+  // Host seconds each kernel launch adds to the step when the stack launches
+  // synchronously: under CUDA_LAUNCH_BLOCKING=1 a launch returns only when
+  // its kernel has finished, so the host's dispatch of the next op (Python,
+  // the framework's dispatcher and autograd, the driver) no longer runs while
+  // the GPU works. It is added to every kernel of the program priced node by
+  // node: a block's forward, backward and recompute, and its collectives. 0:
+  // launches are asynchronous, the host runs ahead of the GPU.
+  // kBlockingLaunch comes from the one A/B measurement published: BLOOM's
+  // Megatron-DeepSpeed on Jean Zay (bigscience tr11-176B-ml
+  // chronicles-prequel.md, "dealing with JZ hanging"): 200B, TP=8 PP=10 DP=1,
+  // MBS=1, GBS=512 on 80 A100s ran at 91.04 TFLOPs with blocking launches and
+  // 97.20 without: 15.07 s more per step (from Narayanan et al.'s Eq. 3
+  // FLOPs of that model), about 3.6 ms for each of a stage's 512 x 8 block
+  // passes. This model's tp=8 block launches 80 kernels a pass with full
+  // recompute (56 forward and backward, 24 recomputed); kBlockingLaunch is
+  // the time per launch that prices the same plan 15.07 s slower
+  // (tests/plan_launch_test.cc). The same page's two 160-GPU pairs differ by
+  // under 0.2%, so this is the largest of the stack's measured costs.
+  static constexpr double kBlockingLaunch = 44.6e-6;
+  double blocking_launch_s = 0;
   // How much more the stack's memory-bound ops (norms, rotary embedding,
   // activations, residual adds, the loss) cost than one fused kernel per op
   // of the graph, which is what they are priced at: 1 where a compiler or
@@ -605,6 +625,9 @@ struct LayerCost {
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
   double input_bytes = 0;  // the data one micro-batch feeds the rank (inputs of the program)
   int nodes = 0;           // compute nodes priced (forward + backward of the program)
+  // Kernels one block launches per micro-batch (its compute nodes and
+  // collectives, forward and backward, without recompute).
+  int block_launches = 0;
   int collectives = 0;     // collective nodes priced
 };
 
