@@ -649,6 +649,41 @@ TEST(PlanEmit, EagerPricesTheMemoryBoundOpsAndTravelsInThePlanFile) {
   expect_simulate_refuses(out, "eager", 1, "plan.eager must be true or false, got 1");
 }
 
+// --launch-blocking (CUDA_LAUNCH_BLOCKING=1): every launch's host time
+// added (tests/plan_launch_test.cc prices it), so a fixed plan is slower, more
+// so with micro-batches of one sequence than of four at the same batch. The
+// plan file keeps the choice, `simulate` prices with it, and a wrong value is
+// refused by name.
+TEST(PlanEmit, LaunchBlockingIsPricedAndTravelsInThePlanFile) {
+  const TempDir dir("launch");
+  const std::string out = dir.file("plan.json");
+  const std::string base = "plan " + source_dir() + "/configs/models/gpt3_6.7b.json --cluster " +
+                           source_dir() + "/configs/clusters/dgx_a100_80gb.json --gpus 16 " +
+                           "--global-batch 64 --seq 2048 --top 0 --fix tp=8,pp=2,dp=1," +
+                           "recompute=full,micro_batch=";
+  const auto step = [&](const std::string& mb, const std::string& flags) {
+    testing::CliRun r = run_cli(base + mb + flags + " --out " + out);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return nlohmann::json::parse(std::ifstream(out))["plan"];
+  };
+  const auto seconds = [](const nlohmann::json& plan) {
+    return plan["prediction"]["step_time_s"].get<double>();
+  };
+  const double async1 = seconds(step("1", "")), async4 = seconds(step("4", ""));
+  const double blocking4 = seconds(step("4", " --launch-blocking"));
+  nlohmann::json plan = step("1", " --launch-blocking");
+  EXPECT_EQ(plan["launch_blocking"], true);
+  EXPECT_GT(blocking4, async4);
+  EXPECT_GT(seconds(plan) - async1, 3.0 * (blocking4 - async4));
+  expect_simulate_agrees(out);
+  const testing::CliRun r = run_cli(base + "1 --launch-blocking");
+  EXPECT_NE(r.output.find("kernels launched synchronously (CUDA_LAUNCH_BLOCKING=1)"),
+            std::string::npos)
+      << r.output;
+  expect_simulate_refuses(out, "launch_blocking", "yes",
+                          "plan.launch_blocking must be true or false, got \"yes\"");
+}
+
 // --fp8: the blocks' linears in FP8 (TrainingJob::fp8). Megatron-LM gets
 // Transformer Engine's hybrid recipe, TorchTitan its float8 converter with the
 // output layer left 16-bit (as priced); DeepSpeed has no FP8 of its own, and a

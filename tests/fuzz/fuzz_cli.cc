@@ -318,6 +318,8 @@ class Gen {
       a += " --fp8-scaling " + one<std::string>({"rowwise", "tensorwise", "", "ROWWISE", "x"});
     if (coin(0.2))
       a += " --power-limit " + one<std::string>({"500", "700", "0", "-1", "1e9", "nan", "x"});
+    if (coin(0.15)) a += " --eager";
+    if (coin(0.15)) a += " --launch-blocking";
     return a;
   }
 

@@ -200,6 +200,7 @@ Result<ojson> plan_file(const json& model, const Cluster& cluster, const CostMod
   if (cm.job().fp8 && cm.job().fp8_scaling != Fp8Scaling::kTensorwise)
     planner["fp8_scaling"] = fp8_scaling_name(cm.job().fp8_scaling);
   if (cm.constants().eager) planner["eager"] = true;
+  if (cm.constants().blocking_launch_s > 0) planner["launch_blocking"] = true;
   planner["prediction"] = plan_json(best, stages);
   f["plan"] = planner;
   return f;
@@ -260,6 +261,7 @@ int run_plan(const PlanOptions& o) {
     return user_error(a.message());
   }
   if (o.eager) set_eager(&k);
+  if (o.launch_blocking) k.blocking_launch_s = CostConstants::kBlockingLaunch;
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;
@@ -578,6 +580,14 @@ void add_plan_commands(CLI::App& app) {
                   std::string(eager_cost) +
                   " the fused ops, with the tensors eager PyTorch keeps for the backward and "
                   "its f32 loss (docs/planner.md)");
+  char launch_cost[16];
+  std::snprintf(launch_cost, sizeof launch_cost, "%.1f", CostConstants::kBlockingLaunch * 1e6);
+  p->add_flag("--launch-blocking", po->launch_blocking,
+              "The job runs with CUDA_LAUNCH_BLOCKING=1 (as BLOOM's training did, to avoid a "
+              "hang): each kernel launch waits for its kernel, so the host's dispatch of every "
+              "kernel adds to the step, priced at " +
+                  std::string(launch_cost) +
+                  " us a launch from BigScience's published A/B (docs/planner.md)");
   p->add_option("--power-limit", po->power_limit_w,
                 "The GPUs' power limit in watts (nvidia-smi -pl), at most the cluster file's "
                 "device.rated_power_w: GEMMs and attention priced at the clock it leaves, the "

@@ -52,6 +52,7 @@ struct PlanOptions {
   // With fp8: "tensorwise" (default) or "rowwise" (TrainingJob::fp8_scaling).
   std::string fp8_scaling;
   bool eager = false;  // the stack runs the model's memory-bound ops eagerly (PyTorch eager mode)
+  bool launch_blocking = false;  // kernels launch synchronously (CUDA_LAUNCH_BLOCKING=1)
   // The GPUs' power limit in watts (device.power_limit_w); 0: the file's.
   double power_limit_w = 0;
 };

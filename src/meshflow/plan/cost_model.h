@@ -625,10 +625,10 @@ struct LayerCost {
   int layer_param_tensors = 0, embed_param_tensors = 0, head_param_tensors = 0;
   double input_bytes = 0;  // the data one micro-batch feeds the rank (inputs of the program)
   int nodes = 0;           // compute nodes priced (forward + backward of the program)
+  int collectives = 0;     // collective nodes priced
   // Kernels one block launches per micro-batch (its compute nodes and
   // collectives, forward and backward, without recompute).
   int block_launches = 0;
-  int collectives = 0;     // collective nodes priced
 };
 
 // One pipeline chunk of a model without uniform blocks (a ResNet, whose

@@ -553,6 +553,7 @@ std::string stack_assumed(const CostConstants& k, DType compute, bool has_attent
   s += k.tp_comm_overlap ? ", tensor-parallel collectives overlapped"
                          : ", tensor-parallel collectives not overlapped";
   if (k.eager) s += ", elementwise ops eager";
+  if (k.blocking_launch_s > 0) s += ", kernels launched synchronously (CUDA_LAUNCH_BLOCKING=1)";
   return s;
 }
 

@@ -181,6 +181,14 @@ Result<PlannedRun> parse_plan_file(const json& f) {
       return Status::invalid("plan.eager must be true or false, got " + planner.at("eager").dump());
     if (planner.at("eager").get<bool>()) set_eager(&r.constants);
   }
+  // Kernels launched synchronously (`meshflow plan --launch-blocking`).
+  if (planner.contains("launch_blocking")) {
+    if (!planner.at("launch_blocking").is_boolean())
+      return Status::invalid("plan.launch_blocking must be true or false, got " +
+                             planner.at("launch_blocking").dump());
+    if (planner.at("launch_blocking").get<bool>())
+      r.constants.blocking_launch_s = CostConstants::kBlockingLaunch;
+  }
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
