@@ -370,7 +370,10 @@ struct CostConstants {
   // recompute (56 forward and backward, 24 recomputed); kBlockingLaunch is
   // the time per launch that prices the same plan 15.07 s slower
   // (tests/plan_launch_test.cc). The same page's two 160-GPU pairs differ by
-  // under 0.2%, so this is the largest of the stack's measured costs.
+  // under 0.2%: there, the author wrote, the larger job's communication held
+  // the asynchronous runs' host too, which the single replica's did not; so
+  // that pair measures the host time every blocking run pays (planner.md,
+  // "Synchronous launches").
   static constexpr double kBlockingLaunch = 44.6e-6;
   double blocking_launch_s = 0;
   // How much more the stack's memory-bound ops (norms, rotary embedding,
