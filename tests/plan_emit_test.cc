@@ -676,9 +676,15 @@ TEST(PlanEmit, LaunchBlockingIsPricedAndTravelsInThePlanFile) {
   EXPECT_GT(blocking4, async4);
   EXPECT_GT(seconds(plan) - async1, 3.0 * (blocking4 - async4));
   expect_simulate_agrees(out);
-  const testing::CliRun r = run_cli(base + "1 --launch-blocking");
+  testing::CliRun r = run_cli(base + "1 --launch-blocking");
   EXPECT_NE(r.output.find("kernels launched synchronously (CUDA_LAUNCH_BLOCKING=1)"),
             std::string::npos)
+      << r.output;
+  // An emitted plan says how it was priced (on stderr: the launch text stays
+  // the framework's own).
+  r = run_cli(base + "1 --launch-blocking --emit megatron");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("run it with CUDA_LAUNCH_BLOCKING=1 set, as priced"), std::string::npos)
       << r.output;
   expect_simulate_refuses(out, "launch_blocking", "yes",
                           "plan.launch_blocking must be true or false, got \"yes\"");

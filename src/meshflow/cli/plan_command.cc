@@ -379,11 +379,14 @@ int run_plan(const PlanOptions& o) {
     // reserved peak (CostConstants::allocator_reserved_ratio).
     std::fprintf(stderr,
                  "meshflow: best plan %s, %.3f s per step predicted, %.1f GiB per device%s, "
-                 "priced as %s\n",
+                 "priced as %s%s\n",
                  plan_label(best.plan).c_str(), best.step_time_s,
                  best.reserved_memory / double(1 << 30),
                  best.reserved_memory > best.memory.total ? " reserved by PyTorch's allocator" : "",
-                 stack_priced(*emit, bf16, cm.job().fp8, cm.job().fp8_scaling).c_str());
+                 stack_priced(*emit, bf16, cm.job().fp8, cm.job().fp8_scaling).c_str(),
+                 o.launch_blocking ? ", its kernels launched synchronously: run it with "
+                                     "CUDA_LAUNCH_BLOCKING=1 set, as priced"
+                                   : "");
   } else if (o.json) {
     ojson j;
     j["model"] = o.model;
