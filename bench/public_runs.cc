@@ -473,6 +473,21 @@ bool runs_sequence_parallel(const std::string& framework) {
 //       (one micro-batch, no accumulation) when pp = 1.
 //   num_micro_batches: global / (dp x micro_batch) (an invalid plan when not whole).
 //   recompute: map_recompute; zero: map_zero.
+// DeepSpeed's partition_balanced over unit weights, the embedding and the
+// tied head embedding counted as a layer at each end: every stage takes
+// ceil((L + 2) / pp) items while they last (a short last stage where they do
+// not divide). The blocks per stage, model order.
+std::vector<int64_t> deepspeed_embedding_split(int64_t layers, int64_t pp) {
+  const int64_t items = layers + 2, per = (items + pp - 1) / pp;
+  std::vector<int64_t> blocks;
+  for (int64_t s = 0, left = items; s < pp; ++s) {
+    const int64_t take = std::min(per, left);
+    left -= take;
+    blocks.push_back(take - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0));
+  }
+  return blocks;
+}
+
 void map_plan(const json& run, Mapped* m) {
   const json& par = run.at("parallel");
   Plan& p = m->plan;
@@ -525,7 +540,30 @@ void map_plan(const json& run, Mapped* m) {
   // split, one entry per chunk in model order (else the plan is invalid).
   const int64_t layers = get_int(run.at("model"), "layers").value_or(0);
   const int64_t chunks = p.pp * p.vp;
-  if (p.pp > 1 && layers >= chunks && layers % chunks != 0) {
+  // DeepSpeed's PipelineModule with partition_method 'type:transformer|embedding'
+  // (Megatron-DeepSpeed's --pp-partition-method, BLOOM's): the embedding and
+  // the tied embedding at the head count as layers when the stages are
+  // balanced, so the first and last stages hold one block fewer.
+  // BigScience's topology runs used it from the chronicle's "Rebalancing
+  // layers" section on ("I implemented and enabled --pp-partition-method
+  // 'type:transformer|embedding'"), and the day before for the 106-layer
+  // table of its "Re-do" section, whose header reads "regex
+  // partition_method='type:transformer|embed'" (the rows of that section
+  // whose blocks and two embeddings divide the stages; its 78-layer rows at
+  // pp = 6 do not); the main run states it.
+  const std::string source = get_str(run, "source");
+  const bool embedding_slots =
+      has(get_str(par, "pp_partition"), "type:transformer|embedding") ||
+      (has(fw, "deepspeed") && (has(source, "section 'Rebalancing layers'") ||
+                                (has(source, "section 'Re-do', row dated 2022-02-27") && p.pp > 1 &&
+                                 (layers + 2) % p.pp == 0)));
+  const std::vector<int64_t> ds_split = p.pp > 1 && p.vp == 1 && embedding_slots
+                                            ? deepspeed_embedding_split(layers, p.pp)
+                                            : std::vector<int64_t>{};
+  if (!ds_split.empty() && *std::min_element(ds_split.begin(), ds_split.end()) >= 1) {
+    p.layers_per_stage = ds_split;
+    m->inferred.push_back("split=ds-emb");
+  } else if (p.pp > 1 && layers >= chunks && layers % chunks != 0) {
     if (has(fw, "torchtitan")) {
       // generate_split_points (torchtitan's pipelining utils): the first
       // chunk floor(L / S) layers, the middle ones one more while the
@@ -729,6 +767,7 @@ Mapped map_run(const json& run) {
     if (has(fw, "deepspeed")) {
       m.k.grad_copy_bytes = 2;
       m.k.whole_master_weights = true;
+      m.k.hp_grad_pass_bytes = CostConstants::kBf16OptimizerHpGradPass;
       m.stack += "+bf16-optimizer";
     }
   } else if (has(fw, "deepspeed") && (m.plan.zero == 1 || m.plan.zero == 2)) {

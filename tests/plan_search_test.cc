@@ -410,6 +410,30 @@ TEST(PlanCostModel, ZeroTwoReduceScattersEveryMicroBatch) {
   EXPECT_LT(z2_4.memory.grads, z1_4.memory.grads);
 }
 
+// DeepSpeed's BF16_Optimizer adds each micro-batch's 16-bit gradients into
+// the f32 ones after its backward (CostConstants::hp_grad_pass_bytes): a pass
+// over the stage's parameters per micro-batch, so twice the micro-batches
+// cost twice the passes, and one pass is 10 bytes a parameter at the
+// device's memory bandwidth.
+TEST(PlanCostModel, Bf16OptimizerPassesOverTheGradientsEveryMicroBatch) {
+  const Cluster c = load_sized_cluster("dgx_a100_80gb.json", 8);
+  auto price = [&](int64_t m, bool pass) {
+    CostConstants k = megatron2021_constants();
+    if (pass) k.hp_grad_pass_bytes = CostConstants::kBf16OptimizerHpGradPass;
+    CostModel cm(TrainingJob{load_model("gpt3_1.3b.json"), 8 * m, 2048}, c, k);
+    Plan p;
+    p.dp = 8, p.micro_batch = 1, p.num_micro_batches = m;
+    return std::make_pair(value_or_throw(cm.price(p)).step_time_s, cm.num_parameters());
+  };
+  const auto [async1, params] = price(1, false);
+  const double extra1 = price(1, true).first - async1;
+  const double extra4 = price(4, true).first - price(4, false).first;
+  EXPECT_NEAR(extra4 / extra1, 4.0, 1e-9);
+  // The whole model on every rank (no tp or pp): one pass over its parameters.
+  EXPECT_NEAR(extra1 / c.memory_time_s(10.0 * double(params)), 1.0, 1e-9);
+  EXPECT_EQ(CostConstants{}.hp_grad_pass_bytes, 0.0);
+}
+
 // A data-parallel plan of `model` on `gpus` GPUs of `cluster_file` (its
 // global batch: gpus x micro_batch sequences in one micro-batch), priced with
 // constants `k`: the stack constants' tests vary one field of k.

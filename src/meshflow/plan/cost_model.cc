@@ -988,6 +988,11 @@ StageTimes CostModel::stage_times(const Plan& p, const LayerCost& lc, int64_t st
     st.tp_comm_s += lc.head_recompute_tp_s;
     st.cp_comm_s += lc.head_recompute_cp_s;
   }
+  // The stack's pass adding the micro-batch's gradients into f32 ones
+  // (CostConstants::hp_grad_pass_bytes), over the stage's parameters.
+  if (k_.hp_grad_pass_bytes > 0)
+    st.backward_s +=
+        cluster_.memory_time_s(k_.hp_grad_pass_bytes * stage_params(p, lc, stage, blocks));
   return st;
 }
 

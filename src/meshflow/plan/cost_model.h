@@ -221,6 +221,16 @@ struct CostConstants {
   // main_grad with --accumulate-allreduce-grads-in-fp32, DeepSpeed's
   // BF16_Optimizer): memory only; what crosses the wire is grad_reduce_bytes.
   double grad_accumulation_bytes = 0;
+  // Bytes per parameter a pass after every micro-batch's backward moves to
+  // add its 16-bit gradients into the f32 ones, part of that micro-batch's
+  // backward on every stage; 0: the backward's GEMMs accumulate in place.
+  // kBf16OptimizerHpGradPass: DeepSpeed's 2022 BF16_Optimizer, which its
+  // pipeline engine calls after each micro-batch (engine.py
+  // _exec_backward_pass: optimizer.update_hp_grads, hp_grad.add_(lp.grad
+  // .to(float32)) for every parameter of the stage, the f32 copy whole):
+  // the 16-bit gradient read (2), the f32 one read and written (4 + 4).
+  static constexpr double kBf16OptimizerHpGradPass = 10;
+  double hp_grad_pass_bytes = 0;
   // Bytes per parameter a stack holds beside those gradients: where it
   // accumulates into a wider copy and keeps the compute dtype's gradients too
   // (2 for DeepSpeed's 2022 BF16_Optimizer, which adds each backward's bf16
