@@ -450,6 +450,21 @@ bool runs_sequence_parallel(const std::string& framework) {
          has(framework, "torchtitan");
 }
 
+// DeepSpeed's partition_balanced over unit weights, the embedding and the
+// tied head embedding counted as a layer at each end: every stage takes
+// ceil((L + 2) / pp) items while they last (a short last stage where they do
+// not divide). The blocks per stage, model order.
+std::vector<int64_t> deepspeed_embedding_split(int64_t layers, int64_t pp) {
+  const int64_t items = layers + 2, per = (items + pp - 1) / pp;
+  std::vector<int64_t> blocks;
+  for (int64_t s = 0, left = items; s < pp; ++s) {
+    const int64_t take = std::min(per, left);
+    left -= take;
+    blocks.push_back(take - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0));
+  }
+  return blocks;
+}
+
 // The Plan. Rules for what the source leaves null (each recorded):
 //   tp and pp both: the layout is searched (Mapped::search_layout): the
 //       plan the run's framework runs that the planner prices fastest, as
@@ -473,21 +488,6 @@ bool runs_sequence_parallel(const std::string& framework) {
 //       (one micro-batch, no accumulation) when pp = 1.
 //   num_micro_batches: global / (dp x micro_batch) (an invalid plan when not whole).
 //   recompute: map_recompute; zero: map_zero.
-// DeepSpeed's partition_balanced over unit weights, the embedding and the
-// tied head embedding counted as a layer at each end: every stage takes
-// ceil((L + 2) / pp) items while they last (a short last stage where they do
-// not divide). The blocks per stage, model order.
-std::vector<int64_t> deepspeed_embedding_split(int64_t layers, int64_t pp) {
-  const int64_t items = layers + 2, per = (items + pp - 1) / pp;
-  std::vector<int64_t> blocks;
-  for (int64_t s = 0, left = items; s < pp; ++s) {
-    const int64_t take = std::min(per, left);
-    left -= take;
-    blocks.push_back(take - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0));
-  }
-  return blocks;
-}
-
 void map_plan(const json& run, Mapped* m) {
   const json& par = run.at("parallel");
   Plan& p = m->plan;
