@@ -122,6 +122,16 @@ Result<int64_t> get_int(const json& j, const std::string& where, const std::stri
   return v.get<int64_t>();
 }
 
+// An optional boolean of the plan section (plan.fp8, plan.eager, ...): false
+// when absent.
+Result<bool> get_flag(const json& planner, const std::string& key) {
+  if (!planner.contains(key)) return false;
+  const json& v = planner.at(key);
+  if (!v.is_boolean())
+    return Status::invalid("plan." + key + " must be true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
 }  // namespace
 
 Result<PlannedRun> parse_plan_file(const json& f) {
@@ -162,11 +172,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
     stack = *t;
   }
   // The blocks' linears in FP8 (`meshflow plan --fp8`).
-  if (planner.contains("fp8")) {
-    if (!planner.at("fp8").is_boolean())
-      return Status::invalid("plan.fp8 must be true or false, got " + planner.at("fp8").dump());
-    r.job.fp8 = planner.at("fp8").get<bool>();
-  }
+  MF_ASSIGN_OR_RETURN(r.job.fp8, get_flag(planner, "fp8"));
   if (planner.contains("fp8_scaling")) {
     if (!planner.at("fp8_scaling").is_string())
       return Status::invalid("plan.fp8_scaling must be tensorwise or rowwise, got " +
@@ -176,19 +182,11 @@ Result<PlannedRun> parse_plan_file(const json& f) {
         parse_fp8_scaling(planner.at("fp8_scaling").get<std::string>(), "plan.fp8_scaling"));
   }
   // The model's memory-bound ops run eagerly (`meshflow plan --eager`).
-  if (planner.contains("eager")) {
-    if (!planner.at("eager").is_boolean())
-      return Status::invalid("plan.eager must be true or false, got " + planner.at("eager").dump());
-    if (planner.at("eager").get<bool>()) set_eager(&r.constants);
-  }
+  MF_ASSIGN_OR_RETURN(const bool eager, get_flag(planner, "eager"));
+  if (eager) set_eager(&r.constants);
   // Kernels launched synchronously (`meshflow plan --launch-blocking`).
-  if (planner.contains("launch_blocking")) {
-    if (!planner.at("launch_blocking").is_boolean())
-      return Status::invalid("plan.launch_blocking must be true or false, got " +
-                             planner.at("launch_blocking").dump());
-    if (planner.at("launch_blocking").get<bool>())
-      r.constants.blocking_launch_s = CostConstants::kBlockingLaunch;
-  }
+  MF_ASSIGN_OR_RETURN(const bool blocking, get_flag(planner, "launch_blocking"));
+  if (blocking) r.constants.blocking_launch_s = CostConstants::kBlockingLaunch;
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
