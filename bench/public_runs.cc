@@ -783,7 +783,7 @@ Mapped map_run(const json& run) {
   // workaround"), which chronicles-prequel.md adopted after jobs of 320 GPUs
   // hung without it, before the 48-node (384-GPU) benchmarks.
   if (has(get_str(run, "source"), "tr11-176B-ml")) {
-    m.k.blocking_launch_s = CostConstants::kBlockingLaunch;
+    set_launch_blocking(&m.k);
     m.inferred.push_back("launch=blocking");
   }
   // Megatron-LM's tensor-parallel layers run the backward's collectives under

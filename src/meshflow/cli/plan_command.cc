@@ -261,7 +261,7 @@ int run_plan(const PlanOptions& o) {
     return user_error(a.message());
   }
   if (o.eager) set_eager(&k);
-  if (o.launch_blocking) k.blocking_launch_s = CostConstants::kBlockingLaunch;
+  if (o.launch_blocking) set_launch_blocking(&k);
   SearchOptions so;
   so.top_k = o.top;
   so.time_limit_s = o.time_limit_s;

@@ -1,6 +1,6 @@
 // The stacks' constants: CostConstants presets (megatron2021_constants,
 // meshflow_cpu_constants) and the setters the CLI and the plan file use
-// (set_eager, set_attention_kernel). The constants themselves are documented
+// (set_eager, set_launch_blocking, set_attention_kernel). The constants are documented
 // where they are declared, in cost_model.h.
 #include <string>
 
@@ -15,6 +15,10 @@ void set_eager(CostConstants* k) {
   // A stack that reports the allocator's reserved peak reports eager's.
   if (k->allocator_reserved_ratio > 1)
     k->allocator_reserved_ratio = CostConstants::kReservedRatioEager;
+}
+
+void set_launch_blocking(CostConstants* k) {
+  k->blocking_launch_s = CostConstants::kBlockingLaunch;
 }
 
 CostConstants megatron2021_constants() {

@@ -498,6 +498,9 @@ double roofline_time_s(const Cluster& c, const CostConstants& k, DType dtype, do
 // PyTorch in eager mode (`meshflow plan --eager`, a plan file's plan.eager):
 // CostConstants::eager with its time (elementwise_cost) and loss memory.
 void set_eager(CostConstants* k);
+// The stack launches synchronously (`meshflow plan --launch-blocking`, a plan
+// file's plan.launch_blocking): blocking_launch_s at kBlockingLaunch.
+void set_launch_blocking(CostConstants* k);
 
 // The software stack of Narayanan et al. 2021 (the published Table 1 runs):
 // unfused attention with materialized scores, gradients reduced after the

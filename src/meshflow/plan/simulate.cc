@@ -186,7 +186,7 @@ Result<PlannedRun> parse_plan_file(const json& f) {
   if (eager) set_eager(&r.constants);
   // Kernels launched synchronously (`meshflow plan --launch-blocking`).
   MF_ASSIGN_OR_RETURN(const bool blocking, get_flag(planner, "launch_blocking"));
-  if (blocking) r.constants.blocking_launch_s = CostConstants::kBlockingLaunch;
+  if (blocking) set_launch_blocking(&r.constants);
   const json attention = planner.value("attention", json("fused"));
   if (!attention.is_string())
     return Status::invalid(
