@@ -186,6 +186,40 @@ TEST_P(CommWorld, PointToPointInOrder) {
   EXPECT_TRUE(s.is_ok()) << s.message();
 }
 
+// Ring attention's pattern: a k/v shift posted, compute, a second shift
+// posted before the first is waited for, and waits in either order; every
+// rank receives rank - 1's buffers, over the world and over a sub-group.
+TEST_P(CommWorld, RingShiftsInFlightTogether) {
+  const int n = GetParam();
+  Status s = run_local_ranks(n, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto world = Communicator::world(t);
+    std::vector<int> reversed(n);
+    for (int r = 0; r < n; ++r) reversed[r] = n - 1 - r;
+    MF_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> rev, world->split(reversed));
+    for (const std::shared_ptr<Communicator>& c : {world, rev}) {
+      const int me = c->rank(), prev = c->world_ranks()[(me + n - 1) % n];
+      for (int64_t count : {int64_t{0}, int64_t{7}, int64_t{300007}}) {
+        std::vector<float> a = inputs(t->rank(), count), b = inputs(t->rank(), count, 1);
+        std::vector<float> ga(count, -99.f), gb(count, -99.f);
+        Work wa = c->ring_shift_async(a.data(), ga.data(), count, DType::F32);
+        double acc = 0;
+        for (int i = 0; i < 100000; ++i) acc += std::sqrt(static_cast<double>(i));
+        if (acc <= 0) return Status::internal("compute");
+        Work wb = c->ring_shift_async(b.data(), gb.data(), count, DType::F32);
+        MF_RETURN_IF_ERROR(count % 2 ? wa.wait() : wb.wait());
+        MF_RETURN_IF_ERROR(count % 2 ? wb.wait() : wa.wait());
+        MF_RETURN_IF_ERROR(wa.wait());  // a second wait returns the same status
+        MF_RETURN_IF_ERROR(
+            check(*c, "ring shift a", ga.data(), count, [&](int64_t i) { return input(prev, i); }));
+        MF_RETURN_IF_ERROR(check(*c, "ring shift b", gb.data(), count,
+                                 [&](int64_t i) { return input(prev, i + 1); }));
+      }
+    }
+    return world->barrier();
+  });
+  EXPECT_TRUE(s.is_ok()) << s.message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CommWorld, ::testing::Values(1, 2, 3, 4, 8),
                          [](const auto& info) { return "n" + std::to_string(info.param); });
 
@@ -599,6 +633,70 @@ TEST(CommFailure, BlockedCallsTimeOutNamingCallPeerAndTag) {
   Status ar = c->all_reduce(x, 100, ReduceOp::kSum);
   EXPECT_TRUE(HasSubstr(ar.message(), "all_reduce(100 floats, sum) in group [0,1,2] on rank 0: "));
   EXPECT_TRUE(HasSubstr(ar.message(), "timed out"));
+}
+
+// A ring shift whose peer never shifts: the wait fails after the timeout
+// naming the call; one whose peer aborts: at once, naming the failed rank.
+// A shift's Work dropped unwaited withdraws its send (nothing is left
+// pointing at the freed buffer; the peer's receive times out).
+TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
+  LocalTransportOptions opt;
+  opt.timeout_s = 0.2;
+  std::vector<Status> per_rank;
+  auto t0 = Clock::now();
+  Status s = run_local_ranks(
+      2,
+      [&](const std::shared_ptr<Transport>& t) -> Status {
+        auto c = Communicator::world(t);
+        std::vector<float> out(1000, 1.f), in(1000);
+        if (t->rank() == 1) return Status::ok();  // never shifts
+        return c->ring_shift_async(out.data(), in.data(), 1000, DType::F32).wait();
+      },
+      opt, &per_rank);
+  EXPECT_LT(seconds_since(t0), 3.0);
+  EXPECT_TRUE(
+      HasSubstr(per_rank[0].message(), "ring_shift_async(1000 f32) in group [0,1] on rank 0"))
+      << per_rank[0].message();
+  EXPECT_TRUE(HasSubstr(per_rank[0].message(), "timed out after 0.2 s")) << per_rank[0].message();
+
+  t0 = Clock::now();
+  s = run_local_ranks(
+      3,
+      [&](const std::shared_ptr<Transport>& t) -> Status {
+        auto c = Communicator::world(t);
+        std::vector<float> out(70001, 1.f), in(70001);
+        if (t->rank() == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          t->abort("out of memory");
+          return Status::internal("out of memory");
+        }
+        return c->ring_shift_async(out.data(), in.data(), 70001, DType::F32).wait();
+      },
+      {}, &per_rank);
+  EXPECT_LT(seconds_since(t0), 5.0);
+  for (int r : {0, 1})
+    EXPECT_TRUE(HasSubstr(per_rank[r].message(), "rank 2 failed: out of memory"))
+        << per_rank[r].message();
+
+  s = run_local_ranks(
+      2,
+      [&](const std::shared_ptr<Transport>& t) -> Status {
+        auto c = Communicator::world(t);
+        std::vector<float> in(64);
+        if (t->rank() == 0) {
+          auto out = std::make_unique<std::vector<float>>(64, 3.f);
+          (void)c->ring_shift_async(out->data(), in.data(), 64, DType::F32);  // dropped
+          out.reset();
+          return Status::ok();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        std::vector<float> out(64, 4.f);
+        return c->ring_shift_async(out.data(), in.data(), 64, DType::F32).wait();
+      },
+      opt, &per_rank);
+  EXPECT_TRUE(per_rank[0].is_ok()) << per_rank[0].message();
+  EXPECT_TRUE(HasSubstr(per_rank[1].message(), "recv from rank 0")) << per_rank[1].message();
+  EXPECT_TRUE(HasSubstr(per_rank[1].message(), "timed out")) << per_rank[1].message();
 }
 
 TEST(CommFailure, TimeoutFromEnvironment) {

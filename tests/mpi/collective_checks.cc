@@ -241,6 +241,24 @@ void check_async(Checker& c, const std::string& g, Communicator& comm) {
   expect_equal(c, g + ": reduce_scatter_async", rout.data(), rwant);
 }
 
+// Ring shifts as ring attention issues them (two in flight, the second
+// posted before the first is waited for; sizes inline and chunked): each
+// rank receives rank - 1's buffer.
+void check_ring_shift(Checker& c, const std::string& g, Communicator& comm) {
+  const int n = comm.size(), me = comm.rank(), prev = (me + n - 1) % n;
+  for (int64_t count : {int64_t{0}, int64_t{1000}, int64_t{300007}}) {
+    std::vector<float> a = inputs(me, count, 140), b = inputs(me, count, 150);
+    std::vector<float> ga(count, -99.f), gb(count, -99.f);
+    const std::string what = g + ": ring_shift_async of " + std::to_string(count);
+    Work wa = comm.ring_shift_async(a.data(), ga.data(), count, DType::F32);
+    Work wb = comm.ring_shift_async(b.data(), gb.data(), count, DType::F32);
+    if (c.ok(what + " (second)", wb.wait()))
+      expect_equal(c, what, gb.data(), inputs(prev, count, 150));
+    if (c.ok(what + " (first)", wa.wait()))
+      expect_equal(c, what, ga.data(), inputs(prev, count, 140));
+  }
+}
+
 // ---- bit identity with the local backend -------------------------------------------------------
 
 // Random floats with full mantissas and a rank-dependent scale, so the sum
@@ -329,6 +347,7 @@ void run_collective_checks(Checker& c, const std::shared_ptr<Transport>& t) {
     check_send_recv(c, g.name, comm);
     for (int i = 0; i < 3; ++i) c.ok(g.name + ": barrier", comm.barrier());
     check_async(c, g.name, comm);
+    check_ring_shift(c, g.name, comm);
   }
 }
 

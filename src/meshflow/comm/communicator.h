@@ -36,7 +36,10 @@
 // also on error paths (declare them before the communicator, which stops its
 // unfinished work when it is destroyed). A
 // blocking call first waits for the async work issued before it, so a group's
-// collectives always run in issue order.
+// collectives always run in issue order. ring_shift_async is the exception:
+// it runs on the caller's thread in two phases (Transport::start_send posts
+// the send at the call, wait() receives and completes it), so it needs no
+// progress thread and its Work reads ready() only once waited.
 // Errors (a failed rank, a timeout, a size mismatch) come back as Status,
 // never a hang; after one, the communicator (and usually the job) is done.
 #pragma once
@@ -139,6 +142,9 @@ class Communicator {
   // from `send` to rank + 1 and receives rank - 1's into `recv` (wrapping
   // around; one rank: a copy). `send` and `recv` must not overlap and stay
   // untouched until the Work is done; compute may read `send` meanwhile.
+  // The send is posted now and the receive runs in wait(), on the thread
+  // that waits: wait on every such Work (a Work dropped unwaited withdraws
+  // its send, and the ring's next rank then times out on its receive).
   Work ring_shift_async(const void* send, void* recv, int64_t count, DType dt);
 
   Work all_reduce_async(float* data, int64_t count, ReduceOp op);

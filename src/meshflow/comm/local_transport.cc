@@ -134,6 +134,40 @@ class LocalTransport final : public Transport {
     return r.is_ok() ? w : r;
   }
 
+  // The send's PostedSend waits in the peer's mailbox; the receiver copies
+  // it on its own thread whenever it gets there, so nothing runs here
+  // meanwhile.
+  class LocalPendingSend final : public PendingSend {
+   public:
+    LocalPendingSend(LocalTransport* t, int peer) : t_(t), peer_(peer) {}
+    ~LocalPendingSend() override {
+      if (!finished_) (void)finish(/*give_up=*/true);
+    }
+    Status finish(bool give_up) override {
+      if (finished_) return Status::ok();
+      finished_ = true;
+      return t_->wait_send(peer_, &s_, Clock::now() + t_->timeout(), give_up, "start_send");
+    }
+    PostedSend s_;
+
+   private:
+    LocalTransport* t_;
+    int peer_;
+    bool finished_ = false;
+  };
+
+  Result<std::unique_ptr<PendingSend>> start_send(int peer, uint64_t tag, const void* data,
+                                                  size_t bytes) override {
+    MF_RETURN_IF_ERROR(check_peer("start_send to", peer, data, bytes));
+    MF_RETURN_IF_ERROR(health());
+    auto p = std::make_unique<LocalPendingSend>(this, peer);
+    p->s_.tag = tag;
+    p->s_.data = data;
+    p->s_.bytes = bytes;
+    post(peer, &p->s_);
+    return std::unique_ptr<PendingSend>(std::move(p));
+  }
+
   void abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lk(w_->failure_mu);

@@ -204,6 +204,48 @@ class MpiTransport final : public Transport {
     return wait(reqs, nullptr, {"send_recv", send_peer, send_bytes, recv_peer, recv_bytes, tag});
   }
 
+  // MPI_Isend's requests and the header they read, owned by the handle;
+  // finish() completes them as wait() does (a peer that never receives is a
+  // timeout, not a hang).
+  class MpiPendingSend final : public PendingSend {
+   public:
+    MpiPendingSend(MpiTransport* t, int peer, uint64_t tag, size_t bytes)
+        : t_(t), peer_(peer), tag_(tag), bytes_(bytes), head_(kHeader + kInlineBytes) {}
+    ~MpiPendingSend() override {
+      if (!finished_) release(reqs_);
+    }
+    Status finish(bool give_up) override {
+      if (finished_) return Status::ok();
+      finished_ = true;
+      if (give_up) {
+        release(reqs_);
+        return Status::unavailable(rank_name() + ": start_send (" + std::to_string(bytes_) +
+                                   " bytes to rank " + std::to_string(peer_) + ", tag " +
+                                   hex(tag_) + "): withdrawn");
+      }
+      return t_->wait(reqs_, nullptr, {"start_send", peer_, bytes_, -1, 0, tag_});
+    }
+    std::vector<char>& head() { return head_; }
+    Requests& reqs() { return reqs_; }
+
+   private:
+    MpiTransport* t_;
+    int peer_;
+    uint64_t tag_;
+    size_t bytes_;
+    std::vector<char> head_;
+    Requests reqs_;
+    bool finished_ = false;
+  };
+
+  Result<std::unique_ptr<PendingSend>> start_send(int peer, uint64_t tag, const void* data,
+                                                  size_t bytes) override {
+    MF_RETURN_IF_ERROR(check_peer(peer, "start_send", data, bytes));
+    auto p = std::make_unique<MpiPendingSend>(this, peer, tag, bytes);
+    MF_RETURN_IF_ERROR(post_send(peer, tag, data, bytes, p->head(), p->reqs()));
+    return std::unique_ptr<PendingSend>(std::move(p));
+  }
+
   // How long a rank that lost a peer waits for mpirun to end the job.
   static constexpr int kPeerLostGraceS = 10;
 

@@ -52,6 +52,21 @@ class Transport {
   virtual Status send_recv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
                            void* recv_data, size_t recv_bytes, uint64_t tag) = 0;
 
+  // A send in two phases, for overlap without a progress thread: start_send
+  // posts it and returns at once; the caller computes, and then finish()
+  // returns once the message has left `data` (the receiver copied it, or the
+  // network took it). `data` must stay valid and unchanged until then. A
+  // handle destroyed unfinished withdraws its send if nobody took it yet.
+  // finish(give_up = true) does the same and returns an error: for a
+  // caller whose matching receive failed.
+  class PendingSend {
+   public:
+    virtual ~PendingSend() = default;
+    virtual Status finish(bool give_up = false) = 0;
+  };
+  virtual Result<std::unique_ptr<PendingSend>> start_send(int peer, uint64_t tag, const void* data,
+                                                          size_t bytes) = 0;
+
   // Marks this rank failed; every rank's pending and future calls fail with
   // a message naming `rank()` and `reason`.
   virtual void abort(const std::string& reason) = 0;
