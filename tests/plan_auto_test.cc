@@ -425,11 +425,13 @@ TEST(PlanAuto, PlanCheckCountsTheBucketSumsAsOptimizerTime) {
   std::vector<double> first(kNumOpKinds, 0.0), end(kNumOpKinds, 0.0);
   end[static_cast<int>(OpKind::kAdamWUpdate)] = 0.02;
   end[static_cast<int>(OpKind::kMatMul)] = 0.5;
-  const cli::RunMeasurement m = cli::measure_run(first, end, 2, {0.3, 0.31}, 0.0, 0.01, 1000);
+  const cli::RunMeasurement m = cli::measure_run(first, end, 2, {0.3, 0.31}, 0.0, 0.01, 0.04, 1000);
   EXPECT_NEAR(m.optimizer_s, (0.02 + 0.01) / 2, 1e-12);
-  EXPECT_NEAR(m.compute_s, 0.25, 1e-12);
-  const cli::RunMeasurement untimed = cli::measure_run({}, {}, 2, {0.3, 0.31}, 0.0, 0.01, 1000);
+  EXPECT_NEAR(m.compute_s, (0.5 + 0.04) / 2, 1e-12);  // with the pipeline's stash copies
+  const cli::RunMeasurement untimed =
+      cli::measure_run({}, {}, 2, {0.3, 0.31}, 0.0, 0.01, 0.04, 1000);
   EXPECT_EQ(untimed.optimizer_s, 0.0);
+  EXPECT_EQ(untimed.compute_s, 0.0);
 
   auto tr = value_or_throw(Trainer::create(run_config(json{{"mode", "data"}}, 8, 4)));
   EXPECT_EQ(tr->grad_accumulate_seconds(), 0.0);
@@ -912,7 +914,9 @@ TEST(PlanAuto, StagesChosenUnderMemoryOnTheExecutor) {
   const StepCost least = by([](const StepCost& c) { return c.memory.total; });
   EXPECT_EQ(value_or_throw(cm.stage_split(p)), fastest.plan.layers_per_stage);
   const StepCost runtime = value_or_throw(cm.price(p));  // the runtime's split
-  EXPECT_LT(fastest.step_time_s, 0.9 * runtime.step_time_s);
+  // (7.6% faster, 2026-11-29, with the stash copies priced: 10% before.)
+  EXPECT_LT(fastest.step_time_s, 0.95 * runtime.step_time_s)
+      << plan_label(fastest.plan) << " against the runtime's " << plan_label(runtime.plan);
 
   // A device whose usable memory lies between the least a split needs and
   // the next least.

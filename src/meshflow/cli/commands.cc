@@ -209,7 +209,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   // The plan check's measurements: kernels after this run's first step, the
   // later steps' wall times and waits.
   std::vector<double> kernels_after_first, later_steps;
-  double later_wait = 0, accumulate_after_first = 0;
+  double later_wait = 0, accumulate_after_first = 0, copies_after_first = 0;
   const int first_step = trainer->steps_done();
   // Injected faults fire in the first run only (a restart would meet them again).
   const FaultInjection fault =
@@ -223,6 +223,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
       if (s == first_step) {
         kernels_after_first = trainer->seconds_by_kind();
         accumulate_after_first = trainer->grad_accumulate_seconds();
+        copies_after_first = trainer->stash_copy_seconds();
       } else {
         later_steps.push_back(r.seconds);
         later_wait += r.comm_wait_seconds;
@@ -269,10 +270,10 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
   }
   MF_RETURN_IF_ERROR(settle(true));
   if (check) {
-    RunMeasurement m = measure_run(kernels_after_first, trainer->seconds_by_kind(),
-                                   static_cast<int>(later_steps.size()), later_steps, later_wait,
-                                   trainer->grad_accumulate_seconds() - accumulate_after_first,
-                                   trainer->peak_bytes());
+    RunMeasurement m = measure_run(
+        kernels_after_first, trainer->seconds_by_kind(), static_cast<int>(later_steps.size()),
+        later_steps, later_wait, trainer->grad_accumulate_seconds() - accumulate_after_first,
+        trainer->stash_copy_seconds() - copies_after_first, trainer->peak_bytes());
     // Every rank's measurement to rank 0, which compares the slowest one's
     // (the most kernel time; rank 0's peak memory stays).
     if (comm && world > 1) {

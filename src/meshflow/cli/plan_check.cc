@@ -36,7 +36,7 @@ std::string line(const char* what, double predicted, double measured) {
 RunMeasurement measure_run(const std::vector<double>& after_first,
                            const std::vector<double>& at_end, int steps,
                            std::vector<double> step_seconds, double comm_wait_s,
-                           double grad_accumulate_s, int64_t peak_bytes) {
+                           double grad_accumulate_s, double stash_copy_s, int64_t peak_bytes) {
   RunMeasurement m;
   m.steps = steps;
   m.peak_bytes = peak_bytes;
@@ -52,6 +52,8 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
   m.collectives_s += comm_wait_s / steps;
   // Priced in the optimizer (CostConstants::grads_accumulated_in_buckets).
   if (m.by_kind) m.optimizer_s += grad_accumulate_s / steps;
+  // Priced in the chunks' F and B (ChunkCost::save_s, restore_s).
+  if (m.by_kind) m.compute_s += stash_copy_s / steps;
   if (!step_seconds.empty()) {
     std::nth_element(step_seconds.begin(), step_seconds.begin() + step_seconds.size() / 2,
                      step_seconds.end());

@@ -41,11 +41,12 @@ struct RunMeasurement {
 // seconds_by_kind (Engine::seconds_by_kind) after the first step and at the
 // end, the steps between, their wall times, the time they waited on gradient
 // reductions and summed micro-batches' gradients into the buckets
-// (Engine::grad_accumulate_seconds over those steps), and the rank's peak memory.
+// (Engine::grad_accumulate_seconds over those steps), the pipeline stash
+// copies (Engine::stash_copy_seconds: priced in compute), and the rank's peak memory.
 RunMeasurement measure_run(const std::vector<double>& after_first,
                            const std::vector<double>& at_end, int steps,
                            std::vector<double> step_seconds, double comm_wait_s,
-                           double grad_accumulate_s, int64_t peak_bytes);
+                           double grad_accumulate_s, double stash_copy_s, int64_t peak_bytes);
 
 // Collective over every rank of `comm`: each rank's measurement `mine`
 // gathered, the one with the most kernel time (compute + collectives +

@@ -94,6 +94,9 @@ class Engine {
   // Seconds so far spent summing micro-batches' gradients into the gradient
   // buckets (GradientBuckets::accumulate_seconds; 0 without buckets).
   virtual double grad_accumulate_seconds() const { return 0; }
+  // Seconds so far spent copying pipeline stashes out of the executor's arena
+  // after a forward and back before its backward (0 without a pipeline).
+  virtual double stash_copy_seconds() const { return 0; }
 };
 
 }  // namespace meshflow

@@ -196,6 +196,7 @@ struct PipelineTrainer::Impl {
   std::map<std::tuple<int, int, int>, std::vector<float>> handoff;
   std::vector<float> buffer;
   int64_t stash_bytes = 0;
+  double stash_copy_us = 0;  // save's and run_backward's copies (stash_copy_seconds)
   StashPool pool;
   int stash_entries = 0;
   double loss_sum = 0;
@@ -341,6 +342,7 @@ struct PipelineTrainer::Impl {
 
   void save(Local& l, std::map<int, Stash>& where, const std::vector<ValueId>& values,
             const std::vector<char>* keep, int micro) {
+    const double t0 = now_us();
     const Graph& g = l.program->graph;
     Stash& s = where[micro];
     s.data.resize(values.size());
@@ -354,6 +356,7 @@ struct PipelineTrainer::Impl {
       s.live[i] = 1;
       stash_bytes += b;
     }
+    stash_copy_us += now_us() - t0;
   }
   // Frees the entries not flagged in keep (all when keep is null).
   void release(std::map<int, Stash>& where, const std::vector<char>* keep, int micro) {
@@ -383,6 +386,7 @@ struct PipelineTrainer::Impl {
         restored_w(bwd ? bwd->data.size() : 0, 0);
     std::vector<NodeId> one(1);
     for (NodeId id : nodes) {
+      const double t0 = now_us();
       for (ValueId v : g.node(id).inputs) {
         const int wi = l.weight_index[v], fi = l.stash_index[v];
         if (wi >= 0 && bwd && bwd->live[wi] && !restored_w[wi]) {
@@ -397,6 +401,7 @@ struct PipelineTrainer::Impl {
           }
         }
       }
+      stash_copy_us += now_us() - t0;
       one[0] = id;
       ex.run(one, [&](NodeId n) {
         l.buckets->on_node(ex, n, micro, m);
@@ -778,6 +783,10 @@ std::vector<double> PipelineTrainer::seconds_by_kind() const {
     for (size_t k = 0; k < s.size(); ++k) sum[k] += s[k];
   }
   return sum;
+}
+
+double PipelineTrainer::stash_copy_seconds() const {
+  return impl_->stash_copy_us * 1e-6;
 }
 
 double PipelineTrainer::grad_accumulate_seconds() const {

@@ -129,6 +129,7 @@ class PipelineTrainer : public Engine {
   // profiling (set_profiling: every chunk's executor).
   std::vector<double> seconds_by_kind() const override;
   double grad_accumulate_seconds() const override;
+  double stash_copy_seconds() const override;
   void set_profiling(bool on);
   void set_trace(TraceWriter* trace);
 

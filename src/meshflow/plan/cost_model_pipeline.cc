@@ -51,6 +51,14 @@ double CostModel::p2p_under_compute_s(const Plan& p, double compute, double p2p)
   return std::min(p2p * s / (1 + s), compute * s);
 }
 
+StageTimes ChunkCost::with_copies(bool split) const {
+  StageTimes t = times;
+  t.forward_s += save_s;
+  t.backward_s += split ? bi_copy_s : restore_s;
+  if (split) t.weight_grad_s += w_copy_s;
+  return t;
+}
+
 // A chunk-priced pipeline's ranks: each holds the chunks the schedule
 // places on it (chunk_rank); the slowest rank's times drive the schedule.
 void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& chunks,
@@ -63,9 +71,10 @@ void CostModel::stages_from_chunks(const Plan& p, const std::vector<ChunkCost>& 
     for (size_t c = 0; c < chunks.size(); ++c) {
       if (chunk_rank(so, static_cast<int>(c)) != r) continue;
       const ChunkCost& k = chunks[c];
-      s.forward_s += k.times.forward_s;
-      s.backward_s += k.times.backward_s;
-      s.weight_grad_s += k.times.weight_grad_s;
+      const StageTimes t = k.with_copies(splits_backward(p.schedule));
+      s.forward_s += t.forward_s;
+      s.backward_s += t.backward_s;
+      s.weight_grad_s += t.weight_grad_s;
       s.tp_comm_s += k.times.tp_comm_s;
       s.cp_comm_s += k.times.cp_comm_s;
       s.recompute_s += k.times.recompute_s;
@@ -296,6 +305,8 @@ Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
       r.times.forward_s = prev.times.forward_s + c.times.forward_s;
       r.times.backward_s = prev.times.backward_s + c.times.backward_s;
       r.times.weight_grad_s = prev.times.weight_grad_s + c.times.weight_grad_s;
+      r.save_s = prev.save_s + c.save_s, r.restore_s = prev.restore_s + c.restore_s;
+      r.bi_copy_s = prev.bi_copy_s + c.bi_copy_s, r.w_copy_s = prev.w_copy_s + c.w_copy_s;
       r.params = prev.params + c.params;
       r.copied_params = prev.copied_params + c.copied_params;
       r.stash_bytes = prev.stash_bytes + c.stash_bytes;
@@ -308,8 +319,9 @@ Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
       r.grad_out_bytes = blocks[a].grad_out_bytes, r.act_out_bytes = c.act_out_bytes;
     }
   for (ChunkCost& r : range) r.arena_bytes += r.kept_bytes + r.grad_out_bytes + r.act_out_bytes;
+  const bool split = splits_backward(q.schedule);
   auto time = [&](size_t a, size_t b) {
-    const StageTimes& t = range[at(a, b)].times;
+    const StageTimes t = range[at(a, b)].with_copies(split);
     return t.forward_s + t.backward_s + t.weight_grad_s;
   };
   auto memory = [&](int64_t s, const ChunkCost& c) {
@@ -330,9 +342,13 @@ Result<std::vector<int64_t>> CostModel::chunk_stage_split(const Plan& p) const {
       failed = cuts.status();
       return;
     }
-    const StageTimes t = range[at(a, b)].times;  // (times stay the blocks' sums: one objective)
-    range[at(a, b)] = (*cuts)[a > 0 ? 1 : 0];
-    range[at(a, b)].times = t;
+    // (Times stay the blocks' sums, copies included: one objective.)
+    const ChunkCost sums = range[at(a, b)];
+    ChunkCost& r = range[at(a, b)];
+    r = (*cuts)[a > 0 ? 1 : 0];
+    r.times = sums.times;
+    r.save_s = sums.save_s, r.restore_s = sums.restore_s;
+    r.bi_copy_s = sums.bi_copy_s, r.w_copy_s = sums.w_copy_s;
     exact_range[at(a, b)] = 1;
   };
   const double usable = k_.usable_memory_fraction * double(cluster_.device.memory_bytes);
