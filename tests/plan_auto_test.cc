@@ -914,8 +914,7 @@ TEST(PlanAuto, StagesChosenUnderMemoryOnTheExecutor) {
   const StepCost least = by([](const StepCost& c) { return c.memory.total; });
   EXPECT_EQ(value_or_throw(cm.stage_split(p)), fastest.plan.layers_per_stage);
   const StepCost runtime = value_or_throw(cm.price(p));  // the runtime's split
-  // (7.6% faster, 2026-11-29, with the stash copies priced: 10% before.)
-  EXPECT_LT(fastest.step_time_s, 0.95 * runtime.step_time_s)
+  EXPECT_LT(fastest.step_time_s, 0.9 * runtime.step_time_s)
       << plan_label(fastest.plan) << " against the runtime's " << plan_label(runtime.plan);
 
   // A device whose usable memory lies between the least a split needs and

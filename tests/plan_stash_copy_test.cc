@@ -1,12 +1,14 @@
 // The pipeline trainer's stash copies, priced as it makes them. Its executor
-// reuses one arena for every micro-batch, so after a chunk's forward it
-// copies the values the backward reads out to the micro-batch's stash, and
-// before the backward back in (split into Bi and W: Bi copies back what it
-// reads and saves what W reads, W copies those back with its own forward
-// entries). The cost model adds those copies, a read and a write of their
-// bytes at the rank's memory rate, to the chunk's F, B and W; the trainer
-// times them (Engine::stash_copy_seconds), which the plan check counts as
-// compute beside the kernels.
+// reuses one arena for every micro-batch, so the values the backward reads
+// are kept per micro-batch: the forward writes its own activations straight
+// into the micro-batch's stash (ChunkProgram::stash_in_place), and the rest
+// (fed inputs, activations also sent on) it copies out after the forward and
+// back before the backward (split into Bi and W: Bi copies back what it reads
+// and saves what W reads, W copies those back with its own forward entries).
+// The cost model adds those copies, a read and a write of their bytes at the
+// rank's memory rate, to the chunk's F, B and W; the trainer times them
+// (Engine::stash_copy_seconds), which the plan check counts as compute
+// beside the kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,7 +41,11 @@ TEST(PlanStashCopies, PricedInTheChunksTimesAsTheTrainerCopies) {
   ASSERT_EQ(chunks.size(), 2u);
   for (const ChunkCost& c : chunks) {
     ASSERT_GT(c.stash_bytes, 0.0);
-    EXPECT_DOUBLE_EQ(c.save_s, two.memory_time_s(2 * c.stash_bytes));
+    // The forward writes its activations into the stash in place; the fed
+    // inputs (tokens, targets, the received activation) are copied.
+    const double all = two.memory_time_s(2 * c.stash_bytes);
+    EXPECT_GT(c.save_s, 0.0);
+    EXPECT_LT(c.save_s, 0.25 * all) << c.save_s / all;
     EXPECT_DOUBLE_EQ(c.restore_s, c.save_s);
     // Split, the stash goes back in two parts with the W stash twice more.
     EXPECT_GT(c.bi_copy_s, 0.0);

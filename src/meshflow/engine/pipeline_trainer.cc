@@ -182,6 +182,7 @@ struct PipelineTrainer::Impl {
     std::vector<NodeId> sum_squares, update;     // the program's, without what buckets runs
     std::vector<NodeId> eval_forward;            // forward without state updates (evaluation)
     std::vector<int> stash_index, weight_index;  // value id -> entry, -1
+    std::vector<char> in_place, copied;          // per stash entry (stash_in_place), and not
     std::map<int, Stash> stash, weight_stash;    // by micro-batch
     int live_micro = 0;
   };
@@ -340,13 +341,41 @@ struct PipelineTrainer::Impl {
     unpack(l, values, buffer.data());
   }
 
+  // F's stash entries written in place: each bound to a buffer of the
+  // micro-batch's stash before the forward writes it (ChunkProgram::stash_in_place).
+  void bind_stash(Local& l, int micro) {
+    const Graph& g = l.program->graph;
+    const std::vector<ValueId>& values = l.program->stash;
+    Stash& s = l.stash[micro];
+    s.data.resize(values.size());
+    s.live.assign(values.size(), 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!l.in_place[i]) continue;
+      const int64_t b = value_bytes(g, values[i]);
+      pool.give(std::move(s.data[i]));
+      s.data[i] = pool.take(b);
+      l.ex->bind(values[i], s.data[i].data());
+      s.live[i] = 1;
+      stash_bytes += b;
+    }
+  }
+  // Back to the arena: the next run of this executor writes those values there.
+  void unbind_stash(Local& l) {
+    for (size_t i = 0; i < l.program->stash.size(); ++i)
+      if (l.in_place[i]) l.ex->bind(l.program->stash[i], nullptr);
+  }
+
+  // Copies `values` (those flagged in keep; all when keep is null) out of the
+  // arena into the micro-batch's stash; the stash's other entries stay.
   void save(Local& l, std::map<int, Stash>& where, const std::vector<ValueId>& values,
             const std::vector<char>* keep, int micro) {
     const double t0 = now_us();
     const Graph& g = l.program->graph;
     Stash& s = where[micro];
-    s.data.resize(values.size());
-    s.live.assign(values.size(), 0);
+    if (s.data.size() != values.size()) {
+      s.data.resize(values.size());
+      s.live.assign(values.size(), 0);
+    }
     for (size_t i = 0; i < values.size(); ++i) {
       if (keep && !(*keep)[i]) continue;
       const int64_t b = value_bytes(g, values[i]);
@@ -396,7 +425,10 @@ struct PipelineTrainer::Impl {
           MF_CHECK(fwd && fwd->live[fi]) << "stash of '" << g.value(v).name << "' for mb " << micro
                                          << " was freed before its backward";
           if (!restored_f[fi]) {
-            std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size);
+            if (l.in_place[fi])
+              ex.bind(v, fwd->data[fi].data());
+            else
+              std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size);
             restored_f[fi] = 1;
           }
         }
@@ -409,6 +441,7 @@ struct PipelineTrainer::Impl {
           check_finite(l, n, l.program->chunk, micro, true, static_cast<int>(split.chunks.size()));
       });
     }
+    unbind_stash(l);
   }
 
   Tensor& param(Local& l, const std::string& name) {
@@ -480,12 +513,14 @@ struct PipelineTrainer::Impl {
         const double t0 = now_us();
         if (c > 0 && s.rank_of_chunk(c - 1) == s.rank_of_chunk(c)) take_handoff(l, c, mb, 0);
         feed_inputs(l, mb);
+        bind_stash(l, mb);
         if (watch)
           l.ex->run(l.program->forward, [&](NodeId n) { check_finite(l, n, c, mb, false, C); });
         else
           l.ex->run(l.program->forward);
         if (l.program->loss != kNoValue) loss_sum += l.ex->scalar(l.program->loss);
-        save(l, l.stash, l.program->stash, nullptr, mb);
+        save(l, l.stash, l.program->stash, &l.copied, mb);
+        unbind_stash(l);
         ++l.live_micro;
         ++stash_entries;
         note_stash(local_of[c]);
@@ -977,6 +1012,14 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::create(
       l.stash_index[l.program->stash[i]] = static_cast<int>(i);
     for (size_t i = 0; i < l.program->weight_stash.size(); ++i)
       l.weight_index[l.program->weight_stash[i]] = static_cast<int>(i);
+    l.in_place = l.program->stash_in_place();
+    l.copied.assign(l.in_place.size(), 0);
+    for (size_t i = 0; i < l.in_place.size(); ++i) {
+      l.copied[i] = !l.in_place[i];
+      MF_CHECK(!l.in_place[i] || l.ex->in_arena(l.program->stash[i]))
+          << "chunk " << l.program->chunk << ": stash entry '"
+          << l.program->graph.value(l.program->stash[i]).name << "' is not in the arena";
+    }
     t->stash_stats_.bytes_per_micro_batch +=
         l.program->stash_bytes() +
         (t->schedule_.split_backward() ? l.program->weight_hold_bytes() : 0);

@@ -40,6 +40,23 @@ int64_t ChunkProgram::stash_bytes() const {
   return b;
 }
 
+std::vector<char> ChunkProgram::stash_in_place() const {
+  std::set<ValueId> read_elsewhere(act_out.begin(), act_out.end());
+  read_elsewhere.insert(grad_out.begin(), grad_out.end());
+  for (const auto& [name, v] : norm_out) read_elsewhere.insert(v);
+  read_elsewhere.insert(loss);
+  read_elsewhere.insert(correct);
+  std::vector<char> out(stash.size(), 0);
+  for (size_t i = 0; i < stash.size(); ++i) {
+    const ValueId v = stash[i];
+    const NodeId p = graph.value(v).producer;
+    const OpKind k = p >= 0 ? graph.node(p).kind : OpKind::kInput;
+    out[i] = k != OpKind::kInput && k != OpKind::kParameter && k != OpKind::kState &&
+             !read_elsewhere.count(v);
+  }
+  return out;
+}
+
 int64_t ChunkProgram::weight_hold_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < stash.size(); ++i)

@@ -92,6 +92,13 @@ struct ChunkProgram {
   // stash.
   int64_t stash_bytes() const;
   int64_t weight_hold_bytes() const;
+  // Per stash entry: made by a node of the chunk's forward into the
+  // executor's arena and read by no message or metric, so the pipeline
+  // trainer has the forward write it straight into the micro-batch's stash
+  // buffer and the backward read it there (Executor::bind), with no copy.
+  // The others (fed inputs, activations sent on, the loss) are copied out
+  // after the forward and back before their first reader.
+  std::vector<char> stash_in_place() const;
 };
 
 struct PipelineSplit {

@@ -689,17 +689,22 @@ Result<std::vector<ChunkCost>> CostModel::chunk_costs(int64_t tp, int64_t cp, in
       cc.act_out_bytes = bytes(c.act_out), cc.grad_out_bytes = bytes(c.grad_out);
       cc.stash_bytes = double(c.stash_bytes());
       cc.weight_hold_bytes = double(c.weight_hold_bytes());
-      double read_by_bi = 0, read_by_w = 0;
+      // (Entries the forward writes in place, ChunkProgram::stash_in_place,
+      // are not copied.)
+      const std::vector<char> in_place = c.stash_in_place();
+      double copied = 0, read_by_bi = 0, read_by_w = 0;
       for (size_t i = 0; i < c.stash.size(); ++i) {
+        if (in_place[i]) continue;
         const double b =
             double(g.shape(c.stash[i]).numel()) * double(dtype_size(g.value(c.stash[i]).dtype));
+        copied += b;
         if (i < c.stash_for_input.size() && c.stash_for_input[i]) read_by_bi += b;
         if (i < c.stash_for_weight.size() && c.stash_for_weight[i]) read_by_w += b;
       }
       const double w_stash = bytes(c.weight_stash);
       auto copy_s = [this](double b) { return cluster_.memory_time_s(2 * b); };
-      cc.save_s = copy_s(cc.stash_bytes);
-      cc.restore_s = copy_s(cc.stash_bytes);
+      cc.save_s = copy_s(copied);
+      cc.restore_s = copy_s(copied);
       cc.bi_copy_s = copy_s(read_by_bi + w_stash);
       cc.w_copy_s = copy_s(read_by_w + w_stash);
       cc.input_bytes = t[kInputBytes];

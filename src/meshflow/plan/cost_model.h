@@ -675,10 +675,11 @@ struct ChunkCost {
   double weight_hold_bytes = 0;  // split backward: from Bi to W
   double input_bytes = 0;        // fed per micro-batch: data, received activations and gradients
   // The pipeline trainer's stash copies per micro-batch (a copy reads and
-  // writes its bytes): F saves the stash out of the executor's arena, which
-  // the next micro-batch reuses; B copies it back (restore_s). Split, Bi
-  // copies back the entries it reads and saves the values W reads, and W
-  // copies back those and its forward entries (bi_copy_s, w_copy_s).
+  // writes its bytes): F saves the entries it does not write in place
+  // (ChunkProgram::stash_in_place: fed inputs, messages, the loss) out of the
+  // executor's arena, which the next micro-batch reuses; B copies them back
+  // (restore_s). Split, Bi copies back those it reads and saves the values W
+  // reads, and W copies back those and its forward ones (bi_copy_s, w_copy_s).
   double save_s = 0, restore_s = 0, bi_copy_s = 0, w_copy_s = 0;
   // times with the copies the schedule's actions make (split: zb-h1, zb-v).
   StageTimes with_copies(bool split) const;

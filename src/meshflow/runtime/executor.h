@@ -94,7 +94,10 @@ class Executor : public ParameterStore {
 
   // Rebinds a transient value to external storage for later reads (used by
   // gradient accumulation: the optimizer reads the accumulators).
+  // (nullptr: back to its own storage.)
   void bind(ValueId v, void* ptr) { override_[v] = ptr; }
+  // Does v live in the arena (not persistent, not run elsewhere)?
+  bool in_arena(ValueId v) const { return !persistent_[v].defined() && plan_.offset[v] >= 0; }
   void unbind_all();
 
   // Per-op-kind wall time of the kernels run so far (when profiling is on).
