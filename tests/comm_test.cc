@@ -697,6 +697,19 @@ TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
   EXPECT_TRUE(per_rank[0].is_ok()) << per_rank[0].message();
   EXPECT_TRUE(HasSubstr(per_rank[1].message(), "recv from rank 0")) << per_rank[1].message();
   EXPECT_TRUE(HasSubstr(per_rank[1].message(), "timed out")) << per_rank[1].message();
+
+  // A Work that outlives its communicator and every other owner of the
+  // transport: waiting on it still answers (its peer never shifted), and
+  // dropping it withdraws the send on the transport it keeps alive.
+  auto ts = make_local_transports(2, opt);
+  auto c = Communicator::world(ts[0]);
+  std::vector<float> out(8, 1.f), in(8);
+  Work w = c->ring_shift_async(out.data(), in.data(), 8, DType::F32);
+  Work unwaited = c->ring_shift_async(out.data(), in.data(), 8, DType::F32);
+  c.reset();
+  ts.clear();
+  EXPECT_TRUE(HasSubstr(w.wait().message(), "timed out")) << w.wait().message();
+  unwaited = Work();
 }
 
 TEST(CommFailure, TimeoutFromEnvironment) {

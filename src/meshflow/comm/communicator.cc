@@ -420,16 +420,25 @@ Work Communicator::ring_shift_async(const void* send, void* recv, int64_t count,
   Result<std::unique_ptr<Transport::PendingSend>> started =
       t_->start_send(ranks_[(rank_ + 1) % n], tag, send, bytes);
   if (!started.is_ok()) return ready_work(started.status().with_context(what + where()));
-  std::shared_ptr<Transport::PendingSend> pending = std::move(started).value();
+  // The Work owns the transport as long as the send: a Work dropped after its
+  // communicator still withdraws the send on a live transport.
+  struct Shift {
+    std::shared_ptr<Transport> t;
+    std::unique_ptr<Transport::PendingSend> send;
+    ~Shift() { send.reset(); }
+  };
+  auto shift = std::make_shared<Shift>();
+  shift->t = t_;
+  shift->send = std::move(started).value();
   const int from = ranks_[(rank_ + n - 1) % n];
   std::string ctx = what + where();
-  return Work(std::async(std::launch::deferred, [this, pending, from, recv, bytes, tag,
-                                                 ctx = std::move(ctx)] {
-                Status r = t_->health();
-                if (r.is_ok()) r = t_->recv(from, tag, recv, bytes);
-                Status w = pending->finish(/*give_up=*/!r.is_ok());
-                return (r.is_ok() ? w : r).with_context(ctx);
-              }).share());
+  return Work(
+      std::async(std::launch::deferred, [shift, from, recv, bytes, tag, ctx = std::move(ctx)] {
+        Status r = shift->t->health();
+        if (r.is_ok()) r = shift->t->recv(from, tag, recv, bytes);
+        Status w = shift->send->finish(/*give_up=*/!r.is_ok());
+        return (r.is_ok() ? w : r).with_context(ctx);
+      }).share());
 }
 
 Work Communicator::all_reduce_async(float* data, int64_t count, ReduceOp op) {
