@@ -57,12 +57,12 @@ class Transport {
   // returns once the message has left `data` (the receiver copied it, or the
   // network took it). `data` must stay valid and unchanged until then. A
   // handle destroyed unfinished withdraws its send if nobody took it yet.
-  // finish(give_up = true) does the same and returns an error: for a
-  // caller whose matching receive failed.
+  // finish(true) does the same and returns an error: for a caller whose
+  // matching receive failed.
   class PendingSend {
    public:
     virtual ~PendingSend() = default;
-    virtual Status finish(bool give_up = false) = 0;
+    virtual Status finish(bool give_up) = 0;
   };
   virtual Result<std::unique_ptr<PendingSend>> start_send(int peer, uint64_t tag, const void* data,
                                                           size_t bytes) = 0;
