@@ -775,6 +775,15 @@ TEST(CommErrors, BadArgumentsNameWhatIsValid) {
     MF_RETURN_IF_ERROR(
         expect(c->all_reduce_async(nullptr, 4, ReduceOp::kSum).wait(), "null buffer"));
     MF_RETURN_IF_ERROR(expect(t->send(t->rank(), 0, x, 4), "the peer must be another rank"));
+    MF_RETURN_IF_ERROR(
+        expect(t->start_send(t->rank(), 0, x, 4).status(), "the peer must be another rank"));
+    MF_RETURN_IF_ERROR(expect(t->start_send((t->rank() + 1) % 3, 0, nullptr, 4).status(),
+                              "null buffer for 4 bytes"));
+    MF_RETURN_IF_ERROR(expect(c->ring_shift_async(x, x + 3, -1, DType::F32).wait(),
+                              "ring_shift_async(-1 f32): count must be >= 0"));
+    const Status null_shift = c->ring_shift_async(nullptr, x, 3, DType::F32).wait();
+    MF_RETURN_IF_ERROR(expect(null_shift, "null buffer for 12 bytes"));
+    MF_RETURN_IF_ERROR(expect(null_shift, "ring_shift_async(3 f32) in group [0,1,2]"));
     // The typed forms check before they pad or convert.
     MF_RETURN_IF_ERROR(
         expect(c->all_gather(nullptr, 3, x, DType::F16), "all_gather(3 f16): null buffer"));

@@ -413,13 +413,18 @@ struct PipelineTrainer::Impl {
     Stash* bwd = l.weight_stash.count(micro) ? &l.weight_stash[micro] : nullptr;
     std::vector<char> restored_f(fwd ? fwd->data.size() : 0, 0),
         restored_w(bwd ? bwd->data.size() : 0, 0);
+    // A copy back, timed (stash_copy_seconds).
+    auto copy_in = [&](ValueId v, const StashBuffer& b) {
+      const double t0 = now_us();
+      std::memcpy(ex.data(v), b.data(), b.size);
+      stash_copy_us += now_us() - t0;
+    };
     std::vector<NodeId> one(1);
     for (NodeId id : nodes) {
-      const double t0 = now_us();
       for (ValueId v : g.node(id).inputs) {
         const int wi = l.weight_index[v], fi = l.stash_index[v];
         if (wi >= 0 && bwd && bwd->live[wi] && !restored_w[wi]) {
-          std::memcpy(ex.data(v), bwd->data[wi].data(), bwd->data[wi].size);
+          copy_in(v, bwd->data[wi]);
           restored_w[wi] = 1;
         } else if (fi >= 0 && !(wi >= 0 && bwd && bwd->live[wi])) {
           MF_CHECK(fwd && fwd->live[fi]) << "stash of '" << g.value(v).name << "' for mb " << micro
@@ -428,12 +433,11 @@ struct PipelineTrainer::Impl {
             if (l.in_place[fi])
               ex.bind(v, fwd->data[fi].data());
             else
-              std::memcpy(ex.data(v), fwd->data[fi].data(), fwd->data[fi].size);
+              copy_in(v, fwd->data[fi]);
             restored_f[fi] = 1;
           }
         }
       }
-      stash_copy_us += now_us() - t0;
       one[0] = id;
       ex.run(one, [&](NodeId n) {
         l.buckets->on_node(ex, n, micro, m);
