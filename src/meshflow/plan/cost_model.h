@@ -495,6 +495,16 @@ struct CostConstants {
 double roofline_time_s(const Cluster& c, const CostConstants& k, DType dtype, double flops,
                        double bytes);
 
+// The bytes ring attention's CPU kernels (kernels/cpu/ring_attention.cc)
+// move on a rank beyond the one-rank kernel's, per call, f32: forward, the
+// k/v block packed for the ring (read and written), the output zeroed, and
+// each of the ring - 1 blocks received copied in on this rank's thread (the
+// in-process transport's receiver copies); backward, dq and each step's
+// share zeroed, the k/v block packed and received as in the forward, each
+// arriving dk/dv accumulator added in (two reads, a write) and received, and
+// the rank's own copied out. 0 for a node that is not a ring.
+double ring_attention_pass_bytes(const Graph& g, const Node& n);
+
 // PyTorch in eager mode (`meshflow plan --eager`, a plan file's plan.eager):
 // CostConstants::eager with its time (elementwise_cost) and loss memory.
 void set_eager(CostConstants* k);

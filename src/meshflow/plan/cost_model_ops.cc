@@ -54,6 +54,24 @@ double forward_stash_bytes(const Graph& g, double f32_bytes) {
 
 }  // namespace
 
+double ring_attention_pass_bytes(const Graph& g, const Node& n) {
+  if (n.kind != OpKind::kAttention && n.kind != OpKind::kAttentionGrad) return 0;
+  const bool fwd = n.kind == OpKind::kAttention;
+  const int64_t ring = n.attrs.mesh_axis >= 0 ? n.attrs.group_size : 1;
+  const Shape& q = g.shape(n.inputs[fwd ? 0 : 1]);
+  const Shape& kv = g.shape(n.inputs[fwd ? 1 : 2]);
+  if (ring <= 1 || q.size(2) != kv.size(2)) return 0;
+  const double nq = double(q.numel()), block = 2.0 * double(kv.numel()), steps = double(ring);
+  // A copy reads and writes its bytes; a fill writes them.
+  const double passes =
+      fwd ? nq + 2 * block + (steps - 1) * 2 * block
+          : nq + 2 * block + (steps - 1) * 2 * block  // dq zeroed; packed; received
+                + steps * block                       // each step's share zeroed
+                + (steps - 1) * 3 * block             // an arriving accumulator added in
+                + steps * 2 * block + 2 * block;      // accumulators received; dk, dv out
+  return 4.0 * passes;
+}
+
 // The seconds one node of a rank program takes on this device.
 double CostModel::node_time_s(const Graph& g, const Node& n) const {
   const OpCost c = op_cost(g, n);
@@ -117,7 +135,10 @@ double CostModel::node_time_s(const Graph& g, const Node& n) const {
                              cluster_.matmul_shape_factor(double(r), double(keys), double(d_head)));
         }
       }
-      t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale));
+      // Ring attention's copies and fills beyond the GEMMs' tiles, on the
+      // rank's thread (ring_attention_pass_bytes).
+      t = std::max(rows * gemms * gemm_t, cluster_.memory_time_s(c.bytes * byte_scale)) +
+          cluster_.memory_time_s(ring_attention_pass_bytes(g, n));
     } else {
       // Fused (FlashAttention): at the kernel's own efficiency at this call's
       // key length where the cluster file gives it, else on the GEMM curve.
