@@ -447,6 +447,38 @@ StepCost price_dp(const CostConstants& k, const char* model, const char* cluster
   return value_or_throw(cm.price(p));
 }
 
+// The embedding's gradient is the backward's last, so the bucket holding it
+// reduces when nothing is left to hide it: a step whose compute covers every
+// other bucket still pays the embedding's all_reduce (ZeRO-0), or its
+// reduce_scatter and, with the gather overlapped with the next forward, its
+// gather, which the forward needs before anything else (ZeRO-1).
+TEST(PlanCostModel, TheEmbeddingsBucketReducesAfterTheBackward) {
+  const int64_t gpus = 64;
+  const Cluster c = load_sized_cluster("h100_sxm.json", gpus);
+  const Link ring = c.ring_link_for_axis(gpus, 1);
+  auto dp_time = [&](int zero, bool overlap_gather) {
+    CostConstants k;
+    k.overlap_compute_slowdown = 0;  // what the compute covers costs nothing
+    k.overlap_param_gather = overlap_gather;
+    CostModel cm(TrainingJob{load_model("gpt3_6.7b.json"), 16 * gpus, 2048}, c, k);
+    Plan p;
+    p.dp = gpus, p.micro_batch = 16, p.num_micro_batches = 1, p.zero = zero;
+    const LayerCost lc = value_or_throw(cm.layer_cost(1, 1, 16));
+    return std::make_pair(value_or_throw(cm.price(p)).dp_comm_s, 2.0 * double(lc.embed_params));
+  };
+  const auto [ddp, e] = dp_time(0, false);
+  ASSERT_GT(e, 0);
+  EXPECT_NEAR(ddp, c.collective_time_s(Collective::kAllReduce, gpus, e, ring), 1e-9);
+  const auto [zero1, e1] = dp_time(1, true);
+  EXPECT_NEAR(zero1,
+              c.collective_time_s(Collective::kReduceScatter, gpus, e1, ring) +
+                  c.collective_time_s(Collective::kAllGather, gpus, e1, ring),
+              1e-9);
+  // Without the overlapped gather it is exposed whole, as before.
+  const auto [zero1_after, e2] = dp_time(1, false);
+  EXPECT_GT(zero1_after, zero1 + c.collective_time_s(Collective::kAllGather, gpus, 10 * e2, ring));
+}
+
 // Megatron-LM's --overlap-param-gather (CostConstants::overlap_param_gather):
 // ZeRO-1's gather after the update runs under the next step's first forward,
 // so it costs what that forward does not hide; without it the gather is

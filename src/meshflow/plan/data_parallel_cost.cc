@@ -77,6 +77,22 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
     auto dp_collective = [&](Collective c, double bytes) {
       return tensors * cl.collective_time_s(c, replicas, bytes / tensors, dp_link);
     };
+    // The embedding's gradient is the backward's last (its node ends the
+    // first stage's backward, which ends the step), so the bucket holding it
+    // starts reducing when nothing is left to hide it: Megatron-LM's
+    // DistributedDataParallel and PyTorch DDP bucket in reverse order and
+    // never split a tensor, so their last bucket holds at least the
+    // embedding. Likewise a gather overlapped with the forward
+    // (overlap_param_gather) starts with the embedding's, before any
+    // compute. (Of the stage's parameters reduced here: tensor_share.)
+    const double tail_params = std::min(params, tensor_share * double(lc.embed_params));
+    auto exposed_with_tail = [&](Collective c, double bytes_per_param, double under) {
+      const double all = dp_collective(c, params * bytes_per_param);
+      if (under <= 0 || tail_params <= 0) return overlap_exposed_s(all, under);
+      return dp_collective(c, tail_params * bytes_per_param) +
+             overlap_exposed_s(dp_collective(c, (params - tail_params) * bytes_per_param), under);
+    };
+    const double grad_b = grad_bytes / std::max(params, 1.0);
     if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
       // The runtime's buckets: over the replicas, and over tp for the weights
       // replicated across it, all started during the last backward.
@@ -92,8 +108,7 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       dp_exposed = overlap_exposed_s(t, window);
       dp_bytes = 2 * ring_dp * grad_bytes;
     } else if (p.zero == 0) {
-      const double t = dp_collective(Collective::kAllReduce, grad_bytes);
-      dp_exposed = overlap_exposed_s(t, window);
+      dp_exposed = exposed_with_tail(Collective::kAllReduce, grad_b, window);
       dp_bytes = 2 * ring_dp * grad_bytes;
     } else if (p.zero == 1 || (p.zero == 2 && !k_.fsdp_shard_grad_op)) {
       // ZeRO-1 keeps the whole accumulated gradients and reduce-scatters them
@@ -105,14 +120,20 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       // early_grad, runs_per_step). The weights are gathered once a step.
       const double rs_calls = p.zero == 2 ? m : 1.0;
       const double rs = dp_collective(Collective::kReduceScatter, grad_bytes);
-      double ag = dp_collective(Collective::kAllGather, params * gather_b);
+      const double ag = dp_collective(Collective::kAllGather, params * gather_b);
       // The gradient norm over sharded gradients: the partitioned program sums
       // every shard's squares and all_reduces them once (one_norm_reduction:
       // the program's one all_reduce in the optimizer phase), not per tensor.
-      if (k_.collective_per_tensor)
-        ag += cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link);
-      dp_exposed = rs_calls * overlap_exposed_s(rs, window) +
-                   (k_.overlap_param_gather ? overlap_exposed_s(ag, F) : ag);
+      const double norm = k_.collective_per_tensor
+                              ? cl.collective_time_s(Collective::kAllReduce, replicas, 4.0, dp_link)
+                              : 0.0;
+      // (ZeRO-2's reduce-scatters but the last run on under the next
+      // micro-batch's forward: only the last one's embedding is exposed.)
+      dp_exposed =
+          (rs_calls - 1) * overlap_exposed_s(rs, window) +
+          exposed_with_tail(Collective::kReduceScatter, grad_b, window) +
+          (k_.overlap_param_gather ? exposed_with_tail(Collective::kAllGather, gather_b, F) : ag) +
+          norm;
       dp_bytes = ring_dp * (rs_calls * grad_bytes + params * gather_b);
     } else {
       // By layer: ZeRO-3, and ZeRO-2 as FSDP's SHARD_GRAD_OP runs it (its
