@@ -267,6 +267,10 @@ TEST(PlanCluster, ErrorsNameTheKey) {
       {"/device/memory_bandwidth_bytes_per_s", 5,
        "cluster.device.memory_bandwidth_bytes_per_s must be in [1e+06, inf)"},
       {"/device/peak_flops/bf16", 1e-300, "peak_flops.bf16 must be in [1e+06, inf)"},
+      {"/time_shared_latency_s", 5.0,
+       "cluster.time_shared_latency_s must be in [0, 1] (seconds per message step with two "
+       "ranks a core)"},
+      {"/time_shared_latency_s", -1e-6, "cluster.time_shared_latency_s must be in [0, 1]"},
   };
   for (const auto& a : absurd) {
     j = valid_cluster();
@@ -757,6 +761,13 @@ TEST(PlanCluster, QuickCalibration) {
   EXPECT_NE(report.find("one thin side"), std::string::npos);
   EXPECT_NE(report.find("SGEMM"), std::string::npos);
   EXPECT_NE(report.find("all_reduce"), std::string::npos);
+  // The ring step with two ranks a core, written to the file and read back.
+  EXPECT_EQ(cal->time_shared_ranks, std::max(4, 2 * cal->threads));
+  EXPECT_GT(cal->time_shared_latency_s, 0);
+  EXPECT_LT(cal->time_shared_latency_s, 0.01);
+  EXPECT_NEAR(back->time_shared_latency_s, cal->time_shared_latency_s,
+              1e-3 * cal->time_shared_latency_s);
+  EXPECT_NE(report.find("time-shared: "), std::string::npos);
 }
 
 TEST(PlanCluster, CalibrationRejectsOneRank) {

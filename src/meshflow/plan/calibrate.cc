@@ -293,6 +293,31 @@ Status measure_all_reduce(bool quick, int ranks, std::vector<CollectiveSample>* 
   return Status::ok();
 }
 
+// Seconds per message step of a ring collective when `ranks` in-process ranks
+// time-share fewer cores: back-to-back reduce_scatters of 256 floats a rank
+// (ring: ranks - 1 steps each), each rank's mean per call, the slowest's.
+// A waiting rank polls yielding its core (the transport's spin), so the peer
+// it waits for runs meanwhile: a step costs the switches, not the spin.
+Result<double> measure_time_shared_step(bool quick, int ranks) {
+  const int calls = quick ? 200 : 2000;
+  const int64_t per_rank = 256;
+  std::vector<double> mean(static_cast<size_t>(ranks), 0.0);
+  Status s = run_local_ranks(ranks, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto comm = Communicator::world(t);
+    std::vector<float> in(static_cast<size_t>(per_rank * ranks), 1.0f), out(per_rank);
+    for (int i = 0; i < 20; ++i)  // warm up
+      MF_RETURN_IF_ERROR(comm->reduce_scatter(in.data(), per_rank, out.data(), ReduceOp::kSum));
+    MF_RETURN_IF_ERROR(comm->barrier());
+    const auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i)
+      MF_RETURN_IF_ERROR(comm->reduce_scatter(in.data(), per_rank, out.data(), ReduceOp::kSum));
+    mean[static_cast<size_t>(comm->rank())] = seconds_since(t0) / calls;
+    return Status::ok();
+  });
+  MF_RETURN_IF_ERROR(s);
+  return *std::max_element(mean.begin(), mean.end()) / double(ranks - 1);
+}
+
 // Least squares of t = a + b * x, weighted by 1/t^2 (relative error), so the
 // small sizes set the intercept and the large ones the slope.
 void fit_alpha_beta(const std::vector<CollectiveSample>& s, double* a, double* b) {
@@ -381,6 +406,11 @@ Result<Calibration> calibrate(const CalibrationOptions& options) {
   const double n = options.ranks;
   cal.link_latency_s = cal.fit_intercept_s / (2 * (n - 1));
   cal.link_bandwidth_bytes_per_s = 2 * (n - 1) / n / cal.fit_s_per_byte;
+  // Two ranks a core (at least 4): what share_machine prices for more ranks
+  // than cores.
+  cal.time_shared_ranks = std::clamp(2 * cal.threads, 4, 64);
+  MF_ASSIGN_OR_RETURN(cal.time_shared_latency_s,
+                      measure_time_shared_step(options.quick, cal.time_shared_ranks));
   cal.kernel_time_scale =
       measure_kernel_scales(cluster_from_calibration(cal, "calibrating"), options.quick);
   cal.wall_s = seconds_since(t0);
@@ -407,8 +437,9 @@ namespace {
 // calibration of an older one is then measured again): 1, 2026-11-28, the
 // GEMM curve, the thin-GEMM grids on all threads and on one, the triad, the
 // local all_reduce link; 2, 2026-11-28, and the kernel time scales; 3,
-// 2026-11-29, the GEMM curve's sizes in rounds (measure_sgemm).
-constexpr int kCalibrationVersion = 3;
+// 2026-11-29, the GEMM curve's sizes in rounds (measure_sgemm); 4,
+// 2026-11-29, the time-shared ring step (measure_time_shared_step).
+constexpr int kCalibrationVersion = 4;
 }  // namespace
 
 std::string calibration_software() {
@@ -441,6 +472,7 @@ Cluster cluster_from_calibration(const Calibration& cal, const std::string& name
   c.device.kernel_time_scale = cal.kernel_time_scale;
   c.intra_node = {sig4(cal.link_bandwidth_bytes_per_s), sig4(cal.link_latency_s), 1.0};
   c.inter_node = c.intra_node;
+  c.time_shared_latency_s = sig4(cal.time_shared_latency_s);
   return c;
 }
 
@@ -492,6 +524,13 @@ std::string format_calibration(const Calibration& cal) {
                 cal.fit_intercept_s * 1e6, 1e-9 / cal.fit_s_per_byte, cal.link_latency_s * 1e6,
                 cal.link_bandwidth_bytes_per_s / 1e9);
   s += line;
+  if (cal.time_shared_ranks > 0) {
+    std::snprintf(line, sizeof line,
+                  "time-shared: %d local ranks on %d threads, %.2f us a ring step "
+                  "(reduce_scatter)\n",
+                  cal.time_shared_ranks, cal.threads, cal.time_shared_latency_s * 1e6);
+    s += line;
+  }
   s += "kernels' measured time over their roofline (a ResNet stem's shape):\n";
   for (const auto& [kind, scale] : cal.kernel_time_scale) {
     std::snprintf(line, sizeof line, "  %-20s %7.2fx\n", kind.c_str(), scale);

@@ -77,6 +77,11 @@ struct Calibration {
   double fit_s_per_byte = 0;
   double link_latency_s = 0;
   double link_bandwidth_bytes_per_s = 0;
+  // Cluster::time_shared_latency_s: a ring collective's message step with
+  // two local ranks a core (time_shared_ranks of them), each rank's mean over
+  // back-to-back small reduce_scatters, the slowest rank's.
+  int time_shared_ranks = 0;
+  double time_shared_latency_s = 0;
   // Device::kernel_time_scale: each measured kind's best time over its
   // roofline on the cluster the numbers above make.
   std::map<std::string, double, std::less<>> kernel_time_scale;

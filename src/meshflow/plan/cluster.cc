@@ -257,7 +257,9 @@ Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cor
   if (ranks >= cores && !machine.device.matmul_thin_efficiency_one_thread.empty())
     r.device.matmul_thin_efficiency = machine.device.matmul_thin_efficiency_one_thread;
   if (ranks > cores) {
-    r.intra_node.latency_s += LocalTransportOptions{}.spin_us * 1e-6;
+    r.intra_node.latency_s = machine.time_shared_latency_s > 0
+                                 ? std::max(r.intra_node.latency_s, machine.time_shared_latency_s)
+                                 : r.intra_node.latency_s + LocalTransportOptions{}.spin_us * 1e-6;
     r.shared_cores = cores;
   }
   r.inter_node = r.intra_node;
@@ -560,6 +562,8 @@ Result<Cluster> parse_cluster(const json& j) {
   r.object("host", &host);
   r.object("islands", &islands);
   r.object("nvlink_domain", &domain);
+  read_number(r, j, "cluster", "time_shared_latency_s", &c.time_shared_latency_s, true,
+              "seconds per message step with two ranks a core", 0, kMostLatencyS);
   MF_RETURN_IF_ERROR(r.finish());
   if (j.contains("host")) {
     JsonObjectReader h(host, "cluster.host");
@@ -685,6 +689,7 @@ J cluster_json(const Cluster& c) {
            {"intra_node", link(c.intra_node)},
            {"inter_node", link(c.inter_node)}};
   if (!c.calibrated_with.empty()) out["calibrated_with"] = c.calibrated_with;
+  if (c.time_shared_latency_s > 0) out["time_shared_latency_s"] = c.time_shared_latency_s;
   if (c.devices_per_island > 0)
     out["islands"] = J{{"devices", c.devices_per_island}, {"link", link(c.between_islands)}};
   if (c.devices_per_domain > 0) out["nvlink_domain"] = J{{"devices", c.devices_per_domain}};

@@ -177,6 +177,12 @@ struct Cluster {
   // inter_node. 0: each node is its own fabric. Not with islands.
   int devices_per_domain = 0;
   Host host;  // optional "host" section
+  // A CPU machine's in-process transport with two ranks a core (optional key
+  // "time_shared_latency_s", written by the calibration since version 4):
+  // seconds per message step of a ring collective when the ranks time-share
+  // the cores, which share_machine prices for more ranks than cores. 0: not
+  // measured (share_machine then adds the transport's spin time).
+  double time_shared_latency_s = 0;
   // share_machine with more ranks than cores: the cores the ranks time-share
   // (a pipeline's ranks waiting in its bubble give theirs to the others:
   // SimCosts::cores). 0: each device is its own. Not part of the JSON.
@@ -269,10 +275,12 @@ Result<Cluster> with_devices(const Cluster& c, int64_t devices);
 // whole machine, so the efficiency curve's call sizes scale by 1/ranks. The
 // ranks form one node; both links are the calibrated in-process transport.
 // More ranks than `cores` (0: this machine's hardware threads) time-share the
-// cores: a rank waiting in a collective polls for the transport's spin time
-// (LocalTransportOptions::spin_us) and then sleeps until its peer, itself
-// waiting for a core, has run, so every message step of a collective costs
-// at least that spin time: the link latency becomes latency + spin; and
+// cores: a message step of a collective waits for a peer that may itself be
+// waiting for a core. Its latency is the machine's measured
+// time_shared_latency_s where the file has it (a waiting rank polls yielding
+// its core, so the peer runs in the meantime: about 6 us a step on the
+// 2-core VM, against the transport's 50 us spin), else latency + the spin
+// time (LocalTransportOptions::spin_us), a bound from older files; and
 // shared_cores records the cores, for the pipeline's time-shared simulation.
 // REQUIRES machine.total_devices() == 1 (errors otherwise), ranks >= 1.
 Result<Cluster> share_machine(const Cluster& machine, int64_t ranks, int64_t cores = 0);
