@@ -9,6 +9,9 @@
 // (bench/plan_accuracy, cp4-ring).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "meshflow/ops/builder.h"
 #include "meshflow/plan/cost_model.h"
 
