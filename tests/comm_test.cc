@@ -603,13 +603,20 @@ TEST(CommFailure, ErrorWithAsyncWorkInFlightStopsEveryoneAtOnce) {
         << per_rank[r].message();
 }
 
-TEST(CommFailure, BlockedCallsTimeOutNamingCallPeerAndTag) {
+// Two local ranks whose calls time out after 0.2 s; the run ends well within
+// 3 s (no hang). per_rank: each rank's status.
+Status run_two_timing_out(const RankFn& fn, std::vector<Status>* per_rank) {
   LocalTransportOptions opt;
   opt.timeout_s = 0.2;
-  std::vector<Status> per_rank;
   auto t0 = Clock::now();
-  Status s = run_local_ranks(
-      2,
+  Status s = run_local_ranks(2, fn, opt, per_rank);
+  EXPECT_LT(seconds_since(t0), 3.0);
+  return s;
+}
+
+TEST(CommFailure, BlockedCallsTimeOutNamingCallPeerAndTag) {
+  std::vector<Status> per_rank;
+  Status s = run_two_timing_out(
       [&](const std::shared_ptr<Transport>& t) -> Status {
         if (t->rank() == 0) {
           char b[4];
@@ -617,13 +624,14 @@ TEST(CommFailure, BlockedCallsTimeOutNamingCallPeerAndTag) {
         }
         return Status::ok();
       },
-      opt, &per_rank);
-  EXPECT_LT(seconds_since(t0), 3.0);
+      &per_rank);
   EXPECT_TRUE(HasSubstr(s.message(), "rank 0: recv from rank 1 (tag 0x2a) timed out after 0.2 s"))
       << s.message();
   EXPECT_TRUE(HasSubstr(s.message(), "MESHFLOW_COMM_TIMEOUT_S"));
 
   // A send nobody receives, and a collective that only one rank calls.
+  LocalTransportOptions opt;
+  opt.timeout_s = 0.2;
   auto ts = make_local_transports(3, opt);
   char b[4] = {};
   Status send = ts[1]->send(2, 7, b, 4);
@@ -640,26 +648,21 @@ TEST(CommFailure, BlockedCallsTimeOutNamingCallPeerAndTag) {
 // A shift's Work dropped unwaited withdraws its send (nothing is left
 // pointing at the freed buffer; the peer's receive times out).
 TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
-  LocalTransportOptions opt;
-  opt.timeout_s = 0.2;
   std::vector<Status> per_rank;
-  auto t0 = Clock::now();
-  Status s = run_local_ranks(
-      2,
+  Status s = run_two_timing_out(
       [&](const std::shared_ptr<Transport>& t) -> Status {
         auto c = Communicator::world(t);
         std::vector<float> out(1000, 1.f), in(1000);
         if (t->rank() == 1) return Status::ok();  // never shifts
         return c->ring_shift_async(out.data(), in.data(), 1000, DType::F32).wait();
       },
-      opt, &per_rank);
-  EXPECT_LT(seconds_since(t0), 3.0);
+      &per_rank);
   EXPECT_TRUE(
       HasSubstr(per_rank[0].message(), "ring_shift_async(1000 f32) in group [0,1] on rank 0"))
       << per_rank[0].message();
   EXPECT_TRUE(HasSubstr(per_rank[0].message(), "timed out after 0.2 s")) << per_rank[0].message();
 
-  t0 = Clock::now();
+  auto t0 = Clock::now();
   s = run_local_ranks(
       3,
       [&](const std::shared_ptr<Transport>& t) -> Status {
@@ -678,8 +681,7 @@ TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
     EXPECT_TRUE(HasSubstr(per_rank[r].message(), "rank 2 failed: out of memory"))
         << per_rank[r].message();
 
-  s = run_local_ranks(
-      2,
+  s = run_two_timing_out(
       [&](const std::shared_ptr<Transport>& t) -> Status {
         auto c = Communicator::world(t);
         std::vector<float> in(64);
@@ -693,7 +695,7 @@ TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
         std::vector<float> out(64, 4.f);
         return c->ring_shift_async(out.data(), in.data(), 64, DType::F32).wait();
       },
-      opt, &per_rank);
+      &per_rank);
   EXPECT_TRUE(per_rank[0].is_ok()) << per_rank[0].message();
   EXPECT_TRUE(HasSubstr(per_rank[1].message(), "recv from rank 0")) << per_rank[1].message();
   EXPECT_TRUE(HasSubstr(per_rank[1].message(), "timed out")) << per_rank[1].message();
@@ -701,6 +703,8 @@ TEST(CommFailure, RingShiftWaitsEndOnTimeoutAndAbort) {
   // A Work that outlives its communicator and every other owner of the
   // transport: waiting on it still answers (its peer never shifted), and
   // dropping it withdraws the send on the transport it keeps alive.
+  LocalTransportOptions opt;
+  opt.timeout_s = 0.2;
   auto ts = make_local_transports(2, opt);
   auto c = Communicator::world(ts[0]);
   std::vector<float> out(8, 1.f), in(8);

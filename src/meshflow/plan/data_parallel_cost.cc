@@ -56,7 +56,8 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
     };
     // Gradients reduce in the compute dtype, or in the stack's reduce dtype
     // (PyTorch FSDP's MixedPrecision reduce_dtype=float32: 4 bytes).
-    const double grad_bytes = params * (k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act);
+    const double grad_b = k_.grad_reduce_bytes > 0 ? k_.grad_reduce_bytes : act;
+    const double grad_bytes = params * grad_b;
     const double ring_dp = replicas > 1 ? double(replicas - 1) / double(replicas) : 0.0;
     // The last micro-batch's backward, unless the stack reduces after it.
     const bool after = (p.zero == 0 && k_.zero0_reduce_after_backward) ||
@@ -92,7 +93,6 @@ double CostModel::data_parallel_time(const Plan& p, const LayerCost& lc, const S
       return dp_collective(c, tail_params * bytes_per_param) +
              overlap_exposed_s(dp_collective(c, (params - tail_params) * bytes_per_param), under);
     };
-    const double grad_b = grad_bytes / std::max(params, 1.0);
     if (p.zero == 0 && k_.bucketed_grad_all_reduce) {
       // The runtime's buckets: over the replicas, and over tp for the weights
       // replicated across it, all started during the last backward.
