@@ -178,7 +178,7 @@ TEST_F(Job, AutoFullSearchPicksPipelineStagesWhenOnlyTheyFit) {
   ASSERT_EQ(checked.code, 0) << checked.output;
   for (const char* row :
        {"  compute      predicted", "  bubble, p2p  predicted", "  memory, st 0 predicted",
-        " of 2 (the most kernel time)", "  corrections: compute x"})
+        " of 2 (the most compute)", "  corrections: compute x"})
     EXPECT_NE(checked.output.find(row), std::string::npos) << row << "\n" << checked.output;
   {  // rank 0 holds stage 0's predicted memory (within the 5% the planner tests hold)
     const size_t at = checked.output.find("  memory, st 0 predicted");
@@ -273,7 +273,7 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* part :
        {"plan check (dp=1 tp=2 pp=1 mb=8x1 1f1b none zero0, rank ",
-        " of 2 (the most kernel time), 2 steps after the first", "  step         predicted",
+        " of 2 (the most compute), 2 steps after the first", "  step         predicted",
         "  compute      predicted", "  collectives  predicted", "  memory       predicted",
         "  corrections: compute x"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
@@ -372,7 +372,7 @@ TEST_F(Job, UserPlannedRunChecksItsPlan) {
   r = run_cli("train " + pipe + " --ranks 2 --steps 3 --calibrate-from-run " + refit2);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("plan check (dp=1 tp=1 pp=2 mb=4x2"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" of 2 (the most kernel time)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" of 2 (the most compute)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("memory, st 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("  bubble, p2p  predicted"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("no corrections"), std::string::npos) << r.output;

@@ -477,6 +477,62 @@ TEST(PlanAuto, PlanCheckCountsTheBucketSumsAsOptimizerTime) {
   EXPECT_GT(tr->grad_accumulate_seconds(), one);
 }
 
+// The plan check of ranks that time-share the cores (share_machine with more
+// ranks than cores): while one rank waits in a collective the others compute
+// on its core, so its kernels run faster than its share and its collectives
+// hold the others' compute. The check corrects by the step, all of it compute,
+// and keeps the links (a refit from the split divided their bandwidth by the
+// waits: x25 on 4 ranks of 2 cores); ranks with a core each keep the split.
+// The rank compared is the one with the most work (compute and optimizer),
+// not the one that waited longest in its collectives.
+TEST(PlanAuto, PlanCheckOfTimeSharedRanksCorrectsByTheStep) {
+  LocalAutoPlan a;
+  a.best.plan.dp = 4;
+  a.best.step_time_s = 0.200;
+  a.best.compute_s = 0.190;
+  a.best.dp_comm_s = 0.003;
+  a.best.optimizer_s = 0.004;
+  a.best.memory.total = 1 << 20;
+  a.time_shared_cores = 2;
+  cli::RunMeasurement m;
+  m.steps = 7;
+  m.by_kind = true;
+  m.ranks = 4;
+  m.step_s = 0.220, m.compute_s = 0.140, m.collectives_s = 0.075, m.optimizer_s = 0.002;
+  m.peak_bytes = 1 << 20;
+  const cli::PlanCheck shared = cli::check_plan(a, m);
+  EXPECT_DOUBLE_EQ(shared.compute_ratio, 0.220 / 0.200);
+  EXPECT_DOUBLE_EQ(shared.comm_ratio, 1.0);
+  EXPECT_NE(shared.report.find("4 ranks time-share 2 cores"), std::string::npos) << shared.report;
+  const Cluster refit = cli::refit_cluster(local(), shared);
+  EXPECT_EQ(refit.intra_node.bandwidth_bytes_per_s, local().intra_node.bandwidth_bytes_per_s);
+  EXPECT_LT(refit.device.peak_flops.f32, local().device.peak_flops.f32);
+
+  a.time_shared_cores = 0;  // a core or more each: compute and collectives apart
+  const cli::PlanCheck apart = cli::check_plan(a, m);
+  EXPECT_DOUBLE_EQ(apart.compute_ratio, (0.140 + 0.002) / (0.190 + 0.004));
+  EXPECT_DOUBLE_EQ(apart.comm_ratio, 0.075 / 0.003);
+  EXPECT_EQ(apart.report.find("time-share"), std::string::npos) << apart.report;
+
+  // Rank 1 did the most work and waited least; rank 0 waited longest.
+  std::vector<cli::RunMeasurement> chosen(3);
+  Status s = run_local_ranks(3, [&](const std::shared_ptr<Transport>& t) -> Status {
+    auto comm = Communicator::world(t);
+    cli::RunMeasurement mine = m;
+    mine.compute_s = t->rank() == 1 ? 0.150 : 0.120;
+    mine.collectives_s = t->rank() == 0 ? 0.100 : t->rank() == 1 ? 0.010 : 0.040;
+    MF_ASSIGN_OR_RETURN(chosen[static_cast<size_t>(t->rank())],
+                        cli::slowest_rank_measurement(*comm, mine));
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  for (const cli::RunMeasurement& c : chosen) {
+    EXPECT_EQ(c.rank, 1);
+    EXPECT_EQ(c.ranks, 3);
+    EXPECT_NEAR(c.collectives_s, 0.010, 1e-6);
+  }
+}
+
 // The static-arena memory model against the executor: one rank, the whole
 // per-rank memory (parameters, optimizer state, inputs, arena) predicted from
 // the planner's local program within 10%.

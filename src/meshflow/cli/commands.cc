@@ -275,7 +275,7 @@ Status train_rank(const TrainOptions& o, const Job& job, std::shared_ptr<Communi
         later_steps, later_wait, trainer->grad_accumulate_seconds() - accumulate_after_first,
         trainer->stash_copy_seconds() - copies_after_first, trainer->peak_bytes());
     // Every rank's measurement to rank 0, which compares the slowest one's
-    // (the most kernel time; rank 0's peak memory stays).
+    // (the most compute; rank 0's peak memory stays).
     if (comm && world > 1) {
       MF_ASSIGN_OR_RETURN(m, slowest_rank_measurement(*comm, m));
     }

@@ -71,12 +71,15 @@ Result<RunMeasurement> slowest_rank_measurement(Communicator& comm, const RunMea
   MF_RETURN_IF_ERROR(comm.all_gather(row, kFields, all.data()));
   RunMeasurement out = mine;
   out.ranks = comm.size();
+  // By work (compute and optimizer), not collectives: a rank's collectives
+  // hold its waits for the others, so the rank the others wait on, the
+  // slowest, has the least of them.
   double most = -1;
   for (int r = 0; r < comm.size(); ++r) {
     const float* f = &all[static_cast<size_t>(kFields * r)];
-    const double kernels = double(f[0]) + f[1] + f[2];
-    if (kernels <= most) continue;
-    most = kernels;
+    const double work = double(f[0]) + f[2];
+    if (work <= most) continue;
+    most = work;
     out.rank = r;
     out.compute_s = f[0], out.collectives_s = f[1], out.optimizer_s = f[2], out.step_s = f[3];
     out.by_kind = f[4] > 0;
@@ -93,11 +96,16 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
   const double p_compute = p.compute_s + p.recompute_s + (pipeline ? 0 : p.bubble_s);
   const double p_comm = p.tp_comm_s + p.cp_comm_s + p.dp_comm_s + (pipeline ? 0 : p.pp_comm_s);
   const std::string who = m.ranks > 1 ? "rank " + std::to_string(m.rank) + " of " +
-                                            std::to_string(m.ranks) + " (the most kernel time)"
+                                            std::to_string(m.ranks) + " (the most compute)"
                                       : "rank 0";
   std::string r = "plan check (" + plan::plan_label(p.plan) + ", " + who + ", " +
-                  std::to_string(m.steps) +
-                  " steps after the first; collectives include waiting for the other ranks):\n";
+                  std::to_string(m.steps) + " steps after the first" +
+                  (m.ranks > 1 ? "; collectives include waiting for the other ranks" : "") + "):\n";
+  // Ranks time-sharing the cores: while one waits in a collective the others
+  // compute on its core, so a rank's kernels run faster than its share and
+  // its collectives hold the others' compute. The split measures the
+  // schedule, not the kernels or the links; the step does.
+  const bool time_shared = a.time_shared_cores > 0 && m.ranks > 1;
   r += line("step", p.step_time_s, m.step_s);
   if (!m.by_kind) {
     r += "  (this engine timed no kernels: step and memory only)\n";
@@ -112,6 +120,12 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
         r += "  (one rank's kernels: the prediction's parts are the slowest stage's, so no "
              "corrections from this pipeline run)\n";
     }
+    if (time_shared)
+      r += "  (" + std::to_string(m.ranks) + " ranks time-share " +
+           std::to_string(a.time_shared_cores) +
+           " cores: a rank's kernels ran on the cores the waiting ones gave up, so compute and "
+           "collectives are not apart; the step corrects the compute, the links keep their "
+           "bandwidth)\n";
   }
   // A pipeline's parts are its slowest stage's: corrections need that
   // stage's kernels (the rank with the most, of every rank's).
@@ -126,10 +140,15 @@ PlanCheck check_plan(const plan::LocalAutoPlan& a, const RunMeasurement& m) {
                 p_memory > 0 ? 100 * (double(m.peak_bytes) / p_memory - 1) : 0.0);
   r += buf;
   // The corrections this run gives: the optimizer is memory-bound work like
-  // the compute's small kernels, so it moves with compute.
-  if (correctable && p_compute + p.optimizer_s > 0 && m.compute_s + m.optimizer_s > 0)
-    c.compute_ratio = (m.compute_s + m.optimizer_s) / (p_compute + p.optimizer_s);
-  if (correctable && p_comm > 0 && m.collectives_s > 0) c.comm_ratio = m.collectives_s / p_comm;
+  // the compute's small kernels, so it moves with compute. Time-shared: the
+  // step's ratio, all of it the compute's (the cores are busy throughout).
+  if (correctable && time_shared) {
+    if (p.step_time_s > 0 && m.step_s > 0) c.compute_ratio = m.step_s / p.step_time_s;
+  } else {
+    if (correctable && p_compute + p.optimizer_s > 0 && m.compute_s + m.optimizer_s > 0)
+      c.compute_ratio = (m.compute_s + m.optimizer_s) / (p_compute + p.optimizer_s);
+    if (correctable && p_comm > 0 && m.collectives_s > 0) c.comm_ratio = m.collectives_s / p_comm;
+  }
   auto corrected = [&](const plan::StepCost& s) {
     const double compute = s.compute_s + s.recompute_s + s.bubble_s + s.optimizer_s;
     const double comm = s.tp_comm_s + s.cp_comm_s + s.pp_comm_s + s.dp_comm_s;

@@ -34,7 +34,7 @@ struct RunMeasurement {
   bool by_kind = false;      // the engine timed its kernels (else only step and memory)
   int64_t peak_bytes = 0;
   // Whose kernels these are: rank `rank` of `ranks` (slowest_rank_measurement
-  // picks the rank with the most kernel time; the peak memory stays rank 0's).
+  // picks the rank with the most work; the peak memory stays rank 0's).
   int rank = 0, ranks = 1;
 };
 
@@ -49,16 +49,18 @@ RunMeasurement measure_run(const std::vector<double>& after_first,
                            double grad_accumulate_s, double stash_copy_s, int64_t peak_bytes);
 
 // Collective over every rank of `comm`: each rank's measurement `mine`
-// gathered, the one with the most kernel time (compute + collectives +
-// optimizer: a pipeline's slowest stage, which the prediction's parts are)
-// returned to every rank with rank 0's peak memory. A rank that timed no
-// kernels contributes its step time alone.
+// gathered, the one with the most work (compute + optimizer: a pipeline's
+// slowest stage, which the prediction's parts are; not its collectives,
+// which hold its waits for the others) returned to every rank with rank 0's
+// peak memory. A rank that timed no kernels contributes its step time alone.
 Result<RunMeasurement> slowest_rank_measurement(Communicator& comm, const RunMeasurement& mine);
 
 struct PlanCheck {
   std::string report;  // the comparison, a few lines
   // measured / predicted: compute (with the optimizer's memory-bound work)
-  // and collectives; 1 where the plan predicted none of it.
+  // and collectives; 1 where the plan predicted none of it. Ranks that
+  // time-share the cores (LocalAutoPlan::time_shared_cores) correct by the
+  // step, all of it compute: their split is the schedule's, not the kernels'.
   double compute_ratio = 1, comm_ratio = 1;
   // A candidate faster than the chosen plan once both are corrected (empty:
   // the chosen one still wins).

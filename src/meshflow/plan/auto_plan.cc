@@ -77,6 +77,7 @@ Result<LocalAutoPlan> plan_local_run(const RunConfig& rc, int ranks, const Clust
   if (tc.recompute.mode == RecomputePolicy::kOps) policies = {Recompute::kNone};
 
   LocalAutoPlan out;
+  out.time_shared_cores = cluster.shared_cores;
   std::string first_invalid;
   auto consider = [&](const Plan& p) {
     const std::string why = cm.invalid_reason(p);
@@ -214,6 +215,7 @@ Result<LocalAutoPlan> price_local_plan(const RunConfig& rc, int ranks, const Clu
   Result<StepCost> priced = cm.price(p);
   if (!priced.is_ok()) return priced.status().with_context("plan check");
   LocalAutoPlan out;
+  out.time_shared_cores = lp.cluster.shared_cores;
   out.best = *priced;
   MF_ASSIGN_OR_RETURN(out.best_stages, cm.memory_by_stage(p));
   MF_ASSIGN_OR_RETURN(out.parallel, parallel_section(out.best.plan, lp.model));

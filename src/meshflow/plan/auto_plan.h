@@ -58,6 +58,9 @@ struct LocalAutoPlan {
   StepCost fastest;                  // the fastest predicted (best, or within the spread of it)
   double spread = kLocalPlanSpread;  // fastest's spread (local_plan_spread), the window used
   std::vector<StepCost> candidates;  // every valid plan priced (fitting or not)
+  // The cores the ranks time-share as priced (share_machine with more ranks
+  // than cores: Cluster::shared_cores); 0: a core or more each.
+  int64_t time_shared_cores = 0;
 };
 
 // The plan for `rc`'s model, train.batch_size, train.seq_len and
