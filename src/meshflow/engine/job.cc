@@ -1,6 +1,7 @@
 #include "meshflow/engine/job.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "meshflow/engine/pipeline_trainer.h"
@@ -194,6 +195,24 @@ const char* parallel_mode_name(ParallelMode m) {
   return "?";
 }
 
+namespace {
+
+// The planned section for the run's first line: its split tuples counted, not
+// listed, past a few (a ResNet's are dozens; `meshflow explain` shows each
+// node's strategy and the cost that decided it).
+std::string compact_section(const std::string& section) {
+  constexpr size_t kListed = 4;
+  nlohmann::json j = nlohmann::json::parse(section, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("strategies") ||
+      !j["strategies"].is_object() || j["strategies"].size() <= kListed)
+    return section;
+  j["strategies"] =
+      std::to_string(j["strategies"].size()) + " split tuples (meshflow explain lists each node's)";
+  return j.dump();
+}
+
+}  // namespace
+
 std::string Job::describe() const {
   std::string how;
   if (pipeline)
@@ -205,7 +224,7 @@ std::string Job::describe() const {
     how = "data parallel" + (partitioned ? ", mesh " + mesh.to_string() : std::string());
   else
     how = partitioned ? "partitioned, mesh " + mesh.to_string() : "one rank";
-  if (!planned.empty()) how += "; planned by search: " + planned;
+  if (!planned.empty()) how += "; planned by search: " + compact_section(planned);
   return how;
 }
 
