@@ -465,9 +465,12 @@ TEST_F(Fuzz, PlanFilesNeverCrash) {
               {"zero", "recompute", "preset", "zero_style", "recompute_layers"})] = gen.junk();
           break;
         default:  // the planner's split dropped (the runtime's then), or a two-stage split
-          if (par.contains("pipeline")) {
+          // (An earlier edit may have made the section or its stages junk.)
+          if (par.contains("pipeline") && par["pipeline"].is_object()) {
             par["pipeline"].erase("layers_per_stage");
-            if (gen.coin(0.5) && par["pipeline"].value("stages", 0) == 2)
+            const auto stages = par["pipeline"].find("stages");
+            if (gen.coin(0.5) && stages != par["pipeline"].end() && stages->is_number_integer() &&
+                *stages == 2)
               par["pipeline"]["layers_per_stage"] = json::array({1, gen.coin() ? 1 : 2});
           }
       }
