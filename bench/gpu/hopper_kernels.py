@@ -5,7 +5,8 @@ the public runs' models, every tensor-parallel split), the sustained GEMM rate
 at the power limit, fused attention by kernel, sequence length and head size,
 a ring-attention rank's calls (PyTorch's context parallel, load-balanced
 causal), a LLaMA block forward and backward in eager mode and compiled with a
-per-op profile, FP8 GEMMs (tensorwise and rowwise scales), and a LLaMA
+per-op profile, FP8 GEMMs (tensorwise and rowwise scales; and each pass of
+the tensor-parallel splits' linears, section fp8_tp), and a LLaMA
 block's activation memory by activation checkpoint (TorchTitan's op-level SAC
 among them), eager and compiled, and a whole LLaMA-3 8B step's memory
 (allocated and reserved) with its loss eager or compiled.
@@ -685,10 +686,74 @@ def section_fp8():
     RESULTS["fp8"] = rows
 
 
+def section_fp8_tp():
+    """FP8 GEMMs of the tensor-parallel splits TorchTitan's AsyncTP runs
+    (public_runs rows 36-43: LLaMA-3 8B and 70B at tp = 8 with sequence
+    parallelism, the sequence gathered before the column-parallel linears):
+    each linear's forward, input-gradient and weight-gradient GEMM at tp = 1,
+    4 and 8, in bf16, FP8 tensorwise and FP8 rowwise (torch._scaled_mm, e4m3,
+    bf16 out; rowwise scales along each GEMM's reduction axis, as torchao's
+    rowwise recipe casts them), at the runs' tokens per GEMM (a rank's local
+    batch times 8192). The planner prices rowwise GEMMs at
+    fp8_rowwise_gemm_efficiency of the tensorwise rate on every shape; the
+    rowwise rows at tp = 8 are 16-33% slower than that prices."""
+    rows = []
+    f8 = torch.float8_e4m3fn
+    models = {  # name: (tokens per GEMM, hidden, kv width, ffn)
+        "llama3_8b": (12 * 8192, 4096, 1024, 14336),
+        "llama3_70b": (16 * 8192, 8192, 1024, 28672),
+    }
+
+    def gemm_rates(m, k, n):
+        """TFLOP/s of (m x k) @ (k x n) in bf16, tensorwise and rowwise FP8."""
+        a = torch.randn(m, k, device=DEV, dtype=BF16)
+        b_t = torch.randn(n, k, device=DEV, dtype=BF16)  # b column-major, as cuBLASLt takes it
+        a8, b8 = a.to(f8), b_t.to(f8)
+        fl = 2.0 * m * k * n
+        out = {"m": m, "k": k, "n": n, "gflop": fl / 1e9,
+               "bf16_tflops": fl / bench(lambda: a @ b_t.t()) / 1e12}
+        one = torch.ones((), device=DEV)
+        for kind, sa, sb in (("tensorwise", one, one),
+                             ("rowwise", torch.ones(m, 1, device=DEV),
+                              torch.ones(1, n, device=DEV))):
+            try:
+                out[kind + "_tflops"] = fl / bench(lambda: torch._scaled_mm(
+                    a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=BF16)) / 1e12
+            except Exception as ex:  # noqa: BLE001
+                out[kind + "_error"] = str(ex)[:200]
+        del a, b_t, a8, b8
+        return out
+
+    for model, (tokens, h, kv, ffn) in models.items():
+        for tp in (1, 4, 8):
+            linears = {  # name: (in, out) of one rank's shard; colwise split out, rowwise in
+                "wq": (h, h // tp), "wk": (h, kv // tp), "w1": (h, ffn // tp),
+                "wo": (h // tp, h), "w2": (ffn // tp, h)}
+            for lname, (k_in, n_out) in linears.items():
+                if k_in % 16 or n_out % 16:
+                    continue
+                for pass_name, (m, k, n) in (("fwd", (tokens, k_in, n_out)),
+                                             ("dgrad", (tokens, n_out, k_in)),
+                                             ("wgrad", (n_out, tokens, k_in))):
+                    try:
+                        r = {"model": model, "tp": tp, "linear": lname, "pass": pass_name}
+                        r.update(gemm_rates(m, k, n))
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+                        continue
+                    rows.append(r)
+                    log("fp8_tp", {key: (round(v, 1) if isinstance(v, float) else v)
+                                   for key, v in r.items()})
+            torch.cuda.empty_cache()
+        RESULTS["fp8_tp"] = rows
+        save()
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    order = ["env", "gemm", "attention", "ring", "block", "fp8", "sustained", "memory", "step"]
+    order = ["env", "gemm", "attention", "ring", "block", "fp8", "fp8_tp", "sustained", "memory",
+             "step"]
     for name in order:
         if SECTIONS and name not in SECTIONS and name != "env":
             continue
