@@ -812,6 +812,39 @@ TEST_F(Job, ModelInputThatDoesNotFitTheImagesIsAnError) {
   }
 }
 
+// A model with fewer classes or vocabulary rows than the data's values is a
+// user error naming the key to raise, not the kernel's check that stopped
+// the run (found by the config fuzzer, seed 777: a GPT of vocab_size 3 on
+// byte tokens aborted). Pipelines check the same.
+TEST_F(Job, ModelWithFewerClassesThanTheDataIsAnError) {
+  const std::string cfg = (dir_ / "few.json").string();
+  json gpt;
+  gpt["model"] = {{"model_type", "gpt2"}, {"n_embd", 32},      {"n_head", 4},
+                  {"n_layer", 2},         {"n_positions", 32}, {"vocab_size", 3}};
+  gpt["data"] = {{"dataset", "fortunes"}};
+  gpt["train"] = {{"steps", 1}, {"batch_size", 8}, {"seq_len", 16}};
+  json mlp;
+  mlp["model"] = {{"type", "mlp"}, {"input_dim", 784}, {"hidden", {16}}, {"num_classes", 3}};
+  mlp["data"] = {{"dataset", "fashion_mnist"}};
+  mlp["train"] = {{"steps", 1}, {"batch_size", 8}};
+  const std::string piped = " --set 'parallel={\"mode\":\"data\",\"pipeline\":{\"stages\":2}}'";
+  for (const auto& [j, args, want] :
+       {std::tuple{gpt, std::string(""),
+                   "has 3 tokens in its vocabulary ('wte'), but data.dataset \"fortunes\" feeds "
+                   "byte tokens 0..255; set the model's vocab_size to at least 256"},
+        std::tuple{gpt, std::string(" --ranks 2") + piped,
+                   "set the model's vocab_size to at least 256"},
+        std::tuple{mlp, std::string(" --ranks 2"),
+                   "has 3 classes ('loss'), but data.dataset \"fashion_mnist\" feeds labels "
+                   "0..9; set the model's num_classes (an MLP) or num_labels (a ResNet) to at "
+                   "least 10"}}) {
+    std::ofstream(cfg) << j.dump(2);
+    CliRun r = run_cli("train " + cfg + args);
+    EXPECT_TRUE(one_line_error(r)) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
 // A spatial split from a config: the stem convolution's height over sp=2
 // (a split tuple), propagation carries it through batch norm and ReLU and
 // switches to the batch at the pool (7 rows split no way); the convolution

@@ -61,6 +61,9 @@ class Dataset {
   // Distinct training examples (images, or text window starts) and eval examples.
   virtual int64_t train_examples() const = 0;
   virtual int64_t eval_examples() const = 0;
+  // Its integer tensors' values are in [0, classes()): byte tokens and
+  // targets (256), class labels (Fashion-MNIST's 10).
+  virtual int64_t classes() const = 0;
 
   // This shard's rows of global micro-batch `at` of `global_batch` rows.
   // Errors: global_batch not divisible by shard.world, bad rank or indices.

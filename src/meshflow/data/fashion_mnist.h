@@ -47,6 +47,7 @@ class FashionMnist : public Dataset {
   std::vector<std::string> input_names() const override { return {"x", "labels"}; }
   int64_t train_examples() const override { return train_count_; }
   int64_t eval_examples() const override { return eval_count_; }
+  int64_t classes() const override { return kClasses; }
 
   float mean() const { return mean_; }   // what normalization subtracts (0 if off)
   float stddev() const { return std_; }  // what it divides by (1 if off)

@@ -48,6 +48,7 @@ class TextDataset : public Dataset {
   // Training window starts / eval windows.
   int64_t train_examples() const override;
   int64_t eval_examples() const override;
+  int64_t classes() const override { return kVocab; }
 
   const std::string& train_text() const { return train_; }
   const std::string& eval_text() const { return eval_; }

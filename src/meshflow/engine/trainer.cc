@@ -90,6 +90,28 @@ Status check_dataset_fits(const Dataset& data, const Graph& g, const DataConfig&
             " (a ResNet takes image_size x image_size x num_channels: 28 x 28 x 1 for "
             "Fashion-MNIST; an MLP input_dim 784)");
   }
+  // Every value the data feeds has a row of each embedding table and a
+  // logit of each loss (the kernels would stop the run on the first that
+  // has none).
+  const int64_t classes = data.classes();
+  for (const Node& n : g.nodes()) {
+    if (n.phase != Phase::kForward) continue;
+    int64_t width = -1;
+    if (n.kind == OpKind::kEmbedding) width = g.shape(n.inputs[0]).size(0);
+    if (n.kind == OpKind::kCrossEntropy) {
+      const Shape& logits = g.shape(n.inputs[0]);
+      width = logits.size(logits.rank() - 1);
+    }
+    if (width < 0 || width >= classes) continue;
+    return Status::invalid(
+        "model " + model_source + " has " + std::to_string(width) +
+        (language_model ? " tokens in its vocabulary (" : " classes (") + "'" + n.name +
+        "'), but data.dataset \"" + d.dataset + "\" feeds " +
+        (language_model ? "byte tokens 0.." : "labels 0..") + std::to_string(classes - 1) +
+        "; set the model's " +
+        (language_model ? "vocab_size" : "num_classes (an MLP) or num_labels (a ResNet)") +
+        " to at least " + std::to_string(classes));
+  }
   return Status::ok();
 }
 
