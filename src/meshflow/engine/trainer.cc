@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -90,12 +91,16 @@ Status check_dataset_fits(const Dataset& data, const Graph& g, const DataConfig&
             " (a ResNet takes image_size x image_size x num_channels: 28 x 28 x 1 for "
             "Fashion-MNIST; an MLP input_dim 784)");
   }
-  // Every value the data feeds has a row of each embedding table and a
-  // logit of each loss (the kernels would stop the run on the first that
-  // has none).
+  // Every value the data feeds has a row of each embedding table it indexes
+  // and a logit of each loss it is the target of (the kernels would stop the
+  // run on the first that has none). A table indexed by anything else (a
+  // position) is the model's own business.
   const int64_t classes = data.classes();
+  std::vector<ValueId> fed;
+  for (const std::string& name : data.input_names()) fed.push_back(g.find(name));
+  auto is_fed = [&](ValueId v) { return std::find(fed.begin(), fed.end(), v) != fed.end(); };
   for (const Node& n : g.nodes()) {
-    if (n.phase != Phase::kForward) continue;
+    if (n.phase != Phase::kForward || n.inputs.size() < 2 || !is_fed(n.inputs[1])) continue;
     int64_t width = -1;
     if (n.kind == OpKind::kEmbedding) width = g.shape(n.inputs[0]).size(0);
     if (n.kind == OpKind::kCrossEntropy) {
